@@ -1,0 +1,598 @@
+"""``file``: the embedded changelog — segmented append-only files, no server.
+
+Layout under ``systems.<name>.path``::
+
+    <stream>/stream.json                 {"partitions": N}
+    <stream>/<partition>/.lock           single-writer lock (flock; holds the pid)
+    <stream>/<partition>/<base:020d>.log segments of record batches (see format.py)
+    <stream>/<partition>/compaction.json {"tombstone_horizon": offset}
+    _checkpoints/<job>/partition-<p>.ckpt (+ .prev)   task checkpoints
+
+On open the active (last) segment is verified batch by batch: a torn or corrupt
+**tail** is cut back to the last good batch with a warning; a bad batch followed by a
+good one is corruption **before** the tail and raises :class:`CorruptionError` naming
+the file and byte offset. Older segments are walked header by header on open and
+CRC-checked when read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from localstate.checkpoint import Checkpoint
+from localstate.engine import ChangeRecord
+from localstate.errors import ChangelogError, ConfigError, CorruptionError
+from localstate.faults import fault_point
+from localstate.locking import FileLock, io_error
+from localstate.options import coerce
+
+from .base import ChangelogPartition, ChangelogSystem, CheckpointStore, CurrentFn
+from .format import (
+    HEADER_SIZE,
+    BatchHeader,
+    check_crc,
+    decode_payload,
+    encode_batch,
+    find_valid_batch_after,
+    walk,
+)
+
+__all__ = ["FileChangelogSystem", "FileChangelogPartition", "FileCheckpointStore", "fsync_dir", "atomic_write"]
+
+log = logging.getLogger("localstate.changelog.file")
+
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+DEFAULT_RETENTION_MS = 24 * 3600 * 1000
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so renames and new files in it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, before_rename: str | None = None) -> None:
+    """Write ``data`` to ``path`` atomically: temp file + fsync + rename + dir fsync."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if before_rename:
+        fault_point(before_rename)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+@dataclass
+class _Segment:
+    base: int
+    path: Path
+    next_offset: int
+    size: int
+
+
+def _segment_path(directory: Path, base: int) -> Path:
+    return directory / f"{base:020d}.log"
+
+
+class FileChangelogPartition(ChangelogPartition):
+    """One partition directory. ``readonly=True`` opens without the lock and never writes
+    (for ``localstate inspect`` on a live store)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        stream: str = "",
+        partition: int = 0,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        retention_ms: int = DEFAULT_RETENTION_MS,
+        fsync: bool = True,
+        readonly: bool = False,
+    ) -> None:
+        self.directory = Path(directory)
+        self.stream = stream or self.directory.parent.name
+        self.partition = partition
+        self.segment_bytes = segment_bytes
+        self.retention_ms = retention_ms
+        self.fsync = fsync
+        self.readonly = readonly
+        self._lock: FileLock | None = None
+        self._writer: BinaryIO | None = None
+        self._closed = False
+        if not readonly:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise io_error(e, "create changelog directory", self.directory) from e
+            self._lock = FileLock(self.directory / ".lock", f"changelog partition {self.directory}")
+        try:
+            self._segments = self._recover()
+        except BaseException:
+            self.close()
+            raise
+        self._end = self._segments[-1].next_offset if self._segments else 0
+        self._horizon = self._read_horizon()
+
+    # -- recovery on open -----------------------------------------------------------------
+    def _recover(self) -> list[_Segment]:
+        if not self.directory.exists():
+            return []
+        if not self.readonly:
+            for leftover in self.directory.glob("*.compacting"):
+                leftover.unlink()
+        paths = sorted(self.directory.glob("*.log"))
+        segments: list[_Segment] = []
+        for i, path in enumerate(paths):
+            try:
+                base = int(path.stem)
+            except ValueError:
+                raise CorruptionError(f"unexpected file {path} in changelog directory; move it away") from None
+            last = i == len(paths) - 1
+            seg = self._scan_segment(path, base, verify=last)
+            if segments and segments[-1].next_offset != base:
+                raise CorruptionError(
+                    f"changelog {self.directory}: offsets {segments[-1].next_offset}..{base - 1} are missing "
+                    f"(a segment before {path.name} was deleted or truncated). Restore the file, or delete "
+                    "the partition and its checkpoint to start over (committed state would be lost)."
+                )
+            segments.append(seg)
+        return segments
+
+    def _scan_segment(self, path: Path, base: int, *, verify: bool) -> _Segment:
+        data = path.read_bytes()
+        next_offset = base
+        good_end = 0
+        for h, pos in walk(data):
+            if h is None or (verify and not check_crc(data, h)) or h.base_offset != next_offset:
+                if not verify:
+                    raise CorruptionError(
+                        f"changelog segment {path} is corrupt at byte {pos} (after offset {next_offset - 1}). "
+                        "Restore it from a backup or rebuild the store from another replica."
+                    )
+                if find_valid_batch_after(data, pos) is not None:
+                    raise CorruptionError(
+                        f"changelog segment {path} is corrupt at byte {pos} (offset {next_offset}) and "
+                        "valid batches follow, so this is not a torn tail. Restore the file from a backup."
+                    )
+                if self.readonly:
+                    log.warning("changelog %s: torn tail at byte %d ignored (read-only)", path, pos)
+                else:
+                    log.warning(
+                        "changelog %s: torn or corrupt tail at byte %d (%d bytes) cut back to offset %d",
+                        path, pos, len(data) - pos, next_offset,
+                    )
+                    with open(path, "r+b") as f:
+                        f.truncate(pos)
+                        os.fsync(f.fileno())
+                break
+            next_offset = h.next_offset
+            good_end = h.end_position
+        return _Segment(base, path, next_offset, good_end)
+
+    def _read_horizon(self) -> int:
+        p = self.directory / "compaction.json"
+        if not p.exists():
+            return 0
+        try:
+            return int(json.loads(p.read_text())["tombstone_horizon"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(f"{p} is corrupt ({e}); delete it to force full restores") from e
+
+    # -- writing ----------------------------------------------------------------------------
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise ChangelogError(f"changelog partition {self.directory} is closed")
+        if self.readonly:
+            raise ChangelogError(f"changelog partition {self.directory} was opened read-only")
+
+    def _open_writer(self) -> BinaryIO:
+        if self._writer is None:
+            if not self._segments:
+                self._new_segment()
+            try:
+                self._writer = open(self._segments[-1].path, "ab", buffering=1 << 20)
+            except OSError as e:
+                raise io_error(e, "open changelog segment", self._segments[-1].path) from e
+        return self._writer
+
+    def _new_segment(self) -> None:
+        path = _segment_path(self.directory, self._end)
+        try:
+            path.touch()
+            fsync_dir(self.directory)
+        except OSError as e:
+            raise io_error(e, "create changelog segment", path) from e
+        self._segments.append(_Segment(self._end, path, self._end, 0))
+
+    def append(self, records: list[ChangeRecord]) -> None:
+        if not records:
+            return
+        self._check_writable()
+        fault_point("changelog.append")
+        seg = self._segments[-1] if self._segments else None
+        if seg is not None and seg.size >= self.segment_bytes:
+            self._roll()
+        writer = self._open_writer()
+        try:
+            data = encode_batch(self._end, records)
+        except (TypeError, ValueError) as e:
+            raise ChangelogError(f"changelog {self.directory}: records must be (bytes, bytes | None) pairs: {e}") from e
+        try:
+            writer.write(data)
+        except OSError as e:
+            raise io_error(e, "append to", self._segments[-1].path) from e
+        self._end += len(records)
+        seg = self._segments[-1]
+        seg.next_offset = self._end
+        seg.size += len(data)
+
+    def _roll(self) -> None:
+        self._sync()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._new_segment()
+
+    def _sync(self) -> None:
+        w = self._writer
+        if w is None:
+            return
+        try:
+            w.flush()
+            if self.fsync:
+                os.fsync(w.fileno())
+        except OSError as e:
+            raise io_error(e, "flush", self._segments[-1].path) from e
+
+    def flush(self) -> int:
+        self._check_writable()
+        self._sync()
+        return self._end
+
+    def end_offset(self) -> int:
+        return self._end
+
+    # -- reading ----------------------------------------------------------------------------
+    def read_batches(self, start: int, stop: int) -> Iterator[tuple[list[ChangeRecord], int]]:
+        if self._writer is not None:
+            self._writer.flush()
+        stop = min(stop, self._end)
+        if start >= stop:
+            return
+        for seg in list(self._segments):
+            if seg.next_offset <= start:
+                continue
+            if seg.base >= stop:
+                break
+            yield from self._read_segment(seg, start, stop)
+
+    def _read_segment(self, seg: _Segment, start: int, stop: int) -> Iterator[tuple[list[ChangeRecord], int]]:
+        where = f"changelog segment {seg.path}"
+        try:
+            with open(seg.path, "rb") as f:
+                data = f.read(seg.size)
+        except OSError as e:
+            raise io_error(e, "read", seg.path) from e
+        for h, pos in walk(data):
+            if h is None:
+                raise CorruptionError(f"{where} is corrupt at byte {pos}")
+            if h.next_offset <= start:
+                continue
+            if h.base_offset >= stop:
+                return
+            if not check_crc(data, h):
+                raise CorruptionError(
+                    f"{where}: record batch at byte {pos} (offset {h.base_offset}) fails its CRC32 check"
+                )
+            records, offsets = decode_payload(data, h, where)
+            nbytes = HEADER_SIZE + h.payload_len
+            if offsets is None:
+                if h.base_offset < start or h.next_offset > stop:
+                    lo = max(0, start - h.base_offset)
+                    hi = min(h.span, stop - h.base_offset)
+                    records = records[lo:hi]
+            elif h.base_offset < start or h.next_offset > stop:
+                records = tuple(r for r, o in zip(records, offsets) if start <= o < stop)
+            if records:
+                yield records, nbytes  # type: ignore[misc]
+
+    def read_with_offsets(self, start: int, stop: int) -> Iterator[tuple[int, bytes, bytes | None]]:
+        """``(offset, key, value)`` for inspection tools (slower than read_batches)."""
+        stop = min(stop, self._end)
+        for seg in list(self._segments):
+            if seg.next_offset <= start or seg.base >= stop:
+                continue
+            data = seg.path.read_bytes()[: seg.size]
+            for h, pos in walk(data):
+                if h is None:
+                    raise CorruptionError(f"changelog segment {seg.path} is corrupt at byte {pos}")
+                if h.next_offset <= start or h.base_offset >= stop:
+                    continue
+                records, offsets = decode_payload(data, h, str(seg.path))
+                offs = offsets if offsets is not None else range(h.base_offset, h.next_offset)
+                for o, (k, v) in zip(offs, records):
+                    if start <= o < stop:
+                        yield o, k, v
+
+    # -- tail and compaction ------------------------------------------------------------------
+    def discard_tail(self, committed_offset: int, current: CurrentFn) -> None:
+        self._check_writable()
+        c = committed_offset
+        if c > self._end:
+            raise CorruptionError(
+                f"changelog {self.directory} ends at offset {self._end}, but the task checkpoint says "
+                f"offset {c} was committed: committed records are missing (deleted or truncated segment "
+                "files?). Restore the files, or delete the checkpoint to start over from what remains."
+            )
+        if c == self._end:
+            return
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        keep: list[_Segment] = []
+        for seg in self._segments:
+            if seg.base >= c:
+                seg.path.unlink()
+            else:
+                keep.append(seg)
+        self._segments = keep
+        if keep:
+            seg = keep[-1]
+            data = seg.path.read_bytes()[: seg.size]
+            cut, redo = seg.size, []
+            for h, pos in walk(data):
+                if h is None or h.next_offset <= c:
+                    continue
+                cut = pos
+                if h.base_offset < c:
+                    records, offsets = decode_payload(data, h, str(seg.path))
+                    offs = offsets if offsets is not None else range(h.base_offset, h.next_offset)
+                    redo = [r for r, o in zip(records, offs) if o < c]
+                    if offsets is not None:
+                        redo_offs = [o for o in offs if o < c]
+                        redo_bytes = encode_batch(h.base_offset, redo, offsets=redo_offs, span=c - h.base_offset, timestamp_ms=h.timestamp_ms)
+                    else:
+                        redo_bytes = encode_batch(h.base_offset, redo, timestamp_ms=h.timestamp_ms)
+                    redo = [redo_bytes]
+                break
+            with open(seg.path, "r+b") as f:
+                f.truncate(cut)
+                for chunk in redo:
+                    f.seek(cut)
+                    f.write(chunk)
+                    cut += len(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            seg.size = cut
+            seg.next_offset = c
+        fsync_dir(self.directory)
+        log.info("changelog %s: discarded uncommitted tail [%d, %d)", self.directory, c, self._end)
+        self._end = c
+
+    def min_valid_snapshot_offset(self) -> int:
+        return self._horizon
+
+    def compact(self, up_to: int) -> dict[str, int]:
+        """Keep the latest record per key in closed segments entirely below ``up_to``.
+
+        Tombstones that are the latest for their key are dropped once their batch is
+        older than ``delete.retention.ms``; the tombstone horizon then advances so
+        snapshots older than it are never used. Offsets of survivors never change.
+        """
+        self._check_writable()
+        closed = [s for s in self._segments[:-1] if s.next_offset <= up_to]
+        stats = {"segments": len(closed), "records_before": 0, "records_after": 0, "tombstones_dropped": 0}
+        if not closed:
+            return stats
+        latest: dict[bytes, int] = {}
+        parsed: list[tuple[_Segment, bytes, list[tuple[BatchHeader, Any, Any]]]] = []
+        for seg in closed:
+            data = seg.path.read_bytes()[: seg.size]
+            batches = []
+            for h, pos in walk(data):
+                if h is None or not check_crc(data, h):
+                    raise CorruptionError(f"changelog segment {seg.path} is corrupt at byte {pos}; not compacting")
+                records, offsets = decode_payload(data, h, str(seg.path))
+                offs = offsets if offsets is not None else range(h.base_offset, h.next_offset)
+                for o, (k, _v) in zip(offs, records):
+                    latest[k] = o
+                batches.append((h, records, offs))
+            parsed.append((seg, data, batches))
+        now_ms = time.time() * 1000
+        horizon = self._horizon
+        rewritten: list[tuple[_Segment, bytes]] = []
+        for seg, _data, batches in parsed:
+            out = bytearray()
+            for h, records, offs in batches:
+                keep_r, keep_o = [], []
+                expired = h.timestamp_ms + self.retention_ms < now_ms
+                for o, rec in zip(offs, records):
+                    stats["records_before"] += 1
+                    if latest[rec[0]] != o:
+                        continue
+                    if rec[1] is None and expired:
+                        stats["tombstones_dropped"] += 1
+                        horizon = max(horizon, o + 1)
+                        continue
+                    keep_r.append(rec)
+                    keep_o.append(o)
+                stats["records_after"] += len(keep_r)
+                out += encode_batch(h.base_offset, keep_r, offsets=keep_o, span=h.span, timestamp_ms=h.timestamp_ms)
+            rewritten.append((seg, bytes(out)))
+        if horizon != self._horizon:
+            atomic_write(self.directory / "compaction.json", json.dumps({"tombstone_horizon": horizon}).encode())
+            self._horizon = horizon
+        for seg, data in rewritten:
+            tmp = seg.path.with_name(seg.path.name + ".compacting")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            fault_point("compaction.before_rename")
+            os.replace(tmp, seg.path)
+            seg.size = len(data)
+            fault_point("compaction.mid")
+        fsync_dir(self.directory)
+        return stats
+
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    def segments(self) -> list[tuple[int, int, Path]]:
+        """``(base_offset, next_offset, path)`` per segment, oldest first."""
+        return [(s.base, s.next_offset, s.path) for s in self._segments]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        errors = []
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except OSError as e:
+                errors.append(e)
+            self._writer = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+        if errors:
+            raise io_error(errors[0], "close", self.directory) from errors[0]
+
+
+class FileCheckpointStore(CheckpointStore):
+    """Checkpoints as small checksummed files, replaced atomically; the previous one kept."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def _paths(self, job: str, partition: int) -> tuple[Path, Path]:
+        d = self.root / job
+        return d / f"partition-{partition}.ckpt", d / f"partition-{partition}.ckpt.prev"
+
+    def read(self, job: str, partition: int) -> Checkpoint | None:
+        current, prev = self._paths(job, partition)
+        errors = []
+        for path in (current, prev):
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise io_error(e, "read checkpoint", path) from e
+            try:
+                ckpt = Checkpoint.from_bytes(data, where=f"checkpoint {path}")
+            except CorruptionError as e:
+                errors.append(str(e))
+                log.warning("%s; falling back to the previous checkpoint", e)
+                continue
+            if path is prev and (errors or not current.exists()):
+                log.warning("using previous checkpoint %s (version %d)", path, ckpt.version)
+            return ckpt
+        if errors:
+            raise CorruptionError(
+                "; ".join(errors)
+                + ". No readable checkpoint is left: restore one from a backup, or delete the files to start "
+                "over (the committed state would be rebuilt as empty)."
+            )
+        return None
+
+    def write(self, job: str, partition: int, checkpoint: Checkpoint) -> None:
+        current, prev = self._paths(job, partition)
+        try:
+            current.parent.mkdir(parents=True, exist_ok=True)
+            tmp = current.with_name(current.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(checkpoint.to_bytes())
+                f.flush()
+                os.fsync(f.fileno())
+            fault_point("checkpoint.before_rename")
+            if current.exists():
+                os.replace(current, prev)
+            os.replace(tmp, current)
+            fault_point("checkpoint.after_rename")
+            fsync_dir(current.parent)
+        except OSError as e:
+            raise io_error(e, "write checkpoint", current) from e
+
+
+class FileChangelogSystem(ChangelogSystem):
+    """The embedded default. Keys: ``path`` (default ``./changelog``), ``segment.bytes``,
+    ``delete.retention.ms``, ``fsync`` (default true; false is for benchmarks only)."""
+
+    options_keys = ("path", "segment.bytes", "delete.retention.ms", "fsync")
+
+    @classmethod
+    def validate_options(cls, name: str, options: Mapping[str, Any]) -> None:
+        seg = coerce(options.get("segment.bytes", DEFAULT_SEGMENT_BYTES), int, f"systems.{name}.segment.bytes")
+        if seg < 4096:
+            raise ConfigError(f"systems.{name}.segment.bytes = {seg}: must be >= 4096")
+        ret = coerce(options.get("delete.retention.ms", DEFAULT_RETENTION_MS), int, f"systems.{name}.delete.retention.ms")
+        if ret < 0:
+            raise ConfigError(f"systems.{name}.delete.retention.ms = {ret}: must be >= 0")
+        coerce(options.get("fsync", True), bool, f"systems.{name}.fsync")
+
+    def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
+        super().__init__(name, options, job)
+        self.root = Path(str(options.get("path", "./changelog")))
+        self.segment_bytes = coerce(options.get("segment.bytes", DEFAULT_SEGMENT_BYTES), int, "segment.bytes")
+        self.retention_ms = coerce(options.get("delete.retention.ms", DEFAULT_RETENTION_MS), int, "delete.retention.ms")
+        self.fsync = coerce(options.get("fsync", True), bool, "fsync")
+        self._checkpoints = FileCheckpointStore(self.root / "_checkpoints")
+
+    def describe(self) -> str:
+        return f"file changelog at {self.root}"
+
+    def partition_dir(self, stream: str, partition: int) -> Path:
+        return self.root / stream / str(partition)
+
+    def open_partition(self, stream: str, partition: int, partitions: int, *, readonly: bool = False) -> FileChangelogPartition:
+        sdir = self.root / stream
+        if not readonly:
+            try:
+                sdir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise io_error(e, "create changelog directory", sdir) from e
+            meta = sdir / "stream.json"
+            if meta.exists():
+                try:
+                    have = int(json.loads(meta.read_text())["partitions"])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise CorruptionError(f"{meta} is corrupt ({e})") from e
+                if have != partitions:
+                    raise ChangelogError(
+                        f"changelog stream {stream!r} at {sdir} has {have} partitions but the job has "
+                        f"job.partitions = {partitions}; state is partitioned by task, so the counts must "
+                        "match. Set job.partitions back, or use a new changelog stream."
+                    )
+            else:
+                try:
+                    atomic_write(meta, json.dumps({"partitions": partitions}).encode())
+                except OSError as e:
+                    raise io_error(e, "write", meta) from e
+        if not 0 <= partition < partitions:
+            raise ConfigError(f"partition {partition} is out of range for job.partitions = {partitions}")
+        return FileChangelogPartition(
+            sdir / str(partition),
+            stream=stream,
+            partition=partition,
+            segment_bytes=self.segment_bytes,
+            retention_ms=self.retention_ms,
+            fsync=self.fsync,
+            readonly=readonly,
+        )
+
+    def checkpoints(self) -> FileCheckpointStore:
+        return self._checkpoints

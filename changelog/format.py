@@ -1,0 +1,146 @@
+"""The on-disk record-batch format of the file changelog.
+
+A batch is a 32-byte header followed by a msgpack payload::
+
+    magic "LS" | version u8 | flags u8 | crc32 u32 | base_offset u64 | span u32 |
+    payload_len u32 | timestamp_ms u64
+
+``crc32`` covers the header bytes after it and the payload. ``span`` is the number of
+offsets the batch covers (``base_offset .. base_offset + span - 1``). A plain batch's
+payload is the list of ``[key, value]`` pairs, one per offset; a compacted batch
+(flag 1) keeps its base and span but only surviving records, with their offset deltas:
+``[[delta, ...], [[key, value], ...]]``. ``value`` nil is a tombstone.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgpack
+
+from localstate.engine import ChangeRecord
+from localstate.errors import CorruptionError
+
+__all__ = ["HEADER", "MAGIC", "BatchHeader", "encode_batch", "decode_payload", "walk", "FLAG_COMPACTED"]
+
+MAGIC = b"LS\x01"
+HEADER = struct.Struct(">2sBBIQIIQ")
+HEADER_SIZE = HEADER.size
+FLAG_COMPACTED = 1
+_CRC_FROM = 8  # header bytes after the crc field
+_MAX_PAYLOAD = 1 << 30
+
+
+@dataclass(frozen=True)
+class BatchHeader:
+    position: int
+    flags: int
+    crc: int
+    base_offset: int
+    span: int
+    payload_len: int
+    timestamp_ms: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.span
+
+    @property
+    def end_position(self) -> int:
+        return self.position + HEADER_SIZE + self.payload_len
+
+
+def encode_batch(
+    base_offset: int,
+    records: list[ChangeRecord],
+    *,
+    offsets: list[int] | None = None,
+    span: int | None = None,
+    timestamp_ms: int | None = None,
+) -> bytes:
+    """Encode a plain batch (``offsets is None``) or a compacted one."""
+    if offsets is None:
+        payload = msgpack.packb(records, use_bin_type=True)
+        flags = 0
+        span = len(records)
+    else:
+        payload = msgpack.packb([[o - base_offset for o in offsets], records], use_bin_type=True)
+        flags = FLAG_COMPACTED
+        assert span is not None
+    ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+    header = HEADER.pack(b"LS", 1, flags, 0, base_offset, span, len(payload), ts)
+    crc = zlib.crc32(payload, zlib.crc32(header[_CRC_FROM:]))
+    return header[:4] + crc.to_bytes(4, "big") + header[_CRC_FROM:] + payload
+
+
+def parse_header(buf: bytes | memoryview, pos: int) -> BatchHeader | None:
+    """The header at ``pos`` or ``None`` if it is not a plausible header."""
+    if pos + HEADER_SIZE > len(buf):
+        return None
+    magic, version, flags, crc, base, span, plen, ts = HEADER.unpack_from(buf, pos)
+    if magic != b"LS" or version != 1 or flags > FLAG_COMPACTED or plen > _MAX_PAYLOAD:
+        return None
+    return BatchHeader(pos, flags, crc, base, span, plen, ts)
+
+
+def check_crc(buf: bytes | memoryview, h: BatchHeader) -> bool:
+    end = h.end_position
+    if end > len(buf):
+        return False
+    mv = memoryview(buf)
+    return zlib.crc32(mv[h.position + HEADER_SIZE : end], zlib.crc32(mv[h.position + _CRC_FROM : h.position + HEADER_SIZE])) == h.crc
+
+
+def decode_payload(
+    buf: bytes | memoryview, h: BatchHeader, where: str
+) -> tuple[list[ChangeRecord], list[int] | None]:
+    """``(records, offsets)``; ``offsets`` is None for a plain batch (dense from base)."""
+    start = h.position + HEADER_SIZE
+    try:
+        obj = msgpack.unpackb(buf[start : h.end_position], use_list=False, raw=True)
+        if h.flags & FLAG_COMPACTED:
+            deltas, records = obj
+            base = h.base_offset
+            offsets = [base + d for d in deltas]
+            if len(offsets) != len(records):
+                raise ValueError("offset and record counts differ")
+        else:
+            records, offsets = obj, None
+            if len(records) != h.span:
+                raise ValueError(f"{len(records)} records for a span of {h.span}")
+        if records and (len(records[0]) != 2 or type(records[0][0]) is not bytes):
+            raise ValueError("records are not (key, value) pairs")
+        return records, offsets  # type: ignore[return-value]
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise CorruptionError(
+            f"{where}: record batch at byte {h.position} (offset {h.base_offset}) does not decode: {e}"
+        ) from e
+
+
+def find_valid_batch_after(buf: bytes | memoryview, pos: int) -> int | None:
+    """Byte position of the first header with a valid CRC after ``pos``, if any."""
+    data = bytes(buf) if isinstance(buf, memoryview) else buf
+    i = data.find(MAGIC, pos + 1)
+    while i != -1:
+        h = parse_header(data, i)
+        if h is not None and check_crc(data, h):
+            return i
+        i = data.find(MAGIC, i + 1)
+    return None
+
+
+def walk(buf: bytes | memoryview, start: int = 0) -> Iterator[tuple[BatchHeader | None, int]]:
+    """Yield ``(header, pos)`` for consecutive batches; ``(None, pos)`` at the first bad one."""
+    pos = start
+    n = len(buf)
+    while pos < n:
+        h = parse_header(buf, pos)
+        if h is None or h.end_position > n:
+            yield None, pos
+            return
+        yield h, pos
+        pos = h.end_position

@@ -1,0 +1,1 @@
+"""Integrations and examples built only on the public API (Spark runner, example engines)."""

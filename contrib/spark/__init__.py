@@ -1,0 +1,1 @@
+"""Stateful PySpark jobs on localstate: partition = task."""

@@ -1,0 +1,76 @@
+"""localstate: local, fault-tolerant state for stream-processing tasks.
+
+Each task owns its stores on local disk; every change also goes to a changelog;
+after a crash or a move the store is rebuilt from that changelog to exactly the last
+commit. Engines are pluggable by name.
+"""
+
+from __future__ import annotations
+
+from .changelogger import ChangeLogger
+from .checkpoint import Checkpoint
+from .config import Config
+from .engine import (
+    ChangeRecord,
+    KeyValueEngine,
+    StorageEngine,
+    StorageEngineFactory,
+    StoreContext,
+    StoreSpec,
+)
+from .errors import (
+    ChangelogError,
+    ConfigError,
+    CorruptionError,
+    EngineError,
+    FencedError,
+    InvalidValueError,
+    LocalStateError,
+    SerializationError,
+    StoreClosedError,
+    StoreLockedError,
+    UnknownEngineError,
+    UnknownSerdeError,
+)
+from .kv import KeyValueIterator, KeyValueStore
+from .metrics import RestoreProgress, StoreMetrics
+from .registry import register_engine, register_system
+from .serdes import Serde, get_serde, register_serde
+from .storage import TaskStorage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ChangeLogger",
+    "ChangeRecord",
+    "ChangelogError",
+    "Checkpoint",
+    "Config",
+    "ConfigError",
+    "CorruptionError",
+    "EngineError",
+    "FencedError",
+    "InvalidValueError",
+    "KeyValueEngine",
+    "KeyValueIterator",
+    "KeyValueStore",
+    "LocalStateError",
+    "RestoreProgress",
+    "Serde",
+    "SerializationError",
+    "StorageEngine",
+    "StorageEngineFactory",
+    "StoreClosedError",
+    "StoreContext",
+    "StoreLockedError",
+    "StoreMetrics",
+    "StoreSpec",
+    "TaskStorage",
+    "UnknownEngineError",
+    "UnknownSerdeError",
+    "get_serde",
+    "register_engine",
+    "register_serde",
+    "register_system",
+    "__version__",
+]

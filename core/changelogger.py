@@ -1,0 +1,112 @@
+"""ChangeLogger: the single fault-tolerance path of every engine.
+
+Engines (or the ``logged`` KV layer) report change records here. Between two
+commits the logger keeps only the latest record per key (an insertion-ordered
+dict: rewriting a key *is* the dedup), handing a batch to the changelog partition
+whenever ``write.batch.size`` distinct keys are pending. ``flush()`` at commit
+appends the rest and makes the partition durable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from .engine import ChangeRecord
+from .metrics import StoreMetrics
+
+if TYPE_CHECKING:
+    from localstate.changelog.base import ChangelogPartition
+
+__all__ = ["ChangeLogger", "NullChangeLogger"]
+
+
+class ChangeLogger:
+    """Dedups change records per key and appends them to one changelog partition."""
+
+    __slots__ = ("store", "partition", "batch_size", "metrics", "_pending")
+
+    def __init__(
+        self,
+        store: str,
+        partition: ChangelogPartition,
+        batch_size: int,
+        metrics: StoreMetrics | None = None,
+    ) -> None:
+        self.store = store
+        self.partition = partition
+        self.batch_size = max(1, batch_size)
+        self.metrics = metrics or StoreMetrics()
+        self._pending: dict[bytes, bytes | None] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return True
+
+    def log(self, key: bytes, value: bytes | None) -> None:
+        """Record that ``key`` now has ``value`` (``None``: deleted)."""
+        pending = self._pending
+        pending[key] = value
+        if len(pending) >= self.batch_size:
+            self._drain()
+
+    def log_all(self, records: Iterable[ChangeRecord] | Mapping[bytes, bytes | None]) -> None:
+        """Record many changes; later records for one key win."""
+        pending = self._pending
+        pending.update(records)
+        if len(pending) >= self.batch_size:
+            self._drain()
+
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def _drain(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        records = list(pending.items())
+        self._pending = {}
+        self.partition.append(records)
+        m = self.metrics
+        m.records_logged += len(records)
+
+    def flush(self) -> int:
+        """Append everything pending, make it durable, return the end offset."""
+        self._drain()
+        return self.partition.flush()
+
+    def end_offset(self) -> int:
+        return self.partition.end_offset()
+
+    def discard_pending(self) -> None:
+        """Forget unflushed records (the task is being closed without commit)."""
+        self._pending = {}
+
+
+class NullChangeLogger(ChangeLogger):
+    """The logger of a store configured without a changelog: records go nowhere."""
+
+    __slots__ = ()
+
+    def __init__(self, store: str, metrics: StoreMetrics | None = None) -> None:
+        self.store = store
+        self.partition = None  # type: ignore[assignment]
+        self.batch_size = 1
+        self.metrics = metrics or StoreMetrics()
+        self._pending = {}
+
+    @property
+    def enabled(self) -> bool:
+        return False
+
+    def log(self, key: bytes, value: bytes | None) -> None:
+        return None
+
+    def log_all(self, records: Iterable[ChangeRecord] | Mapping[bytes, bytes | None]) -> None:
+        return None
+
+    def flush(self) -> int:
+        return 0
+
+    def end_offset(self) -> int:
+        return 0

@@ -1,0 +1,331 @@
+"""Job configuration with Samza's key names, from a dict, a .properties file or TOML.
+
+::
+
+    job.name = pageviews
+    job.state.dir = ./state
+    stores.counts.factory = rocksdb
+    stores.counts.changelog = file.pageviews-counts     # <system>.<stream>, or "none"
+    stores.counts.key.serde = string
+    stores.counts.msg.serde = json
+    stores.counts.object.cache.size = 1000
+    stores.counts.write.batch.size = 500
+    stores.counts.rocksdb.block.cache.size.bytes = 16777216
+    systems.file.path = ./changelog
+
+Everything is validated when loaded: errors name the key and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .engine import StoreSpec
+from .errors import ConfigError
+from .options import coerce, parse_options
+from .registry import SYSTEMS, did_you_mean, resolve_factory
+from .serdes import get_serde
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["Config"]
+
+JOB_KEYS: dict[str, tuple[type, Any]] = {
+    "job.name": (str, None),
+    "job.state.dir": (str, "./state"),
+    "job.partitions": (int, 1),
+    "job.changelog.system": (str, "file"),
+    "job.checkpoint.system": (str, None),
+    "job.commit.interval.records": (int, 0),
+}
+STORE_KEYS: dict[str, tuple[type, Any]] = {
+    "factory": (str, None),
+    "changelog": (str, None),
+    "key.serde": (str, "bytes"),
+    "msg.serde": (str, "bytes"),
+    "object.cache.size": (int, 1000),
+    "write.batch.size": (int, 500),
+}
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
+_VALIDATED_PREFIXES = ("job.", "stores.", "systems.")
+
+
+class Config:
+    """A validated, immutable job configuration (picklable, so it travels to executors)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values: dict[str, Any] = {str(k).strip(): v for k, v in values.items()}
+        self.stores: dict[str, StoreSpec] = {}
+        self.systems: dict[str, dict[str, Any]] = {}
+        self._validate()
+
+    # -- loading ------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Config:
+        """From flat dotted keys (nested dicts are flattened)."""
+        return cls(_flatten(values))
+
+    @classmethod
+    def from_properties(cls, path: str | Path) -> Config:
+        """From a Java-style ``.properties`` file (``key = value``, ``#`` comments)."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {p}: {e.strerror}") from e
+        values: dict[str, str] = {}
+        pending = ""
+        for lineno, raw in enumerate(text.splitlines(), 1):
+            line = pending + raw.strip()
+            pending = ""
+            if not line or line[0] in "#!":
+                continue
+            if line.endswith("\\"):
+                pending = line[:-1]
+                continue
+            m = re.match(r"^([^=:\s]+)\s*[=:\s]\s*(.*)$", line)
+            if not m:
+                raise ConfigError(f"{p}:{lineno}: expected 'key = value', got {raw!r}")
+            value = re.sub(r"\s+#.*$", "", m.group(2)).strip()
+            values[m.group(1)] = value
+        return cls(values)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Config:
+        """From TOML; tables and dotted keys flatten to the same dotted names."""
+        p = Path(path)
+        try:
+            with p.open("rb") as f:
+                data = tomllib.load(f)
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {p}: {e.strerror}") from e
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p} is not valid TOML: {e}") from e
+        return cls(_flatten(data))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Config:
+        """From ``.toml`` or ``.properties`` by file extension."""
+        p = Path(path)
+        if p.suffix == ".toml":
+            return cls.from_toml(p)
+        if p.suffix in (".properties", ".conf", ".cfg"):
+            return cls.from_properties(p)
+        raise ConfigError(f"config file {p} must end in .toml or .properties")
+
+    # -- access -------------------------------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._values.get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._values
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def with_overrides(self, values: Mapping[str, Any]) -> Config:
+        """A new validated config with some keys replaced."""
+        merged = dict(self._values)
+        merged.update(_flatten(values))
+        return Config(merged)
+
+    def subset(self, prefix: str) -> dict[str, Any]:
+        """Keys under ``prefix`` with the prefix removed."""
+        n = len(prefix)
+        return {k[n:]: v for k, v in self._values.items() if k.startswith(prefix)}
+
+    @property
+    def job_name(self) -> str:
+        return self._job["job.name"]
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self._job["job.state.dir"])
+
+    @property
+    def partitions(self) -> int:
+        return self._job["job.partitions"]
+
+    @property
+    def checkpoint_system(self) -> str:
+        return self._job["job.checkpoint.system"]
+
+    def job_option(self, key: str) -> Any:
+        return self._job[key]
+
+    def __repr__(self) -> str:
+        return f"Config(job={self.job_name!r}, stores={sorted(self.stores)})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Config, (self._values,))
+
+    # -- validation -----------------------------------------------------------------------
+    def _validate(self) -> None:
+        v = self._values
+        self._job: dict[str, Any] = {}
+        for key in v:
+            if key.startswith("job.") and key not in JOB_KEYS:
+                raise ConfigError(f"unknown config key {key!r}.{did_you_mean(key, JOB_KEYS)}")
+            if not key.startswith(_VALIDATED_PREFIXES) and "." not in key:
+                raise ConfigError(
+                    f"config key {key!r} has no section; expected job.*, stores.<name>.* or systems.<name>.*"
+                )
+        for key, (tp, default) in JOB_KEYS.items():
+            self._job[key] = coerce(v[key], tp, key) if key in v else default
+        if not self._job["job.name"]:
+            raise ConfigError("missing required config key 'job.name' (e.g. job.name = pageviews)")
+        if not _NAME.match(self._job["job.name"]):
+            raise ConfigError(
+                f"job.name = {self._job['job.name']!r}: use letters, digits, '_' and '-' only"
+            )
+        if self._job["job.partitions"] < 1:
+            raise ConfigError(f"job.partitions = {self._job['job.partitions']}: must be >= 1")
+
+        store_keys: dict[str, dict[str, Any]] = {}
+        system_keys: dict[str, dict[str, Any]] = {}
+        for key, value in v.items():
+            for section, into in (("stores.", store_keys), ("systems.", system_keys)):
+                if key.startswith(section):
+                    name, _, rest = key[len(section):].partition(".")
+                    if not name or not rest:
+                        raise ConfigError(f"config key {key!r} should be {section}<name>.<option>")
+                    into.setdefault(name, {})[rest] = value
+
+        default_system = self._job["job.changelog.system"]
+        for name, keys in store_keys.items():
+            self.stores[name] = self._store_spec(name, keys, default_system)
+
+        used_systems = {s.changelog[0] for s in self.stores.values() if s.changelog}
+        if self._job["job.checkpoint.system"] is None:
+            firsts = [s.changelog[0] for s in self.stores.values() if s.changelog]
+            self._job["job.checkpoint.system"] = firsts[0] if firsts else default_system
+        used_systems.add(self._job["job.checkpoint.system"])
+        for name in sorted(set(system_keys) | used_systems):
+            self.systems[name] = self._system_options(name, system_keys.get(name, {}))
+
+    def _store_spec(self, name: str, keys: dict[str, Any], default_system: str) -> StoreSpec:
+        pre = f"stores.{name}"
+        if not _NAME.match(name):
+            raise ConfigError(f"store name {name!r} ({pre}.*): use letters, digits, '_' and '-' only")
+        if "factory" not in keys:
+            raise ConfigError(
+                f"store {name!r} has no engine: set {pre}.factory (e.g. memory, rocksdb, leveldb)"
+            )
+        try:
+            factory = resolve_factory(str(keys["factory"]), store=name)
+        except ConfigError as e:
+            raise type(e)(f"{pre}.factory: {e}") from e
+        opt_prefix = factory.options_prefix
+        base: dict[str, Any] = {}
+        engine_raw: dict[str, Any] = {}
+        for key, value in keys.items():
+            if key in STORE_KEYS:
+                base[key] = value
+            elif opt_prefix and key.startswith(opt_prefix + "."):
+                engine_raw[key[len(opt_prefix) + 1:]] = value
+            else:
+                valid = list(STORE_KEYS) + ([f"{opt_prefix}.<option>"] if opt_prefix else [])
+                hint = did_you_mean(key, list(STORE_KEYS) + _engine_keys(factory))
+                raise ConfigError(
+                    f"unknown config key '{pre}.{key}' for store {name!r}.{hint}"
+                    + ("" if "Did you mean" in hint else f" Valid keys: {', '.join(valid)}.")
+                )
+        vals = {k: coerce(base[k], tp, f"{pre}.{k}") if k in base else d for k, (tp, d) in STORE_KEYS.items()}
+        options = None
+        if factory.options_type is not None:
+            options = parse_options(factory.options_type, engine_raw, f"{pre}.{opt_prefix}")
+        for which in ("key.serde", "msg.serde"):
+            try:
+                get_serde(vals[which], store=name)
+            except ConfigError as e:
+                raise type(e)(f"{pre}.{which}: {e}") from e
+        cache, batch = vals["object.cache.size"], vals["write.batch.size"]
+        if batch < 1:
+            raise ConfigError(f"{pre}.write.batch.size = {batch}: must be >= 1")
+        if cache < 0:
+            raise ConfigError(f"{pre}.object.cache.size = {cache}: must be >= 0 (0 disables the cache)")
+        if 0 < cache < batch:
+            raise ConfigError(
+                f"store {name!r}: {pre}.object.cache.size ({cache}) is smaller than "
+                f"{pre}.write.batch.size ({batch}); dirty entries must fit in the cache. "
+                f"Raise the cache size to at least {batch} or lower the batch size."
+            )
+        changelog = _parse_changelog(vals["changelog"], name, self._job["job.name"], default_system)
+        return StoreSpec(
+            name=name,
+            factory=str(keys["factory"]),
+            options=options,
+            key_serde=vals["key.serde"],
+            msg_serde=vals["msg.serde"],
+            changelog=changelog,
+            object_cache_size=cache,
+            write_batch_size=batch,
+            raw=dict(keys),
+        )
+
+    def _system_options(self, name: str, keys: dict[str, Any]) -> dict[str, Any]:
+        pre = f"systems.{name}"
+        sys_type = str(keys.get("type", name))
+        try:
+            cls = SYSTEMS.get(sys_type)
+        except ConfigError as e:
+            raise type(e)(f"{pre}: {e} (set {pre}.type to a registered changelog system)") from e
+        allowed = tuple(getattr(cls, "options_keys", ())) + ("type",)
+        for key in keys:
+            if key in allowed or any(a.endswith("*") and key.startswith(a[:-1]) for a in allowed):
+                continue
+            raise ConfigError(
+                f"unknown config key '{pre}.{key}' for changelog system {sys_type!r}."
+                f"{did_you_mean(key, [a for a in allowed if not a.endswith('*')])}"
+            )
+        validate = getattr(cls, "validate_options", None)
+        if validate is not None:
+            validate(name, keys)
+        return dict(keys)
+
+
+def _engine_keys(factory: Any) -> list[str]:
+    if factory.options_type is None or not factory.options_prefix:
+        return []
+    from .options import option_keys
+
+    return [f"{factory.options_prefix}.{k}" for k in option_keys(factory.options_type)]
+
+
+def _parse_changelog(value: Any, store: str, job: str, default_system: str) -> tuple[str, str] | None:
+    if value is None:
+        return (default_system, f"{job}-{store}")
+    s = str(value).strip()
+    if s.lower() in ("none", "off", "false", ""):
+        return None
+    system, dot, stream = s.partition(".")
+    if not dot or not system or not stream:
+        raise ConfigError(
+            f"stores.{store}.changelog = {s!r}: expected '<system>.<stream>' "
+            f"(e.g. file.{job}-{store} or kafka.{job}-{store}) or 'none'"
+        )
+    if not _NAME.match(stream.replace(".", "_")):
+        raise ConfigError(f"stores.{store}.changelog = {s!r}: stream names use letters, digits, '.', '_', '-'")
+    return (system, stream)
+
+
+def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+

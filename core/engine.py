@@ -1,0 +1,166 @@
+"""The storage-engine plug-in interface.
+
+An engine keeps one store's state for one task partition. Whatever its data model,
+its durable state is a set of **change records** ``(key: bytes, value: bytes | None)``
+(``None`` is a tombstone). Mutations are reported to the store's
+:class:`~localstate.changelogger.ChangeLogger`; :meth:`StorageEngine.restore` rebuilds
+the engine from the same records. No engine talks to a changelog backend directly.
+
+Key-value engines additionally implement :class:`~localstate.kv.KeyValueStore` over
+``bytes``; they do **not** log themselves — the ``logged`` layer does it for them.
+Every other engine logs its own change records through ``context.change_logger``.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .kv import KeyValueStore
+
+if TYPE_CHECKING:
+    from .changelogger import ChangeLogger
+    from .metrics import StoreMetrics
+    from .serdes import Serde
+
+__all__ = [
+    "ChangeRecord",
+    "StorageEngine",
+    "KeyValueEngine",
+    "StorageEngineFactory",
+    "StoreSpec",
+    "StoreContext",
+]
+
+ChangeRecord = tuple[bytes, "bytes | None"]
+"""``(key, value)``; a ``None`` value is a tombstone."""
+
+
+class StorageEngine(ABC):
+    """What every engine implements, key-value or not.
+
+    Lifecycle, as driven by :class:`~localstate.TaskStorage`:
+
+    1. the factory builds the engine over ``context.directory``;
+    2. ``prepare_restore(C, min_valid)`` picks the local state to start from and
+       returns its changelog offset ``L`` (``0`` = start empty);
+    3. ``restore(records, into_empty=...)`` applies the records ``[L, C)`` in bulk;
+    4. mutations report change records; at each commit ``prepare_commit()`` (hand
+       buffered records to the logger), then after the changelog is durable
+       ``flush()`` and ``checkpoint(offset)``;
+    5. ``close()`` — idempotent, never commits.
+    """
+
+    @abstractmethod
+    def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
+        """Apply change records in order (later records for one key win).
+
+        Restored records are never logged again. ``into_empty`` is the bulk-load
+        hint: the engine is known to be empty, so it may build its state wholesale
+        (sorted bulk construction, SST ingestion, ...).
+        """
+
+    @abstractmethod
+    def current(self, keys: Iterable[bytes]) -> Iterable[ChangeRecord]:
+        """The engine's present change record for each given change-record key.
+
+        ``(key, None)`` where the engine has nothing for the key. Used to "trim" an
+        uncommitted changelog tail on a remote log that cannot be truncated.
+        """
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Make local writes durable (a no-op for in-memory engines)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release every resource; idempotent; does not commit."""
+
+    # -- optional hooks with safe defaults -------------------------------------------
+    def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
+        """Choose local state to restore from and return its changelog offset ``L``.
+
+        The engine must leave its local state equal to the changelog prefix
+        ``[0, L)`` with ``min_valid_offset <= L <= committed_offset``, or wipe itself
+        and return ``0``. ``min_valid_offset`` is the changelog's compaction horizon:
+        a snapshot older than it could resurrect deleted keys and must not be used.
+        The default suits engines that always start empty (in-memory engines).
+        """
+        return 0
+
+    def prepare_commit(self) -> None:
+        """Hand any buffered change records to the change logger (commit step 1)."""
+
+    def checkpoint(self, offset: int) -> None:
+        """Record durably that local state equals the changelog prefix ``[0, offset)``.
+
+        Called at commit after ``flush()``; engines that can snapshot cheaply (RocksDB
+        hard-link checkpoints, an offset stored beside the data) do it here.
+        """
+
+    def wipe(self) -> None:
+        """Drop all local state (used before a full rebuild). Default: unsupported."""
+        raise NotImplementedError(f"{type(self).__name__} cannot wipe its local state")
+
+
+class KeyValueEngine(StorageEngine, KeyValueStore[bytes, bytes]):
+    """A key-value engine: bytes in, bytes out; change record key == store key."""
+
+    def current(self, keys: Iterable[bytes]) -> Iterable[ChangeRecord]:
+        get = self.get
+        return [(k, get(k)) for k in keys]
+
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """Everything the config says about one store."""
+
+    name: str
+    factory: str
+    options: Any = None
+    """The engine's parsed options dataclass (``factory.options_type``) or ``None``."""
+    key_serde: str = "bytes"
+    msg_serde: str = "bytes"
+    changelog: tuple[str, str] | None = None
+    """``(system, stream)`` or ``None`` when the store is not logged."""
+    object_cache_size: int = 1000
+    write_batch_size: int = 500
+    raw: Mapping[str, Any] = field(default_factory=dict)
+    """Every ``stores.<name>.*`` key with the prefix removed, as given."""
+
+
+@dataclass
+class StoreContext:
+    """Where and for whom an engine is built."""
+
+    job: str
+    store: str
+    partition: int
+    partitions: int
+    directory: Path
+    change_logger: ChangeLogger
+    metrics: StoreMetrics
+    key_serde: Serde | None = None
+    msg_serde: Serde | None = None
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("localstate"))
+
+
+class StorageEngineFactory(ABC):
+    """Builds one engine for one store of one task partition.
+
+    Subclasses set ``options_prefix`` and ``options_type`` (a frozen dataclass) to
+    receive ``stores.<name>.<options_prefix>.*`` config keys, validated up front:
+    ``stores.s.rocksdb.block.cache.size.bytes`` fills field ``block_cache_size_bytes``.
+    """
+
+    options_prefix: ClassVar[str | None] = None
+    options_type: ClassVar[type | None] = None
+    description: ClassVar[str] = ""
+
+    @abstractmethod
+    def create(self, spec: StoreSpec, context: StoreContext) -> StorageEngine:
+        """A new engine over ``context.directory`` (which exists)."""

@@ -1,0 +1,83 @@
+"""Read-only inspection of changelog and state directories (``localstate inspect``)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+from .checkpoint import Checkpoint
+from .errors import LocalStateError
+
+__all__ = ["inspect_path", "lock_holder"]
+
+
+def lock_holder(lock: Path) -> str | None:
+    """The pid holding ``lock`` if it is held by a live process, else None (never blocks)."""
+    if not lock.exists():
+        return None
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _dir_size(path: Path) -> tuple[int, int]:
+    files = size = 0
+    for root, _dirs, names in os.walk(path):
+        for n in names:
+            try:
+                size += os.stat(os.path.join(root, n)).st_size
+                files += 1
+            except OSError:
+                pass
+    return files, size
+
+
+def inspect_path(path: Path) -> dict[str, Any]:
+    """``{"checkpoints": [...], "partitions": [...], "stores": [...]}`` found under ``path``."""
+    from localstate.changelog.file import FileChangelogPartition
+
+    report: dict[str, list[dict[str, Any]]] = {"checkpoints": [], "partitions": [], "stores": []}
+    path = Path(path)
+    for ck in sorted(path.glob("**/_checkpoints/*/partition-*.ckpt")):
+        row: dict[str, Any] = {"job": ck.parent.name, "partition": int(ck.stem.split("-")[1]), "path": str(ck)}
+        try:
+            c = Checkpoint.from_bytes(ck.read_bytes(), where=str(ck))
+            row.update(version=c.version, input_position=c.input_position, offsets=dict(c.offsets),
+                       epoch=c.epoch, written_at=c.written_at)
+        except LocalStateError as e:
+            row["error"] = str(e)
+        report["checkpoints"].append(row)
+    for meta in sorted(path.glob("**/stream.json")):
+        sdir = meta.parent
+        for pdir in sorted((d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)):
+            row = {"stream": sdir.name, "partition": int(pdir.name), "path": str(pdir),
+                   "locked_by": lock_holder(pdir / ".lock")}
+            try:
+                part = FileChangelogPartition(pdir, readonly=True)
+                try:
+                    segs = part.segments()
+                    records = sum(1 for _ in part.read_with_offsets(0, part.end_offset()))
+                    row.update(segments=len(segs), end_offset=part.end_offset(), records=records,
+                               bytes=part.size_bytes(), tombstone_horizon=part.min_valid_snapshot_offset())
+                finally:
+                    part.close()
+            except LocalStateError as e:
+                row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
+            report["partitions"].append(row)
+    for lockdir in sorted(path.glob("**/.locks")):
+        jobdir = lockdir.parent
+        for sdir in sorted(d for d in jobdir.iterdir() if d.is_dir() and not d.name.startswith(".")):
+            for pdir in sorted(d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()):
+                files, size = _dir_size(pdir)
+                report["stores"].append({"job": jobdir.name, "store": sdir.name, "partition": int(pdir.name),
+                                         "files": files, "bytes": size, "path": str(pdir)})
+    return report

@@ -1,0 +1,80 @@
+"""Forwarding layers over a key-value engine, built in one function.
+
+    engine (bytes) → logged (changelog) → serialized (serdes) → cached (objects) → metered → task
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..changelogger import ChangeLogger
+from ..kv import KeyValueStore
+from ..metrics import StoreMetrics
+from ..serdes import Serde
+from .cached import CachedStore
+from .forwarding import ForwardingStore
+from .logged import LoggedStore
+from .metered import MeteredStore
+from .serialized import SerializedStore
+
+__all__ = [
+    "build_store",
+    "maybe_logging",
+    "maybe_serializing",
+    "maybe_caching",
+    "ForwardingStore",
+    "LoggedStore",
+    "SerializedStore",
+    "CachedStore",
+    "MeteredStore",
+]
+
+
+def maybe_logging(store: KeyValueStore[Any, Any], logger: ChangeLogger | None) -> KeyValueStore[Any, Any]:
+    return LoggedStore(store, logger) if logger is not None and logger.enabled else store
+
+
+def maybe_serializing(
+    store: KeyValueStore[Any, Any], key_serde: Serde | None, msg_serde: Serde | None, name: str
+) -> KeyValueStore[Any, Any]:
+    if key_serde is None and msg_serde is None:
+        return store
+    from ..serdes import get_serde
+
+    bytes_serde = get_serde("bytes")
+    return SerializedStore(store, key_serde or bytes_serde, msg_serde or bytes_serde, name)
+
+
+def maybe_caching(
+    store: KeyValueStore[Any, Any], cache_size: int, batch_size: int, name: str, metrics: StoreMetrics
+) -> KeyValueStore[Any, Any]:
+    return CachedStore(store, cache_size, batch_size, name, metrics) if cache_size > 0 else store
+
+
+def build_store(
+    engine: KeyValueStore[bytes, bytes],
+    *,
+    name: str,
+    logger: ChangeLogger | None = None,
+    key_serde: Serde | None = None,
+    msg_serde: Serde | None = None,
+    cache_size: int = 0,
+    batch_size: int = 500,
+    metrics: StoreMetrics | None = None,
+    metered: bool = True,
+) -> KeyValueStore[Any, Any]:
+    """The store a task sees: ``metered(cached(serialized(logged(engine))))``.
+
+    Each layer is present only when asked for: no logger → no logging layer, no serdes
+    → bytes in and out, ``cache_size == 0`` → no cache, ``metered=False`` → no counters.
+    """
+    metrics = metrics or StoreMetrics()
+    engine.name = name
+    store = maybe_caching(
+        maybe_serializing(maybe_logging(engine, logger), key_serde, msg_serde, name),
+        cache_size,
+        batch_size,
+        name,
+        metrics,
+    )
+    return MeteredStore(store, metrics, count_hits=cache_size <= 0) if metered else store

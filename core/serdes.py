@@ -1,0 +1,250 @@
+"""Serdes: how keys and values become bytes.
+
+Built-ins: ``bytes``, ``string`` (UTF-8), ``json``, ``msgpack``, ``int`` (4-byte),
+``long`` (8-byte), ``tuple`` (composite keys) and ``pickle`` (only by name).
+``int``, ``long``, ``string``, ``bytes`` and ``tuple`` are **order-preserving**:
+byte order equals value order, so ``range()`` over them means what it says.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .errors import ConfigError, SerializationError, UnknownSerdeError
+from .registry import Registry
+
+__all__ = ["Serde", "register_serde", "get_serde", "serde_names", "describe_encode_error", "SERDES"]
+
+
+@dataclass(frozen=True)
+class Serde:
+    """A named pair of ``encode(obj) -> bytes`` / ``decode(bytes) -> obj``.
+
+    ``encode_many`` / ``decode_many`` are optional fast paths over lists.
+    """
+
+    name: str
+    encode: Callable[[Any], bytes]
+    decode: Callable[[bytes], Any]
+    order_preserving: bool = False
+    encode_many: Callable[[list[Any]], list[bytes]] | None = None
+    decode_many: Callable[[list[bytes]], list[Any]] | None = None
+
+
+def _identity_bytes(b: Any) -> bytes:
+    if type(b) is bytes:
+        return b
+    if isinstance(b, (bytearray, memoryview)):
+        return bytes(b)
+    raise TypeError(f"expected bytes, got {type(b).__name__}")
+
+
+def _str_encode(s: Any) -> bytes:
+    if type(s) is not str:
+        raise TypeError(f"expected str, got {type(s).__name__}")
+    return s.encode()
+
+
+def _json_encoder() -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    try:
+        import orjson
+
+        return orjson.dumps, orjson.loads
+    except ImportError:
+        enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+        def dumps(o: Any) -> bytes:
+            return enc(o).encode()
+
+        return dumps, json.loads
+
+
+_json_dumps, _json_loads = _json_encoder()
+
+
+def _fixed_int(width: int) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    fmt = ">I" if width == 4 else ">Q"
+    bias = 1 << (width * 8 - 1)
+    pack, unpack = struct.Struct(fmt).pack, struct.Struct(fmt).unpack
+
+    def encode(n: Any) -> bytes:
+        if type(n) is not int:
+            raise TypeError(f"expected int, got {type(n).__name__}")
+        try:
+            return pack(n + bias)
+        except struct.error:
+            raise TypeError(f"{n} does not fit in a signed {width * 8}-bit integer") from None
+
+    def decode(b: bytes) -> int:
+        return unpack(b)[0] - bias
+
+    return encode, decode
+
+
+# -- tuple: an order-preserving composite encoding -----------------------------------
+# Each element is a type tag followed by its body; tags order None < bool < int <
+# float < bytes < str < nested tuple. Strings/bytes are terminated by 0x00 with 0x00
+# escaped as 0x00 0xff, so a shorter string sorts before its extensions.
+_T_NONE, _T_FALSE, _T_TRUE, _T_INT, _T_FLOAT, _T_BYTES, _T_STR, _T_TUPLE, _T_END = (
+    0x01, 0x02, 0x03, 0x10, 0x20, 0x30, 0x40, 0x50, 0x00,
+)
+_Q = struct.Struct(">Q")
+_D = struct.Struct(">d")
+
+
+def _esc(b: bytes) -> bytes:
+    return b.replace(b"\x00", b"\x00\xff") + b"\x00"
+
+
+def _tuple_encode_into(out: bytearray, t: Any) -> None:
+    for x in t:
+        if x is None:
+            out.append(_T_NONE)
+        elif x is True:
+            out.append(_T_TRUE)
+        elif x is False:
+            out.append(_T_FALSE)
+        elif type(x) is int:
+            if not -(1 << 63) <= x < (1 << 63):
+                raise TypeError(f"tuple element {x} does not fit in 64 bits")
+            out.append(_T_INT)
+            out += _Q.pack(x + (1 << 63))
+        elif type(x) is float:
+            out.append(_T_FLOAT)
+            bits = _Q.unpack(_D.pack(x))[0]
+            bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
+            out += _Q.pack(bits)
+        elif type(x) is bytes:
+            out.append(_T_BYTES)
+            out += _esc(x)
+        elif type(x) is str:
+            out.append(_T_STR)
+            out += _esc(x.encode())
+        elif type(x) is tuple:
+            out.append(_T_TUPLE)
+            _tuple_encode_into(out, x)
+            out.append(_T_END)
+        else:
+            raise TypeError(
+                f"tuple elements must be None, bool, int, float, bytes, str or tuple; got {type(x).__name__}"
+            )
+
+
+def _tuple_encode(t: Any) -> bytes:
+    if type(t) is not tuple:
+        raise TypeError(f"expected tuple, got {type(t).__name__}")
+    out = bytearray()
+    _tuple_encode_into(out, t)
+    return bytes(out)
+
+
+def _read_escaped(b: bytes, i: int) -> tuple[bytes, int]:
+    out = bytearray()
+    while True:
+        j = b.index(b"\x00", i)
+        out += b[i:j]
+        if j + 1 < len(b) and b[j + 1] == 0xFF:
+            out.append(0)
+            i = j + 2
+        else:
+            return bytes(out), j + 1
+
+
+def _tuple_decode_from(b: bytes, i: int, nested: bool) -> tuple[tuple[Any, ...], int]:
+    items: list[Any] = []
+    n = len(b)
+    while i < n:
+        tag = b[i]
+        i += 1
+        if tag == _T_END and nested:
+            return tuple(items), i
+        if tag == _T_NONE:
+            items.append(None)
+        elif tag == _T_TRUE:
+            items.append(True)
+        elif tag == _T_FALSE:
+            items.append(False)
+        elif tag == _T_INT:
+            items.append(_Q.unpack_from(b, i)[0] - (1 << 63))
+            i += 8
+        elif tag == _T_FLOAT:
+            bits = _Q.unpack_from(b, i)[0]
+            bits = bits & ~(1 << 63) if bits >> 63 else bits ^ 0xFFFFFFFFFFFFFFFF
+            items.append(_D.unpack(_Q.pack(bits))[0])
+            i += 8
+        elif tag in (_T_BYTES, _T_STR):
+            raw, i = _read_escaped(b, i)
+            items.append(raw.decode() if tag == _T_STR else raw)
+        elif tag == _T_TUPLE:
+            sub, i = _tuple_decode_from(b, i, True)
+            items.append(sub)
+        else:
+            raise ValueError(f"bad tuple tag 0x{tag:02x} at byte {i - 1}")
+    if nested:
+        raise ValueError("unterminated nested tuple")
+    return tuple(items), i
+
+
+def _tuple_decode(b: bytes) -> tuple[Any, ...]:
+    return _tuple_decode_from(b, 0, False)[0]
+
+
+def _msgpack_encode(o: Any) -> bytes:
+    return msgpack.packb(o, use_bin_type=True)
+
+
+def _msgpack_decode(b: bytes) -> Any:
+    return msgpack.unpackb(b, raw=False, strict_map_key=False)
+
+
+SERDES = Registry("serde", "localstate.serdes", UnknownSerdeError)
+
+_int_enc, _int_dec = _fixed_int(4)
+_long_enc, _long_dec = _fixed_int(8)
+for _serde in (
+    Serde("bytes", _identity_bytes, bytes, True),
+    Serde("string", _str_encode, bytes.decode, True),
+    Serde("json", _json_dumps, _json_loads),
+    Serde("msgpack", _msgpack_encode, _msgpack_decode),
+    Serde("int", _int_enc, _int_dec, True),
+    Serde("long", _long_enc, _long_dec, True),
+    Serde("tuple", _tuple_encode, _tuple_decode, True),
+    Serde("pickle", lambda o: pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL), pickle.loads),
+):
+    SERDES.register(_serde.name, _serde, origin="built-in")
+
+
+def register_serde(serde: Serde, clobber: bool = False) -> None:
+    """Register a user :class:`Serde` under ``serde.name``."""
+    SERDES.register(serde.name, serde, clobber=clobber, origin="register_serde()")
+
+
+def get_serde(name: str, *, store: str | None = None) -> Serde:
+    """The serde registered as ``name`` (or at ``"module:attr"``)."""
+    obj = SERDES.get(name, store=store)
+    if not isinstance(obj, Serde):
+        raise ConfigError(
+            f"store {store!r}: serde {name!r} resolves to {obj!r}, not a localstate.Serde"
+        )
+    return obj
+
+
+def serde_names() -> list[str]:
+    return SERDES.names()
+
+
+def describe_encode_error(store: str, what: str, serde: Serde, obj: Any, err: Exception) -> SerializationError:
+    """The standard error for an object a serde cannot encode."""
+    return SerializationError(
+        f"store {store!r}: the {what} serde {serde.name!r} cannot encode {obj!r} "
+        f"({type(obj).__name__}): {err}. Convert the {what} first or set "
+        f"stores.{store}.{'key' if what == 'key' else 'msg'}.serde to a serde for this type."
+    )
+

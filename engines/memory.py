@@ -1,0 +1,139 @@
+"""``memory``: a sorted in-memory map (sortedcontainers).
+
+Not persistent: it always starts empty and is rebuilt from the changelog on open —
+the simplest proof that the fault-tolerance path works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
+
+from sortedcontainers import SortedDict
+
+from localstate.engine import ChangeRecord, KeyValueEngine, StorageEngineFactory, StoreContext, StoreSpec
+from localstate.errors import StoreClosedError
+from localstate.kv import KeyValueIterator, prefix_upper_bound, reject_none
+
+from ._util import require_bytes, require_bytes_pairs
+
+__all__ = ["MemoryEngine", "MemoryEngineFactory"]
+
+_CHUNK = 1024
+
+
+class MemoryEngine(KeyValueEngine):
+    """A ``SortedDict[bytes, bytes]``. Iterators are weakly consistent: they never fail
+    when the map changes underneath; keys are fetched in chunks after the last one seen."""
+
+    def __init__(self, name: str = "memory") -> None:
+        self.name = name
+        self._data: SortedDict | None = SortedDict()
+
+    def _d(self) -> SortedDict:
+        d = self._data
+        if d is None:
+            raise StoreClosedError(f"store {self.name!r} (memory engine) is closed")
+        return d
+
+    # -- KeyValueStore ------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        return self._d().get(key)
+
+    def get_all(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        d = self._d()
+        get = d.get
+        out = {}
+        for k in keys:
+            v = get(k)
+            if v is not None:
+                out[k] = v
+        return out
+
+    def put(self, key: bytes, value: bytes) -> None:
+        d = self._d()
+        if type(key) is not bytes:
+            require_bytes(self.name, "key", key)
+        if type(value) is not bytes:
+            if value is None:
+                reject_none(self.name, key, value)
+            require_bytes(self.name, "value", value)
+        d[key] = value
+
+    def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
+        d = self._d()
+        if isinstance(entries, Mapping):
+            entries = list(entries.items())
+        elif not isinstance(entries, list):
+            entries = list(entries)
+        require_bytes_pairs(self.name, entries)
+        d.update(entries)
+
+    def delete(self, key: bytes) -> None:
+        self._d().pop(key, None)
+
+    def delete_all(self, keys: Iterable[bytes]) -> None:
+        pop = self._d().pop
+        for k in keys:
+            pop(k, None)
+
+    def _scan(self, start: bytes | None, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        inclusive = (True, False)
+        lo = start
+        while True:
+            d = self._d()
+            keys = list(islice(d.irange(lo, stop, inclusive=inclusive), _CHUNK))
+            if not keys:
+                return
+            get = d.get
+            for k in keys:
+                v = get(k)
+                if v is not None:
+                    yield k, v
+            lo = keys[-1]
+            inclusive = (False, False)
+
+    def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
+        self._d()
+        return KeyValueIterator(self._scan(start, stop), what=f"store {self.name!r} iterator")
+
+    def prefix(self, prefix: bytes) -> KeyValueIterator[bytes, bytes]:
+        return self.range(prefix, prefix_upper_bound(prefix))
+
+    def all(self) -> KeyValueIterator[bytes, bytes]:
+        return self.range(None, None)
+
+    def flush(self) -> None:
+        self._d()
+
+    def close(self) -> None:
+        self._data = None
+
+    # -- StorageEngine --------------------------------------------------------------------
+    def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
+        d = self._d()
+        if into_empty and not d:
+            latest = dict(records)  # last write wins, at C speed
+            self._data = SortedDict({k: v for k, v in latest.items() if v is not None})
+            return
+        pop = d.pop
+        for k, v in records:
+            if v is None:
+                pop(k, None)
+            else:
+                d[k] = v
+
+    def wipe(self) -> None:
+        self._d().clear()
+
+    def __len__(self) -> int:
+        return len(self._d())
+
+
+class MemoryEngineFactory(StorageEngineFactory):
+    """Factory ``memory``: no options."""
+
+    description = "sorted in-memory map (sortedcontainers); rebuilt from the changelog on open"
+
+    def create(self, spec: StoreSpec, context: StoreContext) -> MemoryEngine:
+        return MemoryEngine(spec.name)

@@ -1,0 +1,36 @@
+"""Shared fixtures: configs on temporary directories; FULL runs of long tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localstate import Config
+
+FULL = os.environ.get("LOCALSTATE_FULL") == "1"
+"""CI runs shortened forms of the soak/crash tests; LOCALSTATE_FULL=1 runs the full ones."""
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> Any:
+    """``make_config(**stores)`` → a Config with state and changelog under tmp_path.
+
+    ``make_config(counts={"factory": "memory", "msg.serde": "json"}, **{"job.partitions": 2})``
+    """
+
+    def make(extra: dict[str, Any] | None = None, **stores: dict[str, Any]) -> Config:
+        values: dict[str, Any] = {
+            "job.name": "test",
+            "job.state.dir": str(tmp_path / "state"),
+            "systems.file.path": str(tmp_path / "changelog"),
+        }
+        for name, opts in stores.items():
+            for k, v in opts.items():
+                values[f"stores.{name}.{k}"] = v
+        values.update(extra or {})
+        return Config.from_dict(values)
+
+    return make
