@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgpack
-
 from localstate.engine import ChangeRecord
 from localstate.errors import CorruptionError
 

@@ -40,7 +40,7 @@ class _LazyGroup(click.Group):
         path, help_text = LAZY_COMMANDS[name]
         try:
             return import_path(path)
-        except (ImportError, AttributeError) as e:
+        except (ImportError, AttributeError):
             @click.command(name=name, help=help_text)
             def unavailable() -> None:
                 raise click.ClickException(

@@ -129,7 +129,7 @@ class StoreSpec:
     """``(system, stream)`` or ``None`` when the store is not logged."""
     object_cache_size: int = 1000
     write_batch_size: int = 500
-    raw: Mapping[str, Any] = field(default_factory=dict)
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Every ``stores.<name>.*`` key with the prefix removed, as given."""
 
 

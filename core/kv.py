@@ -21,7 +21,7 @@ def prefix_upper_bound(prefix: bytes) -> bytes | None:
 
     >>> prefix_upper_bound(b"ab")
     b'ac'
-    >>> prefix_upper_bound(b"a\\xff") 
+    >>> prefix_upper_bound(b"a\\xff")
     b'b'
     """
     p = bytearray(prefix)

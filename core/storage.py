@@ -37,7 +37,7 @@ from .registry import SYSTEMS, did_you_mean, resolve_factory
 from .serdes import get_serde
 
 if TYPE_CHECKING:
-    from localstate.changelog.base import ChangelogPartition, ChangelogSystem, CheckpointStore
+    from localstate.changelog.base import ChangelogPartition, ChangelogSystem
 
 __all__ = ["TaskStorage", "RestoreListener", "open_system"]
 

@@ -9,11 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import islice
 
-from sortedcontainers import SortedDict
-
-from localstate.engine import ChangeRecord, KeyValueEngine, StorageEngineFactory, StoreContext, StoreSpec
+from localstate.engine import (
+    ChangeRecord,
+    KeyValueEngine,
+    StorageEngineFactory,
+    StoreContext,
+    StoreSpec,
+)
 from localstate.errors import StoreClosedError
 from localstate.kv import KeyValueIterator, prefix_upper_bound, reject_none
+from sortedcontainers import SortedDict
 
 from ._util import require_bytes, require_bytes_pairs
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from localstate import Config
 
 FULL = os.environ.get("LOCALSTATE_FULL") == "1"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from localstate.engines.memory import MemoryEngine
 from localstate.testing import LAYER_COMBOS, KeyValueStoreConformance, layer_stack
 

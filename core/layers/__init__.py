@@ -46,9 +46,16 @@ def maybe_serializing(
 
 
 def maybe_caching(
-    store: KeyValueStore[Any, Any], cache_size: int, batch_size: int, name: str, metrics: StoreMetrics
+    store: KeyValueStore[Any, Any],
+    cache_size: int,
+    batch_size: int,
+    name: str,
+    metrics: StoreMetrics,
+    key_check: Any = None,
 ) -> KeyValueStore[Any, Any]:
-    return CachedStore(store, cache_size, batch_size, name, metrics) if cache_size > 0 else store
+    if cache_size <= 0:
+        return store
+    return CachedStore(store, cache_size, batch_size, name, metrics, key_check)
 
 
 def build_store(
@@ -70,11 +77,7 @@ def build_store(
     """
     metrics = metrics or StoreMetrics()
     engine.name = name
-    store = maybe_caching(
-        maybe_serializing(maybe_logging(engine, logger), key_serde, msg_serde, name),
-        cache_size,
-        batch_size,
-        name,
-        metrics,
-    )
+    serialized = maybe_serializing(maybe_logging(engine, logger), key_serde, msg_serde, name)
+    key_check = getattr(serialized, "encode_key", None)
+    store = maybe_caching(serialized, cache_size, batch_size, name, metrics, key_check)
     return MeteredStore(store, metrics, count_hits=cache_size <= 0) if metered else store

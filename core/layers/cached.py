@@ -13,7 +13,7 @@ Values are cached as the objects you put: mutating a returned object without a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any
 
@@ -43,8 +43,12 @@ class CachedStore(ForwardingStore):
         batch_size: int,
         name: str,
         metrics: StoreMetrics | None = None,
+        key_check: Callable[[Any], object] | None = None,
     ) -> None:
+        """``key_check`` (the key serde's encoder) rejects an unencodable key at ``put``
+        time rather than at the next flush, where the error would surface far from its cause."""
         super().__init__(inner, name)
+        self._key_check = key_check
         self.cache_size = max(1, cache_size)
         self.batch_size = max(1, min(batch_size, self.cache_size))
         self.metrics = metrics or StoreMetrics()
@@ -87,6 +91,8 @@ class CachedStore(ForwardingStore):
     def _write(self, key: Any, value: Any) -> None:
         if self._closed:
             self._check_open()
+        if self._key_check is not None:
+            self._key_check(key)
         cache = self._cache
         cache.pop(key, None)
         cache[key] = value

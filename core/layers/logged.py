@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from ..changelogger import ChangeLogger
 from ..kv import KeyValueStore

@@ -26,6 +26,10 @@ class SerializedStore(ForwardingStore):
         self._warned_unordered = False
 
     # -- encoding helpers ----------------------------------------------------------------
+    def encode_key(self, key: Any) -> bytes:
+        """The encoded key, or a SerializationError naming the store and the fix."""
+        return self._ek(key)
+
     def _ek(self, key: Any) -> bytes:
         try:
             return self.key_serde.encode(key)

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from localstate.changelogger import ChangeLogger
 from localstate.engine import KeyValueEngine
 from localstate.errors import InvalidValueError, StoreClosedError
