@@ -40,11 +40,13 @@ class _LazyGroup(click.Group):
         path, help_text = LAZY_COMMANDS[name]
         try:
             return import_path(path)
-        except (ImportError, AttributeError):
+        except (ImportError, AttributeError) as e:
+            reason = str(e)
+
             @click.command(name=name, help=help_text)
             def unavailable() -> None:
                 raise click.ClickException(
-                    f"'localstate {name}' is unavailable: {e}. Install everything with: "
+                    f"'localstate {name}' is unavailable: {reason}. Install everything with: "
                     "pip install 'localstate[all]'"
                 )
 
