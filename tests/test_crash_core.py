@@ -44,7 +44,7 @@ def model_after(batches: int) -> dict[str, int]:
     for batch in range(1, batches + 1):
         rng = random.Random(batch)
         for _ in range(40):
-            k = "k%d" % rng.randrange(30)
+            k = f"k{rng.randrange(30)}"
             if rng.random() < 0.2:
                 state.pop(k, None)
             else:
