@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .errors import EngineError
 from .kv import KeyValueStore
 
 if TYPE_CHECKING:
@@ -54,6 +55,17 @@ class StorageEngine(ABC):
        ``flush()`` and ``checkpoint(offset)``;
     5. ``close()`` — idempotent, never commits.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> StorageEngine:
+        missing = getattr(cls, "__abstractmethods__", None)
+        if missing:
+            raise EngineError(
+                f"engine class {cls.__module__}.{cls.__qualname__} does not implement "
+                f"{', '.join(sorted(missing))}; every StorageEngine defines restore(), current(), "
+                "flush() and close() (key-value engines also the KeyValueStore methods). "
+                "See docs/custom-engines.md."
+            )
+        return super().__new__(cls)
 
     @abstractmethod
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
