@@ -94,6 +94,12 @@ class Registry:
             self._entries[name] = _Entry(target, extra, origin)
             self._loaded.pop(name, None)
 
+    def unregister(self, name: str) -> None:
+        """Forget ``name`` (absent names are ignored)."""
+        with self._lock:
+            self._entries.pop(name, None)
+            self._loaded.pop(name, None)
+
     def names(self) -> list[str]:
         with self._lock:
             self._scan_entry_points()
