@@ -13,6 +13,7 @@ Values are cached as the objects you put: mutating a returned object without a
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any
@@ -52,7 +53,9 @@ class CachedStore(ForwardingStore):
         self.cache_size = max(1, cache_size)
         self.batch_size = max(1, min(batch_size, self.cache_size))
         self.metrics = metrics or StoreMetrics()
-        self._cache: dict[Any, Any] = {}
+        # OrderedDict: O(1) popitem(last=False); a plain dict degrades to O(holes) when
+        # its front is popped repeatedly (next(iter(d)) skips deleted slots).
+        self._cache: OrderedDict[Any, Any] = OrderedDict()
         self._dirty: dict[Any, None] = {}
         self._closed = False
 
@@ -62,12 +65,14 @@ class CachedStore(ForwardingStore):
 
     # -- internals -------------------------------------------------------------------------
     def _evict(self) -> None:
-        cache, dirty = self._cache, self._dirty
+        cache = self._cache
         while len(cache) > self.cache_size:
-            oldest = next(iter(cache))
-            if oldest in dirty:
+            oldest, value = cache.popitem(last=False)
+            if oldest in self._dirty:
+                cache[oldest] = value
+                cache.move_to_end(oldest, last=False)
                 self._flush_dirty()
-            del cache[oldest]
+                cache.popitem(last=False)
 
     def _flush_dirty(self) -> None:
         dirty = self._dirty
@@ -94,8 +99,8 @@ class CachedStore(ForwardingStore):
         if self._key_check is not None:
             self._key_check(key)
         cache = self._cache
-        cache.pop(key, None)
         cache[key] = value
+        cache.move_to_end(key)
         dirty = self._dirty
         dirty[key] = None
         if len(dirty) >= self.batch_size:
@@ -108,7 +113,7 @@ class CachedStore(ForwardingStore):
         if self._closed:
             self._check_open()
         cache = self._cache
-        v = cache.pop(key, _MISSING)
+        v = cache.get(key, _MISSING)
         m = self.metrics
         if v is _MISSING:
             m.misses += 1
@@ -118,7 +123,7 @@ class CachedStore(ForwardingStore):
                 self._evict()
             return v
         m.hits += 1
-        cache[key] = v
+        cache.move_to_end(key)
         return None if v is _ABSENT else v
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
