@@ -7,7 +7,8 @@ the simplest proof that the fault-tolerance path works.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import islice
+from itertools import compress, islice, repeat
+from operator import is_
 
 from localstate.engine import (
     ChangeRecord,
@@ -119,7 +120,10 @@ class MemoryEngine(KeyValueEngine):
         d = self._d()
         if into_empty and not d:
             latest = dict(records)  # last write wins, at C speed
-            self._data = SortedDict({k: v for k, v in latest.items() if v is not None})
+            # find tombstones without a Python-level loop over every record
+            for k in list(compress(latest.keys(), map(is_, latest.values(), repeat(None)))):
+                del latest[k]
+            self._data = SortedDict(latest)
             return
         pop = d.pop
         for k, v in records:
