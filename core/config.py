@@ -43,7 +43,6 @@ JOB_KEYS: dict[str, tuple[type, Any]] = {
     "job.partitions": (int, 1),
     "job.changelog.system": (str, "file"),
     "job.checkpoint.system": (str, None),
-    "job.commit.interval.records": (int, 0),
 }
 STORE_KEYS: dict[str, tuple[type, Any]] = {
     "factory": (str, None),
