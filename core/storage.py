@@ -15,6 +15,7 @@ removes the uncommitted tail ``[C, end)`` before the task writes again.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -227,7 +228,15 @@ class TaskStorage:
                         listener(progress(False))
 
         if start < committed:
-            entry.engine.restore(chain.from_iterable(batches()), into_empty=start == 0)
+            # Restore allocates millions of acyclic record tuples; the cyclic GC would
+            # traverse them again and again (~15% of a memory-engine restore) for nothing.
+            gc_was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                entry.engine.restore(chain.from_iterable(batches()), into_empty=start == 0)
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
         final = progress(True)
         m = entry.metrics
         m.records_restored += final.records

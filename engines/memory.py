@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import compress, islice, repeat
-from operator import is_
+from operator import is_, is_not
 
 from localstate.engine import (
     ChangeRecord,
@@ -119,11 +119,16 @@ class MemoryEngine(KeyValueEngine):
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
         d = self._d()
         if into_empty and not d:
-            latest = dict(records)  # last write wins, at C speed
-            # find tombstones without a Python-level loop over every record
-            for k in list(compress(latest.keys(), map(is_, latest.values(), repeat(None)))):
-                del latest[k]
-            self._data = SortedDict(latest)
+            # one C-speed dict build (last write wins) and one sort, no intermediate dict
+            built = SortedDict(records)
+            # tombstones found without a Python-level loop over every record
+            dead = list(compress(dict.keys(built), map(is_, dict.values(built), repeat(None))))
+            if len(dead) * 8 > len(built):
+                built = SortedDict(compress(dict.items(built), map(is_not, dict.values(built), repeat(None))))
+            else:
+                for k in dead:
+                    del built[k]
+            self._data = built
             return
         pop = d.pop
         for k, v in records:
