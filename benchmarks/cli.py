@@ -1,0 +1,195 @@
+"""``localstate bench``: run suites of workloads × engines; table, JSON and PNG charts.
+
+Examples::
+
+    localstate bench --quick                                  # everything, tiny sizes
+    localstate bench --suite generic --engine rocksdb --engine leveldb --records 1000000
+    localstate bench --suite generic --engine mypkg.engines:MyFactory --workload random_get_hit
+    localstate bench --suite core,kv,special --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from localstate.errors import ConfigError
+from localstate.registry import ENGINES
+
+from .registry import GENERIC_SUITE, SUITES, WORKLOADS, get_suites, get_workloads
+from .runner import (
+    CHANGELOGS,
+    DISTRIBUTIONS,
+    QUICK_RECORDS,
+    BenchParams,
+    check_resources,
+    machine_info,
+    suite_rows,
+)
+
+__all__ = ["bench", "run_bench", "DEFAULT_ENGINES"]
+
+DEFAULT_ENGINES = ("memory", "rocksdb", "leveldb")
+"""The key-value engines the generic suite covers when no --engine is given (if installed)."""
+
+
+def default_engines() -> list[str]:
+    return [e for e in DEFAULT_ENGINES if ENGINES.installed(e)[0]]
+
+
+def run_bench(
+    suites: list[str],
+    engines: list[str],
+    workloads: list[str] | None,
+    params: BenchParams,
+    *,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run the selected suites and return every row (error cells included)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .workloads import run_generic
+
+    rows: list[dict[str, Any]] = []
+    with Progress(
+        TextColumn("[bold]{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        disable=not progress, transient=True, console=None,
+    ) as bar:
+        task = bar.add_task("starting", total=len(suites))
+        for suite in suites:
+            if suite == GENERIC_SUITE:
+                def on_start(n: int) -> None:
+                    bar.update(task, total=(bar.tasks[0].total or 0) + n)
+
+                def on_cell(desc: str) -> None:
+                    bar.update(task, description=desc)
+                    bar.advance(task)
+
+                rows += run_generic(engines, workloads, params, on_start=on_start, on_cell=on_cell)
+            else:
+                bar.update(task, description=f"suite {suite}")
+                rows += suite_rows(SUITES[suite][0], suite, params.quick, params.repeats)
+            bar.advance(task)
+    return rows
+
+
+def _list_everything() -> None:
+    from . import workloads as _  # noqa: F401  (registers the generic workloads)
+
+    click.echo("Suites (--suite a,b or all):")
+    for name, (_mod, desc) in SUITES.items():
+        click.echo(f"  {name:<10} {desc}")
+    click.echo("Generic workloads (--workload):")
+    for w in WORKLOADS.values():
+        click.echo(f"  {w.name:<20} [{w.unit}] {w.description}")
+    click.echo("Engines (--engine NAME, an entry-point name, or package.module:Factory):")
+    for name in ENGINES.names():
+        ok, why = ENGINES.installed(name)
+        click.echo(f"  {name:<12} {'installed' if ok else 'missing: ' + why}")
+
+
+def _parse_options(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for v in values:
+        key, eq, val = v.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"--option {v!r}: expected KEY=VALUE, e.g. rocksdb.block.cache.size.bytes=16777216")
+        out.append((key.strip(), val.strip()))
+    return tuple(out)
+
+
+@click.command(name="bench")
+@click.option("--suite", "suite", default=None, metavar="NAMES",
+              help=f"comma-separated suites: all (default), {', '.join(SUITES)}; "
+                   "with --engine/--workload the default is 'generic'")
+@click.option("--engine", "engines", multiple=True, metavar="NAME",
+              help="engine for the generic suite (repeatable): registered name, entry point or "
+                   f"package.module:Factory [default: {', '.join(DEFAULT_ENGINES)} if installed]")
+@click.option("--workload", "workloads", multiple=True, metavar="NAME", help="generic workload (repeatable) [default: all]")
+@click.option("--records", type=int, default=None, help=f"records per trial [default: 100000; {QUICK_RECORDS} with --quick]")
+@click.option("--key-size", type=int, default=16, show_default=True, help="key bytes")
+@click.option("--value-size", type=int, default=100, show_default=True, help="value bytes")
+@click.option("--distribution", type=click.Choice(DISTRIBUTIONS), default="uniform", show_default=True,
+              help="key order of random puts and gets")
+@click.option("--cache-size", type=int, default=1000, show_default=True, help="object cache entries per store (0 = off)")
+@click.option("--batch-size", type=int, default=500, show_default=True, help="write.batch.size and put_all/get_all batch")
+@click.option("--changelog", type=click.Choice(CHANGELOGS), default="file", show_default=True,
+              help="changelog of the localstate stores")
+@click.option("--kafka-bootstrap", default=None, metavar="HOST:PORT", help="broker for --changelog kafka")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="extra stores.<s>.KEY for every localstate store (e.g. rocksdb.block.cache.size.bytes=...)")
+@click.option("--repeats", type=int, default=None, help="timed runs after one warm-up [default: 5; 2 with --quick]")
+@click.option("--quick", is_flag=True, help="tiny sizes, for CI (seconds)")
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="write results.json and PNG charts here")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="where trial data is written [default: a temporary directory]")
+@click.option("--strict", is_flag=True, help="exit with status 1 if any cell failed")
+@click.option("--list", "list_", is_flag=True, help="list suites, workloads and engines, then exit")
+def bench(
+    suite: str | None, engines: tuple[str, ...], workloads: tuple[str, ...], records: int | None,
+    key_size: int, value_size: int, distribution: str, cache_size: int, batch_size: int,
+    changelog: str, kafka_bootstrap: str | None, options: tuple[str, ...], repeats: int | None,
+    quick: bool, out: Path | None, workdir: Path | None, strict: bool, list_: bool,
+) -> None:
+    """Benchmark engines: generic key-value workloads and the per-area suites.
+
+    Each cell is a warm-up then the median of --repeats runs, with the raw library
+    (dict, rocksdict, plyvel) measured in the same run as the baseline.
+    """
+    if list_:
+        _list_everything()
+        return
+    try:
+        if suite is None and (engines or workloads):
+            suite = GENERIC_SUITE
+        suites = get_suites(suite)
+        if workloads:
+            get_workloads(list(workloads))
+        selected = list(engines) or default_engines()
+        if GENERIC_SUITE in suites:
+            from .workloads import targets_for
+
+            targets_for(selected, baselines=False, direct=False)  # unknown engines fail before any work
+        params = BenchParams(
+            records=records if records is not None else (QUICK_RECORDS if quick else 100_000),
+            key_size=key_size, value_size=value_size, distribution=distribution,
+            cache_size=cache_size, batch_size=batch_size, changelog=changelog,
+            repeats=repeats if repeats is not None else (2 if quick else 5), quick=quick,
+            kafka_bootstrap=kafka_bootstrap, workdir=str(workdir) if workdir else None,
+            options=_parse_options(options),
+        )
+        if changelog == "kafka" and not kafka_bootstrap and GENERIC_SUITE in suites:
+            raise ConfigError("--changelog kafka needs a broker: pass --kafka-bootstrap HOST:PORT")
+        if GENERIC_SUITE in suites:
+            check_resources(params, len(selected), workdir or Path(tempfile.gettempdir()))
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from e
+
+    command = "localstate bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else "localstate bench"
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    machine = machine_info()
+    t0 = time.perf_counter()
+    rows = run_bench(suites, selected, list(workloads) or None, params, progress=sys.stderr.isatty())
+    seconds = time.perf_counter() - t0
+
+    from .report import render_table, write_charts, write_json
+
+    render_table(rows, title=f"localstate bench ({', '.join(suites)}) on {machine['cores']} cores, {seconds:.0f}s")
+    if out is not None:
+        meta = {**params.public(), "suites": suites, "engines": selected, "repeats": params.repeats, "quick": quick}
+        path = write_json(out / "results.json", rows, machine=machine, command=command, params=meta,
+                          started=started, seconds=seconds)
+        charts = write_charts(out, rows)
+        click.echo(f"wrote {path}" + "".join(f", {c.name}" for c in charts))
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        click.echo(f"{len(failed)} cell(s) failed; see the error column", err=True)
+        if strict:
+            sys.exit(1)

@@ -1,0 +1,136 @@
+"""The benchmark registry: workloads × engines, plus the named suites of area modules.
+
+A **workload** is a function registered with :func:`workload` that prepares one timed
+trial against a target (a localstate store, a raw engine or a baseline library) and
+returns a :class:`Trial`. The runner calls it once for the warm-up and once per
+repeat, timing only :meth:`Trial.run`, so setup (loading data before a get workload)
+is never measured.
+
+A **suite** is a module exposing ``run(quick: bool = False, repeats: int = 5) ->
+list[dict]`` (rows in the schema of :mod:`localstate.benchmarks.runner`); suites are
+imported only when selected, so a missing module or extra becomes an error cell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from localstate.errors import ConfigError
+from localstate.registry import did_you_mean
+
+if TYPE_CHECKING:
+    from .workloads import Target
+
+__all__ = [
+    "Trial",
+    "Workload",
+    "workload",
+    "WORKLOADS",
+    "SUITES",
+    "GENERIC_SUITE",
+    "get_workloads",
+    "get_suites",
+]
+
+
+@dataclass
+class Trial:
+    """One prepared, timed unit of work.
+
+    ``run()`` does the measured work; ``ops`` is how many operations (or records) it
+    does, so the rate is ``ops / seconds``; ``nbytes`` (optional) turns the same time
+    into MB/s. ``cleanup()`` runs after timing, even when ``run()`` fails.
+    """
+
+    run: Callable[[], Any]
+    ops: int
+    nbytes: int = 0
+    cleanup: Callable[[], None] = lambda: None
+    seconds: Callable[[], float] | None = None
+    """Overrides the wall-clock time of ``run()`` (e.g. restore time reported by TaskStorage)."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named workload: ``prepare(target, params)`` → :class:`Trial`."""
+
+    name: str
+    prepare: Callable[[Target, Any], Trial]
+    unit: str
+    description: str
+    kinds: frozenset[str] = field(default_factory=lambda: frozenset({"store", "engine", "baseline"}))
+    """Which target kinds it applies to: ``store`` (TaskStorage view), ``engine`` (raw
+    engine), ``baseline`` (dict / rocksdict / plyvel)."""
+    mb_per_s: bool = False
+    """Also report MB/s (from ``Trial.nbytes``) as ``<name>_mb``."""
+
+
+_WORKLOADS: dict[str, Workload] = {}
+WORKLOADS = MappingProxyType(_WORKLOADS)
+"""Read-only view of the registered workloads, in registration order."""
+
+GENERIC_SUITE = "generic"
+SUITES: dict[str, tuple[str, str]] = {
+    GENERIC_SUITE: ("", "generic key-value workloads over every selected engine and baseline"),
+    "core": ("localstate.benchmarks.core_figures", "issue 2: memory engine + file changelog, 1M puts and restore"),
+    "kv": ("localstate.benchmarks.kv_engines", "rocksdb / leveldb engine figures"),
+    "special": ("localstate.benchmarks.special_engines", "topn / hyperloglog / bloom engines"),
+    "search": ("localstate.benchmarks.search_engine", "full-text (tantivy) engine"),
+    "kafka": ("localstate.benchmarks.kafka_changelog", "Kafka changelog (tansu broker)"),
+    "spark": ("localstate.benchmarks.spark_jobs", "Spark job vs Spark's RocksDB state store"),
+}
+"""``suite name → (module exposing run(quick, repeats), description)``."""
+
+
+def workload(
+    name: str,
+    *,
+    unit: str = "ops/s",
+    kinds: tuple[str, ...] = ("store", "engine", "baseline"),
+    mb_per_s: bool = False,
+) -> Callable[[Callable[[Target, Any], Trial]], Callable[[Target, Any], Trial]]:
+    """Register the decorated ``prepare(target, params) -> Trial`` as workload ``name``.
+
+    The docstring's first line becomes the description shown by ``--list``.
+    Registering a taken name raises :class:`ConfigError`.
+    """
+
+    def register(prepare: Callable[[Target, Any], Trial]) -> Callable[[Target, Any], Trial]:
+        if name in _WORKLOADS:
+            raise ConfigError(f"benchmark workload {name!r} is already registered")
+        doc = (prepare.__doc__ or "").strip().splitlines()
+        _WORKLOADS[name] = Workload(name, prepare, unit, doc[0] if doc else "", frozenset(kinds), mb_per_s)
+        return prepare
+
+    return register
+
+
+def get_workloads(names: list[str] | tuple[str, ...] | None) -> list[Workload]:
+    """The workloads called ``names`` (all when empty), or a :class:`ConfigError` listing valid ones."""
+    from . import workloads as _  # noqa: F401  (registers the generic workloads)
+
+    if not names:
+        return list(_WORKLOADS.values())
+    out = []
+    for n in names:
+        if n not in _WORKLOADS:
+            raise ConfigError(f"unknown benchmark workload {n!r}.{did_you_mean(n, _WORKLOADS)}"
+                              f" Valid workloads: {', '.join(_WORKLOADS)}.")
+        out.append(_WORKLOADS[n])
+    return out
+
+
+def get_suites(spec: str | None) -> list[str]:
+    """Parse ``"kv,special"`` / ``"all"``; unknown names raise :class:`ConfigError` listing valid ones."""
+    if not spec or spec.strip() == "all":
+        return list(SUITES)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    for n in names:
+        if n not in SUITES:
+            raise ConfigError(
+                f"unknown benchmark suite {n!r}.{did_you_mean(n, SUITES)} Valid suites: all, {', '.join(SUITES)}."
+            )
+    return list(dict.fromkeys(names))

@@ -1,0 +1,184 @@
+"""Output: a terminal table (rich), JSON with the stable row schema, PNG charts.
+
+JSON document::
+
+    {"schema": 1, "command": str, "started": ISO-8601, "seconds": float,
+     "machine": {...}, "params": {...}, "rows": [row, ...]}
+
+Charts (matplotlib, headless): ``ops_per_engine.png`` (rate per engine per workload,
+log scale), ``restore.png`` (restore MB/s and records/s per engine) and
+``overhead_vs_raw.png`` (ours / raw library per workload).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .runner import ROW_KEYS
+
+__all__ = ["render_table", "write_json", "write_charts", "format_value", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+_RATE_UNITS = ("ops/s", "records/s", "commits/s", "delta records/s", "docs/s", "queries/s", "adds/s", "updates/s")
+
+
+def format_value(x: float | None, unit: str = "") -> str:
+    """Human-readable figure: ``1.23M``, ``45.6k``, ``789``; ``-`` for missing."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if unit == "bytes":
+        for div, suffix in ((1 << 30, " GiB"), (1 << 20, " MiB"), (1 << 10, " KiB")):
+            if abs(x) >= div:
+                return f"{x / div:.1f}{suffix}"
+        return f"{x:.0f} B"
+    if unit == "s":
+        return f"{x:.3f}"
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{suffix}"
+    return f"{x:.3g}" if abs(x) < 10 else f"{x:.0f}"
+
+
+def render_table(rows: list[dict[str, Any]], console: Console | None = None, title: str = "localstate bench") -> None:
+    """Print one table row per result, grouped by workload; errors in red."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=max(console.width, 180))
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for col, justify in (("workload", "left"), ("engine", "left"), ("unit", "left"), ("median", "right"),
+                         ("min", "right"), ("max", "right"), ("vs", "left"), ("ratio", "right"),
+                         ("error / notes", "left")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    last = None
+    for r in rows:
+        if last is not None and r["workload"] != last:
+            table.add_section()
+        last = r["workload"]
+        err = r.get("error")
+        ratio = r.get("ratio")
+        table.add_row(
+            r["workload"], r["engine"], r["unit"],
+            format_value(r["median"], r["unit"]), format_value(r["min"], r["unit"]), format_value(r["max"], r["unit"]),
+            r.get("baseline") or "",
+            f"{ratio:.2f}x" if ratio is not None else "",
+            f"[red]{err}[/red]" if err else "",
+        )
+    console.print(table)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+def write_json(path: Path, rows: list[dict[str, Any]], *, machine: dict[str, Any], command: str,
+               params: dict[str, Any], started: str, seconds: float) -> Path:
+    """Write the results document; NaN figures of error cells become ``null``."""
+    doc = {
+        "schema": SCHEMA_VERSION,
+        "command": command,
+        "started": started,
+        "seconds": round(seconds, 3),
+        "machine": machine,
+        "params": params,
+        "rows": [{**{k: r.get(k) for k in ROW_KEYS}, "suite": r.get("suite")} for r in rows],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_jsonable(doc), indent=1) + "\n")
+    return path
+
+
+def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if not r.get("error") and r["median"] is not None and not math.isnan(r["median"])]
+
+
+def _grouped_bars(ax: Any, groups: list[str], series: dict[str, dict[str, float]], *, log: bool) -> None:
+    n = max(1, len(series))
+    width = 0.8 / n
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
+        ys = [values.get(g, 0.0) for g in groups]
+        ax.bar(xs, ys, width, label=name)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups, rotation=35, ha="right", fontsize=8)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def write_charts(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
+    """Write the PNG charts that have data; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    ok = _ok(rows)
+    written: list[Path] = []
+
+    rates = [r for r in ok if r["unit"] in _RATE_UNITS and r.get("suite", "generic") == "generic"]
+    if rates:
+        groups = list(dict.fromkeys(f"{r['workload']} ({r['unit']})" for r in rates))
+        series: dict[str, dict[str, float]] = {}
+        for r in rates:
+            series.setdefault(r["engine"], {})[f"{r['workload']} ({r['unit']})"] = r["median"]
+        fig, ax = plt.subplots(figsize=(max(8, len(groups) * 0.8), 5))
+        _grouped_bars(ax, groups, series, log=True)
+        ax.set_ylabel("rate (median, log scale)")
+        ax.set_title("Throughput per engine per workload")
+        fig.tight_layout()
+        written.append(_save(fig, out / "ops_per_engine.png", plt))
+
+    restore = [r for r in ok if "restore" in r["workload"] and r["unit"] in ("MB/s", "records/s")]
+    if restore:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+        for ax, unit in zip(axes, ("MB/s", "records/s")):
+            sel = [r for r in restore if r["unit"] == unit]
+            labels = [f"{r['engine']}\n{r['workload']}" for r in sel]
+            ax.bar(range(len(sel)), [r["median"] for r in sel], color="tab:green")
+            ax.errorbar(range(len(sel)), [r["median"] for r in sel],
+                        yerr=[[r["median"] - r["min"] for r in sel], [r["max"] - r["median"] for r in sel]],
+                        fmt="none", ecolor="black", capsize=3)
+            ax.set_xticks(range(len(sel)))
+            ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=7)
+            ax.set_title(f"Restore {unit} (median, min-max)")
+            ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        written.append(_save(fig, out / "restore.png", plt))
+
+    ratios = [r for r in ok if r.get("ratio") is not None and r["unit"] != "bytes"]
+    if ratios:
+        groups = list(dict.fromkeys(f"{r['workload']} ({r['unit']})" for r in ratios))
+        series = {}
+        for r in ratios:
+            series.setdefault(f"{r['engine']} vs {r['baseline']}", {})[f"{r['workload']} ({r['unit']})"] = r["ratio"]
+        fig, ax = plt.subplots(figsize=(max(8, len(groups) * 0.8), 5))
+        _grouped_bars(ax, groups, series, log=True)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_ylabel("ours / raw library (1 = parity; rates: < 1 is slower)")
+        ax.set_title("Framework overhead vs the raw library")
+        fig.tight_layout()
+        written.append(_save(fig, out / "overhead_vs_raw.png", plt))
+    return written
+
+
+def _save(fig: Any, path: Path, plt: Any) -> Path:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
