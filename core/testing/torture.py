@@ -1,0 +1,639 @@
+"""Crash trials: kill a task at random moments and at named fault points, verify no loss.
+
+One **trial** (``seed``) on one engine × changelog system:
+
+1. a *reference run* applies the seed's deterministic workload — ``batches`` input
+   batches of puts, read-modify-write increments and deletes (or the engine's own
+   operations), one commit per batch with ``input_position = batch`` — in this
+   process without faults, recording what the store shows after every commit;
+2. a *child process* (``python -c ...child_main``) runs the same workload on fresh
+   directories and is SIGKILLed, either at a named fault point armed through
+   ``LOCALSTATE_FAULTS`` (``commit.after_changelog_flush=kill@3``, ``restore.mid``,
+   ``compaction.mid``, ...) or by the parent after a random delay; this repeats for
+   1–3 crash rounds, each new child restoring from what the killed one left behind;
+3. every child, right after it reopened the task, reports the checkpoint's
+   ``input_position`` ``p`` and what the store shows; it must equal the reference at
+   ``p`` (exact restore to the last commit), then the child replays the input from
+   ``p + 1`` on;
+4. a last child runs without faults to the end; the parent reopens the task and
+   checks the final state (the user-level view and the engine's change records for
+   every key ever logged) against the reference.
+
+Any difference is a **divergence**, classified as lost / duplicated / resurrected /
+differing keys and reported with the command that reproduces it
+(``localstate torture --engine E --changelog C --trials 1 --seed S``; timer kills
+depend on timing, named fault points are exact).
+
+Workloads reach the engine through a :class:`WorkloadAdapter`: key-value engines
+through the KeyValueStore API (:class:`KeyValueWorkload`), other engines through an
+adapter for their API, registered with :func:`register_adapter`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+from localstate.config import Config
+from localstate.errors import ConfigError
+from localstate.kv import KeyValueStore
+from localstate.registry import available
+from localstate.storage import TaskStorage
+
+__all__ = [
+    "TrialPlan",
+    "TrialResult",
+    "TortureReport",
+    "WorkloadAdapter",
+    "KeyValueWorkload",
+    "LatestEventsWorkload",
+    "register_adapter",
+    "adapter_for",
+    "torture_engines",
+    "plan_trial",
+    "run_trial",
+    "run_trials",
+    "child_main",
+    "torture",
+]
+
+STORE = "s"
+CRASH_POINTS = (
+    "commit.before_changelog_flush",
+    "commit.after_changelog_flush",
+    "commit.after_engine_checkpoint",
+    "checkpoint.before_rename",
+    "checkpoint.after_rename",
+    "changelog.append",
+    "snapshot.mid",
+    "compaction.before_rename",
+    "compaction.mid",
+    "restore.mid",
+)
+"""Named fault points a trial may kill at (``timer`` kills after a random delay)."""
+CHILD_TIMEOUT_S = 180.0
+_CONTRIB_ENGINES = (
+    "localstate.contrib.sqlite_engine:SQLiteEngineFactory",
+    "localstate.contrib.latest_events:LatestEventsFactory",
+)
+
+
+# -- workloads -------------------------------------------------------------------------------
+class WorkloadAdapter(ABC):
+    """Drives one engine type with a deterministic workload and shows its state.
+
+    ``apply_batch`` must derive every operation from ``rng`` only (never from time or
+    state order), so a batch applied to the same state always has the same effect.
+    ``observe`` returns a JSON-serialisable view of the store as a user sees it.
+    """
+
+    store_options: dict[str, Any] = {}
+
+    @abstractmethod
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        """Apply input batch number ``batch`` (1-based) to ``store``."""
+
+    @abstractmethod
+    def observe(self, store: Any, keys: int) -> Any:
+        """The store's user-visible state (JSON-serialisable)."""
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        """Per-key differences between two ``observe`` results (dicts by default)."""
+        lost, extra, differs = [], [], []
+        for k in sorted(set(expected) | set(actual)):
+            if k not in actual:
+                lost.append(k)
+            elif k not in expected:
+                extra.append(k)
+            elif expected[k] != actual[k]:
+                differs.append(k)
+        return {"lost": lost, "resurrected": extra, "duplicated": [], "differs": differs}
+
+
+class KeyValueWorkload(WorkloadAdapter):
+    """Any KV engine: read-modify-write counters that record which operations hit them.
+
+    A value is ``{"n": updates, "ops": [last 4 operation ids]}``, so an input batch
+    applied twice shows as ``n`` too high (**duplicated**) and a lost commit as ``n``
+    too low or a missing key (**lost**); a deleted key coming back is **resurrected**.
+    """
+
+    store_options = {"key.serde": "string", "msg.serde": "json", "object.cache.size": 16,
+                     "write.batch.size": 8}
+
+    def apply_batch(self, store: KeyValueStore, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for i in range(ops):
+            r = rng.random()
+            op = f"{batch}.{i}"
+            if r < 0.15:
+                store.delete(f"k{rng.randrange(keys)}")
+            elif r < 0.25:
+                names = sorted({f"k{rng.randrange(keys)}" for _ in range(3)})
+                have = store.get_all(names)
+                store.put_all([(k, _bump(have.get(k), op)) for k in names])
+            else:
+                k = f"k{rng.randrange(keys)}"
+                store.put(k, _bump(store.get(k), op))
+
+    def observe(self, store: KeyValueStore, keys: int) -> dict[str, Any]:
+        with store.all() as it:
+            return dict(it)
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        out = super().classify(expected, actual)
+        differs = out["differs"]
+        out["differs"] = []
+        for k in differs:
+            e, a = expected[k], actual[k]
+            n_e = e.get("n", 0) if isinstance(e, dict) else 0
+            n_a = a.get("n", 0) if isinstance(a, dict) else 0
+            out["duplicated" if n_a > n_e else "lost" if n_a < n_e else "differs"].append(k)
+        return out
+
+
+def _bump(value: Any, op: str) -> dict[str, Any]:
+    if value is None:
+        return {"n": 1, "ops": [op]}
+    return {"n": value["n"] + 1, "ops": (value["ops"] + [op])[-4:]}
+
+
+class LatestEventsWorkload(WorkloadAdapter):
+    """The contrib ``latest_events`` engine: appends (and a few clears) per key."""
+
+    store_options = {"key.serde": "string", "msg.serde": "string", "latest.size": 3}
+
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for i in range(ops):
+            k = f"k{rng.randrange(keys)}"
+            if rng.random() < 0.05:
+                store.clear(k)
+            else:
+                store.append(k, f"{batch}.{i}")
+
+    def observe(self, store: Any, keys: int) -> dict[str, Any]:
+        out = {}
+        for i in range(keys):
+            events = store.latest(f"k{i}")
+            if events:
+                out[f"k{i}"] = events
+        return out
+
+
+_ADAPTERS: dict[str, Callable[[], WorkloadAdapter]] = {
+    "localstate.contrib.latest_events:LatestEventsFactory": LatestEventsWorkload,
+}
+
+
+def register_adapter(engine: str, adapter: Callable[[], WorkloadAdapter]) -> None:
+    """Use ``adapter()`` to drive engine ``engine`` (a registry name or ``module:Factory``)."""
+    _ADAPTERS[engine] = adapter
+
+
+def adapter_for(engine: str) -> WorkloadAdapter:
+    """The registered adapter of ``engine``; key-value engines default to :class:`KeyValueWorkload`."""
+    return _ADAPTERS.get(engine, KeyValueWorkload)()
+
+
+def torture_engines() -> list[str]:
+    """Every installed registered engine plus the contrib example engines."""
+    return [name for name, row in sorted(available().items()) if row["installed"]] + list(_CONTRIB_ENGINES)
+
+
+# -- plans ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrialPlan:
+    """Everything that determines one trial; ``localstate torture --trials 1 --seed S`` rebuilds it."""
+
+    seed: int
+    engine: str
+    changelog: str
+    batches: int
+    ops: int
+    keys: int
+    compact_every: int
+    retention_ms: int
+    faults: tuple[str, ...]
+    """Per crash round: ``"<point>=kill@N"`` or ``"timer:<seconds>"``."""
+
+    def values(self, root: Path, bootstrap: str | None, tag: str, *, changelog: str | None = None) -> dict[str, Any]:
+        """The job config of this trial under ``root`` (``tag`` keeps job names apart)."""
+        system = changelog or self.changelog
+        job = f"torture{self.seed}{tag}"
+        values: dict[str, Any] = {
+            "job.name": job,
+            "job.state.dir": str(root / "state"),
+            "job.changelog.system": system,
+            "systems.file.path": str(root / "changelog"),
+            "systems.file.segment.bytes": 4096,
+            "systems.file.delete.retention.ms": self.retention_ms,
+            f"stores.{STORE}.factory": self.engine,
+            f"stores.{STORE}.changelog": f"{system}.{job}-{STORE}",
+        }
+        if system == "kafka":
+            if not bootstrap:
+                raise ConfigError("kafka trials need bootstrap servers (--bootstrap, or let torture start tansu)")
+            values.update({"systems.kafka.bootstrap.servers": bootstrap, "systems.kafka.timeout.ms": 10000,
+                           "systems.kafka.checkpoint.topic": "localstate-torture-checkpoints"})
+        for k, v in adapter_for(self.engine).store_options.items():
+            values[f"stores.{STORE}.{k}"] = v
+        return values
+
+
+def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops: int = 40,
+               keys: int = 30) -> TrialPlan:
+    """The plan of trial ``seed``: fault points, crash rounds and workload shape."""
+    rng = random.Random(f"plan:{seed}")
+    rounds = rng.choice((1, 1, 2, 3))
+    faults = []
+    for r in range(rounds):
+        points = [p for p in CRASH_POINTS if r > 0 or p != "restore.mid"]
+        if rng.random() < 0.3:
+            faults.append(f"timer:{rng.uniform(0.0, 1.0):.3f}")
+        else:
+            faults.append(f"{rng.choice(points)}=kill@{rng.randint(1, max(1, batches // 2))}")
+    return TrialPlan(
+        seed=seed, engine=engine, changelog=changelog, batches=batches, ops=ops, keys=keys,
+        compact_every=rng.choice((0, 2, 3)), retention_ms=rng.choice((0, 86_400_000)),
+        faults=tuple(faults),
+    )
+
+
+# -- running the workload (reference run and child) ------------------------------------------------
+def _batch_rng(seed: int, batch: int) -> random.Random:
+    return random.Random(f"work:{seed}:{batch}")
+
+
+def _norm(x: Any) -> Any:
+    return json.loads(json.dumps(x, sort_keys=True))
+
+
+def _logged_keys(storage: TaskStorage) -> set[bytes]:
+    changelog = storage.changelog(STORE)
+    ckpt = storage.checkpoint
+    if changelog is None or ckpt is None:
+        return set()
+    return {k for k, _ in changelog.read(0, ckpt.offsets.get(STORE, 0))}
+
+
+def _fingerprint(storage: TaskStorage, keys: set[bytes]) -> dict[str, str]:
+    """The engine's committed change record for each key (hex), tombstones left out."""
+    return {k.hex(): v.hex() for k, v in storage.engine(STORE).current(sorted(keys)) if v is not None}
+
+
+def _work(storage: TaskStorage, plan: TrialPlan, adapter: WorkloadAdapter,
+          after_commit: Callable[[int], None] | None = None) -> None:
+    start = storage.checkpoint.input_position if storage.checkpoint else 0
+    store = storage.store(STORE)
+    for batch in range(int(start or 0) + 1, plan.batches + 1):
+        adapter.apply_batch(store, batch, _batch_rng(plan.seed, batch), plan.ops, plan.keys)
+        storage.commit(input_position=batch)
+        if plan.compact_every and batch % plan.compact_every == 0:
+            storage.compact()
+        if after_commit is not None:
+            after_commit(batch)
+
+
+@dataclass
+class Reference:
+    states: list[Any]
+    """``states[p]``: what the store shows after committing input batch ``p``."""
+    fingerprint: dict[str, str]
+    logged: set[bytes]
+    seconds: float
+
+
+def reference_run(plan: TrialPlan, root: Path) -> Reference:
+    """Run ``plan`` without faults in this process, on the file changelog without fsync
+    (the reference state does not depend on the changelog system)."""
+    adapter = adapter_for(plan.engine)
+    values = plan.values(root, None, "ref", changelog="file")
+    values["systems.file.fsync"] = False
+    config = Config.from_dict(values)
+    t0 = time.perf_counter()
+    states: list[Any] = []
+    with TaskStorage(config) as storage:
+        _check_adapter(storage, plan.engine, adapter)
+        store = storage.store(STORE)
+        states.append(_norm(adapter.observe(store, plan.keys)))
+        _work(storage, plan, adapter, lambda _b: states.append(_norm(adapter.observe(store, plan.keys))))
+        logged = _logged_keys(storage)
+        fp = _fingerprint(storage, logged)
+    return Reference(states, fp, logged, time.perf_counter() - t0)
+
+
+def _check_adapter(storage: TaskStorage, engine: str, adapter: WorkloadAdapter) -> None:
+    if isinstance(adapter, KeyValueWorkload) and not isinstance(storage.engine(STORE), KeyValueStore):
+        raise ConfigError(
+            f"engine {engine!r} is not a key-value engine and has no torture workload adapter; "
+            "register one with localstate.testing.torture.register_adapter()"
+        )
+
+
+def child_main() -> None:
+    """Entry point of a trial's child process: ``argv[1]`` = plan JSON, ``argv[2]`` = config JSON.
+
+    Prints one JSON line when the task is open (position, restore seconds, state) and
+    one when the workload is done; a fault point may SIGKILL it anywhere in between.
+    """
+    plan = TrialPlan(**{**json.loads(sys.argv[1]), "faults": ()})
+    config = Config.from_dict(json.loads(sys.argv[2]))
+    adapter = adapter_for(plan.engine)
+    t0 = time.perf_counter()
+    with TaskStorage(config) as storage:
+        opened = time.perf_counter() - t0
+        ckpt = storage.checkpoint
+        restored = storage.last_restore.get(STORE)
+        line = {
+            "event": "opened",
+            "position": int(ckpt.input_position or 0) if ckpt else 0,
+            "restore_s": opened,
+            "records": restored.records if restored else 0,
+            "state": adapter.observe(storage.store(STORE), plan.keys),
+        }
+        print(json.dumps(line, sort_keys=True), flush=True)
+        _work(storage, plan, adapter)
+    print(json.dumps({"event": "done"}), flush=True)
+
+
+# -- trials ------------------------------------------------------------------------------------------------
+@dataclass
+class TrialResult:
+    seed: int
+    engine: str
+    changelog: str
+    faults: tuple[str, ...]
+    crashes: int = 0
+    """Children that were really killed (a fault point may not be reached)."""
+    restores: list[float] = field(default_factory=list)
+    """Seconds each reopen after a crash took (TaskStorage open incl. restore)."""
+    restored_records: list[int] = field(default_factory=list)
+    divergence: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+def reproducer(plan: TrialPlan) -> str:
+    return (f"localstate torture --engine {plan.engine} --changelog {plan.changelog} --trials 1 "
+            f"--seed {plan.seed} --batches {plan.batches} --ops {plan.ops}")
+
+
+def _divergence(plan: TrialPlan, stage: str, position: int, expected: Any, actual: Any,
+                adapter: WorkloadAdapter, **extra: Any) -> dict[str, Any]:
+    diff = adapter.classify(expected, actual) if isinstance(expected, dict) and isinstance(actual, dict) else {}
+    first = next((k for kind in ("lost", "duplicated", "resurrected", "differs") for k in diff.get(kind, [])), None)
+    return {
+        "stage": stage,
+        "position": position,
+        **{kind: keys for kind, keys in diff.items()},
+        "first_key": first,
+        "expected": expected.get(first) if first is not None and isinstance(expected, dict) else None,
+        "actual": actual.get(first) if first is not None and isinstance(actual, dict) else None,
+        "reproduce": reproducer(plan),
+        **extra,
+    }
+
+
+def _run_child(plan: TrialPlan, values: dict[str, Any], fault: str | None) -> tuple[int | None, list[dict], str]:
+    env = dict(os.environ)
+    env.pop("LOCALSTATE_FAULTS", None)
+    delay = None
+    if fault and fault.startswith("timer:"):
+        delay = float(fault.split(":", 1)[1])
+    elif fault:
+        env["LOCALSTATE_FAULTS"] = fault
+    cmd = [sys.executable, "-c", "from localstate.testing.torture import child_main; child_main()",
+           json.dumps(asdict(plan)), json.dumps(values)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        if delay is not None:
+            try:
+                proc.wait(timeout=delay)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, [], err.decode(errors="replace")[-2000:]
+    lines = []
+    for raw in out.decode(errors="replace").splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except ValueError:
+            continue  # a line cut by the kill
+    return proc.returncode, lines, err.decode(errors="replace")[-2000:]
+
+
+def run_trial(plan: TrialPlan, workdir: Path, bootstrap: str | None = None) -> TrialResult:
+    """Run one trial in ``workdir`` (created; left for inspection if the trial diverges)."""
+    t0 = time.perf_counter()
+    adapter = adapter_for(plan.engine)
+    result = TrialResult(plan.seed, plan.engine, plan.changelog, plan.faults)
+    ref = reference_run(plan, workdir / "ref")
+    values = plan.values(workdir / "crash", bootstrap, "")
+    crashed_before = False
+    for fault in (*plan.faults, None):
+        rc, lines, err = _run_child(plan, values, fault)
+        opened = next((x for x in lines if x.get("event") == "opened"), None)
+        if opened is not None:
+            pos = opened["position"]
+            if crashed_before:
+                result.restores.append(opened["restore_s"])
+                result.restored_records.append(opened["records"])
+            if not 0 <= pos <= plan.batches or _norm(opened["state"]) != ref.states[pos]:
+                expected = ref.states[pos] if 0 <= pos <= plan.batches else None
+                result.divergence = _divergence(plan, f"reopen after {result.crashes} crash(es)", pos,
+                                                expected, _norm(opened["state"]), adapter, fault=fault)
+                break
+        killed = rc == -signal.SIGKILL
+        if rc is None or not (rc == 0 or (killed and fault is not None)):
+            result.divergence = {"stage": f"child with fault {fault!r}", "returncode": rc, "stderr": err,
+                                 "reproduce": reproducer(plan)}
+            break
+        if killed:
+            result.crashes += 1
+            crashed_before = True
+        elif not any(x.get("event") == "done" for x in lines):
+            result.divergence = {"stage": f"child with fault {fault!r} exited 0 without finishing",
+                                 "stderr": err, "reproduce": reproducer(plan)}
+            break
+    if result.divergence is None:
+        result.divergence = _verify_final(plan, values, ref, adapter)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _verify_final(plan: TrialPlan, values: dict[str, Any], ref: Reference,
+                  adapter: WorkloadAdapter) -> dict[str, Any] | None:
+    with TaskStorage(Config.from_dict(values)) as storage:
+        ckpt = storage.checkpoint
+        pos = int(ckpt.input_position or 0) if ckpt else 0
+        state = _norm(adapter.observe(storage.store(STORE), plan.keys))
+        if pos != plan.batches or state != ref.states[-1]:
+            return _divergence(plan, "final state", pos, ref.states[-1], state, adapter)
+        fp = _fingerprint(storage, ref.logged | _logged_keys(storage))
+    if fp != ref.fingerprint:
+        return _divergence(plan, "final change records (engine.current)", pos, ref.fingerprint, fp, adapter)
+    return None
+
+
+# -- many trials ------------------------------------------------------------------------------------------
+@dataclass
+class TortureReport:
+    engine: str
+    changelog: str
+    results: list[TrialResult]
+    seconds: float
+
+    @property
+    def divergences(self) -> list[TrialResult]:
+        return [r for r in self.results if not r.ok]
+
+    def summary(self) -> dict[str, Any]:
+        restores = [s for r in self.results for s in r.restores]
+        kinds = ("lost", "duplicated", "resurrected", "differs")
+        return {
+            "engine": self.engine,
+            "changelog": self.changelog,
+            "trials": len(self.results),
+            "crashes": sum(r.crashes for r in self.results),
+            "divergences": len(self.divergences),
+            **{kind: sum(len((r.divergence or {}).get(kind, [])) for r in self.results) for kind in kinds},
+            "restores": len(restores),
+            "restore_median_s": statistics.median(restores) if restores else None,
+            "restore_max_s": max(restores) if restores else None,
+            "seconds": self.seconds,
+            "first_divergence": self.divergences[0].divergence if self.divergences else None,
+        }
+
+
+@contextmanager
+def _kafka_bootstrap(bootstrap: str | None) -> Iterator[str]:
+    if bootstrap:
+        yield bootstrap
+        return
+    from localstate.testing.kafka import TansuBroker
+
+    with TansuBroker() as broker:
+        yield broker.bootstrap
+
+
+def run_trials(engine: str, changelog: str, trials: int, seed: int, *, batches: int = 12, ops: int = 40,
+               bootstrap: str | None = None, workdir: Path | None = None, fail_fast: bool = False,
+               progress: Callable[[TrialResult], None] | None = None) -> TortureReport:
+    """Trials ``seed .. seed + trials - 1`` of ``engine`` × ``changelog``."""
+    t0 = time.perf_counter()
+    own = workdir is None
+    root = Path(tempfile.mkdtemp(prefix="localstate-torture-")) if own else Path(workdir)
+    results = []
+    try:
+        for i in range(trials):
+            plan = plan_trial(seed + i, engine, changelog, batches=batches, ops=ops)
+            tdir = root / f"{_slug(engine)}-{changelog}-{plan.seed}"
+            res = run_trial(plan, tdir, bootstrap)
+            results.append(res)
+            if progress is not None:
+                progress(res)
+            if res.ok:
+                shutil.rmtree(tdir, ignore_errors=True)
+            else:
+                res.divergence["workdir"] = str(tdir)
+                if fail_fast:
+                    break
+    finally:
+        if own and all(r.ok for r in results):
+            shutil.rmtree(root, ignore_errors=True)
+    return TortureReport(engine, changelog, results, time.perf_counter() - t0)
+
+
+def _slug(engine: str) -> str:
+    return engine.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+
+# -- command line -----------------------------------------------------------------------------------------
+@click.command(name="torture")
+@click.option("--engine", "engines", multiple=True, default=("memory",), show_default=True,
+              help="engine name or module:Factory; 'all' = every installed engine + contrib examples")
+@click.option("--changelog", "changelogs", multiple=True, default=("file",), show_default=True,
+              type=click.Choice(["file", "kafka", "all"]), help="changelog system(s)")
+@click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True, help="trials per engine × changelog")
+@click.option("--seed", type=int, default=None, help="first trial seed (default: random, printed)")
+@click.option("--batches", type=click.IntRange(min=2), default=12, show_default=True, help="input batches (commits) per trial")
+@click.option("--ops", type=click.IntRange(min=1), default=40, show_default=True, help="operations per batch")
+@click.option("--bootstrap", default=None, help="Kafka brokers for kafka trials (default: start a tansu broker)")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="where trials run (default: a temp dir; diverged trials are kept)")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write the summaries and divergences here")
+@click.option("--fail-fast/--no-fail-fast", default=False, help="stop an engine's trials at the first divergence")
+def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, seed: int | None, batches: int,
+            ops: int, bootstrap: str | None, workdir: Path | None, json_out: Path | None, fail_fast: bool) -> None:
+    """Crash trials: SIGKILL a task at random moments and named fault points, reopen,
+    replay input from the checkpoint, and compare with a crash-free run.
+
+    Exit code 1 if any trial diverged (each divergence prints its reproducer).
+    """
+    if seed is None:
+        seed = random.SystemRandom().randrange(1, 1_000_000)
+    names = torture_engines() if "all" in engines else list(engines)
+    systems = ["file", "kafka"] if "all" in changelogs else list(dict.fromkeys(changelogs))
+    for name in names:
+        if ":" not in name:
+            row = available().get(name)
+            if row is None or not row["installed"]:
+                raise click.BadParameter(
+                    f"engine {name!r} is not installed: {row['hint'] if row else 'unknown engine'}",
+                    param_hint="--engine")
+    click.echo(f"torture: engines={names} changelogs={systems} trials={trials} seed={seed}")
+    summaries = []
+    failed = False
+
+    def tick(r: TrialResult) -> None:
+        click.echo("." if r.ok else "X", nl=False)
+
+    kafka = _kafka_bootstrap(bootstrap) if "kafka" in systems else None
+    brokers = kafka.__enter__() if kafka is not None else None
+    try:
+        for system in systems:
+            for name in names:
+                click.echo(f"{name} x {system}: ", nl=False)
+                report = run_trials(name, system, trials, seed, batches=batches, ops=ops,
+                                    bootstrap=brokers, workdir=workdir, fail_fast=fail_fast, progress=tick)
+                s = report.summary()
+                summaries.append(s)
+                med = f"{s['restore_median_s']:.3f}s" if s["restore_median_s"] is not None else "-"
+                mx = f"{s['restore_max_s']:.3f}s" if s["restore_max_s"] is not None else "-"
+                click.echo(
+                    f"\n  {s['trials']} trials, {s['crashes']} crashes, {s['divergences']} divergences "
+                    f"(lost {s['lost']}, duplicated {s['duplicated']}, resurrected {s['resurrected']}), "
+                    f"reopen after crash median {med} max {mx}, {s['seconds']:.1f}s"
+                )
+                if report.divergences:
+                    failed = True
+                    click.echo(f"  first divergence: {json.dumps(s['first_divergence'], default=str)[:2000]}")
+    finally:
+        if kafka is not None:
+            kafka.__exit__(None, None, None)
+    if json_out is not None:
+        json_out.write_text(json.dumps({"seed": seed, "trials": trials, "summaries": summaries}, indent=2,
+                                       default=str))
+    if failed:
+        raise SystemExit(1)
