@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .runner import ROW_KEYS
@@ -68,9 +69,13 @@ def render_table(rows: list[dict[str, Any]], console: Console | None = None, tit
             format_value(r["median"], r["unit"]), format_value(r["min"], r["unit"]), format_value(r["max"], r["unit"]),
             r.get("baseline") or "",
             f"{ratio:.2f}x" if ratio is not None else "",
-            f"[red]{err}[/red]" if err else "",
+            f"[red]{escape(err)}[/red]" if err else f"[dim]{escape(_short(r.get('notes') or ''))}[/dim]",
         )
     console.print(table)
+
+
+def _short(text: str, limit: int = 70) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _jsonable(x: Any) -> Any:

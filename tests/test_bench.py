@@ -1,0 +1,196 @@
+"""``localstate bench`` end to end: quick run, JSON schema, charts, user engines, error
+cells, bad input. Runs the real CLI group (lazy ``bench`` wiring included) on real files."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from localstate.benchmarks import registry as bench_registry
+from localstate.benchmarks.runner import ROW_KEYS, BenchParams, normalize_row, suite_rows
+from localstate.benchmarks.workloads import run_generic
+from localstate.cli import cli
+
+GENERIC = {
+    "sequential_put", "random_put", "put_all", "random_get_hit", "get_miss", "get_all", "range_scan",
+    "full_scan", "mixed_zipf", "delete_heavy_scan", "commit_overhead", "changelog_append",
+    "full_restore", "incremental_restore",
+}
+
+
+def _bench(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["bench", *args], catch_exceptions=False)
+    return result.exit_code, result.output
+
+
+def _check_row(row: dict) -> None:
+    assert set(ROW_KEYS) <= set(row)
+    assert isinstance(row["workload"], str) and isinstance(row["engine"], str)
+    assert isinstance(row["params"], dict) and isinstance(row["unit"], str)
+    assert isinstance(row["notes"], str)
+    if row["error"] is None:
+        assert row["runs"], row
+        assert row["min"] <= row["median"] <= row["max"], row
+        assert all(isinstance(x, float) for x in row["runs"])
+    else:
+        assert isinstance(row["error"], str) and row["median"] is None  # NaN → null in JSON
+    if row["ratio"] is not None:
+        assert row["baseline"] and row["ratio"] > 0
+
+
+def test_quick_run_end_to_end_writes_schema_json_and_charts(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, output = _bench("--quick", "--suite", "generic,core", "--engine", "memory", "--out", str(out),
+                          "--workdir", str(tmp_path / "work"), "--strict")
+    assert code == 0, output
+    assert "sequential_put" in output and "core_restore" in output  # the table
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["schema"] == 1 and doc["command"].startswith("localstate bench")
+    m = doc["machine"]
+    assert m["cores"] >= 1 and m["python"] and m["cpu"] and "rocksdict" in m["libraries"]
+    rows = doc["rows"]
+    for row in rows:
+        _check_row(row)
+    assert not [r for r in rows if r["error"]]
+    generic = {r["workload"] for r in rows if r["suite"] == "generic"}
+    assert GENERIC <= generic
+    by = {(r["workload"], r["engine"], r["unit"]): r for r in rows}
+    # stores and raw engines are compared with the plain-dict baseline measured in the same run
+    hit = by[("random_get_hit", "memory", "ops/s")]
+    assert hit["baseline"] == "dict" and hit["ratio"] == pytest.approx(
+        hit["median"] / by[("random_get_hit", "dict", "ops/s")]["median"])
+    assert by[("full_restore", "memory", "MB/s")]["ratio"] is not None
+    assert by[("disk_bytes", "memory", "bytes")]["median"] > 0
+    assert len(hit["runs"]) == 2 and hit["params"]["records"] == 2000
+    assert {("core_write", "ops/s"), ("core_restore", "records/s"), ("core_restore", "MB/s")} <= {
+        (r["workload"], r["unit"]) for r in rows if r["engine"] == "memory+file"}
+    for chart in ("ops_per_engine.png", "restore.png", "overhead_vs_raw.png"):
+        assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list((tmp_path / "work").iterdir())  # every trial cleaned up after itself
+
+
+USER_ENGINES = textwrap.dedent('''
+    """A user's engines for the benchmark tests: a working one and one that breaks mid-run."""
+    from localstate.engines.memory import MemoryEngine, MemoryEngineFactory
+    from localstate.errors import EngineError
+
+
+    class TinyFactory(MemoryEngineFactory):
+        description = "a user's engine"
+
+
+    class FlakyEngine(MemoryEngine):
+        """Test double: fails on the 1500th put, a fault a real engine cannot be made to have."""
+
+        def put(self, key, value):
+            self.puts = getattr(self, "puts", 0) + 1
+            if self.puts == 1500:
+                raise EngineError("disk on fire")
+            super().put(key, value)
+
+
+    class FlakyFactory(MemoryEngineFactory):
+        def create(self, spec, context):
+            return FlakyEngine(spec.name)
+''')
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "bench_user_engines.py").write_text(USER_ENGINES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "bench_user_engines"
+    sys.modules.pop("bench_user_engines", None)
+
+
+def test_user_engine_by_module_path_and_failing_engine_gets_error_cells(tmp_path: Path, user_module: str) -> None:
+    out = tmp_path / "out"
+    code, output = _bench(
+        "--quick", "--engine", f"{user_module}:TinyFactory", "--engine", f"{user_module}:FlakyFactory",
+        "--engine", "localstate.contrib.sqlite_engine:SQLiteEngineFactory",
+        "--workload", "sequential_put", "--workload", "random_get_hit", "--workload", "full_scan",
+        "--out", str(out), "--workdir", str(tmp_path / "work"),
+    )
+    assert code == 0, output  # failed cells are reported, not fatal without --strict
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    by = {(r["workload"], r["engine"]): r for r in rows}
+    tiny = f"{user_module}:TinyFactory"
+    flaky = f"{user_module}:FlakyFactory"
+    sqlite = "localstate.contrib.sqlite_engine:SQLiteEngineFactory"
+    assert by[("sequential_put", tiny)]["error"] is None and by[("sequential_put", tiny)]["median"] > 0
+    assert by[("sequential_put", f"{sqlite}/direct")]["error"] is None
+    assert by[("full_scan", sqlite)]["median"] > 0
+    # the flaky engine fails where it writes 1500 single puts, and every other cell still ran
+    err = by[("sequential_put", f"{flaky}/direct")]["error"]
+    assert "disk on fire" in err and "EngineError" in err
+    assert by[("random_get_hit", f"{flaky}/direct")]["error"] is None  # loaded with put_all
+    assert "cell(s) failed" in output
+    code, _ = _bench("--quick", "--engine", flaky, "--workload", "sequential_put", "--strict",
+                     "--workdir", str(tmp_path / "work"))
+    assert code == 1
+
+
+def test_suites_that_are_missing_fail_or_return_junk_become_error_cells(monkeypatch: pytest.MonkeyPatch,
+                                                                       tmp_path: Path) -> None:
+    (tmp_path / "bench_broken_suite.py").write_text(
+        "def run(quick=False, repeats=5):\n    raise RuntimeError('broker down')\n")
+    (tmp_path / "bench_junk_suite.py").write_text(
+        "def run(quick=False, repeats=5):\n    return [{'workload': 'w', 'engine': 'e'}, 42]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    [missing] = suite_rows("localstate.benchmarks.no_such_area", "nope", True, 1)
+    assert "unavailable" in missing["error"] and math.isnan(missing["median"])
+    [broken] = suite_rows("bench_broken_suite", "broken", True, 1)
+    assert "broker down" in broken["error"] and "RuntimeError" in broken["error"]
+    junk = suite_rows("bench_junk_suite", "junk", True, 1)
+    assert "without" in junk[0]["error"] and "not a row dict" in junk[1]["error"]
+    ok = normalize_row({k: None for k in ROW_KEYS} | {"workload": "w", "engine": "e", "runs": [1, 2],
+                                                       "median": 1.5, "params": {}, "unit": "s"}, "s")
+    assert ok["error"] is None and ok["runs"] == [1.0, 2.0] and ok["suite"] == "s"
+    monkeypatch.setitem(bench_registry.SUITES, "broken", ("bench_broken_suite", "always fails"))
+    code, output = _bench("--suite", "broken", "--quick")
+    assert code == 0 and "broker down" in output
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--engine", "rocksbd"], "Did you mean 'rocksdb'"),
+        (["--engine", "nosuch"], "Registered engines: "),
+        (["--engine", "nosuchmodule_xyz:Factory"], "nosuchmodule_xyz"),
+        (["--workload", "random_gets"], "Valid workloads: sequential_put"),
+        (["--suite", "kv,sparky"], "Did you mean 'spark'"),
+        (["--engine", "memory", "--records", str(10**12)], "GB of"),
+        (["--engine", "memory", "--value-size", str(10**9), "--records", "100000"], "Lower --records"),
+        (["--engine", "memory", "--cache-size", "10", "--batch-size", "100"], "--cache-size 10 is smaller"),
+        (["--engine", "memory", "--key-size", "2"], "--key-size = 2"),
+        (["--engine", "memory", "--option", "nonsense"], "expected KEY=VALUE"),
+        (["--engine", "memory", "--changelog", "kafka"], "--kafka-bootstrap"),
+    ],
+)
+def test_bad_input_is_refused_up_front_with_the_fix(args: list[str], expected: str) -> None:
+    code, output = _bench("--quick", *args)
+    assert code == 2, output
+    assert expected in output
+
+
+def test_list_shows_suites_workloads_and_engines() -> None:
+    code, output = _bench("--list")
+    assert code == 0
+    for name in ("generic", "core", "kv", "spark", "mixed_zipf", "full_restore", "memory", "rocksdb"):
+        assert name in output
+
+
+def test_generic_rows_are_consistent_across_store_engine_and_baseline(tmp_path: Path) -> None:
+    params = BenchParams(records=500, repeats=1, distribution="zipf", changelog="none", cache_size=0,
+                         workdir=str(tmp_path))
+    rows = run_generic(["memory"], ["random_put", "range_scan", "full_restore", "changelog_append"], params)
+    engines = {(r["workload"], r["engine"]) for r in rows}
+    # restore and changelog workloads do not apply without a changelog; dict has no range scans
+    assert engines == {("random_put", "memory"), ("random_put", "memory/direct"), ("random_put", "dict"),
+                       ("range_scan", "memory"), ("range_scan", "memory/direct")}
+    assert all(r["params"]["distribution"] == "zipf" for r in rows)
