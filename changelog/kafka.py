@@ -90,7 +90,6 @@ _PRODUCER_FIXED = {
 _CONSUMER_FIXED = {"enable.auto.commit": "false", "enable.partition.eof": "true"}
 _POLL_S = 0.2
 _CONSUME_BATCH = 2000
-_EARLY_EOF_GRACE_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -396,26 +395,18 @@ class KafkaChangelogPartition(ChangelogPartition):
 
     def _scan(self, start: int, stop: int | None) -> Iterator[tuple[list[Any], int]]:
         """``(messages, last_offset)`` batches with offsets in ``[start, stop)`` (to EOF if
-        ``stop`` is None). Raises if the partition ends before ``stop - 1``."""
+        ``stop`` is None). Partition EOF ends the scan: the high watermark is never used."""
         consumer = self._consumer_for(start)
         s = self.system.settings
         idle_limit = s.timeout_ms / 1000 * (s.retries + 1)
         idle_since = time.monotonic()
         consume = consumer.consume
         last = start - 1
-        early_eof: float | None = None
         try:
             while True:
                 msgs = consume(_CONSUME_BATCH, _POLL_S)
                 if not msgs:
                     now = time.monotonic()
-                    if early_eof is not None and now - early_eof > _EARLY_EOF_GRACE_S:
-                        raise CorruptionError(
-                            f"{self.where} ends after offset {last}, but offset {stop} was committed: "
-                            "committed changelog records are missing (topic deleted or recreated, or the "
-                            "broker lost its data; tansu keeps data in memory only). Delete the task "
-                            "checkpoint to start over from what remains."
-                        )
                     if now - idle_since > idle_limit:
                         raise ChangelogError(
                             f"reading {self.where} from offset {last + 1}: no answer from the brokers "
@@ -428,7 +419,6 @@ class KafkaChangelogPartition(ChangelogPartition):
                     m.error() is not None for m in msgs
                 ):
                     last = tail.offset()
-                    early_eof = None
                     yield msgs, last
                     continue
                 good: list[Any] = []
@@ -437,13 +427,8 @@ class KafkaChangelogPartition(ChangelogPartition):
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
-                            if stop is None or last >= stop - 1:
-                                done = True
-                                break
-                            # EOF below the committed offset: wait briefly, a broker that
-                            # understates its high watermark reports EOF too early.
-                            early_eof = time.monotonic()
-                            continue
+                            done = True
+                            break
                         raise ChangelogError(f"reading {self.where} at offset {last + 1} failed: {err}")
                     off = m.offset()
                     if stop is not None and off >= stop:
@@ -451,7 +436,6 @@ class KafkaChangelogPartition(ChangelogPartition):
                         break
                     good.append(m)
                     last = off
-                    early_eof = None
                 if good:
                     yield good, last
                 if done:
@@ -460,10 +444,11 @@ class KafkaChangelogPartition(ChangelogPartition):
             consumer.unassign()
 
     def read_batches(self, start: int, stop: int) -> Iterator[tuple[list[ChangeRecord], int]]:
-        """Records with offsets in ``[start, stop)``. ``stop`` is reached when a record at or
-        past it arrives or the record at ``stop - 1`` was read; a partition that ends
-        earlier (committed records missing) raises :class:`ChangelogError` after the
-        bounded wait."""
+        """Records with offsets in ``[start, stop)``: the scan ends at the first record at or
+        past ``stop`` or at partition EOF, whichever comes first (like the file log, a
+        range past the end yields what exists; :meth:`discard_tail` reports committed
+        records that are missing). A broker that does not answer within the bounded
+        wait raises :class:`ChangelogError`."""
         self._check_open()
         if start >= stop:
             return
