@@ -127,7 +127,7 @@ def _parse_options(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 @click.option("--repeats", type=int, default=None, help="timed runs after one warm-up [default: 5; 2 with --quick]")
 @click.option("--quick", is_flag=True, help="tiny sizes, for CI (seconds)")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="write results.json and PNG charts here")
+              help="write results.json, results.md and PNG charts here")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="where trial data is written [default: a temporary directory]")
 @click.option("--strict", is_flag=True, help="exit with status 1 if any cell failed")
@@ -179,15 +179,16 @@ def bench(
     rows = run_bench(suites, selected, list(workloads) or None, params, progress=sys.stderr.isatty())
     seconds = time.perf_counter() - t0
 
-    from .report import render_table, write_charts, write_json
+    from .report import render_table, write_charts, write_json, write_markdown
 
     render_table(rows, title=f"localstate bench ({', '.join(suites)}) on {machine['cores']} cores, {seconds:.0f}s")
     if out is not None:
         meta = {**params.public(), "suites": suites, "engines": selected, "repeats": params.repeats, "quick": quick}
         path = write_json(out / "results.json", rows, machine=machine, command=command, params=meta,
                           started=started, seconds=seconds)
+        write_markdown(out / "results.md", rows, machine=machine, command=command, started=started, seconds=seconds)
         charts = write_charts(out, rows)
-        click.echo(f"wrote {path}" + "".join(f", {c.name}" for c in charts))
+        click.echo(f"wrote {path}, results.md" + "".join(f", {c.name}" for c in charts))
     failed = [r for r in rows if r.get("error")]
     if failed:
         click.echo(f"{len(failed)} cell(s) failed; see the error column", err=True)

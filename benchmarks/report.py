@@ -23,7 +23,7 @@ from rich.table import Table
 
 from .runner import ROW_KEYS
 
-__all__ = ["render_table", "write_json", "write_charts", "format_value", "SCHEMA_VERSION"]
+__all__ = ["render_table", "write_json", "write_charts", "write_markdown", "markdown_table", "format_value", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 _RATE_UNITS = ("ops/s", "records/s", "commits/s", "delta records/s", "docs/s", "queries/s", "adds/s", "updates/s")
@@ -72,6 +72,41 @@ def render_table(rows: list[dict[str, Any]], console: Console | None = None, tit
             f"[red]{escape(err)}[/red]" if err else f"[dim]{escape(_short(r.get('notes') or ''))}[/dim]",
         )
     console.print(table)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """The results as a GitHub-flavoured markdown table (for RESULTS.md)."""
+    lines = [
+        "| suite | workload | engine | unit | median | min | max | vs | ratio | notes / error |",
+        "|---|---|---|---|---:|---:|---:|---|---:|---|",
+    ]
+    for r in rows:
+        ratio = r.get("ratio")
+        text = f"**error:** {r['error']}" if r.get("error") else (r.get("notes") or "")
+        lines.append("| " + " | ".join([
+            str(r.get("suite") or ""), r["workload"], r["engine"], r["unit"],
+            format_value(r["median"], r["unit"]), format_value(r["min"], r["unit"]),
+            format_value(r["max"], r["unit"]), r.get("baseline") or "",
+            f"{ratio:.2f}x" if ratio is not None else "", text.replace("|", "\\|").replace("\n", " "),
+        ]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(path: Path, rows: list[dict[str, Any]], *, machine: dict[str, Any], command: str,
+                   started: str, seconds: float) -> Path:
+    """``results.md``: command, machine and the table, ready to paste into RESULTS.md."""
+    libs = ", ".join(f"{k} {v}" for k, v in machine.get("libraries", {}).items() if v)
+    text = (
+        f"Command: `{command}`  \n"
+        f"Started {started}, took {seconds:.0f} s.  \n"
+        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, "
+        f"{(machine.get('memory_bytes') or 0) / 2**30:.1f} GiB RAM, {machine.get('platform')}, "
+        f"Python {machine.get('python')}; load average at start {machine.get('load_average')}.  \n"
+        f"Libraries: {libs}.\n\n" + markdown_table(rows)
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
 
 
 def _short(text: str, limit: int = 70) -> str:

@@ -216,21 +216,10 @@ class RocksdictHandle(Handle):
     def scan(self, start: bytes | None, stop: bytes | None, limit: int | None = None) -> int:
         from rocksdict import ReadOptions
 
-        opts = ReadOptions(raw_mode=True)
+        opts = ReadOptions()
         if stop is not None:
             opts.set_iterate_upper_bound(stop)
-        it = self.db.iter(opts)
-        try:
-            it.seek(start) if start is not None else it.seek_to_first()
-            n = 0
-            while it.valid() and (limit is None or n < limit):
-                it.key()
-                it.value()
-                n += 1
-                it.next()
-            return n
-        finally:
-            del it
+        return _count(iter(self.db.items(from_key=start, read_opt=opts)), limit)
 
     def close(self) -> None:
         self.db.close()

@@ -194,3 +194,20 @@ def test_generic_rows_are_consistent_across_store_engine_and_baseline(tmp_path: 
     assert engines == {("random_put", "memory"), ("random_put", "memory/direct"), ("random_put", "dict"),
                        ("range_scan", "memory"), ("range_scan", "memory/direct")}
     assert all(r["params"]["distribution"] == "zipf" for r in rows)
+
+
+@pytest.mark.parametrize("library", ["rocksdict", "plyvel"])
+def test_raw_library_baselines_run_every_baseline_workload(library: str, tmp_path: Path) -> None:
+    pytest.importorskip(library)
+    from localstate.benchmarks.registry import get_workloads
+    from localstate.benchmarks.workloads import Target, footprint_rows, run_cell
+
+    params = BenchParams(records=400, repeats=1, workdir=str(tmp_path))
+    target = Target(library, "baseline", library)
+    rows = [r for w in get_workloads(None) if "baseline" in w.kinds for r in run_cell(w, target, params)]
+    rows += footprint_rows(target, params)
+    assert not [r for r in rows if r["error"]], rows
+    names = {r["workload"] for r in rows}
+    assert {"range_scan", "delete_heavy_scan", "restore_baseline", "disk_bytes"} <= names
+    assert next(r for r in rows if r["workload"] == "disk_bytes")["median"] > 0
+    assert not list(tmp_path.iterdir())
