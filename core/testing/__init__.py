@@ -8,6 +8,16 @@
 
 from __future__ import annotations
 
-from .conformance import LAYER_COMBOS, KeyValueStoreConformance, layer_stack
+from typing import Any
 
 __all__ = ["KeyValueStoreConformance", "layer_stack", "LAYER_COMBOS"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that importing a sibling module (e.g. the torture harness in its many
+    # short-lived child processes) does not pay for pytest, which conformance imports.
+    if name in __all__:
+        from . import conformance
+
+        return getattr(conformance, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -62,6 +62,9 @@ __all__ = [
     "WorkloadAdapter",
     "KeyValueWorkload",
     "LatestEventsWorkload",
+    "TopNWorkload",
+    "HyperLogLogWorkload",
+    "SearchWorkload",
     "register_adapter",
     "adapter_for",
     "torture_engines",
@@ -155,15 +158,25 @@ class KeyValueWorkload(WorkloadAdapter):
             return dict(it)
 
     def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
-        out = super().classify(expected, actual)
-        differs = out["differs"]
-        out["differs"] = []
-        for k in differs:
-            e, a = expected[k], actual[k]
-            n_e = e.get("n", 0) if isinstance(e, dict) else 0
-            n_a = a.get("n", 0) if isinstance(a, dict) else 0
-            out["duplicated" if n_a > n_e else "lost" if n_a < n_e else "differs"].append(k)
-        return out
+        return _by_counter(super().classify(expected, actual), expected, actual, _count_n)
+
+
+def _count_n(value: Any) -> Any:
+    return value.get("n", 0) if isinstance(value, dict) else 0
+
+
+def _by_counter(out: dict[str, list[str]], expected: Any, actual: Any,
+                count: Callable[[Any], Any]) -> dict[str, list[str]]:
+    """Split ``out["differs"]`` by a per-key update counter: higher = duplicated, lower = lost."""
+    differs, out["differs"] = out["differs"], []
+    for k in differs:
+        try:
+            e, a = count(expected[k]), count(actual[k])
+            kind = "duplicated" if a > e else "lost" if a < e else "differs"
+        except TypeError:
+            kind = "differs"
+        out[kind].append(k)
+    return out
 
 
 def _bump(value: Any, op: str) -> dict[str, Any]:
@@ -194,7 +207,81 @@ class LatestEventsWorkload(WorkloadAdapter):
         return out
 
 
+class TopNWorkload(WorkloadAdapter):
+    """``topn`` (capacity 10): score read-modify-write offers, removes and pops, so a
+    replayed batch shows as a score too high (**duplicated**), a lost one as too low."""
+
+    store_options = {"key.serde": "string", "msg.serde": "string", "topn.size": 10}
+
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for i in range(ops):
+            r = rng.random()
+            member = f"k{rng.randrange(keys)}"
+            if r < 0.1:
+                store.remove(member)
+            elif r < 0.13:
+                if store.top(1):
+                    store.pop()
+            else:
+                store.offer(member, (store.score(member) or 0) + rng.randrange(1, 100), f"{batch}.{i}")
+
+    def observe(self, store: Any, keys: int) -> dict[str, Any]:
+        return {e.member: [rank, e.score, e.payload] for rank, e in enumerate(store.top())}
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        return _by_counter(super().classify(expected, actual), expected, actual, lambda v: v[1])
+
+
+class HyperLogLogWorkload(WorkloadAdapter):
+    """``hyperloglog`` (precision 6): items added per key, a few deletes; the observed
+    state is every key's registers, so any lost or extra register update shows."""
+
+    store_options = {"key.serde": "string", "hyperloglog.precision": 6}
+
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for _ in range(ops):
+            k = f"k{rng.randrange(keys)}"
+            if rng.random() < 0.05:
+                store.delete(k)
+            else:
+                store.add(k, f"item{rng.randrange(10_000)}")
+
+    def observe(self, store: Any, keys: int) -> dict[str, Any]:
+        return {k: [store.count(k), store.registers(k).tobytes().hex()] for k in sorted(store.keys())}
+
+
+class SearchWorkload(WorkloadAdapter):
+    """``search``: documents with a read-modify-write counter field and words, deletes;
+    the observed state is every document read back through the index plus per-word hit
+    counts (so the inverted index itself is checked, not only stored documents)."""
+
+    store_options = {"key.serde": "string", "search.fields": "words:text:stored, n:int:stored",
+                     "search.heap.size.bytes": 15_000_000, "search.restore.heap.size.bytes": 15_000_000}
+    _WORDS = 8
+
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for _ in range(ops):
+            k = f"k{rng.randrange(keys)}"
+            if rng.random() < 0.15:
+                store.delete(k)
+            else:
+                old = store.get(k)
+                words = " ".join(f"w{rng.randrange(self._WORDS)}" for _ in range(3))
+                store.index(k, {"words": words, "n": (old["n"] if old else 0) + 1})
+
+    def observe(self, store: Any, keys: int) -> dict[str, Any]:
+        out: dict[str, Any] = dict(store.documents())
+        out.update({f"#w{i}": store.count(f"words:w{i}") for i in range(self._WORDS)})
+        return out
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        return _by_counter(super().classify(expected, actual), expected, actual, _count_n)
+
+
 _ADAPTERS: dict[str, Callable[[], WorkloadAdapter]] = {
+    "topn": TopNWorkload,
+    "hyperloglog": HyperLogLogWorkload,
+    "search": SearchWorkload,
     "localstate.contrib.latest_events:LatestEventsFactory": LatestEventsWorkload,
 }
 
