@@ -546,12 +546,13 @@ class SearchEngine(StorageEngine):
             self._log_all([(k, None) for k in keys])  # type: ignore[misc]
 
     def _stage(self, items: list[tuple[bytes, tuple[bytes, tantivy.Document] | None]]) -> None:
-        buffer = self._buffer
         limit = self.options.write_buffer_docs
+        buffer = self._buffer
         for key, value in items:
             buffer[key] = value
             if len(buffer) >= limit:
                 self._send()
+                buffer = self._buffer  # _send() starts a new buffer
 
     def _send(self) -> None:
         """Send the write buffer to the tantivy writer: one delete of all its ids, then adds."""
