@@ -10,11 +10,13 @@ Examples::
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import shlex
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -165,14 +167,51 @@ def bench(
             kafka_bootstrap=kafka_bootstrap, workdir=str(workdir) if workdir else None,
             options=_parse_options(options),
         )
-        if changelog == "kafka" and not kafka_bootstrap and GENERIC_SUITE in suites:
-            raise ConfigError("--changelog kafka needs a broker: pass --kafka-bootstrap HOST:PORT")
         if GENERIC_SUITE in suites:
             check_resources(params, len(selected), workdir or Path(tempfile.gettempdir()))
     except ConfigError as e:
         raise click.UsageError(str(e)) from e
 
-    command = "localstate bench " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 1 else "localstate bench"
+    with contextlib.ExitStack() as stack:
+        if changelog == "kafka" and not kafka_bootstrap and GENERIC_SUITE in suites:
+            params = replace(params, kafka_bootstrap=_start_broker(stack))
+        _run_and_report(suites, selected, workloads, params, out, strict)
+
+
+def _command_line() -> str:
+    """The invocation as typed (or, when called in-process, rebuilt from the non-default options)."""
+    if Path(sys.argv[0]).name == "localstate":
+        return " ".join(["localstate", *map(shlex.quote, sys.argv[1:])])
+    ctx = click.get_current_context()
+    parts = ["localstate", "bench"]
+    for p in ctx.command.params:
+        value = ctx.params.get(p.name)  # type: ignore[arg-type]
+        if value in (None, False, ()) or value == p.default:
+            continue
+        flag = max(p.opts, key=len)
+        for v in value if isinstance(value, tuple) else (value,):
+            parts += [flag] if v is True else [flag, shlex.quote(str(v))]
+    return " ".join(parts)
+
+
+def _start_broker(stack: contextlib.ExitStack) -> str:
+    """Start a local tansu broker for ``--changelog kafka`` (stopped when the run ends)."""
+    try:
+        from localstate.testing.kafka import TansuBroker
+
+        broker = stack.enter_context(TansuBroker().start())
+    except Exception as e:
+        raise click.UsageError(
+            f"--changelog kafka without --kafka-bootstrap starts a local tansu broker, which failed: {e}. "
+            "Install 'localstate[kafka]' or pass --kafka-bootstrap HOST:PORT"
+        ) from e
+    click.echo(f"started a tansu broker on {broker.bootstrap} for --changelog kafka", err=True)
+    return broker.bootstrap
+
+
+def _run_and_report(suites: list[str], selected: list[str], workloads: tuple[str, ...], params: BenchParams,
+                    out: Path | None, strict: bool) -> None:
+    command = _command_line()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     machine = machine_info()
     t0 = time.perf_counter()
@@ -183,7 +222,8 @@ def bench(
 
     render_table(rows, title=f"localstate bench ({', '.join(suites)}) on {machine['cores']} cores, {seconds:.0f}s")
     if out is not None:
-        meta = {**params.public(), "suites": suites, "engines": selected, "repeats": params.repeats, "quick": quick}
+        meta = {**params.public(), "suites": suites, "engines": selected, "repeats": params.repeats,
+                "quick": params.quick}
         path = write_json(out / "results.json", rows, machine=machine, command=command, params=meta,
                           started=started, seconds=seconds)
         write_markdown(out / "results.md", rows, machine=machine, command=command, started=started, seconds=seconds)

@@ -315,13 +315,12 @@ def make_config(target: Target, params: BenchParams, root: Path, *, changelog: b
         values["job.changelog.system"] = "kafka"
         values["job.checkpoint.system"] = "file"
         values["systems.kafka.bootstrap.servers"] = params.kafka_bootstrap
-        values[f"stores.{STORE}.changelog"] = f"kafka.bench-{os.getpid()}-{next(_streams)}"
+        # one topic per trial directory: the restore reopens the same one
+        values[f"stores.{STORE}.changelog"] = f"kafka.bench-{os.getpid()}-{root.name}"
     for k, v in params.options:
         values[f"stores.{STORE}.{k}"] = v
     return Config.from_dict(values)
 
-
-_streams = itertools.count()
 
 
 def targets_for(engines: list[str], baselines: bool = True, direct: bool = True) -> list[Target]:

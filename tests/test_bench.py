@@ -169,7 +169,6 @@ def test_suites_that_are_missing_fail_or_return_junk_become_error_cells(monkeypa
         (["--engine", "memory", "--cache-size", "10", "--batch-size", "100"], "--cache-size 10 is smaller"),
         (["--engine", "memory", "--key-size", "2"], "--key-size = 2"),
         (["--engine", "memory", "--option", "nonsense"], "expected KEY=VALUE"),
-        (["--engine", "memory", "--changelog", "kafka"], "--kafka-bootstrap"),
     ],
 )
 def test_bad_input_is_refused_up_front_with_the_fix(args: list[str], expected: str) -> None:
@@ -211,3 +210,17 @@ def test_raw_library_baselines_run_every_baseline_workload(library: str, tmp_pat
     assert {"range_scan", "delete_heavy_scan", "restore_baseline", "disk_bytes"} <= names
     assert next(r for r in rows if r["workload"] == "disk_bytes")["median"] > 0
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.kafka
+def test_kafka_changelog_starts_a_local_broker_when_none_is_given(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, output = _bench("--quick", "--repeats", "1", "--engine", "memory", "--changelog", "kafka",
+                          "--workload", "full_restore", "--workload", "changelog_append", "--out", str(out),
+                          "--strict")
+    assert code == 0, output
+    doc = json.loads((out / "results.json").read_text())
+    assert "--changelog kafka" in doc["command"]
+    rows = {(r["workload"], r["engine"], r["unit"]): r for r in doc["rows"]}
+    assert rows[("full_restore", "memory", "records/s")]["median"] > 0
+    assert rows[("changelog_append", "kafka changelog", "MB/s")]["params"]["changelog"] == "kafka"
