@@ -21,6 +21,13 @@ import pyarrow as pa
 import pytest
 from localstate import Config, TaskStorage
 from localstate.contrib.spark import TaskContext
+from localstate.contrib.spark.job_engines import (
+    DistinctViewers,
+    ProfileSearch,
+    TrendingPages,
+    merge_top,
+    search_profiles,
+)
 from localstate.contrib.spark.job_joins import (
     JOIN_WINDOW_S,
     AdClickJoin,
@@ -300,3 +307,57 @@ def test_restore_after_machine_loss_gives_identical_state(tmp_path: Path, worklo
     report = restore_state(config)
     assert report.records > 0 and report.bytes > 0
     assert report.snapshot == before
+
+
+# -- 5. special engines ---------------------------------------------------------------------------
+def test_trending_pages_top_n_equals_exact_top_n(tmp_path: Path, workload: Any) -> None:
+    config = job_config(TrendingPages, tmp_path, partitions=3, engine=ENGINE)
+    views = TrendingPages.input_table(workload)
+    out, _ = run_task(TrendingPages, config, views, chunks=2)
+    exact = Counter(views["page"].to_pylist())
+    top = merge_top(pa.Table.from_pylist(out), 10)
+    assert [v for _, v in top] == [v for _, v in exact.most_common(10)]
+    assert all(exact[page] == v for page, v in top)
+    # Each task's list is its own best pages, best first.
+    last = {}
+    for row in out:
+        last.setdefault(row["partition"], []).append(row)
+    for rows in last.values():
+        final = rows[-TrendingPages.TOP_N:]
+        assert [r["rank"] for r in final] == list(range(1, len(final) + 1))
+        assert [r["views"] for r in final] == sorted((r["views"] for r in final), reverse=True)
+
+
+def test_distinct_viewers_estimates_are_close_to_exact(tmp_path: Path, workload: Any) -> None:
+    config = job_config(DistinctViewers, tmp_path, partitions=2, engine=ENGINE)
+    table = DistinctViewers.input_table(workload)
+    out, _ = run_task(DistinctViewers, config, table, chunks=2)
+    exact: dict[str, set[str]] = {}
+    for page, user in zip(table["page"].to_pylist(), table["user_id"].to_pylist()):
+        exact.setdefault(page, set()).add(user)
+    latest = {r["page"]: r["distinct_viewers"] for r in out}
+    assert set(latest) == set(exact)
+    for page, users in exact.items():
+        assert abs(latest[page] - len(users)) <= max(2, 0.03 * len(users)), (page, latest[page], len(users))
+
+
+def test_profile_search_finds_current_profiles_only(tmp_path: Path, workload: Any) -> None:
+    config = job_config(ProfileSearch, tmp_path, partitions=2, engine=ENGINE)
+    profiles = ProfileSearch.input_table(workload)
+    out, _ = run_task(ProfileSearch, config, profiles, chunks=2, batch_rows=400)
+    current: dict[str, dict[str, Any]] = {}
+    for row in profiles.to_pylist():
+        if row["deleted"]:
+            current.pop(row["user_id"], None)
+        else:
+            current[row["user_id"]] = row
+    assert sum(r["indexed"] for r in out) >= len(current)
+    city, interest = "Seattle", "jazz"
+    expected = {u for u, r in current.items() if r["city"] == city and interest in r["bio"].split()}
+    hits = search_profiles(config, f"city:{city.lower()} AND bio:{interest}", limit=10_000)
+    assert expected and {user for user, _, _ in hits} == expected
+    for user, _, doc in hits:
+        assert doc["zip"] == current[user]["zip"] and doc["name"] == current[user]["name"]
+    gone = {r["user_id"] for r in profiles.to_pylist() if r["deleted"]}
+    assert gone and not gone & set(current)
+    assert {u for u, _, _ in search_profiles(config, "likes", limit=100_000)} == set(current)

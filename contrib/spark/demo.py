@@ -111,7 +111,7 @@ def run_demo(
         progress.update(bar, description="jobs done")
 
     for run in runs.values():
-        print_summary(console, summarize(run.task, run.output))
+        print_summary(console, summarize(run.task, run.output, config=run.config))
     jobs_table = Table(title="Jobs (batch runs on Spark, Arrow path)", title_justify="left")
     for col in ("job", "input rows", "output rows", "seconds", "rows/s incl. Spark"):
         jobs_table.add_column(col, justify="left" if col == "job" else "right")

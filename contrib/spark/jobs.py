@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from localstate import Config, KeyValueStore, LocalStateError, RestoreProgress, TaskStorage
 from localstate.registry import resolve_factory
 
+from .job_engines import DistinctViewers, ProfileSearch, TrendingPages, merge_top, search_profiles
 from .job_joins import AdClickJoin, PageViewEnrich, ProfileSettingsJoin
 from .job_windowed import PageViewsPerHour
 from .runner import StatefulJob, StreamTask
@@ -47,6 +48,8 @@ __all__ = [
     "snapshot_state",
     "restore_state",
     "summarize",
+    "print_summary",
+    "DEMO_QUERIES",
     "run_job",
 ]
 
@@ -55,7 +58,8 @@ KV_PLACEHOLDER = "kv"
 
 JOBS: dict[str, type[StreamTask]] = {
     task.NAME: task
-    for task in (PageViewsPerHour, ProfileSettingsJoin, PageViewEnrich, AdClickJoin)
+    for task in (PageViewsPerHour, ProfileSettingsJoin, PageViewEnrich, AdClickJoin, TrendingPages,
+                 DistinctViewers, ProfileSearch)
 }
 """Example jobs by CLI name, in the order the demo runs them."""
 
@@ -299,16 +303,52 @@ def _summarize_clicks(out: pa.Table, k: int) -> Summary:
                    "(impressions still inside the window stay in state)")
 
 
+def _summarize_trending(out: pa.Table, k: int) -> Summary:
+    rows = [[rank, page, views] for rank, (page, views) in enumerate(merge_top(out, k), 1)]
+    return Summary("Trending pages (top-N heap per task, merged)", ["rank", "page", "views"], rows,
+                   f"each task keeps its best {TrendingPages.TOP_N} pages in a topn store")
+
+
+def _summarize_distinct(out: pa.Table, k: int) -> Summary:
+    latest = {r["page"]: r for r in out.to_pylist()}
+    best = sorted(latest.values(), key=lambda r: -r["distinct_viewers"])[:k]
+    rows = [[r["page"], r["distinct_viewers"], r["views"], f"{r['views'] / max(1, r['distinct_viewers']):.2f}"]
+            for r in best]
+    return Summary("Distinct viewers per page (HyperLogLog)", ["page", "viewers", "views", "views per viewer"],
+                   rows, f"{len(latest):,} pages counted; estimates within about 1%")
+
+
+DEMO_QUERIES = ("bio:jazz AND city:seattle", "chess hiking", 'city:"san francisco" AND name:maya')
+"""Queries the demo and ``localstate run profile-search`` show results for."""
+
+
+def _summarize_search(out: pa.Table, k: int, config: Config | None) -> Summary:
+    indexed = sum(out["indexed"].to_pylist())
+    deleted = sum(out["deleted"].to_pylist())
+    rows: list[list[Any]] = []
+    if config is not None:
+        for query in DEMO_QUERIES:
+            for user, score, doc in search_profiles(config, query, limit=3):
+                rows.append([query, user, doc.get("name"), doc.get("city"), doc.get("bio"), f"{score:.2f}"])
+    return Summary("Profile search (tantivy index per task)", ["query", "user", "name", "city", "bio", "score"],
+                   rows[: 3 * k], f"{indexed:,} profile versions indexed, {deleted:,} accounts removed")
+
+
 _SUMMARIES: dict[str, Callable[[pa.Table, int], Summary]] = {
     PageViewsPerHour.NAME: _summarize_hourly,
     ProfileSettingsJoin.NAME: _summarize_join,
     PageViewEnrich.NAME: _summarize_enrich,
     AdClickJoin.NAME: _summarize_clicks,
+    TrendingPages.NAME: _summarize_trending,
+    DistinctViewers.NAME: _summarize_distinct,
 }
 
 
-def summarize(task: type[StreamTask], output: pa.Table, k: int = 8) -> Summary:
-    """A readable table of example ``task``'s output (top ``k`` rows)."""
+def summarize(task: type[StreamTask], output: pa.Table, k: int = 8, config: Config | None = None) -> Summary:
+    """A readable table of example ``task``'s output (top ``k`` rows); jobs whose result
+    lives in their stores (profile search) query them through ``config``."""
+    if task is ProfileSearch:
+        return _summarize_search(output, k, config)
     fn = _SUMMARIES.get(task.NAME)
     if fn is not None:
         return fn(output, k)
@@ -370,7 +410,7 @@ def run_job(job_name: str, events: int, partitions: int, engine: str | None, dir
             spark = spark_session(master, app_name=f"localstate-{job_name}")
         with console.status(f"running {job_name} with {partitions} tasks on {engine}"):
             result = run_example(task, spark, workload, directory, partitions=partitions, engine=engine)
-        print_summary(console, summarize(task, result.output, rows))
+        print_summary(console, summarize(task, result.output, rows, result.config))
         console.print(
             f"{job_name}: {result.input_rows:,} input rows → {result.output.num_rows:,} output rows in "
             f"{result.seconds:.1f}s ({result.events_per_second:,.0f} rows/s incl. Spark); state in {directory}"
