@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -317,10 +318,12 @@ class TrialPlan:
     faults: tuple[str, ...]
     """Per crash round: ``"<point>=kill@N"`` or ``"timer:<seconds>"``."""
 
-    def values(self, root: Path, bootstrap: str | None, tag: str, *, changelog: str | None = None) -> dict[str, Any]:
-        """The job config of this trial under ``root`` (``tag`` keeps job names apart)."""
+    def values(self, root: Path, bootstrap: str | None, tag: str, *, changelog: str | None = None,
+               namespace: str = "") -> dict[str, Any]:
+        """The job config of this trial under ``root``; ``tag`` and ``namespace`` keep job
+        names (and so Kafka topics and checkpoint keys on a shared broker) apart."""
         system = changelog or self.changelog
-        job = f"torture{self.seed}{tag}"
+        job = f"torture{self.seed}{tag}-{_slug(self.engine)}-{namespace}"
         values: dict[str, Any] = {
             "job.name": job,
             "job.state.dir": str(root / "state"),
@@ -535,7 +538,7 @@ def run_trial(plan: TrialPlan, workdir: Path, bootstrap: str | None = None) -> T
     adapter = adapter_for(plan.engine)
     result = TrialResult(plan.seed, plan.engine, plan.changelog, plan.faults)
     ref = reference_run(plan, workdir / "ref")
-    values = plan.values(workdir / "crash", bootstrap, "")
+    values = plan.values(workdir / "crash", bootstrap, "", namespace=uuid.uuid4().hex[:8])
     crashed_before = False
     for fault in (*plan.faults, None):
         rc, lines, err = _run_child(plan, values, fault)
