@@ -400,11 +400,10 @@ class KafkaChangelogPartition(ChangelogPartition):
         s = self.system.settings
         idle_limit = s.timeout_ms / 1000 * (s.retries + 1)
         idle_since = time.monotonic()
-        consume = consumer.consume
         last = start - 1
         try:
             while True:
-                msgs = consume(_CONSUME_BATCH, _POLL_S)
+                msgs = _next_batch(consumer)
                 if not msgs:
                     now = time.monotonic()
                     if now - idle_since > idle_limit:
@@ -571,13 +570,27 @@ class KafkaCheckpointStore(CheckpointStore):
         fault_point("checkpoint.after_rename")
 
 
+def _next_batch(consumer: Any) -> list[Any]:
+    """What is queued (up to a batch) at once; else wait up to ``_POLL_S`` for one event.
+
+    ``consume(n, timeout)`` would wait the whole timeout unless ``n`` events arrive,
+    which costs a timeout at the end of every short read."""
+    msgs = consumer.consume(_CONSUME_BATCH, 0)
+    if msgs:
+        return msgs
+    first = consumer.poll(_POLL_S)
+    if first is None:
+        return []
+    return [first, *consumer.consume(_CONSUME_BATCH - 1, 0)]
+
+
 def _drain_to_eof(consumer: Any, system: KafkaChangelogSystem, what: str) -> Iterator[list[Any]]:
     """Batches of records until partition EOF (one assigned partition), bounded wait."""
     s = system.settings
     idle_limit = s.timeout_ms / 1000 * (s.retries + 1)
     idle_since = time.monotonic()
     while True:
-        msgs = consumer.consume(_CONSUME_BATCH, _POLL_S)
+        msgs = _next_batch(consumer)
         if not msgs:
             if time.monotonic() - idle_since > idle_limit:
                 raise ChangelogError(f"reading {what} on brokers {s.bootstrap_servers}: no answer for {idle_limit:.0f}s")
@@ -672,6 +685,9 @@ class KafkaChangelogSystem(ChangelogSystem):
             "group.id": f"localstate-restore-{self.job}",
             "isolation.level": "read_committed",
             "fetch.queue.backoff.ms": 10,
+            # the end is found by partition EOF, which needs an empty fetch: do not let the
+            # broker hold it for the default 500 ms
+            "fetch.wait.max.ms": 10,
             "auto.offset.reset": "earliest",
             "logger": _client_log,
         }

@@ -161,7 +161,7 @@ class TansuBroker:
                 proc.wait(timeout=5)
 
     def close(self) -> None:
-        self.stop()
+        self.stop(kill=True)
         self._log.close()
         try:
             os.unlink(self._log.name)
