@@ -32,6 +32,7 @@ from .runner import (
     BenchParams,
     check_resources,
     machine_info,
+    peak_rss_bytes,
     suite_rows,
 )
 
@@ -217,6 +218,7 @@ def _run_and_report(suites: list[str], selected: list[str], workloads: tuple[str
     t0 = time.perf_counter()
     rows = run_bench(suites, selected, list(workloads) or None, params, progress=sys.stderr.isatty())
     seconds = time.perf_counter() - t0
+    machine["peak_rss_bytes"] = peak_rss_bytes()
 
     from .report import render_table, write_charts, write_json, write_markdown
 

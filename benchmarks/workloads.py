@@ -30,6 +30,7 @@ from typing import Any
 from localstate.config import Config
 from localstate.errors import ConfigError
 from localstate.kv import KeyValueStore
+from localstate.metrics import RestoreProgress
 from localstate.registry import ENGINES, did_you_mean, resolve_factory
 from localstate.storage import TaskStorage
 
@@ -671,36 +672,24 @@ def _restore_trial(target: Target, params: BenchParams, *, incremental: bool) ->
         scratch.remove()
         raise
     config = make_config(target, params, scratch.path)
-    result: dict[str, Any] = {}
+    trial = Trial(lambda: None, delta, 0, scratch.remove)
+    restored: list[RestoreProgress | None] = [None]
 
     def run() -> None:
-        storage = TaskStorage(config, 0)
-        result["restore"] = storage.last_restore.get(STORE)
-        storage.close()
+        with TaskStorage(config, 0) as storage:
+            r = restored[0] = storage.last_restore.get(STORE)
+        if not incremental and r is not None:  # rate = records and bytes actually replayed
+            trial.ops, trial.nbytes = r.records, r.bytes
 
-    def seconds() -> float:
-        r = result["restore"]
-        return r.seconds if r is not None else 0.0
-
-    trial = Trial(run, delta if incremental else params.records, 0, scratch.remove, seconds)
-    trial.result = result  # type: ignore[attr-defined]
+    trial.run = run
+    trial.seconds = lambda: restored[0].seconds if restored[0] is not None else 0.0
     return trial
 
 
 @workload("full_restore", unit="records/s", kinds=("store",), mb_per_s=True)
 def full_restore(target: Target, params: BenchParams) -> Trial:
     """Reopen with no local state: restore every committed record from the changelog."""
-    trial = _restore_trial(target, params, incremental=False)
-    inner = trial.run
-
-    def run() -> None:
-        inner()
-        r = trial.result["restore"]  # type: ignore[attr-defined]
-        trial.ops = r.records if r is not None else 0
-        trial.nbytes = r.bytes if r is not None else 0
-
-    trial.run = run
-    return trial
+    return _restore_trial(target, params, incremental=False)
 
 
 @workload("incremental_restore", unit="delta records/s", kinds=("store",))
@@ -828,6 +817,8 @@ def run_generic(
     from .registry import get_workloads
 
     workloads = get_workloads(workload_names)
+    partners = [RATIO_WORKLOAD[w.name] for w in workloads if w.name in RATIO_WORKLOAD]
+    workloads += [w for w in get_workloads(partners) if w not in workloads]  # the baseline they need
     targets = targets_for(engines, baselines=baselines)
     cells = plan(targets, workloads, params)
     fp_targets = [t for t in targets if t.kind in ("store", "baseline")] if not workload_names else []
