@@ -256,8 +256,7 @@ class SearchWorkload(WorkloadAdapter):
     the observed state is every document read back through the index plus per-word hit
     counts (so the inverted index itself is checked, not only stored documents)."""
 
-    store_options = {"key.serde": "string", "search.fields": "words:text:stored, n:int:stored",
-                     "search.heap.size.bytes": 15_000_000, "search.restore.heap.size.bytes": 15_000_000}
+    store_options = {"key.serde": "string", "search.fields": "words:text:stored, n:int:stored"}
     _WORDS = 8
 
     def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
