@@ -1,0 +1,277 @@
+"""Kafka changelog figures against raw confluent-kafka, on a tansu broker started here.
+
+Records are 116 bytes (16-byte key, 100-byte value), as in the issue.
+
+* ``kafka.append`` — ``append()`` in chunks of 500 (the default ``write.batch.size``)
+  then ``flush()`` (the transaction commit: every record acknowledged), against a raw
+  idempotent ``acks=all`` producer doing ``produce()`` per record then ``flush()``.
+  With 4 partitions, records go to the partitions chunk by chunk; ours writes through
+  one transactional producer per task partition (4), raw through one producer.
+* ``kafka.restore`` — ``read_batches(0, end)`` of the whole partition, against a raw
+  consumer (same ``fetch.queue.backoff.ms=10``, ``fetch.wait.max.ms=10``) taking ``(key, value)`` of each
+  message to partition EOF. With 4 partitions, ours restores them as 4 tasks would
+  (one thread and consumer each); raw uses one consumer assigned all 4.
+  ``raw-default`` is the raw consumer with librdkafka's default fetch settings
+  (``fetch.queue.backoff.ms=1000``), for the effect of the tuning.
+
+Each cell: one warm-up run, then ``repeats`` timed runs; rows in records/s and MB/s.
+The broker and the client share the machine, so figures are client+broker bound.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from localstate.changelog.kafka import KafkaChangelogSystem
+from localstate.testing.kafka import TansuBroker
+
+from .runner import make_row
+
+__all__ = ["run"]
+
+KEY_BYTES = 16
+VALUE_BYTES = 100
+RECORD_BYTES = KEY_BYTES + VALUE_BYTES
+CHUNK = 500
+_TUNED_CONSUMER = {"fetch.queue.backoff.ms": 10, "fetch.wait.max.ms": 10}
+
+
+def _records(n: int) -> list[tuple[bytes, bytes]]:
+    value = bytes(range(VALUE_BYTES))
+    return [(b"%016d" % i, value) for i in range(n)]
+
+
+def _chunks(records: list[tuple[bytes, bytes]]) -> list[list[tuple[bytes, bytes]]]:
+    return [records[i : i + CHUNK] for i in range(0, len(records), CHUNK)]
+
+
+def _topic(prefix: str) -> str:
+    return f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class _Bench:
+    def __init__(self, broker: TansuBroker, n: int, repeats: int) -> None:
+        self.broker = broker
+        self.bootstrap = broker.bootstrap
+        self.n = n
+        self.repeats = repeats
+        self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        self.records = _records(n)
+        self.chunks = _chunks(self.records)
+        self.warmup = _topic("warmup")
+        self.create(self.warmup, 1)
+
+    # -- helpers -----------------------------------------------------------------------------
+    def create(self, topic: str, partitions: int) -> None:
+        new = NewTopic(topic, partitions, 1, config={"cleanup.policy": "compact"})
+        self.admin.create_topics([new])[topic].result(30)
+
+    def delete(self, topic: str) -> None:
+        try:
+            self.admin.delete_topics([topic])[topic].result(30)
+        except Exception:  # best effort: only frees broker memory
+            pass
+
+    def timed(self, setup: Callable[[], Any], body: Callable[[Any], None], teardown: Callable[[Any], None]) -> list[float]:
+        """Warm-up + ``repeats`` runs; returns seconds of the timed runs (setup untimed)."""
+        runs = []
+        for i in range(self.repeats + 1):
+            ctx = setup()
+            t0 = time.perf_counter()
+            body(ctx)
+            dt = time.perf_counter() - t0
+            teardown(ctx)
+            if i:
+                runs.append(dt)
+        return runs
+
+    def rows(self, workload: str, engine: str, params: dict[str, Any], seconds: list[float],
+             baseline: str | None, notes: str) -> list[dict[str, Any]]:
+        rate = [self.n / s for s in seconds]
+        mbps = [self.n * RECORD_BYTES / 1e6 / s for s in seconds]
+        return [
+            make_row(workload, engine, params, "records/s", rate, baseline=baseline, notes=notes),
+            make_row(workload, engine, params, "MB/s", mbps, baseline=baseline, notes=notes),
+        ]
+
+    # -- append ------------------------------------------------------------------------------
+    def ours_append(self, partitions: int) -> list[float]:
+        def setup() -> Any:
+            topic = _topic("append")
+            system = KafkaChangelogSystem("kafka", {"bootstrap.servers": self.bootstrap}, _topic("job"))
+            parts = [system.open_partition(topic, p, partitions) for p in range(partitions)]
+            return topic, system, parts
+
+        def body(ctx: Any) -> None:
+            _, _, parts = ctx
+            for i, chunk in enumerate(self.chunks):
+                parts[i % partitions].append(chunk)
+            ends = [p.flush() for p in parts]
+            assert sum(ends) >= self.n
+
+        def teardown(ctx: Any) -> None:
+            topic, system, parts = ctx
+            for p in parts:
+                p.close()
+            system.close()
+            self.delete(topic)
+
+        return self.timed(setup, body, teardown)
+
+    def raw_append(self, partitions: int) -> list[float]:
+        def setup() -> Any:
+            topic = _topic("raw-append")
+            self.create(topic, partitions)
+            producer = Producer({
+                "bootstrap.servers": self.bootstrap, "enable.idempotence": True, "acks": "all",
+                "linger.ms": 5, "batch.size": 1_000_000, "queue.buffering.max.messages": 1_000_000,
+            })
+            # connect and get the idempotent producer id outside the timer, as ours does
+            producer.produce(self.warmup, b"w", b"w")
+            producer.flush(30)
+            return topic, producer
+
+        def body(ctx: Any) -> None:
+            topic, producer = ctx
+            produce = producer.produce
+            for i, chunk in enumerate(self.chunks):
+                part = i % partitions
+                for key, value in chunk:
+                    try:
+                        produce(topic, value, key, part)
+                    except BufferError:
+                        producer.poll(0.05)
+                        produce(topic, value, key, part)
+            if producer.flush(60) != 0:
+                raise RuntimeError("raw producer did not deliver every record")
+
+        def teardown(ctx: Any) -> None:
+            self.delete(ctx[0])
+
+        return self.timed(setup, body, teardown)
+
+    # -- restore -----------------------------------------------------------------------------
+    def fill(self, partitions: int) -> str:
+        topic = _topic(f"restore{partitions}")
+        self.create(topic, partitions)
+        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "acks": "all",
+                             "linger.ms": 5, "queue.buffering.max.messages": 1_000_000})
+        for i, chunk in enumerate(self.chunks):
+            for key, value in chunk:
+                while True:
+                    try:
+                        producer.produce(topic, value, key, i % partitions)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+        if producer.flush(120) != 0:
+            raise RuntimeError("could not fill the restore topic")
+        return topic
+
+    def ours_restore(self, topic: str, partitions: int) -> list[float]:
+        def setup() -> Any:
+            system = KafkaChangelogSystem("kafka", {"bootstrap.servers": self.bootstrap}, _topic("job"))
+            parts = [system.open_partition(topic, p, partitions) for p in range(partitions)]
+            ends = [p.end_offset() for p in parts]
+            return system, parts, ends
+
+        def read_one(part: Any, end: int) -> int:
+            return sum(len(records) for records, _ in part.read_batches(0, end))
+
+        def body(ctx: Any) -> None:
+            _, parts, ends = ctx
+            if partitions == 1:
+                total = read_one(parts[0], ends[0])
+            else:
+                with ThreadPoolExecutor(partitions) as pool:
+                    total = sum(pool.map(read_one, parts, ends))
+            if total != self.n:
+                raise RuntimeError(f"restored {total} records, expected {self.n}")
+
+        def teardown(ctx: Any) -> None:
+            system, parts, _ = ctx
+            for p in parts:
+                p.close()
+            system.close()
+
+        return self.timed(setup, body, teardown)
+
+    def raw_restore(self, topic: str, partitions: int, tuned: bool) -> list[float]:
+        def setup() -> Any:
+            conf = {"bootstrap.servers": self.bootstrap, "group.id": "raw-bench", "enable.auto.commit": False,
+                    "enable.partition.eof": True, "isolation.level": "read_committed"}
+            if tuned:
+                conf.update(_TUNED_CONSUMER)
+            consumer = Consumer(conf)
+            consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+            return consumer
+
+        def body(consumer: Any) -> None:
+            records: list[tuple[bytes, bytes]] = []
+            eofs = 0
+            while eofs < partitions:
+                msgs = consumer.consume(1000, 0)
+                if not msgs:
+                    first = consumer.poll(0.2)
+                    msgs = [first] if first is not None else []
+                for m in msgs:
+                    err = m.error()
+                    if err is None:
+                        records.append((m.key(), m.value()))
+                    elif err.code() == KafkaError._PARTITION_EOF:
+                        eofs += 1
+                    else:
+                        raise RuntimeError(str(err))
+            if len(records) != self.n:
+                raise RuntimeError(f"raw consumer read {len(records)} records, expected {self.n}")
+
+        return self.timed(setup, body, lambda c: c.close())
+
+
+def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
+    """Append and restore throughput for 1M records (20k when ``quick``) of 116 bytes,
+    from 1 and from 4 partitions, ours vs raw confluent-kafka in the same run."""
+    n = 20_000 if quick else 1_000_000
+    if quick:
+        repeats = min(repeats, 2)
+    rows: list[dict[str, Any]] = []
+    with TansuBroker() as broker:
+        bench = _Bench(broker, n, repeats)
+        for partitions in (1, 4):
+            params = {"records": n, "record_bytes": RECORD_BYTES, "partitions": partitions, "chunk": CHUNK}
+            raw = bench.rows("kafka.append", "raw confluent-kafka", params, bench.raw_append(partitions), None,
+                             "idempotent acks=all producer, produce() per record, flush()")
+            ours = bench.rows("kafka.append", "localstate kafka", params, bench.ours_append(partitions),
+                              "raw confluent-kafka",
+                              "append() per 500-record chunk + flush() = transaction commit"
+                              + (", one transactional producer per task partition" if partitions > 1 else ""))
+            _ratio(ours, raw)
+            rows += ours + raw
+        for partitions in (1, 4):
+            topic = bench.fill(partitions)
+            params = {"records": n, "record_bytes": RECORD_BYTES, "partitions": partitions}
+            raw = bench.rows("kafka.restore", "raw confluent-kafka", params,
+                             bench.raw_restore(topic, partitions, tuned=True), None,
+                             "one consumer, fetch.queue.backoff.ms=10 + fetch.wait.max.ms=10, (key, value) per message to EOF")
+            ours = bench.rows("kafka.restore", "localstate kafka", params, bench.ours_restore(topic, partitions),
+                              "raw confluent-kafka",
+                              "read_batches(0, end)" + (", 4 tasks in threads" if partitions > 1 else ""))
+            _ratio(ours, raw)
+            rows += ours + raw
+            if not quick and partitions == 1:
+                rows += bench.rows("kafka.restore", "raw-default", params,
+                                   bench.raw_restore(topic, partitions, tuned=False), None,
+                                   "raw consumer with librdkafka's default fetch settings (fetch.queue.backoff.ms=1000)")
+            bench.delete(topic)
+    return rows
+
+
+def _ratio(ours: list[dict[str, Any]], raw: list[dict[str, Any]]) -> None:
+    for o, r in zip(ours, raw):
+        o["ratio"] = o["median"] / r["median"] if r["median"] else None
