@@ -109,6 +109,7 @@ _TOKENIZERS = ("default", "raw", "en_stem", "whitespace")
 _FIELD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 _RESTORE_CHUNK = 50_000
 _DELETE_CHUNK = 100_000
+_MIN_HEAP_PER_THREAD = 15_000_000
 
 
 class InvalidQueryError(InvalidValueError):
@@ -203,7 +204,7 @@ def parse_fields(spec: str, key: str = "fields") -> tuple[FieldSpec, ...]:
 
 def _build_schema(fields: Sequence[FieldSpec]) -> tantivy.Schema:
     sb = tantivy.SchemaBuilder()
-    sb.add_text_field(_ID, stored=True, tokenizer_name="raw", index_option="basic")
+    sb.add_text_field(_ID, tokenizer_name="raw", index_option="basic")
     sb.add_bytes_field(_DOC, stored=True)
     for f in fields:
         if f.type == "text":
@@ -228,7 +229,8 @@ class SearchOptions:
       (default: every text and string field).
     * ``heap.size.bytes`` — tantivy writer heap (default 64 MB; ≥ 15 MB).
     * ``restore.heap.size.bytes`` — writer heap of a bulk restore (default 256 MB).
-    * ``writer.threads`` — indexing threads (default 1; 0 = tantivy's choice).
+    * ``writer.threads`` — indexing threads (default 2; 0 = one per core up to 8). Each
+      thread needs 15 MB of the heap: a smaller heap uses fewer threads.
     * ``write.buffer.docs`` — documents batched in Python before they go to the
       writer, with one batched delete of their ids (default 4096).
     * ``document.format`` — encoding of the stored document in change records
@@ -239,7 +241,7 @@ class SearchOptions:
     default_fields: str = ""
     heap_size_bytes: int = 64_000_000
     restore_heap_size_bytes: int = 256_000_000
-    writer_threads: int = 1
+    writer_threads: int = 2
     write_buffer_docs: int = 4096
     document_format: Literal["json", "msgpack"] = "json"
 
@@ -255,12 +257,11 @@ class SearchOptions:
                 )
             if not f.indexed:
                 raise ConfigError(f"{prefix}.default.fields: field {name!r} is unindexed and cannot be searched")
-        threads = max(1, self.writer_threads)
         for key, heap in (("heap.size.bytes", self.heap_size_bytes), ("restore.heap.size.bytes", self.restore_heap_size_bytes)):
-            if heap < 15_000_000 * threads:
+            if heap < _MIN_HEAP_PER_THREAD:
                 raise ConfigError(
-                    f"{prefix}.{key} = {heap}: tantivy needs at least 15000000 bytes per writer thread "
-                    f"({prefix}.writer.threads = {self.writer_threads})"
+                    f"{prefix}.{key} = {heap}: tantivy needs at least {_MIN_HEAP_PER_THREAD} bytes "
+                    "(per writer thread)"
                 )
         if self.writer_threads < 0:
             raise ConfigError(f"{prefix}.writer.threads = {self.writer_threads}: must be >= 0")
@@ -280,6 +281,17 @@ def _codec(fmt: str) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
         packer = msgpack.Packer(use_bin_type=True)
         return packer.pack, lambda b: msgpack.unpackb(b, raw=False, strict_map_key=False)
     return orjson.dumps, orjson.loads
+
+
+def _pack(key: bytes, encoded: bytes) -> bytes:
+    """The stored ``_doc`` value: 4-byte key length, key, encoded document (one stored
+    field instead of two: ~10% faster indexing)."""
+    return len(key).to_bytes(4, "big") + key + encoded
+
+
+def _unpack(stored: bytes) -> tuple[bytes, bytes]:
+    n = int.from_bytes(stored[:4], "big") + 4
+    return stored[4:n], stored[n:]
 
 
 # -- the engine ---------------------------------------------------------------------------------------
@@ -397,7 +409,7 @@ class SearchEngine(StorageEngine):
     def _new_writer(self, heap: int) -> None:
         assert self._index is not None
         try:
-            self._writer = self._index.writer(heap, self.options.writer_threads)
+            self._writer = self._index.writer(heap, self._threads(heap))
         except ValueError as e:
             if "LockBusy" in str(e):
                 raise StoreLockedError(
@@ -405,6 +417,10 @@ class SearchEngine(StorageEngine):
                     "in this or another process; close the other engine/TaskStorage first"
                 ) from e
             raise EngineError(f"store {self.name!r}: cannot create a tantivy writer on {self._index_dir}: {e}") from e
+
+    def _threads(self, heap: int) -> int:
+        wanted = self.options.writer_threads or min(os.cpu_count() or 1, 8)
+        return max(1, min(wanted, heap // _MIN_HEAP_PER_THREAD))
 
     def _drop_writer(self) -> None:
         """Discard uncommitted operations and release the writer lock (consumes the writer)."""
@@ -485,7 +501,7 @@ class SearchEngine(StorageEngine):
             v = doc.get(f)
             if type(v) is float and not math.isfinite(v):
                 raise InvalidValueError(f"store {self.name!r}: document {key!r} field {f!r} = {v!r}: NaN/inf cannot be indexed")
-        fields = {**doc, _ID: key.decode("latin-1"), _DOC: encoded}
+        fields = {**doc, _ID: key.decode("latin-1"), _DOC: _pack(key, encoded)}
         try:
             tdoc = tantivy.Document.from_dict(fields, self._schema)
         except ValueError as e:
@@ -612,7 +628,7 @@ class SearchEngine(StorageEngine):
         hits = searcher.search(tantivy.Query.term_query(self._schema, _ID, key.decode("latin-1")), 1, count=False).hits
         if not hits:
             return None
-        return searcher.doc(hits[0][1]).get_first(_DOC)
+        return _unpack(searcher.doc(hits[0][1]).get_first(_DOC))[1]
 
     def get(self, doc_id: Any) -> dict[str, Any] | None:
         """The whole document ``doc_id`` (including uncommitted writes), or None."""
@@ -654,10 +670,11 @@ class SearchEngine(StorageEngine):
         doc_at = searcher.doc
         for score, address in hits:
             d = doc_at(address)
-            doc = decode_doc(d.get_first(_DOC))
+            key, encoded = _unpack(d.get_first(_DOC))
+            doc = decode_doc(encoded)
             if stored is not None:
                 doc = {k: doc[k] for k in stored if k in doc}
-            out.append((decode_key(d.get_first(_ID).encode("latin-1")), score, doc))
+            out.append((decode_key(key), score, doc))
         return out
 
     def count(self, query: str | tantivy.Query) -> int:
@@ -677,7 +694,7 @@ class SearchEngine(StorageEngine):
             return
         for _, address in searcher.search(tantivy.Query.all_query(), n, count=False).hits:
             d = searcher.doc(address)
-            yield d.get_first(_ID).encode("latin-1"), d.get_first(_DOC)
+            yield _unpack(d.get_first(_DOC))
 
     def documents(self) -> dict[Any, dict[str, Any]]:
         """Every document as ``{doc_id: doc}`` (``O(n)``; for tools and tests)."""
@@ -856,9 +873,9 @@ class SearchEngine(StorageEngine):
         if n:
             for _, address in searcher.search(tantivy.Query.all_query(), n, count=False).hits:
                 d = searcher.doc(address)
-                key = d.get_first(_ID).encode("latin-1")
+                key, encoded = _unpack(d.get_first(_DOC))
                 assert key not in seen, f"document id {key!r} indexed twice"
-                seen[key] = d.get_first(_DOC)
+                seen[key] = encoded
                 assert isinstance(self._decode_doc(seen[key]), dict)
         assert len(seen) == n
         self._reader_stale = was_stale

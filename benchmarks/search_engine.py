@@ -1,0 +1,214 @@
+"""Figures for the ``search`` engine (tantivy), with raw tantivy measured in the same run.
+
+* ``search.index`` — documents indexed per second through ``TaskStorage`` with the file
+  changelog on (``index_all`` in chunks, then one task commit), against raw tantivy
+  (``add_document`` + ``commit``) on the same documents and schema; also the per-call
+  ``index()`` path.
+* ``search.query`` — top-10 queries per second including the hits' stored documents,
+  against raw tantivy (``parse_query`` + ``search`` + ``doc()`` per hit).
+* ``search.restore`` — seconds to rebuild a wiped local index of N documents from the
+  changelog at open, against raw tantivy indexing the same documents (the floor).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tantivy
+from localstate import Config, TaskStorage
+
+from .runner import make_row
+
+__all__ = ["run"]
+
+FIELDS = "name:text:stored, bio:text, city:string:stored, age:int:fast"
+_CHUNK = 10_000
+
+
+def _documents(n: int, seed: int = 1) -> list[tuple[str, dict[str, Any]]]:
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(2000)]
+    firsts = [f"first{i}" for i in range(300)]
+    lasts = [f"last{i}" for i in range(1000)]
+    cities = [f"city{i}" for i in range(50)]
+    return [
+        (
+            f"user-{i}",
+            {
+                "name": f"{rng.choice(firsts)} {rng.choice(lasts)}",
+                "bio": " ".join(rng.choices(vocab, k=8)),
+                "city": rng.choice(cities),
+                "age": rng.randrange(18, 90),
+            },
+        )
+        for i in range(n)
+    ]
+
+
+def _queries(n: int, seed: int = 2) -> list[str]:
+    rng = random.Random(seed)
+    shapes: list[Callable[[], str]] = [
+        lambda: f"w{rng.randrange(2000)}",
+        lambda: f"w{rng.randrange(2000)} OR w{rng.randrange(2000)}",
+        lambda: f"last{rng.randrange(1000)} AND city:city{rng.randrange(50)}",
+        lambda: f"bio:w{rng.randrange(2000)} AND age:[30 TO 40]",
+    ]
+    return [rng.choice(shapes)() for _ in range(n)]
+
+
+def _config(root: Path) -> Config:
+    return Config.from_dict({
+        "job.name": "bench",
+        "job.state.dir": str(root / "state"),
+        "systems.file.path": str(root / "changelog"),
+        "stores.profiles.factory": "search",
+        "stores.profiles.key.serde": "string",
+        "stores.profiles.search.fields": FIELDS,
+        "stores.profiles.search.default.fields": "name, bio",
+        "stores.profiles.write.batch.size": 10_000,
+        "stores.profiles.object.cache.size": 10_000,
+    })
+
+
+def _raw_schema() -> tantivy.Schema:
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field("name", stored=True)
+    sb.add_text_field("bio")
+    sb.add_text_field("city", stored=True, tokenizer_name="raw")
+    sb.add_integer_field("age", fast=True)
+    return sb.build()
+
+
+def _raw_build(path: Path, docs: list[tuple[str, dict[str, Any]]]) -> tantivy.Index:
+    path.mkdir(parents=True, exist_ok=True)
+    index = tantivy.Index(_raw_schema(), path=str(path))
+    writer = index.writer(64_000_000, 1)
+    add, document = writer.add_document, tantivy.Document
+    for _, d in docs:
+        add(document(**d))
+    writer.commit()
+    writer.wait_merging_threads()
+    index.reload()
+    return index
+
+
+def _timed(repeats: int, trial: Callable[[Path], float]) -> list[float]:
+    """Warm-up once, then ``repeats`` trials; each gets a fresh directory and returns its figure."""
+    out = []
+    for i in range(repeats + 1):
+        root = Path(tempfile.mkdtemp(prefix="ls-search-bench-"))
+        try:
+            figure = trial(root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        if i:
+            out.append(figure)
+    return out
+
+
+def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
+    n = 3_000 if quick else 100_000
+    nq = 200 if quick else 3_000
+    if quick:
+        repeats = min(repeats, 2)
+    docs = _documents(n)
+    queries = _queries(nq)
+    params = {"docs": n, "fields": FIELDS, "changelog": "file"}
+    rows: list[dict[str, Any]] = []
+
+    # -- indexing -----------------------------------------------------------------------
+    def ours_batched(root: Path) -> float:
+        with TaskStorage(_config(root)) as s:
+            p = s.store("profiles")
+            t0 = time.perf_counter()
+            for i in range(0, n, _CHUNK):
+                p.index_all(docs[i : i + _CHUNK])
+            s.commit(1)
+            return n / (time.perf_counter() - t0)
+
+    def ours_single(root: Path) -> float:
+        with TaskStorage(_config(root)) as s:
+            p = s.store("profiles")
+            index = p.index
+            t0 = time.perf_counter()
+            for doc_id, doc in docs:
+                index(doc_id, doc)
+            s.commit(1)
+            return n / (time.perf_counter() - t0)
+
+    def raw_index(root: Path) -> float:
+        t0 = time.perf_counter()
+        _raw_build(root / "raw", docs)
+        return n / (time.perf_counter() - t0)
+
+    raw_rate = _timed(repeats, raw_index)
+    rows.append(make_row("search.index", "tantivy", params, "docs/s", raw_rate,
+                         notes="raw tantivy: add_document(Document(**fields)) + commit, 1 writer thread"))
+    rows.append(make_row("search.index", "search", params, "docs/s", _timed(repeats, ours_batched),
+                         baseline="tantivy", notes="index_all in chunks of 10k + task commit (changelog fsync)"))
+    rows.append(make_row("search.index", "search (index())", params, "docs/s", _timed(repeats, ours_single),
+                         baseline="tantivy", notes="one index() call per document + task commit"))
+
+    # -- queries --------------------------------------------------------------------------
+    qparams = {"docs": n, "queries": nq, "limit": 10}
+
+    def ours_queries(root: Path) -> float:
+        with TaskStorage(_config(root)) as s:
+            p = s.store("profiles")
+            p.index_all(docs)
+            s.commit(1)
+            search = p.search
+            t0 = time.perf_counter()
+            for q in queries:
+                search(q, 10)
+            return nq / (time.perf_counter() - t0)
+
+    def raw_queries(root: Path) -> float:
+        index = _raw_build(root / "raw", docs)
+        t0 = time.perf_counter()
+        for q in queries:
+            searcher = index.searcher()
+            hits = searcher.search(index.parse_query(q, ["name", "bio"]), 10, count=False).hits
+            for _, address in hits:
+                searcher.doc(address)
+        return nq / (time.perf_counter() - t0)
+
+    rows.append(make_row("search.query", "tantivy", qparams, "queries/s", _timed(repeats, raw_queries),
+                         notes="parse_query + search + doc() per hit"))
+    rows.append(make_row("search.query", "search", qparams, "queries/s", _timed(repeats, ours_queries),
+                         baseline="tantivy", notes="search(q, 10): hits with decoded stored documents"))
+
+    # -- restore --------------------------------------------------------------------------
+    def ours_restore(root: Path) -> float:
+        config = _config(root)
+        with TaskStorage(config) as s:
+            s.store("profiles").index_all(docs)
+            s.commit(1)
+        shutil.rmtree(root / "state" / "bench" / "profiles")
+        t0 = time.perf_counter()
+        with TaskStorage(config) as s:
+            elapsed = time.perf_counter() - t0
+            assert s.last_restore["profiles"].records == n
+        return elapsed
+
+    def raw_restore(root: Path) -> float:
+        t0 = time.perf_counter()
+        _raw_build(root / "raw", docs)
+        return time.perf_counter() - t0
+
+    rows.append(make_row("search.restore", "tantivy", params, "s", _timed(repeats, raw_restore),
+                         notes="raw tantivy indexing the same documents (the floor)"))
+    rows.append(make_row("search.restore", "search", params, "s", _timed(repeats, ours_restore),
+                         baseline="tantivy", notes="open TaskStorage over a wiped store dir: read changelog, decode, bulk index, commit"))
+
+    for row in rows:
+        base = next((r for r in rows if r["workload"] == row["workload"] and r["engine"] == row["baseline"]), None)
+        if base is not None and base["median"]:
+            row["ratio"] = row["median"] / base["median"]
+    return rows
