@@ -65,6 +65,7 @@ __all__ = [
     "LatestEventsWorkload",
     "TopNWorkload",
     "HyperLogLogWorkload",
+    "BloomWorkload",
     "SearchWorkload",
     "register_adapter",
     "adapter_for",
@@ -278,8 +279,28 @@ class SearchWorkload(WorkloadAdapter):
         return _by_counter(super().classify(expected, actual), expected, actual, _count_n)
 
 
+class BloomWorkload(WorkloadAdapter):
+    """``bloom`` (keyed, small filters): adds per key and a few key deletes; the observed
+    state is every key's filter words, so any lost or extra word update shows."""
+
+    store_options = {"key.serde": "string", "bloom.keyed": True, "bloom.capacity": 200,
+                     "bloom.fp.rate": 0.05}
+
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for _ in range(ops):
+            k = f"k{rng.randrange(keys)}"
+            if rng.random() < 0.05:
+                store.delete(key=k)
+            else:
+                store.add(f"item{rng.randrange(10_000)}", key=k)
+
+    def observe(self, store: Any, keys: int) -> dict[str, Any]:
+        return {k: store.words(key=k).tobytes().hex() for k in sorted(store.keys())}
+
+
 _ADAPTERS: dict[str, Callable[[], WorkloadAdapter]] = {
     "topn": TopNWorkload,
+    "bloom": BloomWorkload,
     "hyperloglog": HyperLogLogWorkload,
     "search": SearchWorkload,
     "localstate.contrib.latest_events:LatestEventsFactory": LatestEventsWorkload,
