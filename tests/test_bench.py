@@ -189,9 +189,10 @@ def test_generic_rows_are_consistent_across_store_engine_and_baseline(tmp_path: 
                          workdir=str(tmp_path))
     rows = run_generic(["memory"], ["random_put", "range_scan", "full_restore", "changelog_append"], params)
     engines = {(r["workload"], r["engine"]) for r in rows}
-    # restore and changelog workloads do not apply without a changelog; dict has no range scans
+    # restore and changelog workloads do not apply without a changelog; dict has no range scans;
+    # full_restore brings its raw-library baseline along
     assert engines == {("random_put", "memory"), ("random_put", "memory/direct"), ("random_put", "dict"),
-                       ("range_scan", "memory"), ("range_scan", "memory/direct")}
+                       ("range_scan", "memory"), ("range_scan", "memory/direct"), ("restore_baseline", "dict")}
     assert all(r["params"]["distribution"] == "zipf" for r in rows)
 
 
