@@ -238,10 +238,10 @@ class AdClickJoin(StreamTask):
     )
     STORES: dict[str, dict[str, Any]] = {
         "impressions": {"factory": "kv", "key.serde": "string", "msg.serde": "msgpack",
-                        "object.cache.size": 20_000, "write.batch.size": 5_000},
-        "clicks": {"factory": "kv", "key.serde": "string", "msg.serde": "long"},
+                        "object.cache.size": 0, "write.batch.size": 5_000},
+        "clicks": {"factory": "kv", "key.serde": "string", "msg.serde": "long", "object.cache.size": 0},
         "expiry": {"factory": "kv", "key.serde": "tuple", "msg.serde": "bytes",
-                   "object.cache.size": 20_000, "write.batch.size": 5_000},
+                   "object.cache.size": 0, "write.batch.size": 5_000},
         "clock": {"factory": "kv", "key.serde": "string", "msg.serde": "long"},
     }
     _IMPRESSION, _CLICK = "i", "c"
