@@ -1,0 +1,238 @@
+"""The ``hyperloglog`` engine: identical registers to datasketch, delta logging, bad input,
+restore, stress vs a datasketch oracle, SIGKILL crash (identical registers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from datasketch import HyperLogLogPlusPlus
+from localstate import Config, ConfigError, SerializationError, StoreClosedError, TaskStorage
+from localstate.engines.hyperloglog import META_KEY, item_hash
+
+from .conftest import FULL
+
+
+def hll(p=10, **extra):
+    return {"factory": "hyperloglog", "key.serde": "string", "hyperloglog.precision": p, **extra}
+
+
+def reference(p, items):
+    ref = HyperLogLogPlusPlus(p=p, hashfunc=item_hash)
+    for x in items:
+        ref.update(x)
+    return ref
+
+
+def test_registers_equal_datasketch_update_with_the_fixed_hash(make_config):
+    items = [f"user-{i}" for i in range(5000)] + [b"raw-bytes", 42, "42", -7, bytearray(b"ba")]
+    with TaskStorage(make_config(v=hll(12))) as s:
+        v = s.store("v")
+        v.add_all("batch", items)
+        for x in items:
+            v.add("single", x)
+        v._check()
+        ref = reference(12, items)
+        assert np.array_equal(v.registers("batch"), ref.reg)
+        assert np.array_equal(v.registers("single"), ref.reg)
+        assert v.count("batch") == round(ref.count())
+        assert v.sketch("batch") == ref and v.sketch("batch").hashfunc is item_hash
+        assert abs(v.count("batch") - 5003) / 5003 < 0.05  # 42 and "42" are one item
+        assert v.count("never") == 0 and "never" not in v and sorted(v.keys()) == ["batch", "single"]
+
+
+def test_only_grown_registers_are_logged(make_config):
+    with TaskStorage(make_config(v=hll(14))) as s:
+        v = s.store("v")
+        log = s.changelog("v")
+        v.add_all("hot", [f"u{i}" for i in range(100_000)])
+        s.commit()
+        first = log.end_offset()
+        assert first <= (1 << 14) + 1  # at most one record per register (+ the meta record)
+        assert v.add_all("hot", [f"u{i}" for i in range(100_000)]) == 0  # nothing grows
+        s.commit()
+        assert log.end_offset() == first
+        grew = v.add_all("hot", [f"new{i}" for i in range(50)])
+        s.commit()
+        records = list(log.read(first, log.end_offset()))
+        assert 0 < len(records) == grew <= 50
+        regs = v.registers("hot")
+        for k, val in records:
+            assert k[:-2] == b"hot" and val == bytes((regs[int.from_bytes(k[-2:], "big")],))
+        assert dict(log.read(0, first))[META_KEY].startswith(b"hll++;xxh3_64")
+
+
+def test_merge_delete_and_restore(make_config):
+    config = make_config(v=hll(10))
+    a_items = [f"a{i}" for i in range(300)]
+    b_items = [f"b{i}" for i in range(300)] + a_items[:100]
+    with TaskStorage(config) as s:
+        v = s.store("v")
+        v.add_all("page-a", a_items)
+        v.add_all("page-b", b_items)
+        v.merge_into("site", ["page-a", "page-b", "nobody"])
+        v._check()
+        assert np.array_equal(v.registers("site"), reference(10, a_items + b_items).reg)
+        v.add_all("gone", ["x", "y"])
+        s.commit()
+        assert v.delete("gone") is True and v.delete("gone") is False
+        s.commit()
+        v.add("page-a", "uncommitted-viewer")
+        expected = {k: v.registers(k) for k in ("page-a", "page-b", "site")}
+        expected["page-a"] = reference(10, a_items).reg
+    with TaskStorage(config) as s:
+        v = s.store("v")
+        v._check()
+        assert sorted(v.keys()) == ["page-a", "page-b", "site"]
+        for k, regs in expected.items():
+            assert np.array_equal(v.registers(k), regs), k
+        (rec,) = v.current([b"gone" + bytes(2)])
+        assert rec == (b"gone" + bytes(2), None)
+
+
+def test_bad_items_are_rejected_before_any_register_changes(make_config):
+    config = make_config(v=hll(8))
+    with TaskStorage(config) as s:
+        v = s.store("v")
+        v.add_all("k", ["a", "b"])
+        s.commit()
+        before = v.registers("k")
+        with pytest.raises(SerializationError, match="store 'v'.*float"):
+            v.add("k", 1.5)
+        with pytest.raises(SerializationError, match="store 'v'.*NoneType"):
+            v.add_all("k", ["c", "d", None])
+        with pytest.raises(SerializationError, match="store 'v'.*bool"):
+            v.add_all("k", [True])
+        with pytest.raises(SerializationError, match="key serde 'string'"):
+            v.add(7, "x")
+        assert np.array_equal(v.registers("k"), before)
+        v._check()
+
+
+def test_precision_is_validated_and_a_changed_precision_refuses_to_restore(make_config):
+    for p in (3, 17):
+        with pytest.raises(ConfigError, match=f"stores.v.hyperloglog.precision = {p}: must be between 4 and 16"):
+            make_config(v=hll(p))
+    with TaskStorage(make_config(v=hll(10))) as s:
+        s.store("v").add_all("k", ["a", "b", "c"])
+        s.commit()
+    with pytest.raises(ConfigError, match="stores.v.hyperloglog.precision = 12.*original precision"):
+        TaskStorage(make_config(v=hll(12)))
+    with TaskStorage(make_config(v=hll(10))) as s:  # nothing committed was lost
+        assert s.store("v").count("k") == 3
+
+
+def test_closed_engine_raises(make_config):
+    s = TaskStorage(make_config(v=hll(8)))
+    v = s.store("v")
+    s.close()
+    for call in (lambda: v.add("k", "x"), lambda: v.add_all("k", ["x"]), lambda: v.count("k"),
+                 lambda: list(v.keys()), lambda: v.prepare_commit(), lambda: v.current([b"k\x00\x00"])):
+        with pytest.raises(StoreClosedError, match="'v'"):
+            call()
+    v.close()
+
+
+def test_stress_random_operations_match_a_datasketch_oracle(make_config):
+    p = 8
+    config = make_config(v=hll(p, **{"write.batch.size": 13}))
+    rng = random.Random(5)
+    oracle: dict[str, HyperLogLogPlusPlus] = {}
+    keys = [f"k{i}" for i in range(6)]
+    s = TaskStorage(config)
+    v = s.store("v")
+    steps = 2000 if FULL else 500
+    try:
+        for step in range(steps):
+            r = rng.random()
+            k = rng.choice(keys)
+            if r < 0.4:
+                x = rng.choice([f"s{rng.randrange(3000)}", rng.randrange(3000), b"b%d" % rng.randrange(3000)])
+                v.add(k, x)
+                oracle.setdefault(k, HyperLogLogPlusPlus(p=p, hashfunc=item_hash)).update(x)
+            elif r < 0.7:
+                xs = [f"s{rng.randrange(5000)}" for _ in range(rng.randrange(1, 200))]
+                v.add_all(k, xs)
+                o = oracle.setdefault(k, HyperLogLogPlusPlus(p=p, hashfunc=item_hash))
+                for x in xs:
+                    o.update(x)
+            elif r < 0.78:
+                others = rng.sample(keys, 2)
+                v.merge_into(k, others)
+                regs = [oracle[o].reg for o in others if o in oracle]
+                if regs:
+                    o = oracle.setdefault(k, HyperLogLogPlusPlus(p=p, hashfunc=item_hash))
+                    o.reg = np.maximum.reduce([o.reg, *regs])
+            elif r < 0.83:
+                assert v.delete(k) == (oracle.pop(k, None) is not None)
+            elif r < 0.95:
+                s.commit()
+            else:
+                s.commit()
+                s.close()
+                s = TaskStorage(config)
+                v = s.store("v")
+            assert sorted(v.keys()) == sorted(oracle)
+            for key, o in oracle.items():
+                assert np.array_equal(v.registers(key), o.reg), (step, key)
+            if step % 25 == 0:
+                v._check()
+    finally:
+        s.close()
+
+
+CHILD = textwrap.dedent(
+    """
+    import json, random, sys
+    from localstate import Config, TaskStorage
+    config = Config.from_dict(json.loads(sys.argv[1]))
+    with TaskStorage(config) as s:
+        v = s.store("v")
+        start = (s.checkpoint.input_position or 0) if s.checkpoint else 0
+        for batch in range(start + 1, int(sys.argv[2]) + 1):
+            rng = random.Random(batch)
+            for _ in range(20):
+                v.add_all("page%d" % rng.randrange(4), ["u%d" % rng.randrange(20000) for _ in range(50)])
+            s.commit(input_position=batch)
+    """
+)
+
+
+def committed_reference(batches: int, p: int) -> dict[str, np.ndarray]:
+    out: dict[str, HyperLogLogPlusPlus] = {}
+    for batch in range(1, batches + 1):
+        rng = random.Random(batch)
+        for _ in range(20):
+            page = f"page{rng.randrange(4)}"
+            o = out.setdefault(page, HyperLogLogPlusPlus(p=p, hashfunc=item_hash))
+            for _ in range(50):
+                o.update(f"u{rng.randrange(20000)}")
+    return {k: o.reg for k, o in out.items()}
+
+
+@pytest.mark.slow
+def test_sigkill_reopen_has_identical_registers_to_the_committed_reference(tmp_path):
+    values = {"job.name": "crash", "job.state.dir": str(tmp_path / "state"),
+              "systems.file.path": str(tmp_path / "log"),
+              **{f"stores.v.{k}": val for k, val in hll(10).items()}, "stores.v.write.batch.size": 64}
+    points = ["commit.before_changelog_flush", "commit.after_changelog_flush", "checkpoint.before_rename",
+              "changelog.append"]
+    rounds = len(points) * 2 if FULL else len(points)
+    for i in range(rounds):
+        env = dict(os.environ, LOCALSTATE_FAULTS=f"{points[i % len(points)]}=kill@{2 + i % 3}")
+        rc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(values), str(4 * (i + 1))], env=env).returncode
+        assert rc == -9
+        with TaskStorage(Config.from_dict(values)) as s:
+            pos = s.checkpoint.input_position if s.checkpoint else 0
+            v = s.store("v")
+            v._check()
+            ref = committed_reference(pos, 10)
+            assert sorted(v.keys()) == sorted(ref)
+            for k, regs in ref.items():
+                assert np.array_equal(v.registers(k), regs), (pos, k)
