@@ -457,6 +457,50 @@ class KafkaChangelogPartition(ChangelogPartition):
             nbytes = sum(map(len, msgs)) + sum(map(len, map(key_of, records)))
             yield records, nbytes  # type: ignore[misc]
 
+    def min_valid_snapshot_offset(self) -> int:
+        """The first offset written within the topic's ``delete.retention.ms``.
+
+        Compaction may drop a tombstone once it is older than that, so a local snapshot
+        below this offset could miss a delete; at or above it, every tombstone the
+        replay needs is still in the log (a tombstone cannot be dropped before it is
+        ``delete.retention.ms`` old). If every record is older, the end of the records.
+        """
+        self._check_open()
+        retention = self.system.retention_ms.get(self.stream, self.system.settings.delete_retention_ms)
+        horizon_ms = int(time.time() * 1000) - retention
+        s = self.system
+        probe = self._consumer if self._consumer is not None else s.new_consumer()
+        self._consumer = probe
+        tp = TopicPartition(self.stream, self.partition, horizon_ms)
+        found = s.with_retries(
+            f"look up offsets by time in {self.where}", lambda: probe.offsets_for_times([tp], s.timeout_s)
+        )[0]
+        if found.error is not None:
+            raise ChangelogError(f"looking up offsets by time in {self.where} failed: {found.error}")
+        if found.offset < 0:
+            return self._records_end()
+        # Verify the answer (tansu answers offset 0 for any time): the first record with
+        # a timestamp at or after the horizon, scanning on only when the answer was wrong.
+        for msgs, _ in self._scan(int(found.offset), None):
+            for m in msgs:
+                if m.timestamp()[1] >= horizon_ms:
+                    return int(m.offset())
+        return self._records_end()
+
+    def _records_end(self) -> int:
+        """Offset after the last record (a trailing transaction marker not counted)."""
+        s = self.system
+        probe = self._consumer if self._consumer is not None else s.new_consumer()
+        self._consumer = probe
+        low, high = s.with_retries(
+            f"read the offsets of {self.where}",
+            lambda: probe.get_watermark_offsets(TopicPartition(self.stream, self.partition), s.timeout_s),
+        )
+        end = low
+        for _, last in self._scan(max(low, high - 2), None):
+            end = max(end, last + 1)
+        return end
+
     # -- tail ------------------------------------------------------------------------------
     def discard_tail(self, committed_offset: int, current: CurrentFn) -> None:
         """Re-write, for every key in ``[committed_offset, end)``, its committed record.
@@ -635,6 +679,8 @@ class KafkaChangelogSystem(ChangelogSystem):
         self.timeout_s = self.settings.timeout_ms / 1000
         self._admin: Any = None
         self._topics: dict[str, int] = {}
+        self.retention_ms: dict[str, int] = {}
+        """Per checked topic: its ``delete.retention.ms`` (tombstones older may be compacted away)."""
         self._writers: dict[tuple[str, int], _TaskWriter] = {}
         self._open: set[tuple[str, int]] = set()
         self._checkpoints = KafkaCheckpointStore(self)
@@ -763,6 +809,11 @@ class KafkaChangelogSystem(ChangelogSystem):
                 "it must be 'compact' (deletion by time or size loses committed state). Alter the topic "
                 f"(kafka-configs --alter --add-config cleanup.policy=compact --topic {topic}) or use a new topic"
             )
+        retention = configs.get("delete.retention.ms")
+        try:
+            self.retention_ms[topic] = int(retention.value) if retention is not None else s.delete_retention_ms
+        except (TypeError, ValueError):
+            self.retention_ms[topic] = s.delete_retention_ms
         self._topics[topic] = partitions
 
     # -- the ChangelogSystem interface ------------------------------------------------------

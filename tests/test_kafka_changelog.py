@@ -482,3 +482,24 @@ def test_broker_paused_during_commit_then_back_loses_nothing_committed(fresh_kaf
         s2.commit(input_position=2)
     with TaskStorage(Config.from_dict(values)) as s3:
         assert dump(s3) == {**committed, "k0": 1000}
+
+
+def test_snapshots_older_than_the_tombstone_retention_are_not_valid(kafka_broker):
+    """Compaction may drop tombstones older than delete.retention.ms, so a local snapshot
+    from before that horizon must not be used (the engine then restores in full)."""
+    system = KafkaChangelogSystem(
+        "kafka", {"bootstrap.servers": kafka_broker, "delete.retention.ms": 1500}, unique("job")
+    )
+    try:
+        p = system.open_partition(unique("horizon"), 0, 1)
+        assert p.min_valid_snapshot_offset() == 0  # empty log
+        p.append(recs(0, 10))
+        first_end = p.flush()
+        assert p.min_valid_snapshot_offset() == 0  # everything is recent
+        time.sleep(1.7)
+        assert p.min_valid_snapshot_offset() == 10  # all older than the horizon: only the end is safe
+        p.append(recs(10, 20))
+        p.flush()
+        assert first_end <= p.min_valid_snapshot_offset() <= first_end + 1  # the first new record
+    finally:
+        system.close()
