@@ -102,19 +102,29 @@ def decode_payload(
     try:
         obj = msgpack.unpackb(buf[start : h.end_position], use_list=False, raw=True)
         if h.flags & FLAG_COMPACTED:
+            if type(obj) is not tuple or len(obj) != 2 or type(obj[0]) is not tuple:
+                raise ValueError("a compacted batch is not [[deltas], [records]]")
             deltas, records = obj
             base = h.base_offset
             offsets = [base + d for d in deltas]
             if len(offsets) != len(records):
                 raise ValueError("offset and record counts differ")
+            if offsets and not (base <= offsets[0] and offsets[-1] < base + h.span):
+                raise ValueError(f"offsets outside the batch's span {base}..{base + h.span - 1}")
         else:
             records, offsets = obj, None
-            if len(records) != h.span:
-                raise ValueError(f"{len(records)} records for a span of {h.span}")
-        if records and (len(records[0]) != 2 or type(records[0][0]) is not bytes):
-            raise ValueError("records are not (key, value) pairs")
+            if type(records) is not tuple or len(records) != h.span:
+                raise ValueError(f"not {h.span} records")
+        # The CRC already vouches for the bytes; checking the first and last record keeps
+        # a malformed (writer-bug) payload from decoding without a per-record cost.
+        for rec in (records[0], records[-1]) if records else ():
+            if type(rec) is not tuple or len(rec) != 2 or type(rec[0]) is not bytes or (
+                rec[1] is not None and type(rec[1]) is not bytes
+            ):
+                raise ValueError("records are not (key, value) pairs")
         return records, offsets  # type: ignore[return-value]
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+    except (ValueError, TypeError, KeyError, IndexError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError) as e:
         raise CorruptionError(
             f"{where}: record batch at byte {h.position} (offset {h.base_offset}) does not decode: {e}"
         ) from e
