@@ -61,6 +61,7 @@ import math
 import os
 import re
 import shutil
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,7 @@ _FIELD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 _RESTORE_CHUNK = 50_000
 _DELETE_CHUNK = 100_000
 _MIN_HEAP_PER_THREAD = 15_000_000
+_KEY_LENGTH = struct.Struct(">I")
 
 
 class InvalidQueryError(InvalidValueError):
@@ -286,7 +288,7 @@ def _codec(fmt: str) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
 def _pack(key: bytes, encoded: bytes) -> bytes:
     """The stored ``_doc`` value: 4-byte key length, key, encoded document (one stored
     field instead of two: ~10% faster indexing)."""
-    return len(key).to_bytes(4, "big") + key + encoded
+    return b"%b%b%b" % (_KEY_LENGTH.pack(len(key)), key, encoded)
 
 
 def _unpack(stored: bytes) -> tuple[bytes, bytes]:
@@ -564,8 +566,11 @@ class SearchEngine(StorageEngine):
     def _stage(self, items: list[tuple[bytes, tuple[bytes, tantivy.Document] | None]]) -> None:
         limit = self.options.write_buffer_docs
         buffer = self._buffer
-        for key, value in items:
-            buffer[key] = value
+        i, n = 0, len(items)
+        while i < n:
+            room = max(1, limit - len(buffer))
+            buffer.update(items[i : i + room])
+            i += room
             if len(buffer) >= limit:
                 self._send()
                 buffer = self._buffer  # _send() starts a new buffer
