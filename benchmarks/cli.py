@@ -134,12 +134,14 @@ def _parse_options(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="where trial data is written [default: a temporary directory]")
 @click.option("--strict", is_flag=True, help="exit with status 1 if any cell failed")
+@click.option("--merge", is_flag=True,
+              help="keep the rows of suites not run now from an existing --out/results.json (re-run one suite)")
 @click.option("--list", "list_", is_flag=True, help="list suites, workloads and engines, then exit")
 def bench(
     suite: str | None, engines: tuple[str, ...], workloads: tuple[str, ...], records: int | None,
     key_size: int, value_size: int, distribution: str, cache_size: int, batch_size: int,
     changelog: str, kafka_bootstrap: str | None, options: tuple[str, ...], repeats: int | None,
-    quick: bool, out: Path | None, workdir: Path | None, strict: bool, list_: bool,
+    quick: bool, out: Path | None, workdir: Path | None, strict: bool, merge: bool, list_: bool,
 ) -> None:
     """Benchmark engines: generic key-value workloads and the per-area suites.
 
@@ -176,7 +178,7 @@ def bench(
     with contextlib.ExitStack() as stack:
         if changelog == "kafka" and not kafka_bootstrap and GENERIC_SUITE in suites:
             params = replace(params, kafka_bootstrap=_start_broker(stack))
-        _run_and_report(suites, selected, workloads, params, out, strict)
+        _run_and_report(suites, selected, workloads, params, out, strict, merge)
 
 
 def _command_line() -> str:
@@ -195,6 +197,23 @@ def _command_line() -> str:
     return " ".join(parts)
 
 
+def _merged(path: Path, rows: list[dict[str, Any]], suites: list[str], command: str,
+            seconds: float) -> tuple[list[dict[str, Any]], str, float]:
+    """Rows of ``path`` from suites not run now, then this run's rows; commands joined."""
+    import json
+
+    try:
+        old = json.loads(path.read_text())
+        kept = [r for r in old["rows"] if r.get("suite") not in suites]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise click.ClickException(f"--merge: cannot read {path}: {e}") from e
+    for r in kept:
+        for k in ("median", "min", "max"):
+            if r.get(k) is None:
+                r[k] = float("nan")
+    return kept + rows, f"{old.get('command', '?')} ; {command}", float(old.get("seconds") or 0) + seconds
+
+
 def _start_broker(stack: contextlib.ExitStack) -> str:
     """Start a local tansu broker for ``--changelog kafka`` (stopped when the run ends)."""
     try:
@@ -211,7 +230,7 @@ def _start_broker(stack: contextlib.ExitStack) -> str:
 
 
 def _run_and_report(suites: list[str], selected: list[str], workloads: tuple[str, ...], params: BenchParams,
-                    out: Path | None, strict: bool) -> None:
+                    out: Path | None, strict: bool, merge: bool = False) -> None:
     command = _command_line()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     machine = machine_info()
@@ -223,6 +242,8 @@ def _run_and_report(suites: list[str], selected: list[str], workloads: tuple[str
     from .report import render_table, write_charts, write_json, write_markdown
 
     render_table(rows, title=f"localstate bench ({', '.join(suites)}) on {machine['cores']} cores, {seconds:.0f}s")
+    if out is not None and merge and (out / "results.json").exists():
+        rows, command, seconds = _merged(out / "results.json", rows, suites, command, seconds)
     if out is not None:
         meta = {**params.public(), "suites": suites, "engines": selected, "repeats": params.repeats,
                 "quick": params.quick}

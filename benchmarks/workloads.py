@@ -818,7 +818,8 @@ def run_generic(
 
     workloads = get_workloads(workload_names)
     partners = [RATIO_WORKLOAD[w.name] for w in workloads if w.name in RATIO_WORKLOAD]
-    workloads += [w for w in get_workloads(partners) if w not in workloads]  # the baseline they need
+    if partners:  # the raw-library baseline they are compared with
+        workloads += [w for w in get_workloads(partners) if w not in workloads]
     targets = targets_for(engines, baselines=baselines)
     cells = plan(targets, workloads, params)
     fp_targets = [t for t in targets if t.kind in ("store", "baseline")] if not workload_names else []

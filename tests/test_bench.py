@@ -118,6 +118,7 @@ def test_user_engine_by_module_path_and_failing_engine_gets_error_cells(tmp_path
     )
     assert code == 0, output  # failed cells are reported, not fatal without --strict
     rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {r["workload"] for r in rows} == {"sequential_put", "random_get_hit", "full_scan"}
     by = {(r["workload"], r["engine"]): r for r in rows}
     tiny = f"{user_module}:TinyFactory"
     flaky = f"{user_module}:FlakyFactory"
@@ -225,3 +226,14 @@ def test_kafka_changelog_starts_a_local_broker_when_none_is_given(tmp_path: Path
     rows = {(r["workload"], r["engine"], r["unit"]): r for r in doc["rows"]}
     assert rows[("full_restore", "memory", "records/s")]["median"] > 0
     assert rows[("changelog_append", "kafka changelog", "MB/s")]["params"]["changelog"] == "kafka"
+
+
+def test_merge_keeps_rows_of_suites_not_rerun(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert _bench("--quick", "--repeats", "1", "--engine", "memory", "--workload", "get_miss", "--out", str(out))[0] == 0
+    code, output = _bench("--quick", "--repeats", "1", "--suite", "core", "--out", str(out), "--merge")
+    assert code == 0, output
+    doc = json.loads((out / "results.json").read_text())
+    assert {r["suite"] for r in doc["rows"]} == {"generic", "core"}
+    assert doc["command"].count("localstate bench") == 2
+    assert "| core | core_restore |" in (out / "results.md").read_text()
