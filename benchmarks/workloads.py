@@ -775,9 +775,11 @@ def run_cell(w: Workload, t: Target, params: BenchParams) -> list[dict[str, Any]
     notes = w.description
     if ops and min(ops) != max(ops):
         notes += f" ({min(ops)}-{max(ops)} ops per run)"
-    rows = [make_row(w.name, t.name, common, w.unit, rates, baseline=t.baseline, notes=notes)]
+    comparable = "baseline" in w.kinds or w.name in RATIO_WORKLOAD
+    baseline = t.baseline if comparable else None
+    rows = [make_row(w.name, t.name, common, w.unit, rates, baseline=baseline, notes=notes)]
     if w.mb_per_s:
-        rows.append(make_row(w.name, t.name, common, "MB/s", mbs, baseline=t.baseline, notes=notes))
+        rows.append(make_row(w.name, t.name, common, "MB/s", mbs, baseline=baseline, notes=notes))
     for r in rows:
         if w.name in RATIO_WORKLOAD:
             r["ratio_workload"] = RATIO_WORKLOAD[w.name]
