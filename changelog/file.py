@@ -455,21 +455,22 @@ class FileChangelogPartition(ChangelogPartition):
         return [(s.base, s.next_offset, s.path) for s in self._segments]
 
     def close(self) -> None:
+        """Release the partition (idempotent). Does not flush: bytes still buffered were
+        never made durable, so they are uncommitted by definition and a failure to write
+        them (disk full) is logged, not raised — the next open cuts any torn tail."""
         if self._closed:
             return
         self._closed = True
-        errors = []
         if self._writer is not None:
             try:
                 self._writer.close()
             except OSError as e:
-                errors.append(e)
+                log.warning("changelog %s: unflushed (uncommitted) records were not written on close: %s",
+                            self.directory, e)
             self._writer = None
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-        if errors:
-            raise io_error(errors[0], "close", self.directory) from errors[0]
 
 
 class FileCheckpointStore(CheckpointStore):
