@@ -419,6 +419,8 @@ class KafkaChangelogPartition(ChangelogPartition):
                 ):
                     last = tail.offset()
                     yield msgs, last
+                    if stop is not None and last >= stop - 1:
+                        return  # the last wanted record: no need to wait for EOF
                     continue
                 good: list[Any] = []
                 done = False

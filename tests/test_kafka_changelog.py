@@ -503,3 +503,41 @@ def test_snapshots_older_than_the_tombstone_retention_are_not_valid(kafka_broker
         assert first_end <= p.min_valid_snapshot_offset() <= first_end + 1  # the first new record
     finally:
         system.close()
+
+
+def test_two_stores_two_partitions_share_one_transaction_per_task(kafka_broker, tmp_path):
+    job = unique("job")
+    values = {
+        "job.name": job,
+        "job.state.dir": str(tmp_path / "state"),
+        "job.partitions": 2,
+        "systems.kafka.bootstrap.servers": kafka_broker,
+        "stores.a.factory": "memory",
+        "stores.a.changelog": f"kafka.{job}-a",
+        "stores.b.factory": "memory",
+        "stores.b.changelog": f"kafka.{job}-b",
+        "stores.b.key.serde": "string",
+        "stores.b.msg.serde": "json",
+    }
+    expected: dict[int, tuple[dict, dict]] = {}
+    for p in (0, 1):
+        with TaskStorage(Config.from_dict(values), partition=p) as s:
+            a, b = s.store("a"), s.store("b")
+            for i in range(700):  # more than write.batch.size: appends before the commit
+                a.put(b"%d-%d" % (p, i), b"x" * (i % 7))
+                b.put(f"{p}/{i}", {"n": i})
+            a.delete(b"%d-3" % p)
+            s.commit(input_position=p)
+            b.put("uncommitted", 1)
+            s.store("b").flush()
+            expected[p] = (dump_store(s, "a"), dump_store(s, "b"))
+            expected[p][1].pop("uncommitted")
+    for p in (0, 1):
+        with TaskStorage(moved(values, tmp_path, f"b{p}"), partition=p) as s:
+            assert s.checkpoint.input_position == p
+            assert (dump_store(s, "a"), dump_store(s, "b")) == expected[p]
+
+
+def dump_store(storage: TaskStorage, name: str) -> dict:
+    with storage.store(name).all() as it:
+        return dict(it)

@@ -20,6 +20,7 @@ Production needs a real Kafka cluster; tests must not depend on these quirks.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -107,7 +108,11 @@ class TansuBroker:
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + _READY_TIMEOUT_S
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "socket.connection.setup.timeout.ms": 1000})
+        admin = AdminClient({
+            "bootstrap.servers": self.bootstrap,
+            "socket.connection.setup.timeout.ms": 1000,
+            "logger": logging.getLogger("localstate.testing.kafka"),  # "connection refused" while starting
+        })
         last: Exception | None = None
         while time.monotonic() < deadline:
             assert self.process is not None
