@@ -165,10 +165,11 @@ def describe_error(e: BaseException) -> str:
 def normalize_row(row: Any, suite: str) -> dict[str, Any]:
     """Check a suite's row against the schema; a malformed row becomes an error row."""
     if not isinstance(row, dict):
-        return error_row(suite, "-", {}, "", f"suite {suite!r} returned a {type(row).__name__}, not a row dict")
+        return {"suite": suite} | error_row(
+            suite, "-", {}, "", f"suite {suite!r} returned a {type(row).__name__}, not a row dict")
     missing = [k for k in ROW_KEYS if k not in row]
     if missing:
-        return error_row(
+        return {"suite": suite} | error_row(
             str(row.get("workload", suite)), str(row.get("engine", "-")), dict(row.get("params") or {}),
             str(row.get("unit", "")), f"suite {suite!r} returned a row without {', '.join(missing)}",
         )
@@ -352,15 +353,20 @@ def suite_rows(module: str, suite: str, quick: bool, repeats: int) -> list[dict[
     """Import suite ``module`` lazily and run it; any failure becomes one error row."""
     import importlib
 
+    def failed(message: str) -> list[dict[str, Any]]:
+        row = error_row(suite, "-", {}, "", message)
+        row["suite"] = suite
+        return [row]
+
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
-        return [error_row(suite, "-", {}, "", f"suite {suite!r} is unavailable: {type(e).__name__}: {e}")]
+        return failed(f"suite {suite!r} is unavailable: {type(e).__name__}: {e}")
     run = getattr(mod, "run", None)
     if not callable(run):
-        return [error_row(suite, "-", {}, "", f"{module} has no run(quick, repeats) function")]
+        return failed(f"{module} has no run(quick, repeats) function")
     try:
         rows: Iterable[Any] = run(quick=quick, repeats=repeats)
         return [normalize_row(r, suite) for r in rows]
     except Exception as e:
-        return [error_row(suite, "-", {}, "", f"suite {suite!r} failed: {describe_error(e)}")]
+        return failed(f"suite {suite!r} failed: {describe_error(e)}")
