@@ -13,6 +13,8 @@ Records are 116 bytes (16-byte key, 100-byte value), as in the issue.
   (one thread and consumer each); raw uses one consumer assigned all 4.
   ``raw-default`` is the raw consumer with librdkafka's default fetch settings
   (``fetch.queue.backoff.ms=1000``), for the effect of the tuning.
+* ``kafka.restore_store`` — a whole ``TaskStorage`` open (checkpoint read, fencing,
+  restore into the ``memory`` engine, tail check) of the 1-partition topic.
 
 Each cell: one warm-up run, then ``repeats`` timed runs; rows in records/s and MB/s.
 The broker and the client share the machine, so figures are client+broker bound.
@@ -20,15 +22,20 @@ The broker and the client share the machine, so figures are client+broker bound.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from localstate import Config, TaskStorage
 from localstate.changelog.kafka import KafkaChangelogSystem
+from localstate.checkpoint import Checkpoint
 from localstate.testing.kafka import TansuBroker
 
 from .runner import make_row
@@ -202,6 +209,40 @@ class _Bench:
 
         return self.timed(setup, body, teardown)
 
+    def store_restore(self, topic: str) -> list[float]:
+        """``TaskStorage`` open of a memory store whose checkpoint covers all of ``topic``."""
+        job = _topic("job")
+        base = {
+            "job.name": job,
+            "stores.kv.factory": "memory",
+            "stores.kv.changelog": f"kafka.{topic}",
+            "systems.kafka.bootstrap.servers": self.bootstrap,
+            "systems.kafka.checkpoint.topic": f"{job}-checkpoints",
+        }
+        system = KafkaChangelogSystem("kafka", {"bootstrap.servers": self.bootstrap,
+                                                "checkpoint.topic": f"{job}-checkpoints"}, job)
+        part = system.open_partition(topic, 0, 1)
+        end = part.end_offset()
+        part.close()
+        system.checkpoints().write(job, 0, Checkpoint(version=1, input_position=None, offsets={"kv": end}))
+        system.close()
+        tmp = Path(tempfile.mkdtemp(prefix="kafka-bench-"))
+        counter = iter(range(1 << 30))
+
+        def setup() -> Config:
+            return Config.from_dict({**base, "job.state.dir": str(tmp / str(next(counter)))})
+
+        def body(config: Config) -> None:
+            with TaskStorage(config) as storage:
+                restored = storage.last_restore["kv"].records
+            if restored != self.n:
+                raise RuntimeError(f"restored {restored} records, expected {self.n}")
+
+        try:
+            return self.timed(setup, body, lambda config: None)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def raw_restore(self, topic: str, partitions: int, tuned: bool) -> list[float]:
         def setup() -> Any:
             conf = {"bootstrap.servers": self.bootstrap, "group.id": "raw-bench", "enable.auto.commit": False,
@@ -264,6 +305,11 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
                               "read_batches(0, end)" + (", 4 tasks in threads" if partitions > 1 else ""))
             _ratio(ours, raw)
             rows += ours + raw
+            if partitions == 1:
+                rows += bench.rows("kafka.restore_store", "localstate kafka -> memory", params,
+                                   bench.store_restore(topic), None,
+                                   "TaskStorage open: checkpoint read, fencing, restore into the memory "
+                                   "engine, tail check (end to end; the engine's bulk load included)")
             if not quick and partitions == 1:
                 rows += bench.rows("kafka.restore", "raw-default", params,
                                    bench.raw_restore(topic, partitions, tuned=False), None,
