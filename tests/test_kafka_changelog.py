@@ -31,6 +31,7 @@ from localstate import Config, TaskStorage
 from localstate.changelog.base import ChangelogPartition
 from localstate.changelog.file import FileChangelogSystem
 from localstate.changelog.kafka import KafkaChangelogSystem
+from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, ConfigError, CorruptionError, FencedError
 from localstate.registry import ENGINES
 
@@ -541,3 +542,33 @@ def test_two_stores_two_partitions_share_one_transaction_per_task(kafka_broker, 
 def dump_store(storage: TaskStorage, name: str) -> dict:
     with storage.store(name).all() as it:
         return dict(it)
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous(kafka_broker, caplog):
+    from confluent_kafka import Producer
+
+    job, topic = unique("job"), unique("ckpt")
+    opts = {"bootstrap.servers": kafka_broker, "checkpoint.topic": topic}
+    system = KafkaChangelogSystem("kafka", opts, job)
+    store = system.checkpoints()
+    assert store.read(job, 0) is None
+    store.write(job, 0, Checkpoint(version=1, input_position="a", offsets={"kv": 5}, epoch=1))
+    store.write(job, 1, Checkpoint(version=7, input_position="other", offsets={}, epoch=1))
+    store.write(job, 0, Checkpoint(version=2, input_position="b", offsets={"kv": 9}, epoch=1))
+    system.close()
+    assert KafkaChangelogSystem("kafka", opts, job).checkpoints().read(job, 0, fence=False).version == 2
+
+    producer = Producer({"bootstrap.servers": kafka_broker})
+    producer.produce(topic, b"garbage", f"{job}/0".encode(), 0)
+    assert producer.flush(10) == 0
+    reader = KafkaChangelogSystem("kafka", opts, job)
+    try:
+        ckpt = reader.checkpoints().read(job, 0, fence=False)
+        assert (ckpt.version, ckpt.input_position, dict(ckpt.offsets)) == (2, "b", {"kv": 9})
+        assert "falling back" in caplog.text
+        producer.produce(topic, b"more garbage", f"{job}/0".encode(), 0)
+        assert producer.flush(10) == 0
+        with pytest.raises(CorruptionError, match=rf"{job}/0"):
+            reader.checkpoints().read(job, 0, fence=False)
+    finally:
+        reader.close()
