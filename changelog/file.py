@@ -62,8 +62,11 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write(path: Path, data: bytes, *, before_rename: str | None = None) -> None:
-    """Write ``data`` to ``path`` atomically: temp file + fsync + rename + dir fsync."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write ``data`` to ``path`` atomically: temp file + fsync + rename + dir fsync.
+
+    The temp name is unique per process, so tasks in several processes (Spark Python
+    workers) writing the same shared file (``stream.json``) do not rename each other's."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
