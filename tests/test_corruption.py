@@ -253,3 +253,55 @@ def test_inspect_reports_corruption_instead_of_failing(task):
     row = next(p for p in report["partitions"] if p["stream"].endswith(f"-{T.STORE}"))
     assert "corrupt" in row["error"]
     assert json.dumps(report, default=str)
+
+
+# -- zombie keys: a stale local snapshot must not resurrect a deleted key ----------------------------------
+DELETE_ENGINES = [e for e in T.torture_engines()
+                  if isinstance(T.adapter_for(e), (T.KeyValueWorkload, T.SearchWorkload))]
+
+
+@pytest.mark.parametrize("engine", DELETE_ENGINES)
+def test_deleted_key_stays_deleted_after_compaction_and_an_old_local_snapshot(tmp_path, engine):
+    """Delete a key, compact past the tombstone retention (0 ms), then put back a copy of
+    the store's local files from before the delete: the reopened store must not show the
+    key (the snapshot is older than the compaction horizon, so it is rebuilt)."""
+    plan = T.TrialPlan(seed=9, engine=engine, changelog="file", batches=1, ops=1, keys=1,
+                       compact_every=0, retention_ms=0, faults=())
+    adapter = T.adapter_for(engine)
+    config = Config.from_dict(plan.values(tmp_path, None, ""))
+    store_dir = config.state_dir / config.job_name / T.STORE / "0"
+
+    def put(store: Any, key: str, i: int) -> None:
+        if isinstance(adapter, T.SearchWorkload):
+            store.index(key, {"words": f"w{i % 8}", "n": i})
+        else:
+            store.put(key, {"n": i, "ops": []})
+
+    def write(s: TaskStorage, start: int, n: int) -> None:
+        store = s.store(T.STORE)
+        for i in range(start, start + n):
+            put(store, f"filler{i}", i)
+        s.commit(input_position=start + n)
+
+    with TaskStorage(config) as s:
+        put(s.store(T.STORE), "victim", 1)
+        for r in range(4):
+            write(s, r * 40, 40)
+    old = tmp_path / "old-snapshot"
+    shutil.copytree(store_dir, old)
+    with TaskStorage(config) as s:
+        s.store(T.STORE).delete("victim")
+        s.commit(input_position=1000)
+        for r in range(4):
+            write(s, 2000 + r * 40, 40)
+        stats = s.compact()[T.STORE]
+        assert stats["tombstones_dropped"] >= 1, stats
+        assert "victim" not in adapter.observe(s.store(T.STORE), 1)
+        expected = T._norm(adapter.observe(s.store(T.STORE), 1))
+    shutil.rmtree(store_dir)
+    shutil.copytree(old, store_dir)
+    with TaskStorage(config) as s:
+        state = T._norm(adapter.observe(s.store(T.STORE), 1))
+        assert "victim" not in state, "a deleted key came back from a stale snapshot"
+        assert state == expected
+        assert s.last_restore[T.STORE].start_offset == 0, "the stale snapshot should have been rebuilt"
