@@ -31,6 +31,7 @@ __all__ = [
     "WORKLOADS",
     "SUITES",
     "GENERIC_SUITE",
+    "FOOTPRINT",
     "get_workloads",
     "get_suites",
 ]
@@ -73,6 +74,8 @@ WORKLOADS = MappingProxyType(_WORKLOADS)
 """Read-only view of the registered workloads, in registration order."""
 
 GENERIC_SUITE = "generic"
+FOOTPRINT = "footprint"
+"""Pseudo-workload: on-disk bytes, RSS and peak RSS per engine after a load (own process)."""
 SUITES: dict[str, tuple[str, str]] = {
     GENERIC_SUITE: ("", "generic key-value workloads over every selected engine and baseline"),
     "core": ("localstate.benchmarks.core_figures", "issue 2: memory engine + file changelog, 1M puts and restore"),
@@ -109,16 +112,23 @@ def workload(
 
 
 def get_workloads(names: list[str] | tuple[str, ...] | None) -> list[Workload]:
-    """The workloads called ``names`` (all when empty), or a :class:`ConfigError` listing valid ones."""
+    """The workloads called ``names`` (all when empty), or a :class:`ConfigError` listing valid ones.
+
+    ``footprint`` is accepted and skipped here (the suite runs it separately).
+    """
     from . import workloads as _  # noqa: F401  (registers the generic workloads)
 
     if not names:
         return list(_WORKLOADS.values())
     out = []
     for n in names:
+        if n == FOOTPRINT:
+            continue
         if n not in _WORKLOADS:
-            raise ConfigError(f"unknown benchmark workload {n!r}.{did_you_mean(n, _WORKLOADS)}"
-                              f" Valid workloads: {', '.join(_WORKLOADS)}.")
+            valid = [*_WORKLOADS, FOOTPRINT]
+            hint = did_you_mean(n, valid)
+            close = hint if hint.startswith(" Did you mean") else ""
+            raise ConfigError(f"unknown benchmark workload {n!r}.{close} Valid workloads: {', '.join(valid)}.")
         out.append(_WORKLOADS[n])
     return out
 

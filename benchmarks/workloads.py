@@ -34,7 +34,7 @@ from localstate.metrics import RestoreProgress
 from localstate.registry import ENGINES, did_you_mean, resolve_factory
 from localstate.storage import TaskStorage
 
-from .registry import GENERIC_SUITE, Trial, Workload, workload
+from .registry import FOOTPRINT, GENERIC_SUITE, Trial, Workload, workload
 from .runner import (
     BenchParams,
     add_ratios,
@@ -43,6 +43,7 @@ from .runner import (
     dir_bytes,
     error_row,
     make_row,
+    peak_rss_bytes,
     time_trials,
 )
 
@@ -722,11 +723,23 @@ def restore_baseline(target: Target, params: BenchParams) -> Trial:
 
 
 def footprint(target: Target, params: BenchParams) -> dict[str, int]:
-    """``{"disk_bytes", "rss_bytes"}`` after loading every record and committing.
+    """``{"disk_bytes", "rss_bytes", "peak_rss_bytes"}`` of loading every record and committing.
 
-    RSS is the growth of this process's resident set while the data is held (a rough,
-    allocator-dependent figure); disk counts the engine's files and the changelog.
+    Measured in a fresh (spawned) process per target, so one engine's memory is not
+    counted against the next: ``rss_bytes`` is the growth of the resident set while the
+    data is held (after the benchmark data is generated), ``peak_rss_bytes`` the
+    process's peak (interpreter + generated data + engine: the same base for every
+    target, so compare it with the ``dict`` row); ``disk_bytes`` counts the engine's
+    files and the changelog.
     """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_footprint_here, target, params).result()
+
+
+def _footprint_here(target: Target, params: BenchParams) -> dict[str, int]:
     scratch = _Scratch(params)
     try:
         dataset(params)
@@ -737,10 +750,11 @@ def footprint(target: Target, params: BenchParams) -> dict[str, int]:
             if isinstance(h, KVHandle):
                 h.kv.flush()
             rss = current_rss_bytes() - before
+            peak = peak_rss_bytes()
             disk = dir_bytes(scratch.path)
         finally:
             h.close()
-        return {"disk_bytes": disk, "rss_bytes": max(rss, 0)}
+        return {"disk_bytes": disk, "rss_bytes": max(rss, 0), "peak_rss_bytes": peak}
     finally:
         scratch.remove()
 
@@ -788,7 +802,7 @@ def run_cell(w: Workload, t: Target, params: BenchParams) -> list[dict[str, Any]
 
 
 def footprint_rows(t: Target, params: BenchParams) -> list[dict[str, Any]]:
-    """``disk_bytes`` and ``rss_bytes`` rows of one store or baseline target."""
+    """``disk_bytes``, ``rss_bytes`` and ``peak_rss_bytes`` rows of one store or baseline target."""
     common = params.public()
     try:
         fp = footprint(t, params)
@@ -798,7 +812,8 @@ def footprint_rows(t: Target, params: BenchParams) -> list[dict[str, Any]]:
         return [error_row("footprint", t.name, common, "bytes", describe_error(e))]
     rows = []
     for key, what in (("disk_bytes", "on-disk bytes (engine files + changelog)"),
-                      ("rss_bytes", "resident memory growth while holding the data")):
+                      ("rss_bytes", "resident memory growth while holding the data (own process)"),
+                      ("peak_rss_bytes", "peak RSS of its own process: interpreter + data + engine")):
         row = make_row(key, t.name, common, "bytes", [float(fp[key])], baseline=t.baseline,
                        notes=f"{what}, after loading {params.records} records")
         row["suite"] = GENERIC_SUITE
@@ -824,7 +839,8 @@ def run_generic(
         workloads += [w for w in get_workloads(partners) if w not in workloads]
     targets = targets_for(engines, baselines=baselines)
     cells = plan(targets, workloads, params)
-    fp_targets = [t for t in targets if t.kind in ("store", "baseline")] if not workload_names else []
+    measure_fp = not workload_names or FOOTPRINT in workload_names
+    fp_targets = [t for t in targets if t.kind in ("store", "baseline")] if measure_fp else []
     if on_start is not None:
         on_start(len(cells) + len(fp_targets))
     rows: list[dict[str, Any]] = []
