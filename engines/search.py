@@ -64,6 +64,7 @@ import shutil
 import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Literal
 
@@ -536,14 +537,27 @@ class SearchEngine(StorageEngine):
         if isinstance(docs, Mapping):
             docs = docs.items()
         key_of, document = self._key, self._document
-        prepared: list[tuple[bytes, tuple[bytes, tantivy.Document]]] = []
-        append = prepared.append
+        batch: dict[bytes, tuple[bytes, tantivy.Document]] = {}
         for doc_id, doc in docs:
             key = key_of(doc_id)
-            append((key, document(key, doc)))
-        self._stage(prepared)
+            batch[key] = document(key, doc)
+        if len(batch) < self.options.write_buffer_docs:
+            self._stage(list(batch.items()))
+        else:
+            # a big batch goes straight to the writer: one delete of its ids, then adds
+            self._send()
+            writer = self._w()
+            keys = list(batch)
+            for i in range(0, len(keys), _DELETE_CHUNK):
+                ids = [k.decode("latin-1") for k in keys[i : i + _DELETE_CHUNK]]
+                writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
+            add = writer.add_document
+            for _, tdoc in batch.values():
+                add(tdoc)
+            self._dirty = True
+            self._sent.update(zip(keys, map(itemgetter(0), batch.values())))
         if self._logged:
-            self._log_all([(k, v[0]) for k, v in prepared])  # type: ignore[misc, index]
+            self._log_all(zip(batch, map(itemgetter(0), batch.values())))  # type: ignore[misc]
 
     def delete(self, doc_id: Any) -> None:
         """Remove document ``doc_id`` (not an error if it does not exist); logs a tombstone."""

@@ -579,6 +579,7 @@ def test_restored_from_kafka_and_uncommitted_tail_trimmed(kafka_broker, tmp_path
         part.close()
     finally:
         system.close()
-    # after the trim the whole log (what compaction keeps) equals the committed documents
+    # after the trim the whole log (what compaction keeps) equals the committed documents;
+    # whether the aborted tail is visible at all depends on the broker (tansu may show it),
+    # so u7 is either absent or tombstoned by the trim
     assert {k.decode(): json.loads(v) for k, v in state.items() if v is not None} == PEOPLE
-    assert {k for k, v in state.items() if v is None} == {b"u7"}
