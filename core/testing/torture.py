@@ -40,10 +40,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -337,6 +339,10 @@ class TrialPlan:
     retention_ms: int
     faults: tuple[str, ...]
     """Per crash round: ``"<point>=kill@N"`` or ``"timer:<seconds>"``."""
+    fsync: bool = False
+    """``systems.file.fsync``: a SIGKILL loses no page-cache data, so process-crash trials
+    do not need it (power loss is outside what a process-level trial can cause); the
+    checkpoint file is fsync'd either way."""
 
     def values(self, root: Path, bootstrap: str | None, tag: str, *, changelog: str | None = None,
                namespace: str = "") -> dict[str, Any]:
@@ -351,6 +357,7 @@ class TrialPlan:
             "systems.file.path": str(root / "changelog"),
             "systems.file.segment.bytes": 4096,
             "systems.file.delete.retention.ms": self.retention_ms,
+            "systems.file.fsync": self.fsync,
             f"stores.{STORE}.factory": self.engine,
             f"stores.{STORE}.changelog": f"{system}.{job}-{STORE}",
         }
@@ -365,7 +372,7 @@ class TrialPlan:
 
 
 def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops: int = 40,
-               keys: int = 30) -> TrialPlan:
+               keys: int = 30, fsync: bool = False) -> TrialPlan:
     """The plan of trial ``seed``: fault points, crash rounds and workload shape."""
     rng = random.Random(f"plan:{seed}")
     rounds = rng.choice((1, 1, 2, 3))
@@ -379,7 +386,7 @@ def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops
     return TrialPlan(
         seed=seed, engine=engine, changelog=changelog, batches=batches, ops=ops, keys=keys,
         compact_every=rng.choice((0, 2, 3)), retention_ms=rng.choice((0, 86_400_000)),
-        faults=tuple(faults),
+        faults=tuple(faults), fsync=fsync,
     )
 
 
@@ -502,7 +509,7 @@ class TrialResult:
 
 def reproducer(plan: TrialPlan) -> str:
     return (f"localstate torture --engine {plan.engine} --changelog {plan.changelog} --trials 1 "
-            f"--seed {plan.seed} --batches {plan.batches} --ops {plan.ops}")
+            f"--seed {plan.seed} --batches {plan.batches} --ops {plan.ops}" + (" --fsync" if plan.fsync else ""))
 
 
 def _divergence(plan: TrialPlan, stage: str, position: int, expected: Any, actual: Any,
@@ -648,26 +655,36 @@ def _kafka_bootstrap(bootstrap: str | None) -> Iterator[str]:
 
 def run_trials(engine: str, changelog: str, trials: int, seed: int, *, batches: int = 12, ops: int = 40,
                bootstrap: str | None = None, workdir: Path | None = None, fail_fast: bool = False,
+               fsync: bool = False, jobs: int = 1,
                progress: Callable[[TrialResult], None] | None = None) -> TortureReport:
-    """Trials ``seed .. seed + trials - 1`` of ``engine`` × ``changelog``."""
+    """Trials ``seed .. seed + trials - 1`` of ``engine`` × ``changelog``, ``jobs`` at a time."""
     t0 = time.perf_counter()
     own = workdir is None
     root = Path(tempfile.mkdtemp(prefix="localstate-torture-")) if own else Path(workdir)
-    results = []
+    results: list[TrialResult] = []
+    stop = threading.Event()
+
+    def one(i: int) -> TrialResult | None:
+        if stop.is_set():
+            return None
+        plan = plan_trial(seed + i, engine, changelog, batches=batches, ops=ops, fsync=fsync)
+        tdir = root / f"{_slug(engine)}-{changelog}-{plan.seed}"
+        res = run_trial(plan, tdir, bootstrap)
+        if res.ok:
+            shutil.rmtree(tdir, ignore_errors=True)
+        else:
+            res.divergence["workdir"] = str(tdir)
+            if fail_fast:
+                stop.set()
+        if progress is not None:
+            progress(res)
+        return res
+
     try:
-        for i in range(trials):
-            plan = plan_trial(seed + i, engine, changelog, batches=batches, ops=ops)
-            tdir = root / f"{_slug(engine)}-{changelog}-{plan.seed}"
-            res = run_trial(plan, tdir, bootstrap)
-            results.append(res)
-            if progress is not None:
-                progress(res)
-            if res.ok:
-                shutil.rmtree(tdir, ignore_errors=True)
-            else:
-                res.divergence["workdir"] = str(tdir)
-                if fail_fast:
-                    break
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for res in pool.map(one, range(trials)):
+                if res is not None:
+                    results.append(res)
     finally:
         if own and all(r.ok for r in results):
             shutil.rmtree(root, ignore_errors=True)
@@ -694,8 +711,12 @@ def _slug(engine: str) -> str:
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the summaries and divergences here")
 @click.option("--fail-fast/--no-fail-fast", default=False, help="stop an engine's trials at the first divergence")
+@click.option("--fsync/--no-fsync", default=False, show_default=True,
+              help="fsync the file changelog (a SIGKILL loses no page cache, so trials do not need it)")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="trials run in parallel")
 def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, seed: int | None, batches: int,
-            ops: int, bootstrap: str | None, workdir: Path | None, json_out: Path | None, fail_fast: bool) -> None:
+            ops: int, bootstrap: str | None, workdir: Path | None, json_out: Path | None, fail_fast: bool,
+            fsync: bool, jobs: int) -> None:
     """Crash trials: SIGKILL a task at random moments and named fault points, reopen,
     replay input from the checkpoint, and compare with a crash-free run.
 
@@ -725,8 +746,8 @@ def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, 
         for system in systems:
             for name in names:
                 click.echo(f"{name} x {system}: ", nl=False)
-                report = run_trials(name, system, trials, seed, batches=batches, ops=ops,
-                                    bootstrap=brokers, workdir=workdir, fail_fast=fail_fast, progress=tick)
+                report = run_trials(name, system, trials, seed, batches=batches, ops=ops, bootstrap=brokers,
+                                    workdir=workdir, fail_fast=fail_fast, fsync=fsync, jobs=jobs, progress=tick)
                 s = report.summary()
                 summaries.append(s)
                 med = f"{s['restore_median_s']:.3f}s" if s["restore_median_s"] is not None else "-"
