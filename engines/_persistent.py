@@ -1,0 +1,100 @@
+"""Helpers shared by the on-disk key-value engines (``rocksdb``, ``leveldb``).
+
+* :class:`IteratorRegistry` — hands out :class:`~localstate.kv.KeyValueIterator` objects
+  and closes every one still open when the engine closes (a live native iterator can
+  keep the database lock, so ``close()`` must drop them first);
+* :func:`engine_lock` — an exclusive ``flock`` on ``<store dir>/engine.lock`` naming the
+  holder's pid, taken before the native library opens the database, so a second
+  process gets "locked by pid N" instead of a bare library error;
+* :func:`explain_bad_pairs` / :func:`explain_bad_key` — turn the native library's
+  terse type error into the standard :class:`~localstate.errors.SerializationError`
+  (type checks happen only after the library refused, so the happy path pays nothing);
+* :func:`fsync_dir`, :func:`remove_tree`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+
+from localstate.kv import KeyValueIterator
+from localstate.locking import FileLock
+
+from ._util import require_bytes, require_bytes_pairs
+
+__all__ = [
+    "IteratorRegistry",
+    "engine_lock",
+    "explain_bad_pairs",
+    "explain_bad_key",
+    "fsync_dir",
+    "remove_tree",
+]
+
+
+class _TrackedIterator(KeyValueIterator):
+    """A KeyValueIterator that can be weakly referenced (the base class has no slot)."""
+
+    __slots__ = ("__weakref__",)
+
+
+class IteratorRegistry:
+    """The open iterators of one engine, weakly held.
+
+    An iterator the caller drops without closing is collected as usual; one still
+    referenced when the engine closes is closed by :meth:`close_all`, which releases
+    the native iterator it wraps.
+    """
+
+    def __init__(self) -> None:
+        self._open: weakref.WeakSet[_TrackedIterator] = weakref.WeakSet()
+
+    def open(self, items: Iterable[tuple[bytes, bytes]], what: str) -> KeyValueIterator[bytes, bytes]:
+        it = _TrackedIterator(items, what=what)
+        it._on_close = lambda: self._open.discard(it)
+        self._open.add(it)
+        return it
+
+    def close_all(self) -> None:
+        for it in list(self._open):
+            it.close()
+        self._open.clear()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+
+def engine_lock(directory: Path, store: str, engine: str) -> FileLock:
+    """Lock ``directory`` for one engine instance (raises ``StoreLockedError``)."""
+    return FileLock(directory / "engine.lock", f"store {store!r} ({engine} at {directory})")
+
+
+def explain_bad_key(store: str, key: object) -> None:
+    """Raise the standard error if ``key`` is not bytes; return if it is."""
+    if type(key) is not bytes:
+        require_bytes(store, "key", key)
+
+
+def explain_bad_pairs(store: str, entries: Iterable[tuple[object, object]]) -> None:
+    """Raise the standard error for the first non-bytes key/value (or ``None`` value)."""
+    require_bytes_pairs(store, entries)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete ``path`` (file or directory) if it exists."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

@@ -1,0 +1,458 @@
+"""``leveldb``: a persistent key-value engine on LevelDB (plyvel).
+
+Layout under the store directory::
+
+    engine.lock     flock held while the engine is open (pid inside)
+    db/             the database
+
+Inside the database the store's keys live under the one-byte prefix ``d`` (a plyvel
+``prefixed_db``, so the prefix is added and stripped in C), and engine metadata under
+``m``: user keys can be any bytes, and ``range``/``all`` never see the metadata.
+
+Fault tolerance: LevelDB has no checkpoints, so the database itself is the local copy.
+``checkpoint(offset)`` writes the changelog offset as metadata key ``m:offset`` (synced,
+after everything before it). The first mutation after that deletes the key *before*
+writing anything, and LevelDB's log recovers a prefix of the writes in order, so an
+offset found on disk always describes exactly the data written before it: after a
+clean close without commit (writes past the offset on disk) or a crash, the key is
+gone. ``prepare_restore(C, min_valid)`` keeps the database when its offset ``L`` is in
+``[min_valid, C]`` (only ``[L, C)`` is replayed) and otherwise wipes it (full rebuild).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import compress, islice, repeat, starmap
+from operator import is_, is_not
+from pathlib import Path
+
+import plyvel
+from localstate.engine import (
+    ChangeRecord,
+    KeyValueEngine,
+    StorageEngineFactory,
+    StoreContext,
+    StoreSpec,
+)
+from localstate.errors import (
+    ConfigError,
+    CorruptionError,
+    EngineError,
+    LocalStateError,
+    StoreClosedError,
+    StoreLockedError,
+)
+from localstate.kv import KeyValueIterator, reject_none
+from localstate.locking import io_error
+
+from ._persistent import (
+    IteratorRegistry,
+    engine_lock,
+    explain_bad_key,
+    explain_bad_pairs,
+    remove_tree,
+)
+
+__all__ = ["LevelDBEngine", "LevelDBEngineFactory", "LevelDBOptions"]
+
+_DATA_PREFIX = b"d"
+_OFFSET_KEY = b"m:offset"
+_SYNC_KEY = b"m:sync"
+_WRITE_BATCH_RECORDS = 100_000
+_BULK_CHUNK_RECORDS = 1 << 21
+_COMPRESSIONS = ("snappy", "none")
+
+
+@dataclass(frozen=True)
+class LevelDBOptions:
+    """``stores.<name>.leveldb.*`` options.
+
+    * ``block.cache.size.bytes`` — LRU block cache (default 8 MiB, LevelDB's own default).
+    * ``block.size.bytes`` — data block size (default 4096).
+    * ``write.buffer.size.bytes`` — memtable size before a flush (default 4 MiB).
+    * ``compression`` — ``snappy`` (default) or ``none``; LevelDB (plyvel) has no
+      lz4/zstd: use the ``rocksdb`` engine for those.
+    * ``bloom.bits.per.key`` — bloom filter bits per key, ``0`` disables (default 10).
+    * ``max.open.files`` — table files kept open (default 1000).
+    * ``paranoid.checks`` — verify checksums aggressively on open/reads (default false).
+    """
+
+    block_cache_size_bytes: int = 8 * 1024 * 1024
+    block_size_bytes: int = 4096
+    write_buffer_size_bytes: int = 4 * 1024 * 1024
+    compression: str = "snappy"
+    bloom_bits_per_key: int = 10
+    max_open_files: int = 1000
+    paranoid_checks: bool = False
+
+    def validate(self, prefix: str) -> None:
+        """Raise :class:`ConfigError` naming the full key of the first bad value."""
+        if self.compression not in _COMPRESSIONS:
+            hint = " (use the rocksdb engine for lz4/zstd)" if self.compression in ("lz4", "zstd") else ""
+            raise ConfigError(
+                f"{prefix}.compression = {self.compression!r}: LevelDB supports "
+                f"{' or '.join(_COMPRESSIONS)}{hint}"
+            )
+        checks = (
+            ("block.cache.size.bytes", self.block_cache_size_bytes >= 0, ">= 0"),
+            ("block.size.bytes", self.block_size_bytes >= 256, ">= 256"),
+            ("write.buffer.size.bytes", self.write_buffer_size_bytes >= 64 * 1024, ">= 65536"),
+            ("bloom.bits.per.key", 0 <= self.bloom_bits_per_key <= 64, "between 0 and 64"),
+            ("max.open.files", self.max_open_files >= 16, ">= 16"),
+        )
+        for key, ok, rule in checks:
+            if not ok:
+                value = getattr(self, key.replace(".", "_"))
+                raise ConfigError(f"{prefix}.{key} = {value!r}: must be {rule}")
+
+    def to_options(self) -> dict[str, object]:
+        """Keyword arguments for ``plyvel.DB``."""
+        return {
+            "create_if_missing": True,
+            "lru_cache_size": self.block_cache_size_bytes or None,
+            "block_size": self.block_size_bytes,
+            "write_buffer_size": self.write_buffer_size_bytes,
+            "compression": None if self.compression == "none" else self.compression,
+            "bloom_filter_bits": self.bloom_bits_per_key,
+            "max_open_files": self.max_open_files,
+            "paranoid_checks": self.paranoid_checks,
+        }
+
+
+class LevelDBEngine(KeyValueEngine):
+    """``KeyValueStore[bytes, bytes]`` over one LevelDB directory; offset kept inside."""
+
+    def __init__(self, directory: Path, name: str = "leveldb", options: LevelDBOptions | None = None) -> None:
+        self.name = name
+        self.directory = Path(directory)
+        self.options = options or LevelDBOptions()
+        self.live_dir = self.directory / "db"
+        self._iterators = IteratorRegistry()
+        self._raw: plyvel.DB | None = None
+        self._data: plyvel.DB | None = None
+        self._offset_on_disk = False
+        self._restoring_to: int | None = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise io_error(e, "create store directory", self.directory, EngineError) from e
+        self._lock = engine_lock(self.directory, name, "leveldb")
+        try:
+            self._open()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _translate(self, e: BaseException, action: str) -> LocalStateError:
+        """The one place LevelDB errors become localstate errors."""
+        if isinstance(e, LocalStateError):
+            return e
+        msg = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        where = f"store {self.name!r}: LevelDB at {self.live_dir}"
+        if isinstance(e, plyvel.CorruptionError) or msg.startswith("Corruption"):
+            return CorruptionError(
+                f"{where} is corrupt ({msg}) while trying to {action}. Its state can be rebuilt from the "
+                "changelog: run `localstate restore` (it wipes the local copy), or delete "
+                f"{self.directory} and reopen the task"
+            )
+        if isinstance(e, plyvel.IOError) and "lock" in msg.lower():
+            return StoreLockedError(
+                f"{where} is locked by another process ({msg}); stop it (or close its TaskStorage) first"
+            )
+        if msg.startswith("Invalid argument"):
+            return EngineError(
+                f"{where} was created with incompatible options ({msg}). localstate opens LevelDB with the "
+                f"default bytewise comparator; point the store elsewhere or delete {self.directory} to "
+                "rebuild it from the changelog"
+            )
+        if isinstance(e, OSError) and not isinstance(e, plyvel.Error):
+            return io_error(e, action, self.live_dir, EngineError)
+        return EngineError(f"{where}: cannot {action}: {type(e).__name__}: {msg}")
+
+    def _open(self) -> None:
+        try:
+            raw = plyvel.DB(str(self.live_dir), **self.options.to_options())
+        except Exception as e:
+            raise self._translate(e, "open the database") from e
+        self._raw = raw
+        self._data = raw.prefixed_db(_DATA_PREFIX)
+        self._offset_on_disk = raw.get(_OFFSET_KEY) is not None
+
+    def _close_db(self) -> None:
+        self._iterators.close_all()
+        raw, self._raw, self._data = self._raw, None, None
+        if raw is not None:
+            try:
+                raw.close()
+            except Exception as e:
+                raise self._translate(e, "close the database") from e
+
+    def _d(self) -> plyvel.DB:
+        data = self._data
+        if data is None:
+            raise StoreClosedError(f"store {self.name!r} (leveldb engine at {self.live_dir}) is closed")
+        return data
+
+    def _w(self) -> plyvel.DB:
+        """The data namespace, for a write: the on-disk offset goes first (see module doc)."""
+        data = self._d()
+        if self._offset_on_disk:
+            assert self._raw is not None
+            self._raw.delete(_OFFSET_KEY)
+            self._offset_on_disk = False
+        return data
+
+    def persisted_offset(self) -> int | None:
+        """The changelog offset the database equals, or ``None`` if it was written since."""
+        self._d()
+        assert self._raw is not None
+        raw = self._raw.get(_OFFSET_KEY)
+        return None if raw is None else int(raw)
+
+    # -- KeyValueStore --------------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        data = self._d()
+        try:
+            return data.get(key)
+        except Exception as e:
+            explain_bad_key(self.name, key)
+            raise self._translate(e, "get") from e
+
+    def get_all(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        data = self._d()
+        keys = keys if isinstance(keys, list) else list(keys)
+        try:
+            values = list(map(data.get, keys))
+        except Exception as e:
+            for k in keys:
+                explain_bad_key(self.name, k)
+            raise self._translate(e, "get") from e
+        return dict(compress(zip(keys, values), map(is_not, values, repeat(None))))
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if value is None:
+            reject_none(self.name, key, value)
+        data = self._w()
+        try:
+            data.put(key, value)
+        except Exception as e:
+            explain_bad_pairs(self.name, [(key, value)])
+            raise self._translate(e, "put") from e
+
+    def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
+        if isinstance(entries, Mapping):
+            entries = list(entries.items())
+        elif not isinstance(entries, (list, tuple)):
+            entries = list(entries)
+        if not entries:
+            self._d()
+            return
+        batch = self._d().write_batch()
+        try:
+            deque(starmap(batch.put, entries), 0)
+        except Exception as e:
+            batch.clear()
+            explain_bad_pairs(self.name, entries)
+            raise self._translate(e, "build a write batch") from e
+        self._w()
+        try:
+            batch.write()
+        except Exception as e:
+            raise self._translate(e, "write a batch") from e
+
+    def delete(self, key: bytes) -> None:
+        data = self._w()
+        try:
+            data.delete(key)
+        except Exception as e:
+            explain_bad_key(self.name, key)
+            raise self._translate(e, "delete") from e
+
+    def delete_all(self, keys: Iterable[bytes]) -> None:
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if not keys:
+            self._d()
+            return
+        batch = self._d().write_batch()
+        try:
+            deque(map(batch.delete, keys), 0)
+        except Exception as e:
+            batch.clear()
+            for k in keys:
+                explain_bad_key(self.name, k)
+            raise self._translate(e, "build a write batch") from e
+        self._w()
+        try:
+            batch.write()
+        except Exception as e:
+            raise self._translate(e, "write a batch") from e
+
+    def _scan(self, native: plyvel.Iterator) -> Iterator[tuple[bytes, bytes]]:
+        try:
+            yield from native
+        except plyvel.Error as e:
+            raise self._translate(e, "scan") from e
+        except RuntimeError as e:  # plyvel: "Cannot operate on closed LevelDB database"
+            raise StoreClosedError(f"store {self.name!r} (leveldb engine) was closed during a scan") from e
+        finally:
+            native.close()
+
+    def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
+        data = self._d()
+        for bound in (start, stop):
+            if bound is not None:
+                explain_bad_key(self.name, bound)
+        what = f"store {self.name!r} iterator"
+        if start is not None and stop is not None and start >= stop:
+            return self._iterators.open((), what)
+        return self._iterators.open(self._scan(data.iterator(start=start, stop=stop)), what)
+
+    def prefix(self, prefix: bytes) -> KeyValueIterator[bytes, bytes]:
+        data = self._d()
+        explain_bad_key(self.name, prefix)
+        return self._iterators.open(self._scan(data.iterator(prefix=prefix)), f"store {self.name!r} iterator")
+
+    def all(self) -> KeyValueIterator[bytes, bytes]:
+        return self.range(None, None)
+
+    def flush(self) -> None:
+        """Sync LevelDB's log: every write so far survives a machine crash."""
+        self._d()
+        assert self._raw is not None
+        try:
+            self._raw.put(_SYNC_KEY, b"", sync=True)
+        except Exception as e:
+            raise self._translate(e, "flush") from e
+
+    def close(self) -> None:
+        """Close open iterators, then the database, then release the lock; idempotent."""
+        if self._raw is None:
+            return
+        try:
+            self._close_db()
+        finally:
+            self._lock.release()
+
+    # -- StorageEngine --------------------------------------------------------------------------
+    def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
+        """Apply change records in order; deduplicated sorted batches when the store is empty.
+
+        After a restore prepared by :meth:`prepare_restore` (records ``[L, C)``) it
+        records offset ``C``, so reopening before the next commit replays nothing.
+        """
+        data = self._w()
+        target, self._restoring_to = self._restoring_to, None
+        try:
+            if into_empty and self._is_empty(data):
+                self._bulk_load(data, iter(records))
+            else:
+                self._apply_batches(data, records)
+        except LocalStateError:
+            raise
+        except Exception as e:
+            raise self._translate(e, "restore") from e
+        if target is not None:
+            self.checkpoint(target)
+
+    @staticmethod
+    def _is_empty(data: plyvel.DB) -> bool:
+        with data.iterator(include_value=False) as it:
+            return next(it, None) is None
+
+    @staticmethod
+    def _apply_batches(data: plyvel.DB, records: Iterable[ChangeRecord]) -> None:
+        batch = data.write_batch()
+        put, delete = batch.put, batch.delete
+        n = 0
+        for k, v in records:
+            if v is None:
+                delete(k)
+            else:
+                put(k, v)
+            n += 1
+            if n == _WRITE_BATCH_RECORDS:
+                batch.write()
+                batch = data.write_batch()
+                put, delete = batch.put, batch.delete
+                n = 0
+        if n:
+            batch.write()
+
+    @staticmethod
+    def _bulk_load(data: plyvel.DB, records: Iterator[ChangeRecord]) -> None:
+        """Dedupe each chunk (last write wins), then write its live keys in sorted batches
+        (sorted input keeps LevelDB's compactions trivial); later chunks' tombstones are
+        applied as deletes."""
+        first = True
+        while True:
+            latest = dict(islice(records, _BULK_CHUNK_RECORDS))
+            if not latest:
+                return
+            dead = list(compress(latest.keys(), map(is_, latest.values(), repeat(None))))
+            for k in dead:
+                del latest[k]
+            keys = sorted(latest)
+            value_of = latest.__getitem__
+            for i in range(0, len(keys), _WRITE_BATCH_RECORDS):
+                part = keys[i : i + _WRITE_BATCH_RECORDS]
+                batch = data.write_batch()
+                deque(map(batch.put, part, map(value_of, part)), 0)
+                batch.write()
+            if dead and not first:
+                batch = data.write_batch()
+                deque(map(batch.delete, dead), 0)
+                batch.write()
+            first = False
+            del latest, keys, dead
+
+    def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
+        """Keep the database if its persisted offset ``L`` is in ``[min_valid, C]``; else wipe.
+
+        ``L > C`` means the database holds writes of a commit that never completed;
+        ``L < min_valid`` means compaction may have dropped deletes it would need.
+        """
+        offset = self.persisted_offset()
+        if offset is None or not min_valid_offset <= offset <= committed_offset:
+            self.wipe()
+            offset = 0
+        self._restoring_to = committed_offset if offset < committed_offset else None
+        return offset
+
+    def checkpoint(self, offset: int) -> None:
+        """Write ``offset`` as the database's changelog offset (synced, after all data)."""
+        self._d()
+        assert self._raw is not None
+        try:
+            self._raw.put(_OFFSET_KEY, b"%d" % offset, sync=True)
+        except Exception as e:
+            raise self._translate(e, "write the changelog offset") from e
+        self._offset_on_disk = True
+
+    def wipe(self) -> None:
+        """Delete the database and reopen it empty."""
+        self._d()
+        self._close_db()
+        try:
+            remove_tree(self.live_dir)
+        except OSError as e:
+            raise io_error(e, "wipe", self.live_dir, EngineError) from e
+        self._open()
+
+    @property
+    def open_iterators(self) -> int:
+        """How many iterators handed out are still open."""
+        return len(self._iterators)
+
+
+class LevelDBEngineFactory(StorageEngineFactory):
+    """Factory ``leveldb``: options under ``stores.<name>.leveldb.*`` (:class:`LevelDBOptions`)."""
+
+    options_prefix = "leveldb"
+    options_type = LevelDBOptions
+    description = "LevelDB (plyvel): persistent, changelog offset stored in the database for incremental restore"
+
+    def create(self, spec: StoreSpec, context: StoreContext) -> LevelDBEngine:
+        return LevelDBEngine(context.directory, spec.name, spec.options or LevelDBOptions())

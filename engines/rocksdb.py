@@ -1,0 +1,601 @@
+"""``rocksdb``: a persistent key-value engine on RocksDB (rocksdict, raw bytes mode).
+
+Layout under the store directory (``job.state.dir/<job>/<store>/<partition>``)::
+
+    engine.lock                 flock held while the engine is open (pid inside)
+    db/                         the live database
+    snapshots/<offset:020d>/    hard-link checkpoints, tagged with the changelog offset
+    ingest/                     SST files of a bulk restore (transient)
+
+Fault tolerance (host affinity, incremental restore):
+
+* at every commit ``checkpoint(offset)`` flushes the memtable and takes a RocksDB
+  hard-link checkpoint into ``snapshots/.tmp-<offset>``, then renames it to
+  ``snapshots/<offset>`` (the rename is the commit point of the snapshot; the last
+  ``snapshots.keep`` are kept);
+* the live database is **never trusted** on open: after a clean close without commit
+  it may hold writes past the committed offset ``C``. ``prepare_restore(C, min_valid)``
+  deletes snapshots past ``C`` (from commit attempts that never completed) and those
+  older than the changelog's compaction horizon ``min_valid`` (they could resurrect
+  deleted keys), rebuilds ``db/`` from the newest remaining snapshot (SST files are
+  hard-linked, the small metadata files copied) and returns its offset ``L``; only
+  ``[L, C)`` is replayed. With no usable snapshot it starts empty (full restore);
+* because the snapshots carry durability, a logged store writes without a WAL.
+
+Bulk restore into an empty store deduplicates the change records (last write wins,
+tombstones dropped), writes them sorted into SST files with ``SstFileWriter`` and
+ingests them; a restore into a non-empty store applies ``WriteBatch`` chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import compress, islice, repeat, starmap
+from operator import is_, is_not
+from pathlib import Path
+from typing import Literal
+
+import rocksdict
+from localstate.engine import (
+    ChangeRecord,
+    KeyValueEngine,
+    StorageEngineFactory,
+    StoreContext,
+    StoreSpec,
+)
+from localstate.errors import (
+    ConfigError,
+    CorruptionError,
+    EngineError,
+    LocalStateError,
+    StoreClosedError,
+    StoreLockedError,
+)
+from localstate.faults import fault_point
+from localstate.kv import KeyValueIterator, prefix_upper_bound, reject_none
+from localstate.locking import io_error
+
+from ._persistent import (
+    IteratorRegistry,
+    engine_lock,
+    explain_bad_key,
+    explain_bad_pairs,
+    fsync_dir,
+    remove_tree,
+)
+
+__all__ = ["RocksDBEngine", "RocksDBEngineFactory", "RocksDBOptions"]
+
+_WRITE_BATCH_RECORDS = 100_000
+_SST_CHUNK_RECORDS = 1 << 21
+_SNAPSHOT_PREFIX_TMP = ".tmp-"
+_HARD_LINKABLE = (".sst", ".blob")
+
+_COMPRESSION = {
+    "none": rocksdict.DBCompressionType.none,
+    "snappy": rocksdict.DBCompressionType.snappy,
+    "lz4": rocksdict.DBCompressionType.lz4,
+    "zstd": rocksdict.DBCompressionType.zstd,
+    "zlib": rocksdict.DBCompressionType.zlib,
+}
+
+
+@dataclass(frozen=True)
+class RocksDBOptions:
+    """``stores.<name>.rocksdb.*`` options (defaults follow Kafka Streams' RocksDB setup).
+
+    * ``block.cache.size.bytes`` — LRU block cache per store (default 50 MiB).
+    * ``block.size.bytes`` — data block size (default 4096).
+    * ``write.buffer.size.bytes`` — memtable size before a flush (default 16 MiB).
+    * ``max.write.buffer.number`` — memtables kept before writes stall (default 3).
+    * ``compression`` — ``lz4`` (default), ``zstd``, ``snappy``, ``zlib`` or ``none``.
+    * ``bloom.bits.per.key`` — bloom filter bits per key, ``0`` disables (default 10).
+    * ``max.open.files`` — table files kept open, ``-1`` = unlimited (default -1).
+    * ``background.jobs`` — flush/compaction threads (default 2).
+    * ``snapshots.keep`` — local checkpoints kept for incremental restore (default 2;
+      at least 2, so the last committed one survives a failed commit).
+    """
+
+    block_cache_size_bytes: int = 50 * 1024 * 1024
+    block_size_bytes: int = 4096
+    write_buffer_size_bytes: int = 16 * 1024 * 1024
+    max_write_buffer_number: int = 3
+    compression: Literal["none", "snappy", "lz4", "zstd", "zlib"] = "lz4"
+    bloom_bits_per_key: float = 10.0
+    max_open_files: int = -1
+    background_jobs: int = 2
+    snapshots_keep: int = 2
+
+    def validate(self, prefix: str) -> None:
+        """Raise :class:`ConfigError` naming the full key of the first bad value."""
+        checks = (
+            ("block.cache.size.bytes", self.block_cache_size_bytes >= 0, ">= 0"),
+            ("block.size.bytes", self.block_size_bytes >= 256, ">= 256"),
+            ("write.buffer.size.bytes", self.write_buffer_size_bytes >= 64 * 1024, ">= 65536"),
+            ("max.write.buffer.number", self.max_write_buffer_number >= 2, ">= 2"),
+            ("bloom.bits.per.key", 0 <= self.bloom_bits_per_key <= 64, "between 0 and 64"),
+            ("max.open.files", self.max_open_files == -1 or self.max_open_files >= 16, "-1 (unlimited) or >= 16"),
+            ("background.jobs", 1 <= self.background_jobs <= 64, "between 1 and 64"),
+            ("snapshots.keep", self.snapshots_keep >= 2, ">= 2"),
+        )
+        for key, ok, rule in checks:
+            if not ok:
+                value = getattr(self, key.replace(".", "_"))
+                raise ConfigError(f"{prefix}.{key} = {value!r}: must be {rule}")
+
+    def to_native(self) -> rocksdict.Options:
+        """A new ``rocksdict.Options`` in raw (bytes) mode with these settings."""
+        opts = rocksdict.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        table = rocksdict.BlockBasedOptions()
+        if self.block_cache_size_bytes > 0:
+            table.set_block_cache(rocksdict.Cache(self.block_cache_size_bytes))
+        else:
+            table.disable_cache()
+        table.set_block_size(self.block_size_bytes)
+        if self.bloom_bits_per_key > 0:
+            table.set_bloom_filter(self.bloom_bits_per_key, False)
+        opts.set_block_based_table_factory(table)
+        opts.set_write_buffer_size(self.write_buffer_size_bytes)
+        opts.set_max_write_buffer_number(self.max_write_buffer_number)
+        opts.set_compression_type(_COMPRESSION[self.compression]())
+        opts.set_max_open_files(self.max_open_files)
+        opts.set_max_background_jobs(self.background_jobs)
+        opts.set_keep_log_file_num(2)
+        return opts
+
+
+class RocksDBEngine(KeyValueEngine):
+    """``KeyValueStore[bytes, bytes]`` over one RocksDB directory, with local snapshots.
+
+    ``use_wal=False`` skips the write-ahead log: right for logged stores, whose
+    durable local copy is the snapshot taken at commit (the live database is rebuilt
+    from a snapshot on every open), wrong for stores without a changelog.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        name: str = "rocksdb",
+        options: RocksDBOptions | None = None,
+        *,
+        use_wal: bool = True,
+    ) -> None:
+        self.name = name
+        self.directory = Path(directory)
+        self.options = options or RocksDBOptions()
+        self.use_wal = use_wal
+        self.live_dir = self.directory / "db"
+        self.snapshot_dir = self.directory / "snapshots"
+        self._native = self.options.to_native()
+        self._write_opts = rocksdict.WriteOptions()
+        self._write_opts.disable_wal = not use_wal
+        self._iterators = IteratorRegistry()
+        self._db: rocksdict.Rdict | None = None
+        self._restoring_to: int | None = None
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise io_error(e, "create store directory", self.directory, EngineError) from e
+        self._lock = engine_lock(self.directory, name, "rocksdb")
+        try:
+            self._open()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _translate(self, e: BaseException, action: str) -> LocalStateError:
+        """The one place RocksDB errors become localstate errors.
+
+        rocksdict raises a bare ``Exception`` whose text starts with RocksDB's status
+        code ("Corruption:", "IO error:", "Invalid argument:"), so the code is read
+        from there.
+        """
+        if isinstance(e, LocalStateError):
+            return e
+        msg = str(e)
+        path = self.live_dir
+        where = f"store {self.name!r}: RocksDB at {path}"
+        if isinstance(e, OSError):
+            return io_error(e, action, path, EngineError)
+        if msg.startswith("IO error") and "lock" in msg.lower():
+            return StoreLockedError(
+                f"{where} is locked by another process or another open engine ({msg}); "
+                "stop it (or close its TaskStorage) first"
+            )
+        if msg.startswith("Corruption"):
+            return CorruptionError(
+                f"{where} is corrupt ({msg}) while trying to {action}. Its state can be rebuilt from "
+                "the changelog: run `localstate restore` (it wipes the local copy), or delete "
+                f"{self.directory} and reopen the task"
+            )
+        if msg.startswith("Invalid argument") and ("comparator" in msg or "raw" in msg):
+            return EngineError(
+                f"{where} was created with incompatible options ({msg}). localstate opens RocksDB in raw "
+                f"bytes mode; this directory holds a database written otherwise. Point the store elsewhere "
+                f"or delete {self.directory} to rebuild it from the changelog"
+            )
+        return EngineError(f"{where}: cannot {action}: {type(e).__name__}: {msg}")
+
+    def _check_raw_mode(self) -> None:
+        """Refuse a database rocksdict wrote in its default (non-raw, pickled keys) mode.
+
+        RocksDB itself only notices the comparator mismatch once the database has
+        table files, so rocksdict's own marker file is read first.
+        """
+        marker = self.live_dir / "rocksdict-config.json"
+        try:
+            raw_mode = json.loads(marker.read_text()).get("raw_mode", True)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, AttributeError) as e:
+            raise EngineError(f"store {self.name!r}: cannot read {marker}: {e}; delete {self.directory} "
+                              "to rebuild the store from the changelog") from e
+        if raw_mode is not True:
+            raise EngineError(
+                f"store {self.name!r}: RocksDB at {self.live_dir} was created with incompatible options "
+                f"(rocksdict raw_mode={raw_mode}, per {marker.name}). localstate opens RocksDB in raw bytes "
+                f"mode; point the store elsewhere or delete {self.directory} to rebuild it from the changelog"
+            )
+
+    def _open(self) -> None:
+        self._check_raw_mode()
+        try:
+            self._db = rocksdict.Rdict(str(self.live_dir), self._native)
+        except Exception as e:
+            raise self._translate(e, "open the database") from e
+        self._db.set_write_options(self._write_opts)
+
+    def _close_db(self) -> None:
+        self._iterators.close_all()
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.close()
+            except Exception as e:
+                raise self._translate(e, "close the database") from e
+
+    def _d(self) -> rocksdict.Rdict:
+        db = self._db
+        if db is None:
+            raise StoreClosedError(f"store {self.name!r} (rocksdb engine at {self.live_dir}) is closed")
+        return db
+
+    # -- KeyValueStore --------------------------------------------------------------------------
+    def get(self, key: bytes) -> bytes | None:
+        db = self._d()
+        try:
+            return db.get(key)
+        except Exception as e:
+            explain_bad_key(self.name, key)
+            raise self._translate(e, "get") from e
+
+    def get_all(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
+        db = self._d()
+        keys = keys if isinstance(keys, list) else list(keys)
+        if not keys:
+            return {}
+        try:
+            values = db.get(keys)
+        except Exception as e:
+            for k in keys:
+                explain_bad_key(self.name, k)
+            raise self._translate(e, "multi-get") from e
+        return dict(compress(zip(keys, values), map(is_not, values, repeat(None))))
+
+    def put(self, key: bytes, value: bytes) -> None:
+        db = self._d()
+        try:
+            db.put(key, value)
+        except Exception as e:
+            if value is None:
+                reject_none(self.name, key, value)
+            explain_bad_pairs(self.name, [(key, value)])
+            raise self._translate(e, "put") from e
+
+    def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
+        db = self._d()
+        if isinstance(entries, Mapping):
+            entries = list(entries.items())
+        elif not isinstance(entries, (list, tuple)):
+            entries = list(entries)
+        if not entries:
+            return
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        try:
+            deque(starmap(batch.put, entries), 0)
+        except Exception as e:
+            explain_bad_pairs(self.name, entries)
+            raise self._translate(e, "build a write batch") from e
+        try:
+            db.write(batch)
+        except Exception as e:
+            raise self._translate(e, "write a batch") from e
+
+    def delete(self, key: bytes) -> None:
+        db = self._d()
+        try:
+            db.delete(key)
+        except Exception as e:
+            explain_bad_key(self.name, key)
+            raise self._translate(e, "delete") from e
+
+    def delete_all(self, keys: Iterable[bytes]) -> None:
+        db = self._d()
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if not keys:
+            return
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        try:
+            deque(map(batch.delete, keys), 0)
+        except Exception as e:
+            for k in keys:
+                explain_bad_key(self.name, k)
+            raise self._translate(e, "build a write batch") from e
+        try:
+            db.write(batch)
+        except Exception as e:
+            raise self._translate(e, "write a batch") from e
+
+    def _scan(self, db: rocksdict.Rdict, start: bytes | None, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        read_opts = rocksdict.ReadOptions()
+        if stop is not None:
+            read_opts.set_iterate_upper_bound(stop)
+        # rocksdict ignores set_iterate_lower_bound: seek to ``start`` instead.
+        items = db.items(from_key=start, read_opt=read_opts)
+        pair = None
+        try:
+            for pair in items:
+                yield pair
+        except Exception as e:
+            raise self._translate(e, "scan") from e
+        del items
+        # rocksdict's items() ends silently when the native iterator fails (e.g. a
+        # checksum mismatch); a second iterator positioned after the last pair tells a
+        # real end from an error.
+        probe = db.iter(read_opts)
+        if pair is None:
+            if start is None:
+                probe.seek_to_first()
+            else:
+                probe.seek(start)
+        else:
+            probe.seek(pair[0])
+            if probe.valid():
+                probe.next()
+        if not probe.valid():
+            try:
+                probe.status()
+            except Exception as e:
+                raise self._translate(e, "scan") from e
+
+    def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
+        db = self._d()
+        for bound in (start, stop):
+            if bound is not None:
+                explain_bad_key(self.name, bound)
+        if start is not None and stop is not None and start >= stop:
+            return self._iterators.open((), f"store {self.name!r} iterator")
+        return self._iterators.open(self._scan(db, start, stop), f"store {self.name!r} iterator")
+
+    def prefix(self, prefix: bytes) -> KeyValueIterator[bytes, bytes]:
+        explain_bad_key(self.name, prefix)
+        return self.range(prefix, prefix_upper_bound(prefix))
+
+    def all(self) -> KeyValueIterator[bytes, bytes]:
+        return self.range(None, None)
+
+    def flush(self) -> None:
+        """Make every write so far durable: sync the WAL, or flush the memtable without one."""
+        db = self._d()
+        try:
+            if self.use_wal:
+                db.flush_wal(True)
+            else:
+                db.flush(True)
+        except Exception as e:
+            raise self._translate(e, "flush") from e
+
+    def close(self) -> None:
+        """Close open iterators, then the database, then release the lock; idempotent."""
+        if self._db is None:
+            return
+        try:
+            self._close_db()
+        finally:
+            self._lock.release()
+
+    # -- StorageEngine --------------------------------------------------------------------------
+    def _is_empty(self, db: rocksdict.Rdict) -> bool:
+        probe = db.iter(rocksdict.ReadOptions())
+        probe.seek_to_first()
+        return not probe.valid()
+
+    def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
+        """Apply change records in order; SST ingestion when the store is empty.
+
+        After a restore prepared by :meth:`prepare_restore` (records ``[L, C)``) it
+        snapshots at ``C``, so reopening before the next commit replays nothing.
+        """
+        db = self._d()
+        target, self._restoring_to = self._restoring_to, None
+        try:
+            if into_empty and self._is_empty(db):
+                self._bulk_load(db, iter(records))
+            else:
+                self._apply_batches(db, records)
+        except LocalStateError:
+            raise
+        except Exception as e:
+            raise self._translate(e, "restore") from e
+        if target is not None:
+            self.checkpoint(target)
+
+    def _apply_batches(self, db: rocksdict.Rdict, records: Iterable[ChangeRecord]) -> None:
+        batch = rocksdict.WriteBatch(raw_mode=True)
+        put, delete = batch.put, batch.delete
+        n = 0
+        for k, v in records:
+            if v is None:
+                delete(k)
+            else:
+                put(k, v)
+            n += 1
+            if n == _WRITE_BATCH_RECORDS:
+                db.write(batch)
+                batch = rocksdict.WriteBatch(raw_mode=True)
+                put, delete = batch.put, batch.delete
+                n = 0
+        if n:
+            db.write(batch)
+
+    def _bulk_load(self, db: rocksdict.Rdict, records: Iterator[ChangeRecord]) -> None:
+        """Dedupe each chunk (last write wins), write it sorted to an SST, ingest it.
+
+        A later chunk's SST is ingested above the earlier ones, so its values win;
+        its surviving tombstones are then applied as deletes.
+        """
+        ingest_dir = self.directory / "ingest"
+        remove_tree(ingest_dir)
+        ingest_dir.mkdir()
+        try:
+            chunk_no = 0
+            while True:
+                latest = dict(islice(records, _SST_CHUNK_RECORDS))
+                if not latest:
+                    break
+                values = latest.values()
+                dead = list(compress(latest.keys(), map(is_, values, repeat(None))))
+                for k in dead:
+                    del latest[k]
+                if latest:
+                    keys = sorted(latest)
+                    path = ingest_dir / f"chunk-{chunk_no:06d}.sst"
+                    writer = rocksdict.SstFileWriter(self._native)
+                    writer.open(str(path))
+                    deque(map(writer.__setitem__, keys, map(latest.__getitem__, keys)), 0)
+                    writer.finish()
+                    del keys
+                    ingest_opts = rocksdict.IngestExternalFileOptions()
+                    ingest_opts.set_move_files(True)
+                    db.ingest_external_file([str(path)], ingest_opts)
+                if dead and chunk_no:
+                    self._apply_batches(db, zip(dead, repeat(None)))
+                chunk_no += 1
+                del latest, dead
+        finally:
+            remove_tree(ingest_dir)
+
+    def _snapshots(self) -> list[tuple[int, Path]]:
+        """Completed snapshots as ``(offset, path)``, oldest first."""
+        if not self.snapshot_dir.is_dir():
+            return []
+        out = []
+        for p in self.snapshot_dir.iterdir():
+            if p.name.isdigit():
+                out.append((int(p.name), p))
+        out.sort()
+        return out
+
+    def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
+        """Rebuild ``db/`` from the newest snapshot at ``min_valid <= L <= C``; return ``L``.
+
+        Snapshots past ``C`` come from a commit that never completed and snapshots
+        older than ``min_valid`` could resurrect compacted deletes: both are deleted.
+        Without a usable snapshot the store is wiped and ``0`` returned.
+        """
+        self._d()
+        chosen: tuple[int, Path] | None = None
+        for offset, path in self._snapshots():
+            if offset > committed_offset or offset < min_valid_offset:
+                remove_tree(path)
+            else:
+                chosen = (offset, path)
+        self._close_db()
+        try:
+            remove_tree(self.live_dir)
+            if chosen is not None:
+                self._copy_snapshot(chosen[1], self.live_dir)
+        except OSError as e:
+            raise io_error(e, "rebuild the live database in", self.live_dir, EngineError) from e
+        self._open()
+        start = chosen[0] if chosen is not None else 0
+        self._restoring_to = committed_offset if start < committed_offset else None
+        return start
+
+    @staticmethod
+    def _copy_snapshot(source: Path, target: Path) -> None:
+        tmp = target.with_name(target.name + ".loading")
+        remove_tree(tmp)
+        tmp.mkdir()
+        for f in source.iterdir():
+            if f.suffix in _HARD_LINKABLE:
+                os.link(f, tmp / f.name)  # immutable files: share the inode
+            else:
+                shutil.copy2(f, tmp / f.name)  # MANIFEST, CURRENT, OPTIONS, WAL: rewritten in place
+        os.replace(tmp, target)
+
+    def checkpoint(self, offset: int) -> None:
+        """Take a hard-link snapshot tagged with ``offset``; keep the newest ``snapshots.keep``."""
+        db = self._d()
+        target = self.snapshot_dir / f"{offset:020d}"
+        if target.is_dir():
+            return  # same offset, same changelog prefix, same content
+        tmp = self.snapshot_dir / f"{_SNAPSHOT_PREFIX_TMP}{offset:020d}"
+        try:
+            self.snapshot_dir.mkdir(exist_ok=True)
+            for p in self.snapshot_dir.iterdir():
+                if p.name.startswith(_SNAPSHOT_PREFIX_TMP):
+                    remove_tree(p)
+            db.flush(True)
+            rocksdict.Checkpoint(db).create_checkpoint(str(tmp))
+            fault_point("snapshot.mid")
+            os.replace(tmp, target)
+            fsync_dir(self.snapshot_dir)
+            snapshots = self._snapshots()
+            for _offset, path in snapshots[: -self.options.snapshots_keep]:
+                remove_tree(path)
+        except OSError as e:
+            raise io_error(e, "write a snapshot to", tmp, EngineError) from e
+        except LocalStateError:
+            raise
+        except Exception as e:
+            raise self._translate(e, "take a snapshot") from e
+
+    def wipe(self) -> None:
+        """Delete the live database and every snapshot; reopen empty."""
+        self._d()
+        self._close_db()
+        try:
+            remove_tree(self.live_dir)
+            remove_tree(self.snapshot_dir)
+        except OSError as e:
+            raise io_error(e, "wipe", self.directory, EngineError) from e
+        self._open()
+
+    @property
+    def open_iterators(self) -> int:
+        """How many iterators handed out are still open."""
+        return len(self._iterators)
+
+
+class RocksDBEngineFactory(StorageEngineFactory):
+    """Factory ``rocksdb``: options under ``stores.<name>.rocksdb.*`` (:class:`RocksDBOptions`)."""
+
+    options_prefix = "rocksdb"
+    options_type = RocksDBOptions
+    description = "RocksDB (rocksdict): persistent, SST bulk restore, hard-link snapshots for incremental restore"
+
+    def create(self, spec: StoreSpec, context: StoreContext) -> RocksDBEngine:
+        return RocksDBEngine(
+            context.directory,
+            spec.name,
+            spec.options or RocksDBOptions(),
+            use_wal=spec.changelog is None,
+        )
