@@ -66,7 +66,9 @@ class Workload:
     """Which target kinds it applies to: ``store`` (TaskStorage view), ``engine`` (raw
     engine), ``baseline`` (dict / rocksdict / plyvel)."""
     mb_per_s: bool = False
-    """Also report MB/s (from ``Trial.nbytes``) as ``<name>_mb``."""
+    """Also report MB/s (from ``Trial.nbytes``) in a second row."""
+    read_only: bool = False
+    """The timed run does not change the data: one prepared trial serves every repeat."""
 
 
 _WORKLOADS: dict[str, Workload] = {}
@@ -94,6 +96,7 @@ def workload(
     unit: str = "ops/s",
     kinds: tuple[str, ...] = ("store", "engine", "baseline"),
     mb_per_s: bool = False,
+    read_only: bool = False,
 ) -> Callable[[Callable[[Target, Any], Trial]], Callable[[Target, Any], Trial]]:
     """Register the decorated ``prepare(target, params) -> Trial`` as workload ``name``.
 
@@ -105,7 +108,7 @@ def workload(
         if name in _WORKLOADS:
             raise ConfigError(f"benchmark workload {name!r} is already registered")
         doc = (prepare.__doc__ or "").strip().splitlines()
-        _WORKLOADS[name] = Workload(name, prepare, unit, doc[0] if doc else "", frozenset(kinds), mb_per_s)
+        _WORKLOADS[name] = Workload(name, prepare, unit, doc[0] if doc else "", frozenset(kinds), mb_per_s, read_only)
         return prepare
 
     return register

@@ -204,31 +204,41 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 # -- timing -------------------------------------------------------------------------------
-def time_trials(prepare: Callable[[], Trial], repeats: int) -> tuple[list[float], list[float], list[int]]:
-    """Warm-up once, then ``repeats`` timed trials; each trial is freshly prepared.
+def time_trials(
+    prepare: Callable[[], Trial], repeats: int, *, reuse: bool = False
+) -> tuple[list[float], list[float], list[int]]:
+    """Warm-up once, then ``repeats`` timed runs.
 
+    Each run gets a freshly prepared trial, unless ``reuse`` (read-only workloads): then
+    one prepared trial is run ``repeats + 1`` times, so its data is loaded once.
     Returns ``(rates, byte_rates, ops)``: ``ops / seconds`` and ``nbytes / seconds / 1e6``
-    per timed trial.
+    per timed run.
     """
     rates: list[float] = []
     byte_rates: list[float] = []
     ops: list[int] = []
-    for i in range(repeats + 1):
-        trial = prepare()
-        try:
-            t0 = time.perf_counter()
-            trial.run()
-            elapsed = time.perf_counter() - t0
-            if trial.seconds is not None:
-                elapsed = trial.seconds()
-        finally:
-            trial.cleanup()
-        if i == 0:
-            continue  # warm-up
-        elapsed = max(elapsed, 1e-9)
-        rates.append(trial.ops / elapsed)
-        byte_rates.append(trial.nbytes / elapsed / 1e6)
-        ops.append(trial.ops)
+    shared = prepare() if reuse else None
+    try:
+        for i in range(repeats + 1):
+            trial = shared if shared is not None else prepare()
+            try:
+                t0 = time.perf_counter()
+                trial.run()
+                elapsed = time.perf_counter() - t0
+                if trial.seconds is not None:
+                    elapsed = trial.seconds()
+            finally:
+                if shared is None:
+                    trial.cleanup()
+            if i == 0:
+                continue  # warm-up
+            elapsed = max(elapsed, 1e-9)
+            rates.append(trial.ops / elapsed)
+            byte_rates.append(trial.nbytes / elapsed / 1e6)
+            ops.append(trial.ops)
+    finally:
+        if shared is not None:
+            shared.cleanup()
     return rates, byte_rates, ops
 
 

@@ -488,27 +488,27 @@ def _reads(target: Target, params: BenchParams, keys: list[bytes], batch: bool =
     return _trial(target, params, body, len(keys))
 
 
-@workload("random_get_hit")
+@workload("random_get_hit", read_only=True)
 def random_get_hit(target: Target, params: BenchParams) -> Trial:
     """get() of present keys drawn by --distribution (after a load and commit)."""
     ds = dataset(params)
     return _reads(target, params, [ds.keys[i] for i in key_order(params, params.records)])
 
 
-@workload("get_miss")
+@workload("get_miss", read_only=True)
 def get_miss(target: Target, params: BenchParams) -> Trial:
     """get() of absent keys (after a load and commit)."""
     return _reads(target, params, dataset(params).missing)
 
 
-@workload("get_all")
+@workload("get_all", read_only=True)
 def get_all(target: Target, params: BenchParams) -> Trial:
     """get_all() of present keys in --batch-size batches, drawn by --distribution."""
     ds = dataset(params)
     return _reads(target, params, [ds.keys[i] for i in key_order(params, params.records)], batch=True)
 
 
-@workload("range_scan", unit="records/s")
+@workload("range_scan", unit="records/s", read_only=True)
 def range_scan(target: Target, params: BenchParams) -> Trial:
     """Short scans of --scan-length records from random start keys (half-open ranges)."""
     ds = dataset(params)
@@ -536,7 +536,7 @@ def range_scan(target: Target, params: BenchParams) -> Trial:
     return _trial(target, params, body, expected)
 
 
-@workload("full_scan", unit="records/s")
+@workload("full_scan", unit="records/s", read_only=True)
 def full_scan(target: Target, params: BenchParams) -> Trial:
     """One scan of every record in key order (hash order for the dict)."""
 
@@ -575,7 +575,7 @@ def mixed_zipf(target: Target, params: BenchParams) -> Trial:
     return _trial(target, params, body, n)
 
 
-@workload("delete_heavy_scan", unit="records/s")
+@workload("delete_heavy_scan", unit="records/s", read_only=True)
 def delete_heavy_scan(target: Target, params: BenchParams) -> Trial:
     """Delete 90% of the records (committed), then time a full scan of the survivors."""
     ds = dataset(params)
@@ -781,7 +781,7 @@ def run_cell(w: Workload, t: Target, params: BenchParams) -> list[dict[str, Any]
     """The row(s) of one cell; an exception becomes an error row, NotApplicable no row."""
     common = params.public()
     try:
-        rates, mbs, ops = time_trials(lambda: w.prepare(t, params), params.repeats)
+        rates, mbs, ops = time_trials(lambda: w.prepare(t, params), params.repeats, reuse=w.read_only)
     except NotApplicable:
         return []
     except Exception as e:  # an engine failing mid-run: report it in its cell, go on
