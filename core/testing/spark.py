@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["spark", "spark_master"]
+__all__ = ["spark", "spark_master", "KeyCount", "key_count_task", "key_count_config", "read_counts"]
 
 
 @pytest.fixture(scope="session")
@@ -36,3 +36,89 @@ def spark(spark_master: str) -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+class KeyCount:
+    """Reference tasks for Spark tests: events per key in store ``counts`` (string → long).
+
+    :func:`key_count_task` returns the vectorised (``per_record=False``) or per-record
+    StreamTask class; both emit nothing while counting and, at ``window``, the keys
+    whose count changed in this run as rows ``key string, count long`` (so the union
+    of a run's output and earlier state is the full count).
+    """
+
+    STORES = {"counts": {"key.serde": "string", "msg.serde": "long", "object.cache.size": 20_000,
+                        "write.batch.size": 10_000}}
+    OUTPUT_SCHEMA = "key string, count long"
+
+
+def key_count_task(key: str = "user_id", *, per_record: bool = False) -> type:
+    """A StreamTask class counting rows per ``key`` column (see :class:`KeyCount`)."""
+    import pyarrow as pa
+    from localstate.contrib.spark import StreamTask
+
+    class _Count(StreamTask):
+        def init(self, context: Any) -> None:
+            self.counts = context.store("counts")
+            self.changed: dict[str, int] = {}
+
+        def process_batch(self, batch: pa.RecordBatch, emit: Any) -> None:
+            if per_record:
+                super().process_batch(batch, emit)
+                return
+            if batch.num_rows == 0:
+                return
+            grouped = pa.table({"k": batch.column(key)}).group_by("k", use_threads=False).aggregate([("k", "count")])
+            keys = grouped.column("k").to_pylist()
+            adds = grouped.column("k_count").to_pylist()
+            old = self.counts.get_all(keys)
+            new = [(k, old.get(k, 0) + n) for k, n in zip(keys, adds)]
+            self.counts.put_all(new)
+            self.changed.update(new)
+
+        def process(self, record: dict[str, Any], emit: Any) -> None:
+            k = record[key]
+            n = (self.counts.get(k) or 0) + 1
+            self.counts[k] = n
+            self.changed[k] = n
+
+        def window(self, emit: Any) -> None:
+            emit.arrow(pa.RecordBatch.from_pydict(
+                {"key": list(self.changed), "count": list(self.changed.values())},
+                schema=pa.schema([("key", pa.string()), ("count", pa.int64())]),
+            ))
+            self.changed = {}
+
+    _Count.__name__ = _Count.__qualname__ = "KeyCountPerRecord" if per_record else "KeyCountArrow"
+    return _Count
+
+
+def key_count_config(root: Any, *, partitions: int = 4, engine: str = "memory", name: str = "keycount") -> Any:
+    """Config of the :class:`KeyCount` job with state and file changelog under ``root``."""
+    from pathlib import Path
+
+    from localstate import Config
+
+    root = Path(root)
+    values: dict[str, Any] = {
+        "job.name": name,
+        "job.partitions": partitions,
+        "job.state.dir": str(root / "state"),
+        "systems.file.path": str(root / "changelog"),
+        "stores.counts.factory": engine,
+        "stores.counts.changelog": f"file.{name}-counts",
+    }
+    for k, v in KeyCount.STORES["counts"].items():
+        values[f"stores.counts.{k}"] = v
+    return Config.from_dict(values)
+
+
+def read_counts(config: Any) -> dict[str, int]:
+    """Every partition's committed ``counts`` store, merged (opens each TaskStorage)."""
+    from localstate import TaskStorage
+
+    out: dict[str, int] = {}
+    for p in range(config.partitions):
+        with TaskStorage(config, p) as storage, storage.store("counts").all() as items:
+            out.update(items)
+    return out
