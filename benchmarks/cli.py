@@ -171,6 +171,10 @@ def bench(
             options=_parse_options(options),
         )
         if GENERIC_SUITE in suites:
+            from .workloads import Target, make_config
+
+            for engine in selected:  # --option keys are validated against each engine up front
+                make_config(Target(engine, "store", engine), replace(params, changelog="none"), Path("."))
             check_resources(params, len(selected), workdir or Path(tempfile.gettempdir()))
     except ConfigError as e:
         raise click.UsageError(str(e)) from e

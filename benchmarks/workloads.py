@@ -60,7 +60,6 @@ class Dataset:
     keys: list[bytes]
     values: list[bytes]
     missing: list[bytes]
-    rng: random.Random
 
     @property
     def nbytes(self) -> int:
@@ -79,7 +78,7 @@ def dataset(params: BenchParams) -> Dataset:
     # distinct values: stamp the record number into the first bytes
     stamp = min(vs, 4)
     values = [i.to_bytes(8, "big")[-stamp:] + v[stamp:] for i, v in enumerate(values)]
-    return Dataset(keys, values, missing, rng)
+    return Dataset(keys, values, missing)
 
 
 def key_order(params: BenchParams, n: int, distribution: str | None = None) -> list[int]:
@@ -109,15 +108,28 @@ def zipf_sample(size: int, n: int, s: float, rng: random.Random) -> list[int]:
 
 # -- handles --------------------------------------------------------------------------------
 class Handle:
-    """A bytes key-value target opened for one trial."""
+    """A bytes key-value target opened for one trial.
+
+    Subclasses bind the library's own methods as ``put``/``get``/... attributes where
+    they fit, so a workload's hot loop calls the library directly.
+    """
 
     path: Path
 
-    def put(self, key: bytes, value: bytes) -> None: raise NotImplementedError
-    def put_all(self, pairs: list[tuple[bytes, bytes]]) -> None: raise NotImplementedError
-    def get(self, key: bytes) -> bytes | None: raise NotImplementedError
-    def get_all(self, keys: list[bytes]) -> Any: raise NotImplementedError
-    def delete(self, key: bytes) -> None: raise NotImplementedError
+    def put(self, key: bytes, value: bytes) -> None:
+        raise NotImplementedError
+
+    def put_all(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        raise NotImplementedError
+
+    def get(self, key: bytes) -> bytes | None:
+        raise NotImplementedError
+
+    def get_all(self, keys: list[bytes]) -> Any:
+        raise NotImplementedError
+
+    def delete(self, key: bytes) -> None:
+        raise NotImplementedError
 
     def scan(self, start: bytes | None, stop: bytes | None, limit: int | None = None) -> int:
         """Read records of ``[start, stop)`` in key order (at most ``limit``); return how many."""
@@ -126,7 +138,8 @@ class Handle:
     def commit(self) -> None:
         """Make writes visible and durable as the target does at a commit point."""
 
-    def close(self) -> None: raise NotImplementedError
+    def close(self) -> None:
+        raise NotImplementedError
 
 
 def _count(it: Iterator[Any], limit: int | None) -> int:
@@ -324,7 +337,6 @@ def make_config(target: Target, params: BenchParams, root: Path, *, changelog: b
     return Config.from_dict(values)
 
 
-
 def targets_for(engines: list[str], baselines: bool = True, direct: bool = True) -> list[Target]:
     """Targets for ``engines`` (registered names, entry points or ``module:Factory``):
     the store, the raw engine and the matching raw-library baseline of each.
@@ -336,8 +348,9 @@ def targets_for(engines: list[str], baselines: bool = True, direct: bool = True)
     wanted: list[str] = []
     for name in engines:
         if ":" not in name and name not in ENGINES.names():
+            hint = did_you_mean(name, ENGINES.names())
             raise ConfigError(
-                f"unknown engine {name!r}.{did_you_mean(name, ENGINES.names())} "
+                f"unknown engine {name!r}.{hint if hint.startswith(' Did you mean') else ''} "
                 f"Registered engines: {', '.join(ENGINES.names())}; or pass 'package.module:Factory'."
             )
         resolve_factory(name)  # import errors and non-factories are reported up front

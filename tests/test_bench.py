@@ -170,6 +170,7 @@ def test_suites_that_are_missing_fail_or_return_junk_become_error_cells(monkeypa
         (["--engine", "memory", "--cache-size", "10", "--batch-size", "100"], "--cache-size 10 is smaller"),
         (["--engine", "memory", "--key-size", "2"], "--key-size = 2"),
         (["--engine", "memory", "--option", "nonsense"], "expected KEY=VALUE"),
+        (["--engine", "memory", "--option", "rocksdb.block.cache.size.bytes=1"], "unknown config key"),
     ],
 )
 def test_bad_input_is_refused_up_front_with_the_fix(args: list[str], expected: str) -> None:
