@@ -238,3 +238,20 @@ def test_merge_keeps_rows_of_suites_not_rerun(tmp_path: Path) -> None:
     assert {r["suite"] for r in doc["rows"]} == {"generic", "core"}
     assert doc["command"].count("localstate bench") == 2
     assert "| core | core_restore |" in (out / "results.md").read_text()
+
+
+def test_every_area_suite_that_exists_exposes_run_quick_repeats() -> None:
+    import importlib
+    import importlib.util
+    import inspect
+
+    present = 0
+    for name, (module, _desc) in bench_registry.SUITES.items():
+        if not module or importlib.util.find_spec(module) is None:
+            continue
+        present += 1
+        run = importlib.import_module(module).run
+        params = inspect.signature(run).parameters
+        assert {"quick", "repeats"} <= set(params), name
+        assert params["quick"].default is False and params["repeats"].default == 5, name
+    assert present >= 1  # core_figures at least
