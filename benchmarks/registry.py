@@ -86,6 +86,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "search": ("localstate.benchmarks.search_engine", "full-text (tantivy) engine"),
     "kafka": ("localstate.benchmarks.kafka_changelog", "Kafka changelog (tansu broker)"),
     "spark": ("localstate.benchmarks.spark_jobs", "Spark job vs Spark's RocksDB state store"),
+    "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
 }
 """``suite name → (module exposing run(quick, repeats), description)``."""
 
