@@ -105,6 +105,7 @@ _ID = "_id"
 _DOC = "_doc"
 _CHECKPOINT_FILE = "search-checkpoint.json"
 _INDEX_DIR = "index"
+_SCHEMA_FILE = "search-schema.txt"
 _CHECKPOINT_VERSION = 1
 _FIELD_TYPES = ("text", "string", "int", "float")
 _TOKENIZERS = ("default", "raw", "en_stem", "whitespace")
@@ -335,6 +336,7 @@ class SearchEngine(StorageEngine):
         self._logged = bool(change_logger is not None and getattr(change_logger, "enabled", True))
         self._index_dir = self.directory / _INDEX_DIR
         self._checkpoint_path = self.directory / _CHECKPOINT_FILE
+        self._schema_path = self.directory / _SCHEMA_FILE
         self._index: tantivy.Index | None = None
         self._writer: tantivy.IndexWriter | None = None
         self._closed = False
@@ -357,27 +359,34 @@ class SearchEngine(StorageEngine):
             self._index_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise EngineError(f"store {self.name!r}: cannot create index directory {self._index_dir}: {e}") from e
-        saved = self._read_checkpoint()
-        if saved is not None and saved.get("schema") != self._schema_text:
-            self._open_problem = (
-                f"its schema {saved.get('schema')!r} differs from stores.{self.name}.search.fields "
-                f"= {self._schema_text!r}"
-            )
-            if not self._logged:
-                raise ConfigError(
-                    f"store {self.name!r}: the index at {self._index_dir} was built with schema "
-                    f"{saved.get('schema')!r}, but stores.{self.name}.search.fields = {self._schema_text!r}, and "
-                    "the store has no changelog to re-index from; restore the old schema or delete the directory"
-                )
-            self._create_empty()
-            return
         try:
             exists = tantivy.Index.exists(str(self._index_dir))
+        except (ValueError, OSError):
+            exists = True  # let Index.open report what is wrong
+        if exists:
+            try:
+                built_with = self._schema_path.read_text().strip()
+            except OSError:
+                built_with = "(unknown: search-schema.txt is missing)"
+            if built_with != self._schema_text:
+                self._open_problem = (
+                    f"its schema {built_with!r} differs from stores.{self.name}.search.fields = {self._schema_text!r}"
+                )
+                if not self._logged:
+                    raise ConfigError(
+                        f"store {self.name!r}: the index at {self._index_dir} was built with schema {built_with!r}, "
+                        f"but stores.{self.name}.search.fields = {self._schema_text!r}, and the store has no "
+                        "changelog to re-index from; restore the old schema or delete the directory"
+                    )
+                self._create_empty()
+                return
+        try:
             if exists:
                 self._index = tantivy.Index.open(str(self._index_dir))
                 self._opstamp = self._meta_opstamp()
             else:
                 self._index = tantivy.Index(self._schema, path=str(self._index_dir))
+                self._write_schema()
         except (ValueError, OSError, CorruptionError) as e:
             self._index = None
             self._open_problem = f"it cannot be opened ({e})"
@@ -400,6 +409,7 @@ class SearchEngine(StorageEngine):
             shutil.rmtree(self._index_dir, ignore_errors=True)
             self._index_dir.mkdir(parents=True, exist_ok=True)
             self._index = tantivy.Index(self._schema, path=str(self._index_dir))
+            self._write_schema()
         except (OSError, ValueError) as e:
             raise EngineError(f"store {self.name!r}: cannot create an empty index at {self._index_dir}: {e}") from e
         self._opstamp = 0
@@ -408,6 +418,15 @@ class SearchEngine(StorageEngine):
         self._dirty = False
         self._reader_stale = True
         self._new_writer(self.options.heap_size_bytes)
+
+    def _write_schema(self) -> None:
+        """Record the schema the (new, empty) index is built with, durably."""
+        tmp = self._schema_path.with_name(_SCHEMA_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(self._schema_text + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._schema_path)
 
     def _new_writer(self, heap: int) -> None:
         assert self._index is not None

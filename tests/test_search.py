@@ -583,3 +583,17 @@ def test_restored_from_kafka_and_uncommitted_tail_trimmed(kafka_broker, tmp_path
     # whether the aborted tail is visible at all depends on the broker (tansu may show it),
     # so u7 is either absent or tombstoned by the trim
     assert {k.decode(): json.loads(v) for k, v in state.items() if v is not None} == PEOPLE
+
+
+def test_schema_change_before_the_first_commit(tmp_path):
+    with TaskStorage(_config(tmp_path)) as s:
+        s.store("profiles").index("u1", PEOPLE["u1"])  # never committed
+    changed = _config(
+        tmp_path, **{"stores.profiles.search.fields": "name:text, score:float:stored", "stores.profiles.search.default.fields": ""}
+    )
+    with TaskStorage(changed) as s:
+        p = s.store("profiles")
+        p.index("a", {"name": "x", "score": 1.5})
+        assert p.search("score:[1 TO 2]") == [("a", 1.0, {"score": 1.5})] and p.get("u1") is None
+        s.commit(1)
+    assert (_store_dir(tmp_path) / "search-schema.txt").read_text().strip() == "name:text, score:float:stored"
