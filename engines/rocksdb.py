@@ -392,13 +392,17 @@ class RocksDBEngine(KeyValueEngine):
         return self.range(None, None)
 
     def flush(self) -> None:
-        """Make every write so far durable: sync the WAL, or flush the memtable without one."""
+        """Make every write so far durable by syncing the WAL.
+
+        Without a WAL (a logged store) this is a no-op: the live database is never
+        trusted on open, and :meth:`checkpoint` flushes the memtable into the snapshot
+        that is the durable local copy.
+        """
         db = self._d()
+        if not self.use_wal:
+            return
         try:
-            if self.use_wal:
-                db.flush_wal(True)
-            else:
-                db.flush(True)
+            db.flush_wal(True)
         except Exception as e:
             raise self._translate(e, "flush") from e
 
