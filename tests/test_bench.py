@@ -255,3 +255,23 @@ def test_every_area_suite_that_exists_exposes_run_quick_repeats() -> None:
         assert {"quick", "repeats"} <= set(params), name
         assert params["quick"].default is False and params["repeats"].default == 5, name
     assert present >= 1  # core_figures at least
+
+
+@pytest.mark.slow
+def test_area_suites_run_quick_through_the_cli_without_error_cells(tmp_path: Path) -> None:
+    """Every area suite that exists (Spark's has its own Spark-session tests) runs its quick
+    form through ``localstate bench``, so none of them can rot unnoticed."""
+    import importlib.util
+
+    suites = [name for name, (module, _d) in bench_registry.SUITES.items()
+              if module and name not in ("core", "spark") and importlib.util.find_spec(module) is not None]
+    if not suites:
+        pytest.fail("no area suite module is present")
+    out = tmp_path / "out"
+    code, output = _bench("--quick", "--repeats", "1", "--suite", ",".join(suites), "--out", str(out))
+    assert code == 0, output
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert not [r for r in rows if r["error"]], [r["error"] for r in rows if r["error"]]
+    assert {r["suite"] for r in rows} == set(suites)
+    for row in rows:
+        _check_row(row)
