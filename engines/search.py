@@ -702,7 +702,8 @@ class SearchEngine(StorageEngine):
             raise InvalidValueError(f"store {self.name!r}: search limit must be a positive int, got {limit!r}")
         q = query if isinstance(query, tantivy.Query) else self.parse_query(query)
         searcher = self._searcher()
-        hits = searcher.search(q, limit, count=False).hits
+        # tantivy sizes its top-k heap by ``limit``: never ask for more than exist
+        hits = searcher.search(q, min(limit, max(1, searcher.num_docs)), count=False).hits
         out = []
         decode_key, decode_doc, stored = self._key_serde.decode, self._decode_doc, self._stored
         doc_at = searcher.doc
