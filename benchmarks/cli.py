@@ -60,25 +60,34 @@ def run_bench(
     from .workloads import run_generic
 
     rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
     with Progress(
         TextColumn("[bold]{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         disable=not progress, transient=True, console=None,
     ) as bar:
         task = bar.add_task("starting", total=len(suites))
+
+        def step(desc: str) -> None:
+            """Advance the bar; without a terminal, log a line per step to stderr instead."""
+            bar.update(task, description=desc)
+            if not progress:
+                done, total = bar.tasks[0].completed, bar.tasks[0].total
+                click.echo(f"[{time.perf_counter() - t0:7.1f}s {done:.0f}/{total:.0f}] {desc}", err=True)
+
         for suite in suites:
             if suite == GENERIC_SUITE:
-                def on_start(n: int) -> None:
-                    bar.update(task, total=(bar.tasks[0].total or 0) + n)
+                def on_start(n: int) -> None:  # the suite's one step becomes its n cells
+                    bar.update(task, total=(bar.tasks[0].total or 0) - 1 + n)
 
                 def on_cell(desc: str) -> None:
-                    bar.update(task, description=desc)
+                    step(desc)
                     bar.advance(task)
 
                 rows += run_generic(engines, workloads, params, on_start=on_start, on_cell=on_cell)
             else:
-                bar.update(task, description=f"suite {suite}")
+                step(f"suite {suite}")
                 rows += suite_rows(SUITES[suite][0], suite, params.quick, params.repeats)
-            bar.advance(task)
+                bar.advance(task)
     return rows
 
 
