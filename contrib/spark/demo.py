@@ -28,6 +28,7 @@ from .jobs import (
     JobRun,
     default_kv_engine,
     job_config,
+    make_console,
     print_summary,
     restore_state,
     run_example,
@@ -73,12 +74,11 @@ def run_demo(
     console: Any = None,
 ) -> bool:
     """Run the whole demo under ``root``; True when every restored store matched."""
-    from rich.console import Console
     from rich.table import Table
 
     from .runner import spark_session
 
-    console = console or Console()
+    console = console or make_console()
     if engine is None:
         engine, why = default_kv_engine()
         if why:
@@ -114,7 +114,7 @@ def run_demo(
         print_summary(console, summarize(run.task, run.output, config=run.config))
     jobs_table = Table(title="Jobs (batch runs on Spark, Arrow path)", title_justify="left")
     for col in ("job", "input rows", "output rows", "seconds", "rows/s incl. Spark"):
-        jobs_table.add_column(col, justify="left" if col == "job" else "right")
+        jobs_table.add_column(col, justify="left" if col == "job" else "right", no_wrap=col == "job")
     for name, run in runs.items():
         jobs_table.add_row(name, f"{run.input_rows:,}", f"{run.output.num_rows:,}", f"{run.seconds:.1f}",
                            f"{run.events_per_second:,.0f}")
@@ -144,7 +144,7 @@ def run_demo(
 
     result = Table(title="Restore after machine loss", title_justify="left")
     for col in ("job", "stores×tasks", "records", "MB", "seconds", "records/s", "MB/s", "state"):
-        result.add_column(col, justify="left" if col in ("job", "state") else "right")
+        result.add_column(col, justify="left" if col in ("job", "state") else "right", no_wrap=col == "job")
     ok_all = True
     records = nbytes = 0
     seconds = 0.0
@@ -172,7 +172,7 @@ def run_demo(
 
 
 @click.command("demo")
-@click.option("--events", default=200_000, show_default=True, help="page views in the synthetic workload")
+@click.option("--events", default=100_000, show_default=True, help="page views in the synthetic workload")
 @click.option("--partitions", default=4, show_default=True, help="tasks per job (= changelog partitions)")
 @click.option("--engine", default=None, help="key-value engine (default rocksdb, else memory)")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -49,6 +49,7 @@ __all__ = [
     "restore_state",
     "summarize",
     "print_summary",
+    "make_console",
     "DEMO_QUERIES",
     "run_job",
 ]
@@ -328,9 +329,10 @@ def _summarize_search(out: pa.Table, k: int, config: Config | None) -> Summary:
     rows: list[list[Any]] = []
     if config is not None:
         for query in DEMO_QUERIES:
-            for user, score, doc in search_profiles(config, query, limit=3):
-                rows.append([query, user, doc.get("name"), doc.get("city"), doc.get("bio"), f"{score:.2f}"])
-    return Summary("Profile search (tantivy index per task)", ["query", "user", "name", "city", "bio", "score"],
+            for i, (user, score, doc) in enumerate(search_profiles(config, query, limit=3)):
+                rows.append([query if i == 0 else "", f"{doc.get('name')} ({user})", doc.get("city"),
+                             doc.get("bio"), f"{score:.2f}"])
+    return Summary("Profile search (tantivy index per task)", ["query", "profile", "city", "bio", "score"],
                    rows[: 3 * k], f"{indexed:,} profile versions indexed, {deleted:,} accounts removed")
 
 
@@ -356,13 +358,24 @@ def summarize(task: type[StreamTask], output: pa.Table, k: int = 8, config: Conf
     return Summary(task.NAME, list(output.column_names), [list(r.values()) for r in head])
 
 
+_NUMERIC = frozenset({"views", "users", "impressions", "clicks", "viewers", "rank", "score", "CTR"})
+
+
+def make_console() -> Any:
+    """A rich console; at least 120 columns wide when output is not a terminal (logs, CI)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 120))
+
+
 def print_summary(console: Any, summary: Summary) -> None:
     """Print a :class:`Summary` as a rich table."""
     from rich.table import Table
 
-    table = Table(title=summary.title, caption=summary.caption, title_justify="left")
-    for col in summary.columns:
-        table.add_column(col, justify="right" if col in ("views", "users", "impressions", "clicks") else "left")
+    table = Table(title=summary.title, caption=summary.caption, title_justify="left", caption_justify="left")
+    for i, col in enumerate(summary.columns):
+        table.add_column(col, justify="right" if col in _NUMERIC else "left", no_wrap=i == 0)
     for row in summary.rows:
         table.add_row(*(f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v) for v in row))
     console.print(table)
@@ -385,8 +398,6 @@ def run_job(job_name: str, events: int, partitions: int, engine: str | None, dir
 
     JOB is one of the names ``localstate run --help`` lists below.
     """
-    from rich.console import Console
-
     from .runner import spark_session
 
     task = JOBS.get(job_name)
@@ -394,7 +405,7 @@ def run_job(job_name: str, events: int, partitions: int, engine: str | None, dir
         from localstate.registry import did_you_mean
 
         raise click.BadParameter(f"unknown job {job_name!r}.{did_you_mean(job_name, JOBS)}", param_hint="JOB")
-    console = Console()
+    console = make_console()
     if engine is None:
         engine, why = default_kv_engine()
         if why:
