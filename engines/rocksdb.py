@@ -416,6 +416,17 @@ class RocksDBEngine(KeyValueEngine):
             self._lock.release()
 
     # -- StorageEngine --------------------------------------------------------------------------
+    def current(self, keys: Iterable[bytes]) -> list[ChangeRecord]:
+        """``(key, value or None)`` per key, in order, with one native multi-get."""
+        db = self._d()
+        keys = keys if isinstance(keys, list) else list(keys)
+        if not keys:
+            return []
+        try:
+            return list(zip(keys, db.get(keys)))
+        except Exception as e:
+            raise self._translate(e, "multi-get") from e
+
     def _is_empty(self, db: rocksdict.Rdict) -> bool:
         probe = db.iter(rocksdict.ReadOptions())
         probe.seek_to_first()

@@ -117,6 +117,17 @@ def test_bulk_restore_dedupes_and_drops_tombstones_across_chunks(tmp_path, monke
 
 
 @engines
+def test_current_reports_each_key_or_a_tombstone(tmp_path, factory):
+    engine = ENGINES[factory](tmp_path / "db", "cur")
+    try:
+        engine.put_all([(b"a", b"1"), (b"b", b"")])
+        assert list(engine.current([b"b", b"zz", b"a"])) == [(b"b", b""), (b"zz", None), (b"a", b"1")]
+        assert list(engine.current([])) == []
+    finally:
+        engine.close()
+
+
+@engines
 def test_iterator_left_open_then_close_releases_the_database(tmp_path, factory):
     engine = ENGINES[factory](tmp_path / "db", "it")
     engine.put_all([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")])
