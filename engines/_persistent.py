@@ -54,8 +54,19 @@ class IteratorRegistry:
 
     def open(self, items: Iterable[tuple[bytes, bytes]], what: str) -> KeyValueIterator[bytes, bytes]:
         it = _TrackedIterator(items, what=what)
-        it._on_close = lambda: self._open.discard(it)
-        self._open.add(it)
+        registry = self._open
+        ref = weakref.ref(it)
+
+        def forget() -> None:
+            # through a weak reference: a closure holding ``it`` would make a cycle, and an
+            # abandoned iterator (with its native iterator and the DB lock) would then
+            # wait for the cyclic GC instead of going away at once
+            target = ref()
+            if target is not None:
+                registry.discard(target)
+
+        it._on_close = forget
+        registry.add(it)
         return it
 
     def close_all(self) -> None:

@@ -149,6 +149,24 @@ def test_iterator_left_open_then_close_releases_the_database(tmp_path, factory):
 
 
 @engines
+def test_abandoned_iterator_is_released_without_the_cyclic_gc(tmp_path, factory):
+    import gc
+
+    engine = ENGINES[factory](tmp_path / "db", "it")
+    gc.disable()
+    try:
+        engine.put(b"a", b"1")
+        it = engine.all()
+        next(it)
+        assert engine.open_iterators == 1
+        del it
+        assert engine.open_iterators == 0
+    finally:
+        gc.enable()
+        engine.close()
+
+
+@engines
 def test_iterator_left_open_in_a_task_then_close_and_reopen(tmp_path, factory):
     config = _config(tmp_path, factory)
     s = TaskStorage(config)
