@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,19 @@ def lock_holder(lock: Path) -> str | None:
         os.close(fd)
 
 
+def _read_live(path: Path, attempts: int = 20) -> bytes:
+    """Read a file a live task replaces by rename: a checkpoint is absent for a moment
+    between its two renames (``current -> prev``, ``tmp -> current``), so retry briefly."""
+    for attempt in range(attempts):
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.005)
+    raise AssertionError("unreachable")
+
+
 def _dir_size(path: Path) -> tuple[int, int]:
     files = size = 0
     for root, _dirs, names in os.walk(path):
@@ -50,11 +64,13 @@ def inspect_path(path: Path) -> dict[str, Any]:
     for ck in sorted(path.glob("**/_checkpoints/*/partition-*.ckpt")):
         row: dict[str, Any] = {"job": ck.parent.name, "partition": int(ck.stem.split("-")[1]), "path": str(ck)}
         try:
-            c = Checkpoint.from_bytes(ck.read_bytes(), where=str(ck))
+            c = Checkpoint.from_bytes(_read_live(ck), where=str(ck))
             row.update(version=c.version, input_position=c.input_position, offsets=dict(c.offsets),
                        epoch=c.epoch, written_at=c.written_at)
         except LocalStateError as e:
             row["error"] = str(e)
+        except FileNotFoundError:
+            continue  # removed since the glob (a store wiped by its task): nothing to report
         report["checkpoints"].append(row)
     for meta in sorted(path.glob("**/stream.json")):
         sdir = meta.parent
