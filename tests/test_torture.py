@@ -32,7 +32,7 @@ def _assert_clean(report: T.TortureReport) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", FILE_ENGINES)
 def test_crash_trials_file_changelog(engine, tmp_path):
-    report = T.run_trials(engine, "file", TRIALS, seed=1000, workdir=tmp_path, batches=8, ops=30)
+    report = T.run_trials(engine, "file", TRIALS, seed=1000, workdir=tmp_path, batches=8, ops=30, jobs=2)
     _assert_clean(report)
     assert sum(r.crashes for r in report.results) >= 1, "no trial crashed: the harness tested nothing"
 
