@@ -30,6 +30,7 @@ ingests them; a restore into a non-empty store applies ``WriteBatch`` chunks.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections import deque
@@ -514,6 +515,12 @@ class RocksDBEngine(KeyValueEngine):
         out = []
         for p in self.snapshot_dir.iterdir():
             if p.name.isdigit():
+                if not (p / "CURRENT").is_file():
+                    # a snapshot that lost its files would open as an empty database and
+                    # silently skip the records before its offset: never use it
+                    logging.getLogger("localstate").warning(
+                        "rocksdb store %r: snapshot %s has no CURRENT file; ignoring it", self.name, p)
+                    continue
                 out.append((int(p.name), p))
         out.sort()
         return out
