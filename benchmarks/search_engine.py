@@ -5,7 +5,7 @@
   (``add_document`` + ``commit``) on the same documents and schema; also the per-call
   ``index()`` path.
 * ``search.query`` — top-10 queries per second including the hits' stored documents,
-  against raw tantivy (``parse_query`` + ``search`` + ``doc()`` per hit).
+  against raw tantivy (``parse_query`` + ``search`` + ``doc().to_dict()`` per hit).
 * ``search.restore`` — seconds to rebuild a wiped local index of N documents from the
   changelog at open, against raw tantivy indexing the same documents (the floor).
 """
@@ -176,11 +176,11 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
             searcher = index.searcher()
             hits = searcher.search(index.parse_query(q, ["name", "bio"]), 10, count=False).hits
             for _, address in hits:
-                searcher.doc(address)
+                searcher.doc(address).to_dict()
         return nq / (time.perf_counter() - t0)
 
     rows.append(make_row("search.query", "tantivy", qparams, "queries/s", _timed(repeats, raw_queries),
-                         notes="parse_query + search + doc() per hit"))
+                         notes="parse_query + search + doc().to_dict() per hit (the stored fields as Python values)"))
     rows.append(make_row("search.query", "search", qparams, "queries/s", _timed(repeats, ours_queries),
                          baseline="tantivy", notes="search(q, 10): hits with decoded stored documents"))
 

@@ -707,13 +707,14 @@ class SearchEngine(StorageEngine):
         out = []
         decode_key, decode_doc, stored = self._key_serde.decode, self._decode_doc, self._stored
         doc_at = searcher.doc
+        from_bytes = int.from_bytes
         for score, address in hits:
-            d = doc_at(address)
-            key, encoded = _unpack(d.get_first(_DOC))
-            doc = decode_doc(encoded)
+            packed = doc_at(address).get_first(_DOC)
+            n = from_bytes(packed[:4], "big") + 4  # _unpack(), inlined: this loop is the hot path
+            doc = decode_doc(packed[n:])
             if stored is not None:
                 doc = {k: doc[k] for k in stored if k in doc}
-            out.append((decode_key(key), score, doc))
+            out.append((decode_key(packed[4:n]), score, doc))
         return out
 
     def count(self, query: str | tantivy.Query) -> int:
