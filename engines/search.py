@@ -760,6 +760,7 @@ class SearchEngine(StorageEngine):
         latest: dict[bytes, bytes | None] = {}
         latest.update(records)
         add = writer.add_document
+        misfits = 0
         if not empty:
             keys = list(latest)
             for i in range(0, len(keys), _DELETE_CHUNK):
@@ -774,8 +775,19 @@ class SearchEngine(StorageEngine):
                 raise CorruptionError(
                     f"store {self.name!r}: change record {key!r} is not a {self.options.document_format} document: {e}"
                 ) from e
-            add(tantivy_doc(key, doc, value))
+            try:
+                add(tantivy_doc(key, doc, value))
+            except InvalidValueError:
+                # logged under an older schema (a field changed type): index what still fits
+                add(self._fitting_doc(key, doc, value))
+                misfits += 1
         del latest
+        if misfits:
+            log.warning(
+                "store %r: %d restored documents have fields that do not fit stores.%s.search.fields = %r; "
+                "those fields are not indexed (get() still returns them)",
+                self.name, misfits, self.name, self._schema_text,
+            )
         self._opstamp = writer.commit()
         self._reader_stale = True
         # the bulk writer is consumed here; index writes need a writer with the normal heap
@@ -785,6 +797,18 @@ class SearchEngine(StorageEngine):
         if self._restore_target is not None:
             self._write_checkpoint(self._restore_target)
             self._restore_target = None
+
+    def _fitting_doc(self, key: bytes, doc: dict[str, Any], encoded: bytes) -> tantivy.Document:
+        """The tantivy document of ``doc`` without the schema fields whose values do not fit."""
+        fitting = {}
+        for name, value in doc.items():
+            if name in self._schema_names:
+                try:
+                    self._tantivy_doc(key, {name: value}, encoded)
+                except InvalidValueError:
+                    continue
+            fitting[name] = value
+        return self._tantivy_doc(key, fitting, encoded)
 
     def _meta_segments(self) -> int:
         try:

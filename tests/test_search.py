@@ -597,3 +597,17 @@ def test_schema_change_before_the_first_commit(tmp_path):
         assert p.search("score:[1 TO 2]") == [("a", 1.0, {"score": 1.5})] and p.get("u1") is None
         s.commit(1)
     assert (_store_dir(tmp_path) / "search-schema.txt").read_text().strip() == "name:text, score:float:stored"
+
+
+def test_schema_type_change_restores_documents_that_no_longer_fit(tmp_path, caplog):
+    with TaskStorage(_config(tmp_path)) as s:
+        s.store("profiles").index_all(PEOPLE)
+        s.commit(1)
+    retyped = _config(tmp_path, **{"stores.profiles.search.fields": "name:text:stored, bio:text, age:string:stored"})
+    with caplog.at_level(logging.WARNING, logger="localstate"), TaskStorage(retyped) as s:
+        p = s.store("profiles")
+        assert "3 restored documents have fields that do not fit" in caplog.text
+        assert p.documents() == PEOPLE  # the stored documents are intact
+        assert [h[0] for h in p.search("lovelace")] == ["u1"]
+        p.index("u5", {"name": "new", "age": "forty"})
+        assert p.search("age:forty")[0][0] == "u5"
