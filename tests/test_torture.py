@@ -122,3 +122,16 @@ def test_cli_rejects_an_engine_that_is_not_installed():
     r = CliRunner().invoke(T.torture, ["--engine", "nosuch", "--trials", "1"])
     assert r.exit_code == 2
     assert "nosuch" in r.output
+
+
+def test_recovery_benchmark_quick_rows():
+    from localstate.benchmarks import reliability
+
+    rows = reliability.run(quick=True, repeats=1)
+    engines = {r["engine"] for r in rows}
+    assert "memory" in engines
+    for r in rows:
+        assert r["error"] is None, r["error"]
+        assert r["unit"] == "s" and r["median"] > 0 and len(r["runs"]) == 1
+    crash = [r for r in rows if r["workload"] == "reopen after SIGKILL"]
+    assert crash and all(r["baseline"] == "reopen after clean close" and r["ratio"] > 0 for r in crash)
