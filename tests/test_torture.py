@@ -18,7 +18,7 @@ from localstate.testing import torture as T
 
 from .conftest import FULL
 
-TRIALS = 25 if FULL else 3
+TRIALS = 25 if FULL else 2
 FILE_ENGINES = T.torture_engines()
 
 
