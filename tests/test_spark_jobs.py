@@ -251,9 +251,9 @@ def test_stream_table_join_equals_sequential_enrichment(tmp_path: Path, workload
 
 # -- 4. stream-stream join --------------------------------------------------------------------------
 def test_stream_stream_join_matches_within_window_and_expires_the_rest(tmp_path: Path, workload: Any) -> None:
-    config = job_config(AdClickJoin, tmp_path, partitions=3, engine=ENGINE)
+    config = job_config(AdClickJoin, tmp_path, partitions=2, engine=ENGINE)
     table = AdClickJoin.input_table(workload)
-    out, _ = run_task(AdClickJoin, config, table, chunks=4, batch_rows=700)
+    out, _ = run_task(AdClickJoin, config, table, chunks=3, batch_rows=700)
     imps = {r["impression_id"]: r for r in workload.impressions.to_pylist()}
     clicks = {r["impression_id"]: r["ts"] for r in workload.clicks.to_pylist()}
     matched = {i: c for i, c in clicks.items() if 0 <= c - imps[i]["ts"] <= JOIN_WINDOW_S}
