@@ -20,7 +20,7 @@ from localstate import (
     StoreClosedError,
     TaskStorage,
 )
-from localstate.engines.bloom import META_KEY, bloom_geometry, split_block_fp_rate
+from localstate.engines.bloom import META_KEY, blocked_fp_rate, bloom_geometry
 
 from .conftest import FULL
 
@@ -32,10 +32,10 @@ def bloom(capacity=10_000, fp=0.01, keyed=False, **extra):
 
 def test_geometry_meets_the_rate_and_is_minimal():
     for n, p in [(1000, 0.01), (100_000, 0.001), (10, 0.5), (1_000_000, 1e-6)]:
-        b = bloom_geometry(n, p)
-        assert b % 2 == 0
-        assert split_block_fp_rate(n, b) <= p
-        assert b == 2 or p < split_block_fp_rate(n, b - 2)
+        words, k = bloom_geometry(n, p)
+        assert 1 <= k <= 10
+        assert blocked_fp_rate(n, words, k) <= p
+        assert words == 1 or all(p < blocked_fp_rate(n, words - 1, kk) for kk in range(1, 11))
 
 
 @pytest.mark.parametrize("fp", [0.01, 0.001])
@@ -75,18 +75,18 @@ def test_only_changed_words_are_logged(make_config):
         b.add_all([f"x{i}" for i in range(1000)])
         s.commit()
         first = log.end_offset()
-        assert first <= 4 * 1000 + 1  # an item changes at most the 4 words of its block
+        assert first <= 1000 + 1  # an item changes one word (+ the meta record)
         b.add_all([f"x{i}" for i in range(1000)])  # nothing new
         s.commit()
         assert log.end_offset() == first
         b.add("one-more")
         s.commit()
         records = list(log.read(first, log.end_offset()))
-        assert 1 <= len(records) <= 4
+        assert len(records) == 1
         words = b.words()
         for k, v in records:
             assert len(k) == 4 and int.from_bytes(v, "big") == int(words[int.from_bytes(k, "big")])
-        assert dict(log.read(0, first))[META_KEY].startswith(b"bloom;split-block;xxh3_64")
+        assert dict(log.read(0, first))[META_KEY].startswith(b"bloom;blocked64;xxh3_64")
 
 
 def test_keyed_filters_restore_and_delete(make_config):
