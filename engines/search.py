@@ -55,6 +55,7 @@ Contract
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import math
@@ -403,6 +404,7 @@ class SearchEngine(StorageEngine):
         """Replace whatever is on disk by an empty index (and no checkpoint file)."""
         self._drop_writer()
         self._index = None
+        self._refuse_if_another_writer()
         try:
             if self._checkpoint_path.exists():
                 self._checkpoint_path.unlink()
@@ -418,6 +420,23 @@ class SearchEngine(StorageEngine):
         self._dirty = False
         self._reader_stale = True
         self._new_writer(self.options.heap_size_bytes)
+
+    def _refuse_if_another_writer(self) -> None:
+        """Raise StoreLockedError if another writer holds the index (tantivy's lock is a flock)."""
+        lock = self._index_dir / ".tantivy-writer.lock"
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            return  # no lock file: no writer
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreLockedError(
+                f"store {self.name!r}: the index at {self._index_dir} has a writer in this or another process; "
+                "it was not wiped. Close the other engine/TaskStorage first"
+            ) from None
+        finally:
+            os.close(fd)
 
     def _write_schema(self) -> None:
         """Record the schema the (new, empty) index is built with, durably."""

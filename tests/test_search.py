@@ -611,3 +611,22 @@ def test_schema_type_change_restores_documents_that_no_longer_fit(tmp_path, capl
         assert [h[0] for h in p.search("lovelace")] == ["u1"]
         p.index("u5", {"name": "new", "age": "forty"})
         assert p.search("age:forty")[0][0] == "u5"
+
+
+def test_a_rebuild_never_wipes_an_index_another_writer_holds(tmp_path):
+    from localstate.changelog.file import FileChangelogSystem
+    from localstate.changelogger import ChangeLogger
+
+    system = FileChangelogSystem("file", {"path": str(tmp_path / "log")}, "job")
+    partition = system.open_partition("profiles", 0, 1)
+    try:
+        with _engine(tmp_path / "store") as live:
+            live.index_all(PEOPLE)
+            live.flush()
+            other = SearchOptions(fields="title:text")  # a schema change would wipe and rebuild
+            with pytest.raises(StoreLockedError, match="was not wiped"):
+                SearchEngine(tmp_path / "store", "profiles", other, change_logger=ChangeLogger("profiles", partition, 10))
+            assert live.documents() == PEOPLE
+    finally:
+        partition.close()
+        system.close()
