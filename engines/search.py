@@ -682,10 +682,13 @@ class SearchEngine(StorageEngine):
             index.reload()
             self._reader_stale = False
         searcher = index.searcher()
-        hits = searcher.search(tantivy.Query.term_query(self._schema, _ID, key.decode("latin-1")), 1, count=False).hits
-        if not hits:
-            return None
-        return _unpack(searcher.doc(hits[0][1]).get_first(_DOC))[1]
+        try:
+            hits = searcher.search(tantivy.Query.term_query(self._schema, _ID, key.decode("latin-1")), 1, count=False).hits
+            if not hits:
+                return None
+            return _unpack(searcher.doc(hits[0][1]).get_first(_DOC))[1]
+        except (ValueError, OSError) as e:
+            raise self._read_error(e, f"document {key!r}") from e
 
     def get(self, doc_id: Any) -> dict[str, Any] | None:
         """The whole document ``doc_id`` (including uncommitted writes), or None."""
@@ -721,20 +724,30 @@ class SearchEngine(StorageEngine):
             raise InvalidValueError(f"store {self.name!r}: search limit must be a positive int, got {limit!r}")
         q = query if isinstance(query, tantivy.Query) else self.parse_query(query)
         searcher = self._searcher()
-        # tantivy sizes its top-k heap by ``limit``: never ask for more than exist
-        hits = searcher.search(q, min(limit, max(1, searcher.num_docs)), count=False).hits
         out = []
         decode_key, decode_doc, stored = self._key_serde.decode, self._decode_doc, self._stored
         doc_at = searcher.doc
         from_bytes = int.from_bytes
-        for score, address in hits:
-            packed = doc_at(address).get_first(_DOC)
-            n = from_bytes(packed[:4], "big") + 4  # _unpack(), inlined: this loop is the hot path
-            doc = decode_doc(packed[n:])
-            if stored is not None:
-                doc = {k: doc[k] for k in stored if k in doc}
-            out.append((decode_key(packed[4:n]), score, doc))
+        try:
+            # tantivy sizes its top-k heap by ``limit``: never ask for more than exist
+            hits = searcher.search(q, min(limit, max(1, searcher.num_docs)), count=False).hits
+            for score, address in hits:
+                packed = doc_at(address).get_first(_DOC)
+                n = from_bytes(packed[:4], "big") + 4  # _unpack(), inlined: this loop is the hot path
+                doc = decode_doc(packed[n:])
+                if stored is not None:
+                    doc = {k: doc[k] for k in stored if k in doc}
+                out.append((decode_key(packed[4:n]), score, doc))
+        except (ValueError, OSError) as e:
+            raise self._read_error(e, f"query {query!r}") from e
         return out
+
+    def _read_error(self, e: Exception, what: str) -> EngineError:
+        """The one translation of a tantivy failure while reading the index."""
+        return EngineError(
+            f"store {self.name!r}: tantivy failed reading {what} from the index at {self._index_dir}: {e}. "
+            "If the index is damaged, close the task, delete that directory and reopen: it is rebuilt from the changelog"
+        )
 
     def count(self, query: str | tantivy.Query) -> int:
         """How many documents match ``query``."""

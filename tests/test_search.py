@@ -630,3 +630,20 @@ def test_a_rebuild_never_wipes_an_index_another_writer_holds(tmp_path):
     finally:
         partition.close()
         system.close()
+
+
+def test_damaged_document_store_read_is_an_engine_error_naming_the_path(tmp_path):
+    from localstate import EngineError
+
+    with _engine(tmp_path) as e:
+        e.index_all({f"u{i}": {"name": f"user {i} " + "x" * 50} for i in range(200)})
+        e.flush()
+    for f in (tmp_path / "index").glob("*.store"):
+        damaged = bytearray(f.read_bytes())
+        damaged[: min(len(damaged) - 200, 2000)] = b"\xab" * min(len(damaged) - 200, 2000)
+        f.write_bytes(bytes(damaged))
+    with _engine(tmp_path) as e:
+        with pytest.raises(EngineError, match=r"index at .*index.*rebuilt from the changelog"):
+            e.search("user", 3)
+        with pytest.raises(EngineError, match="document b'u5'"):
+            e.get("u5")
