@@ -266,3 +266,16 @@ def test_sigkill_reopen_has_identical_words_to_the_committed_reference(tmp_path)
             b = s.store("b")
             b._check()
             assert np.array_equal(b.words(), committed_words(pos, tmp_path)), pos
+
+
+def test_the_docs_example_runs(capsys):
+    """The usage example of docs/engines.md runs and prints what its comment says."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "engines.md").read_text()
+    section = doc.split("\n## bloom\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/engines.md (bloom)", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.strip(), "the example prints its result"
+    assert out.splitlines() == ["['imp-1', 'imp-2', 'imp-3']", "True [True, False]"]

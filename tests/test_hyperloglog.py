@@ -236,3 +236,18 @@ def test_sigkill_reopen_has_identical_registers_to_the_committed_reference(tmp_p
             assert sorted(v.keys()) == sorted(ref)
             for k, regs in ref.items():
                 assert np.array_equal(v.registers(k), regs), (pos, k)
+
+
+def test_the_docs_example_runs(capsys):
+    """The usage example of docs/engines.md runs and prints what its comment says."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "engines.md").read_text()
+    section = doc.split("\n## hyperloglog\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/engines.md (hyperloglog)", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.strip(), "the example prints its result"
+    home, site, keys = out.strip().split(" ", 2)
+    assert abs(int(home) - 50_000) < 1500 and abs(int(site) - 60_000) < 1800
+    assert keys == "['/home', '/pricing', 'site']"

@@ -306,3 +306,16 @@ def test_sigkill_between_and_inside_commits_reopen_equals_committed_reference(tm
             t = s.store("tr")
             t._check()
             assert [tuple(e) for e in t.top()] == reference(pos)
+
+
+def test_the_docs_example_runs(capsys):
+    """The usage example of docs/engines.md runs and prints what its comment says."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "engines.md").read_text()
+    section = doc.split("\n## topn\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/engines.md (topn)", "exec"), {})
+    out = capsys.readouterr().out
+    assert out.strip(), "the example prints its result"
+    assert out.strip() == "[('/blog/rust', 300), ('/home', 120), ('/docs', 80)]"
