@@ -635,14 +635,15 @@ def test_a_rebuild_never_wipes_an_index_another_writer_holds(tmp_path):
 def test_damaged_document_store_read_is_an_engine_error_naming_the_path(tmp_path):
     from localstate import EngineError
 
-    with _engine(tmp_path) as e:
+    with _engine(tmp_path, writer_threads=1) as e:  # one segment
         e.index_all({f"u{i}": {"name": f"user {i} " + "x" * 50} for i in range(200)})
         e.flush()
     for f in (tmp_path / "index").glob("*.store"):
         damaged = bytearray(f.read_bytes())
-        damaged[: min(len(damaged) - 200, 2000)] = b"\xab" * min(len(damaged) - 200, 2000)
+        n = min(len(damaged) - 200, 2000)  # the blocks, not the footer
+        damaged[:n] = b"\xab" * n
         f.write_bytes(bytes(damaged))
-    with _engine(tmp_path) as e:
+    with _engine(tmp_path, writer_threads=1) as e:
         with pytest.raises(EngineError, match=r"index at .*index.*rebuilt from the changelog"):
             e.search("user", 3)
         with pytest.raises(EngineError, match="document b'u5'"):
