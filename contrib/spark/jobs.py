@@ -132,14 +132,15 @@ def run_example(
 ) -> JobRun:
     """Run example ``task`` over ``workload`` as a batch :class:`StatefulJob` on ``spark``.
 
-    State and changelog go under ``root`` (see :func:`job_config`); running again with
-    the same root continues from the committed state. Returns the emitted rows.
+    State and changelog go under ``root`` (see :func:`job_config`; ``config`` overrides
+    it, and its ``job.partitions`` is the task count); running again with the same root
+    continues from the committed state. Returns the emitted rows.
     """
     config = config or job_config(task, root, partitions=partitions, engine=engine)
     table = task.input_table(workload)
     t0 = time.perf_counter()
     df = spark.createDataFrame(table)
-    job = StatefulJob(config, task, key=task.KEY, output_schema=task.OUTPUT_SCHEMA, num_tasks=partitions)
+    job = StatefulJob(config, task, key=task.KEY, output_schema=task.OUTPUT_SCHEMA)
     output = job.run(df).toArrow()
     return JobRun(task, config, output, table.num_rows, time.perf_counter() - t0)
 
