@@ -224,15 +224,32 @@ class TopNEngine(StorageEngine):
     def offer_all(self, offers: Iterable[tuple[Any, int | float] | tuple[Any, int | float, Any]]) -> int:
         """:meth:`offer` each ``(member, score)`` or ``(member, score, payload)`` in order;
         returns how many were kept. Validation errors stop at the bad offer (earlier
-        offers stay applied)."""
+        offers stay applied). The batch path: offers that cannot enter a full heap are
+        rejected after one dict lookup and one comparison with the cached worst entry."""
         entries = self._live()
+        key = self._key
+        encode = None if key is None or key.name == "bytes" else key.encode
         enc_member, check, enc_payload, offer = self._enc_member, self._check_score, self._enc_payload, self._offer
+        isfinite, get = math.isfinite, entries.get
+        cap, sign, order = self.capacity, self._sign, self._order
+        worst = order[-1] if cap and len(entries) >= cap else None
         kept = 0
         for o in offers:
             member, score = o[0], o[1]
-            m = enc_member(member)
-            check(member, score)
+            if encode is not None and type(member) is str:
+                try:
+                    m = encode(member)
+                except Exception:
+                    m = enc_member(member)
+            else:
+                m = enc_member(member)
+            t = type(score)
+            if not ((t is float and isfinite(score)) or (t is int and _INT_MIN <= score <= _INT_MAX)):
+                check(member, score)
+            if worst is not None and len(o) == 2 and (sign * score, m) >= worst and get(m) is None:
+                continue  # cannot enter the full heap: nothing changes
             kept += offer(entries, m, score, enc_payload(o[2]) if len(o) > 2 else None)
+            worst = order[-1] if cap and len(entries) >= cap else None
         return kept
 
     def remove(self, member: Any) -> bool:

@@ -211,9 +211,12 @@ def test_stress_random_operations_match_an_oracle(make_config, size, order):
         for step in range(steps):
             r = rng.random()
             m = f"m{rng.randrange(40)}"
-            if r < 0.6:
+            if r < 0.45:
                 score = rng.choice([rng.randrange(-50, 50), rng.uniform(-50, 50)])
                 assert t.offer(m, score) == oracle.offer(m, score)
+            elif r < 0.6:  # the batch path, with its cached-worst rejection
+                batch = [(f"m{rng.randrange(40)}", rng.randrange(-50, 50)) for _ in range(rng.randrange(1, 8))]
+                assert t.offer_all(batch) == sum(oracle.offer(bm, bs) for bm, bs in batch)
             elif r < 0.7:
                 assert t.remove(m) == (oracle.d.pop(m, None) is not None)
             elif r < 0.75 and oracle.d:
