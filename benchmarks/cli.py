@@ -144,7 +144,7 @@ def _parse_options(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
               help="where trial data is written [default: a temporary directory]")
 @click.option("--strict", is_flag=True, help="exit with status 1 if any cell failed")
 @click.option("--merge", is_flag=True,
-              help="keep the rows of suites not run now from an existing --out/results.json (re-run one suite)")
+              help="update an existing --out/results.json: re-run suites replace their rows, generic cells one by one")
 @click.option("--list", "list_", is_flag=True, help="list suites, workloads and engines, then exit")
 def bench(
     suite: str | None, engines: tuple[str, ...], workloads: tuple[str, ...], records: int | None,
@@ -212,19 +212,36 @@ def _command_line() -> str:
 
 def _merged(path: Path, rows: list[dict[str, Any]], suites: list[str], command: str,
             seconds: float) -> tuple[list[dict[str, Any]], str, float]:
-    """Rows of ``path`` from suites not run now, then this run's rows; commands joined."""
+    """The rows of ``path`` updated with this run's rows; commands joined.
+
+    A re-run area suite replaces all of its old rows; generic rows are replaced cell by
+    cell (same workload, engine and unit), so one workload can be re-measured alone.
+    """
     import json
 
     try:
         old = json.loads(path.read_text())
-        kept = [r for r in old["rows"] if r.get("suite") not in suites]
+        old_rows = list(old["rows"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise click.ClickException(f"--merge: cannot read {path}: {e}") from e
-    for r in kept:
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (r.get("suite"), r.get("workload"), r.get("engine"), r.get("unit"))
+
+    new = {key(r): r for r in rows}
+    merged: list[dict[str, Any]] = []
+    for r in old_rows:
+        if r.get("suite") in suites and r.get("suite") != GENERIC_SUITE:
+            continue
+        if key(r) in new:
+            merged.append(new.pop(key(r)))
+            continue
         for k in ("median", "min", "max"):
             if r.get(k) is None:
                 r[k] = float("nan")
-    return kept + rows, f"{old.get('command', '?')} ; {command}", float(old.get("seconds") or 0) + seconds
+        merged.append(r)
+    merged += [r for r in rows if key(r) in new]
+    return merged, f"{old.get('command', '?')} ; {command}", float(old.get("seconds") or 0) + seconds
 
 
 def _start_broker(stack: contextlib.ExitStack) -> str:

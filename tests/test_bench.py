@@ -238,6 +238,15 @@ def test_merge_keeps_rows_of_suites_not_rerun(tmp_path: Path) -> None:
     assert {r["suite"] for r in doc["rows"]} == {"generic", "core"}
     assert doc["command"].count("localstate bench") == 2
     assert "| core | core_restore |" in (out / "results.md").read_text()
+    # generic cells are replaced one by one: re-measuring get_all keeps get_miss
+    code, output = _bench("--quick", "--repeats", "1", "--engine", "memory", "--workload", "get_all",
+                          "--out", str(out), "--merge")
+    assert code == 0, output
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    cells = [(r["suite"], r["workload"], r["engine"], r["unit"]) for r in rows]
+    assert len(cells) == len(set(cells))
+    assert {("generic", "get_miss", "memory", "ops/s"), ("generic", "get_all", "memory", "ops/s"),
+            ("core", "core_write", "memory+file", "ops/s")} <= set(cells)
 
 
 def test_every_area_suite_that_exists_exposes_run_quick_repeats() -> None:
