@@ -113,6 +113,7 @@ def blocked_fp_rate(capacity: int, words: int, k: int) -> float:
     return float(np.exp(log_pois) @ (occ[j * k] @ hit))
 
 
+@functools.lru_cache(maxsize=64)
 def bloom_geometry(capacity: int, fp_rate: float) -> tuple[int, int]:
     """``(words, k)``: the fewest words (and their probe count) meeting ``fp_rate``."""
     best: tuple[int, int] | None = None
