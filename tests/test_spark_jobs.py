@@ -466,3 +466,40 @@ def test_hourly_job_on_spark_continues_from_committed_state(spark: Any, tmp_path
     out = run_example(PageViewsPerHour, spark, first, tmp_path, partitions=2, engine=ENGINE).output.to_pylist()
     out += run_example(PageViewsPerHour, spark, second, tmp_path, partitions=2, engine=ENGINE).output.to_pylist()
     check_hourly(job_config(PageViewsPerHour, tmp_path, partitions=2, engine=ENGINE), small_workload, out)
+
+
+@pytest.mark.spark
+def test_hourly_job_in_structured_streaming_emits_each_hour_when_it_closes(
+    spark: Any, tmp_path: Path, small_workload: Any
+) -> None:
+    """One JSON-lines file per hour, one file per micro-batch: hour h is emitted by the
+    micro-batch that brings hour h + 1, and never again."""
+    import json
+    import os
+
+    from localstate.contrib.spark import StatefulJob
+
+    views = small_workload.page_views.to_pylist()
+    source = tmp_path / "views"
+    source.mkdir()
+    hours = sorted({r["ts"] - r["ts"] % HOUR for r in views})
+    for i, hour in enumerate(hours):
+        path = source / f"hour-{i}.json"
+        path.write_text("".join(json.dumps({"ts": r["ts"], "user_id": r["user_id"]}) + "\n"
+                                for r in views if hour <= r["ts"] < hour + HOUR))
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    config = job_config(PageViewsPerHour, tmp_path / "job", partitions=2, engine=ENGINE)
+    stream = spark.readStream.schema("ts long, user_id string").option("maxFilesPerTrigger", 1).json(str(source))
+    emitted_by_batch: dict[int, list[dict[str, Any]]] = {}
+
+    def collect(df: Any, batch_id: int) -> None:
+        emitted_by_batch[batch_id] = df.toArrow().to_pylist()
+
+    job = StatefulJob(config, PageViewsPerHour, key="user_id", output_schema=PageViewsPerHour.OUTPUT_SCHEMA)
+    query = job.run_stream(stream, checkpoint_location=str(tmp_path / "spark-checkpoint"),
+                           trigger={"availableNow": True}, output=collect)
+    query.awaitTermination(300)
+    assert sorted(emitted_by_batch) == list(range(len(hours)))
+    for batch_id, rows in emitted_by_batch.items():
+        assert {r["window_start"] for r in rows} == ({hours[batch_id - 1]} if batch_id else set())
+    check_hourly(config, small_workload, [r for rows in emitted_by_batch.values() for r in rows])

@@ -389,7 +389,8 @@ def print_summary(console: Any, summary: Summary) -> None:
 @click.option("--partitions", default=4, show_default=True, help="tasks (= changelog partitions)")
 @click.option("--engine", default=None, help="key-value engine for the stores (default rocksdb, else memory)")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="keep state and changelog here (running again continues from it); default a temp dir")
+              help="keep state and changelog here; running again adds the workload to the kept state "
+                   "(use another --seed for new data); default a temp dir")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master")
 @click.option("--rows", default=10, show_default=True, help="rows in the result table")
 @click.option("--seed", default=7, show_default=True, help="workload seed")
