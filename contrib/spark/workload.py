@@ -60,7 +60,9 @@ _THEMES = ("light", "dark", "system")
 
 @dataclass(frozen=True)
 class Workload:
-    """The generated tables (all sorted by ``ts``, epoch seconds).
+    """The generated tables (``ts`` in epoch seconds; profiles, settings and clicks are
+    sorted by ``ts``, page views and impressions are in time order up to
+    ``max_disorder_s``).
 
     * ``profiles``: user_id, ts, name, zip, city, bio, deleted — an initial profile
       per user before the first view, then moves (new zip/city) and deletions.
