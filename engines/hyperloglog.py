@@ -15,6 +15,11 @@ Change records are **deltas**: ``key (key.serde) + register index (2 bytes, big
 endian)`` → the register value (1 byte), only for registers that grew since the last
 commit, so a hot sketch logs a few bytes per commit instead of ``2**p``.
 :meth:`HyperLogLogEngine.delete` logs tombstones for the key's non-zero registers.
+Small sketches are **sparse**: a dict ``register index -> value`` until more than
+``2**p / 16`` registers are set (p >= 8), then a dense datasketch sketch, so many
+small keys (pages with few viewers) cost bytes, not ``2**p`` each. The registers
+are the same either way; the representation is invisible to the API and the log.
+
 One meta record (key ``b"\\x00"``, a single byte, which no register record can be)
 holds the precision and hash, so a restore with a different precision fails with a
 clear error instead of silently mixing sketches.
@@ -95,11 +100,13 @@ class HyperLogLogEngine(StorageEngine):
         self._key: Serde | None = context.key_serde
         self._meta = f"hll++;{HASH_NAME};p={p}".encode()
         self._meta_logged = False
-        self._sketches: dict[bytes, HyperLogLogPlusPlus] | None = {}
+        self._sparse_limit = self._m // 16 if p >= 8 else 0
+        # key -> a dense datasketch sketch, or a sparse {register index: value} dict
+        self._sketches: dict[bytes, HyperLogLogPlusPlus | dict[int, int]] | None = {}
         self._dirty: dict[bytes, set[int]] = {}
 
     # -- helpers ------------------------------------------------------------------------------
-    def _live(self) -> dict[bytes, HyperLogLogPlusPlus]:
+    def _live(self) -> dict[bytes, HyperLogLogPlusPlus | dict[int, int]]:
         sketches = self._sketches
         if sketches is None:
             raise StoreClosedError(f"store {self.name!r} (hyperloglog engine) is closed")
@@ -120,11 +127,32 @@ class HyperLogLogEngine(StorageEngine):
     def _new_sketch(self) -> HyperLogLogPlusPlus:
         return HyperLogLogPlusPlus(p=self.precision, hashfunc=item_hash)
 
-    def _sketch_for_write(self, sketches: dict, k: bytes) -> HyperLogLogPlusPlus:
-        sk = sketches.get(k)
+    def _dense_regs(self, sk: HyperLogLogPlusPlus | dict[int, int] | None) -> np.ndarray:
+        """The registers of ``sk`` as an array: the sketch's own for a dense one (no
+        copy), a new one for a sparse or missing one."""
         if sk is None:
-            sk = sketches[k] = self._new_sketch()
-        return sk
+            return np.zeros(self._m, dtype=np.int8)
+        if type(sk) is dict:
+            reg = np.zeros(self._m, dtype=np.int8)
+            if sk:
+                reg[list(sk)] = list(sk.values())
+            return reg
+        return sk.reg
+
+    def _store_regs(self, sketches: dict, k: bytes, reg: np.ndarray) -> None:
+        """Keep ``reg`` under ``k`` in the representation its size calls for."""
+        nz = np.flatnonzero(reg)
+        if not len(nz):
+            sketches.pop(k, None)
+        elif len(nz) <= self._sparse_limit:
+            sketches[k] = dict(zip(nz.tolist(), reg[nz].tolist()))
+        else:
+            sk = sketches.get(k)
+            if type(sk) is HyperLogLogPlusPlus:
+                if sk.reg is not reg:
+                    sk.reg[:] = reg
+            else:
+                sketches[k] = HyperLogLogPlusPlus(reg=reg if reg.base is None else reg.copy(), hashfunc=item_hash)
 
     # -- the counter API -----------------------------------------------------------------------------
     def add(self, key: Any, item: Any) -> bool:
@@ -134,9 +162,22 @@ class HyperLogLogEngine(StorageEngine):
         h = hash_item(self.name, item)
         idx = h & self._mask
         rank = self._max_rank - (h >> self.precision).bit_length() + 1
-        reg = self._sketch_for_write(sketches, k).reg
-        if rank > reg[idx]:
-            reg[idx] = rank
+        sk = sketches.get(k)
+        if sk is None:
+            sk = sketches[k] = {} if self._sparse_limit else self._new_sketch()
+        if type(sk) is dict:
+            if rank <= sk.get(idx, 0):
+                return False
+            sk[idx] = rank
+            if len(sk) > self._sparse_limit:
+                sketches[k] = HyperLogLogPlusPlus(reg=self._dense_regs(sk), hashfunc=item_hash)
+            grew = True
+        else:
+            reg = sk.reg
+            grew = rank > reg[idx]
+            if grew:
+                reg[idx] = rank
+        if grew:
             dirty = self._dirty.get(k)
             if dirty is None:
                 self._dirty[k] = {idx}
@@ -160,7 +201,8 @@ class HyperLogLogEngine(StorageEngine):
         lo = (w & np.uint64(0xFFFFFFFF)).astype(np.uint32)
         bits = np.where(hi != 0, _bit_length32(hi) + 32, _bit_length32(lo))
         rank = (self._max_rank + 1 - bits).astype(np.int8)
-        reg = self._sketch_for_write(sketches, k).reg
+        sk = sketches.get(k)
+        reg = self._dense_regs(sk)
         grew = rank > reg[idx]
         if not grew.any():
             return 0
@@ -173,6 +215,8 @@ class HyperLogLogEngine(StorageEngine):
             np.maximum.at(reg, grown_idx, rank[grew])
             # each grown index held a smaller value before the batch, so it changed
             changed = np.unique(grown_idx)
+        if type(sk) is not HyperLogLogPlusPlus:
+            self._store_regs(sketches, k, reg)
         dirty = self._dirty.get(k)
         if dirty is None:
             self._dirty[k] = set(changed.tolist())
@@ -183,7 +227,11 @@ class HyperLogLogEngine(StorageEngine):
     def count(self, key: Any) -> int:
         """The estimated number of distinct items added under ``key`` (0 if none)."""
         sk = self._live().get(self._enc_key(key))
-        return 0 if sk is None else int(round(float(sk.count())))
+        if sk is None:
+            return 0
+        if type(sk) is dict:
+            sk = HyperLogLogPlusPlus(reg=self._dense_regs(sk), hashfunc=item_hash)
+        return int(round(float(sk.count())))
 
     def merge_into(self, key: Any, other_keys: Iterable[Any]) -> None:
         """Make ``key``'s sketch the union of itself and ``other_keys``' sketches (keys
@@ -191,14 +239,14 @@ class HyperLogLogEngine(StorageEngine):
         sketches = self._live()
         k = self._enc_key(key)
         others = [sketches.get(self._enc_key(o)) for o in other_keys]
-        regs = [o.reg for o in others if o is not None]
+        regs = [self._dense_regs(o) for o in others if o is not None]
         if not regs:
             return
-        target = self._sketch_for_write(sketches, k)
-        merged = np.maximum.reduce([target.reg, *regs])
-        changed = np.flatnonzero(merged != target.reg)
+        current = self._dense_regs(sketches.get(k))
+        merged = np.maximum.reduce([current, *regs])
+        changed = np.flatnonzero(merged != current)
         if len(changed):
-            target.reg[:] = merged
+            self._store_regs(sketches, k, merged)
             self._dirty.setdefault(k, set()).update(changed.tolist())
 
     def delete(self, key: Any) -> bool:
@@ -210,7 +258,7 @@ class HyperLogLogEngine(StorageEngine):
         if sk is None:
             return False
         pack = _IDX.pack
-        self._logger.log_all([(k + pack(i), None) for i in np.flatnonzero(sk.reg).tolist()])
+        self._logger.log_all([(k + pack(i), None) for i in np.flatnonzero(self._dense_regs(sk)).tolist()])
         return True
 
     def keys(self) -> Iterator[Any]:
@@ -221,7 +269,7 @@ class HyperLogLogEngine(StorageEngine):
     def registers(self, key: Any) -> np.ndarray:
         """A copy of ``key``'s registers (``int8[2**p]``, zeros if none)."""
         sk = self._live().get(self._enc_key(key))
-        return np.zeros(self._m, dtype=np.int8) if sk is None else sk.reg.copy()
+        return sk.reg.copy() if type(sk) is HyperLogLogPlusPlus else self._dense_regs(sk)
 
     def sketch(self, key: Any) -> HyperLogLogPlusPlus:
         """A copy of ``key``'s datasketch sketch, with the engine's fixed hash."""
@@ -246,15 +294,20 @@ class HyperLogLogEngine(StorageEngine):
             self._meta_logged = True
         pack = _IDX.pack
         for k, idxs in dirty.items():
-            values = sketches[k].reg.tobytes()
-            records.extend([(k + pack(i), values[i:i + 1]) for i in sorted(idxs)])
+            sk = sketches[k]
+            if type(sk) is dict:
+                records.extend([(k + pack(i), bytes((sk[i],))) for i in sorted(idxs)])
+            else:
+                values = sk.reg.tobytes()
+                records.extend([(k + pack(i), values[i:i + 1]) for i in sorted(idxs)])
         self._dirty = {}
         self._logger.log_all(records)
 
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
         sketches = self._live()
         m = self._m
-        emptied: set[bytes] = set()
+        latest: dict[bytes, dict[int, int]] = {}
+        unpack = _IDX.unpack
         for rk, v in records:
             if len(rk) < 2:
                 if rk == META_KEY:
@@ -264,26 +317,21 @@ class HyperLogLogEngine(StorageEngine):
                     f"store {self.name!r}: change record key {rk!r} is not a hyperloglog register key; "
                     "the changelog does not belong to a hyperloglog store"
                 )
-            k, i = rk[:-2], _IDX.unpack(rk[-2:])[0]
-            if i >= m:
+            per = latest.get(rk[:-2])
+            if per is None:
+                per = latest[rk[:-2]] = {}
+            per[unpack(rk[-2:])[0]] = 0 if v is None else v[0]
+        for k, per in latest.items():
+            idx = np.fromiter(per.keys(), dtype=np.intp, count=len(per))
+            if int(idx.max()) >= m:
                 raise CorruptionError(
-                    f"store {self.name!r}: register index {i} in the changelog is out of range for "
-                    f"precision {self.precision} ({m} registers)"
+                    f"store {self.name!r}: register index {int(idx.max())} in the changelog is out of range "
+                    f"for precision {self.precision} ({m} registers)"
                 )
-            if v is None:
-                sk = sketches.get(k)
-                if sk is not None:
-                    sk.reg[i] = 0
-                    emptied.add(k)
-                continue
             sk = sketches.get(k)
-            if sk is None:
-                sk = sketches[k] = self._new_sketch()
-            sk.reg[i] = v[0]
-        for k in emptied:
-            sk = sketches.get(k)
-            if sk is not None and not sk.reg.any():
-                del sketches[k]
+            reg = self._dense_regs(sk)
+            reg[idx] = np.fromiter(per.values(), dtype=np.int8, count=len(per))
+            self._store_regs(sketches, k, reg)
 
     def _check_meta(self, value: bytes | None) -> None:
         if value is None or value == self._meta:
@@ -302,8 +350,9 @@ class HyperLogLogEngine(StorageEngine):
             if rk == META_KEY:
                 out.append((rk, self._meta if self._meta_logged else None))
                 continue
-            sk = sketches.get(rk[:-2])
-            v = 0 if sk is None or len(rk) < 2 else int(sk.reg[_IDX.unpack(rk[-2:])[0] & self._mask])
+            sk = sketches.get(rk[:-2]) if len(rk) >= 2 else None
+            i = _IDX.unpack(rk[-2:])[0] & self._mask if sk is not None else 0
+            v = 0 if sk is None else (sk.get(i, 0) if type(sk) is dict else int(sk.reg[i]))
             out.append((rk, bytes((v,)) if v else None))
         return out
 
@@ -318,13 +367,18 @@ class HyperLogLogEngine(StorageEngine):
         """Verify every invariant in O(total registers); raises AssertionError."""
         sketches = self._live()
         for k, sk in sketches.items():
+            if type(sk) is dict:
+                assert 0 < len(sk) <= self._sparse_limit, (k, len(sk))
+                assert all(0 <= i < self._m and 0 < v <= self._max_rank + 1 for i, v in sk.items()), k
+                continue
             reg = sk.reg
             assert reg.dtype == np.int8 and reg.shape == (self._m,), (k, reg.dtype, reg.shape)
             assert sk.p == self.precision and sk.hashfunc is item_hash, k
             assert int(reg.min()) >= 0 and int(reg.max()) <= self._max_rank + 1, k
         for k, idxs in self._dirty.items():
             assert k in sketches, k
-            assert all(0 <= i < self._m and sketches[k].reg[i] > 0 for i in idxs), k
+            regs = self._dense_regs(sketches[k])
+            assert all(0 <= i < self._m and regs[i] > 0 for i in idxs), k
 
 
 class HyperLogLogEngineFactory(StorageEngineFactory):

@@ -290,3 +290,33 @@ def test_sketch_and_heap_engines_on_the_kafka_changelog_trim_an_uncommitted_tail
             assert np.array_equal(b.words(), committed[1])
             assert [tuple(e) for e in t.top()] == committed[2]
             s.commit()
+
+
+def test_small_sketches_stay_sparse_and_grow_dense_with_identical_registers(make_config):
+    config = make_config(v=hll(14))
+    with TaskStorage(config) as s:
+        v = s.store("v")
+        engine = s.engine("v")
+        for page in range(200):
+            v.add_all(f"page{page}", [f"u{page}-{i}" for i in range(20)])
+        v.add("page0", "one-more")
+        assert all(type(sk) is dict for sk in engine._sketches.values())  # ~20 entries, not 16 KiB
+        v.add_all("hot", [f"h{i}" for i in range(400)])
+        assert type(engine._sketches[b"hot"]) is dict
+        for i in range(400, 5000):  # single adds cross the sparse limit (1024 registers)
+            v.add("hot", f"h{i}")
+        assert type(engine._sketches[b"hot"]) is not dict
+        v.merge_into("page1", ["hot"])  # a sparse target becomes dense through a merge
+        v._check()
+        assert np.array_equal(v.registers("hot"), reference(14, [f"h{i}" for i in range(5000)]).reg)
+        assert np.array_equal(v.registers("page0"), reference(14, [f"u0-{i}" for i in range(20)] + ["one-more"]).reg)
+        assert v.count("page5") == round(reference(14, [f"u5-{i}" for i in range(20)]).count())
+        expected = {k: v.registers(k) for k in v.keys()}
+        s.commit()
+    with TaskStorage(config) as s:
+        v = s.store("v")
+        v._check()
+        assert sorted(v.keys()) == sorted(expected)
+        for k, regs in expected.items():
+            assert np.array_equal(v.registers(k), regs), k
+        assert type(s.engine("v")._sketches[b"page7"]) is dict
