@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,31 @@ DELETE_ENGINES = [e for e in T.torture_engines()
                   if isinstance(T.adapter_for(e), (T.KeyValueWorkload, T.SearchWorkload))]
 
 
+def _settled(op: Any, *args: Any, **kwargs: Any) -> None:
+    # tantivy removes obsolete/temporary index files for a moment after the store is
+    # closed; retry a directory operation that raced with it
+    for attempt in range(50):
+        try:
+            op(*args, **kwargs)
+            return
+        except OSError:
+            if attempt == 49:
+                raise
+            time.sleep(0.05)
+
+
+def settled_copy(src: Path, dst: Path) -> None:
+    def copy() -> None:
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".tmp*"))
+
+    _settled(copy)
+
+
+def settled_rmtree(path: Path) -> None:
+    _settled(shutil.rmtree, path)
+
+
 @pytest.mark.parametrize("engine", DELETE_ENGINES)
 def test_deleted_key_stays_deleted_after_compaction_and_an_old_local_snapshot(tmp_path, engine):
     """Delete a key, compact past the tombstone retention (0 ms), then put back a copy of
@@ -288,8 +314,7 @@ def test_deleted_key_stays_deleted_after_compaction_and_an_old_local_snapshot(tm
         for r in range(4):
             write(s, r * 40, 40)
     old = tmp_path / "old-snapshot"
-    # tantivy may still be removing a merge's temporary ".tmp*" file just after close
-    shutil.copytree(store_dir, old, ignore=shutil.ignore_patterns(".tmp*"))
+    settled_copy(store_dir, old)
     with TaskStorage(config) as s:
         s.store(T.STORE).delete("victim")
         s.commit(input_position=1000)
@@ -299,7 +324,7 @@ def test_deleted_key_stays_deleted_after_compaction_and_an_old_local_snapshot(tm
         assert stats["tombstones_dropped"] >= 1, stats
         assert "victim" not in adapter.observe(s.store(T.STORE), 1)
         expected = T._norm(adapter.observe(s.store(T.STORE), 1))
-    shutil.rmtree(store_dir)
+    settled_rmtree(store_dir)
     shutil.copytree(old, store_dir)
     with TaskStorage(config) as s:
         state = T._norm(adapter.observe(s.store(T.STORE), 1))
