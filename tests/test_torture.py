@@ -39,10 +39,10 @@ def test_crash_trials_file_changelog(engine, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.kafka
-@pytest.mark.parametrize("engine", ["memory", *T._CONTRIB_ENGINES])
+@pytest.mark.parametrize("engine", FILE_ENGINES)
 def test_crash_trials_kafka_changelog(engine, tmp_path, kafka_broker):
-    report = T.run_trials(engine, "kafka", 2 if not FULL else 10, seed=2000, workdir=tmp_path,
-                          batches=6, ops=20, bootstrap=kafka_broker)
+    report = T.run_trials(engine, "kafka", 10 if FULL else 1 if engine != "memory" else 2, seed=2002,
+                          workdir=tmp_path, batches=6, ops=20, bootstrap=kafka_broker, jobs=2)
     _assert_clean(report)
 
 
