@@ -72,6 +72,8 @@ from ._persistent import (
 
 __all__ = ["RocksDBEngine", "RocksDBEngineFactory", "RocksDBOptions"]
 
+log = logging.getLogger("localstate")
+
 _WRITE_BATCH_RECORDS = 100_000
 _SST_CHUNK_RECORDS = 1 << 21
 _SNAPSHOT_PREFIX_TMP = ".tmp-"
@@ -518,8 +520,9 @@ class RocksDBEngine(KeyValueEngine):
                 if not (p / "CURRENT").is_file():
                     # a snapshot that lost its files would open as an empty database and
                     # silently skip the records before its offset: never use it
-                    logging.getLogger("localstate").warning(
-                        "rocksdb store %r: snapshot %s has no CURRENT file; ignoring it", self.name, p)
+                    log.warning(
+                        "rocksdb store %r: snapshot %s has no CURRENT file; deleting it", self.name, p)
+                    remove_tree(p)
                     continue
                 out.append((int(p.name), p))
         out.sort()
@@ -530,24 +533,37 @@ class RocksDBEngine(KeyValueEngine):
 
         Snapshots past ``C`` come from a commit that never completed and snapshots
         older than ``min_valid`` could resurrect compacted deletes: both are deleted.
-        Without a usable snapshot the store is wiped and ``0`` returned.
+        A snapshot that fails to open (lost or damaged files) is deleted with a warning
+        and the next older one is tried. Without a usable snapshot the store is wiped
+        and ``0`` returned (a full restore from the changelog follows).
         """
         self._d()
-        chosen: tuple[int, Path] | None = None
+        usable: list[tuple[int, Path]] = []
         for offset, path in self._snapshots():
             if offset > committed_offset or offset < min_valid_offset:
                 remove_tree(path)
             else:
-                chosen = (offset, path)
+                usable.append((offset, path))
         self._close_db()
-        try:
-            remove_tree(self.live_dir)
-            if chosen is not None:
-                self._copy_snapshot(chosen[1], self.live_dir)
-        except OSError as e:
-            raise io_error(e, "rebuild the live database in", self.live_dir, EngineError) from e
-        self._open()
-        start = chosen[0] if chosen is not None else 0
+        start = 0
+        for offset, path in reversed(usable):
+            try:
+                remove_tree(self.live_dir)
+                self._copy_snapshot(path, self.live_dir)
+                self._open()
+            except (OSError, CorruptionError, EngineError) as e:
+                log.warning("rocksdb store %r: snapshot %s cannot be used (%s); trying an older one "
+                            "or a full restore from the changelog", self.name, path, e)
+                remove_tree(path)
+                continue
+            start = offset
+            break
+        if self._db is None:
+            try:
+                remove_tree(self.live_dir)
+            except OSError as e:
+                raise io_error(e, "rebuild the live database in", self.live_dir, EngineError) from e
+            self._open()
         self._restoring_to = committed_offset if start < committed_offset else None
         return start
 
@@ -567,8 +583,9 @@ class RocksDBEngine(KeyValueEngine):
         """Take a hard-link snapshot tagged with ``offset``; keep the newest ``snapshots.keep``."""
         db = self._d()
         target = self.snapshot_dir / f"{offset:020d}"
-        if target.is_dir():
+        if (target / "CURRENT").is_file():
             return  # same offset, same changelog prefix, same content
+        remove_tree(target)
         tmp = self.snapshot_dir / f"{_SNAPSHOT_PREFIX_TMP}{offset:020d}"
         try:
             self.snapshot_dir.mkdir(exist_ok=True)

@@ -195,6 +195,27 @@ def test_rocksdb_snapshots_keep_last_two_and_skip_same_offset(tmp_path):
         engine.close()
 
 
+@pytest.mark.parametrize("damage", ["no CURRENT", "lost table file"])
+def test_rocksdb_damaged_snapshot_falls_back_to_an_older_one(tmp_path, damage):
+    config = _config(tmp_path, "rocksdb")
+    with TaskStorage(config) as s:
+        s.store("kv").put_all([(f"k{i}", i) for i in range(300)])
+        s.commit(1)
+        s.store("kv").put_all([(f"k{i}", -i) for i in range(7)])
+        s.commit(2)
+    newest = sorted((_store_dir(tmp_path) / "snapshots").iterdir())[-1]
+    if damage == "no CURRENT":
+        (newest / "CURRENT").unlink()
+    else:
+        for f in newest.glob("*.sst"):
+            f.unlink()
+    with TaskStorage(config) as s:
+        assert (s.last_restore["kv"].start_offset, s.last_restore["kv"].records) == (300, 7)
+        assert _contents(s) == {f"k{i}": (-i if i < 7 else i) for i in range(300)}
+    with TaskStorage(config) as s:  # the restore re-took the snapshot at the committed offset
+        assert s.last_restore["kv"].records == 0
+
+
 def test_leveldb_offset_is_invalidated_by_the_next_write(tmp_path):
     engine = LevelDBEngine(tmp_path / "db", "lvl")
     try:
