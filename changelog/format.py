@@ -102,7 +102,7 @@ def decode_payload(
     try:
         obj = msgpack.unpackb(buf[start : h.end_position], use_list=False, raw=True)
         if h.flags & FLAG_COMPACTED:
-            if type(obj) is not tuple or len(obj) != 2 or type(obj[0]) is not tuple:
+            if type(obj) is not tuple or len(obj) != 2 or type(obj[0]) is not tuple or type(obj[1]) is not tuple:
                 raise ValueError("a compacted batch is not [[deltas], [records]]")
             deltas, records = obj
             base = h.base_offset
