@@ -11,6 +11,14 @@ task emits become the output DataFrame, with the declared schema.
 Structured Streaming (:meth:`StatefulJob.run_stream`) uses ``foreachBatch``; the
 batch id is the commit version. See :mod:`localstate.contrib.spark.streaming` for
 how a re-run batch is applied exactly once.
+
+Executors sharing one file system (``local-cluster``, several executors per host)
+share ``job.state.dir`` unless it contains ``{executor}``: each executor then
+replaces it with its own id (:func:`executor_id`), so a task that moves finds no
+local copy, or a stale one, and restores from the changelog — which must stay
+shared (``systems.file.path``). Attempts of one task on different executors are
+then kept apart by the changelog partition's single-writer lock, not the
+state-dir lock.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ __all__ = [
     "StreamTask",
     "TaskContext",
     "TaskRun",
+    "executor_id",
+    "executor_state_dir",
     "run_partition",
     "spark_session",
 ]
@@ -156,6 +166,37 @@ class TaskRun:
     lock_wait_s: float = LOCK_WAIT_S
 
 
+EXECUTOR_PLACEHOLDER = "{executor}"
+_LOG_URL_EXECUTOR = re.compile(r"[?&]executorId=([^&]+)")
+
+
+def executor_id() -> str:
+    """The id of the Spark executor this Python worker serves.
+
+    From ``SPARK_EXECUTOR_ID`` (Kubernetes executors), else the ``executorId`` of
+    ``SPARK_LOG_URL_STDERR`` (standalone and ``local-cluster`` executors), else
+    ``CONTAINER_ID`` (YARN), else ``"driver"`` (``local[*]``: the driver is the only
+    executor). A re-launched executor gets a new id.
+    """
+    explicit = os.environ.get("SPARK_EXECUTOR_ID")
+    if explicit:
+        return explicit
+    match = _LOG_URL_EXECUTOR.search(os.environ.get("SPARK_LOG_URL_STDERR", ""))
+    if match:
+        return match.group(1)
+    return os.environ.get("CONTAINER_ID") or "driver"
+
+
+def executor_state_dir(config: Config, executor: str | None = None) -> Config:
+    """``config`` with ``{executor}`` in ``job.state.dir`` replaced by ``executor``
+    (default: :func:`executor_id`); ``config`` itself when there is no placeholder."""
+    state_dir = str(config.state_dir)
+    if EXECUTOR_PLACEHOLDER not in state_dir:
+        return config
+    name = (executor if executor is not None else executor_id()).replace(os.sep, "_")
+    return config.with_overrides({"job.state.dir": state_dir.replace(EXECUTOR_PLACEHOLDER, name)})
+
+
 def open_storage(config: Config, partition: int, lock_wait_s: float = LOCK_WAIT_S) -> TaskStorage:
     """``TaskStorage(config, partition)``, retrying while another (dying) attempt holds
     the partition lock, for up to ``lock_wait_s`` seconds."""
@@ -177,10 +218,12 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
     :func:`localstate.contrib.spark.streaming.prepare_version`), processes, windows,
     commits, and closes. Output is yielded as it is emitted; the commit happens when
     the input is exhausted, so a consumer that stops early (``limit``) commits nothing.
+    ``{executor}`` in ``job.state.dir`` is resolved here, on the executor (the task
+    sees the resolved config).
     """
     from .streaming import prepare_version, stream_position
 
-    config = run.config
+    config = executor_state_dir(run.config)
     if run.batch_id is not None:
         prepare_version(config, partition, run.batch_id, run.lock_wait_s)
     storage = open_storage(config, partition, run.lock_wait_s)
