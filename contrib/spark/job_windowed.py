@@ -6,12 +6,22 @@ task's event-time watermark and the boundary below which windows were already em
 
 Counting is vectorised: events are counted per ``(window_start, user_id)`` in Arrow
 across batches (up to :attr:`PageViewsPerHour.PENDING_ROWS` events, and always before
-a window closes), then the counts of the distinct keys are read with one ``get_all``
-and written with one ``put_all`` — per-key Python work happens once per key per commit
-interval, not once per event. At every window/commit boundary the task scans the store for the
-windows that have closed (``range(None, (boundary,))`` — one ordered scan, because the
-tuple key sorts by window start first), emits them, and deletes them; the deletes go
-to the changelog like any other change, so a restored task never re-emits a window.
+a window closes), so per-key Python work happens once per key per commit interval,
+not once per event. At every window/commit boundary the task splits the pending
+counts at the closing boundary:
+
+* counts of windows that stay open are added to the store: one ``get_all`` and one
+  ``put_all`` of their distinct keys;
+* counts of windows that close now never go to the store: the store is scanned for
+  the closed windows it holds (``range(None, (boundary,))`` — one ordered scan,
+  because the tuple key sorts by window start first), those are added to the pending
+  counts, the sums are emitted (sorted by window start, then user) and only the keys
+  the store held are deleted. The deletes go to the changelog like any other change,
+  so a restored task never re-emits a window.
+
+Writing a closing window's count only to delete it in the same commit would cost a
+get, a put, a scan and a delete per key (and two changelog records) for nothing: in a
+batch run over many hours, most windows open and close within the run.
 
 Event time: the watermark is the largest ``ts`` seen by the task; a window
 ``[s, s + 1h)`` closes once ``s + 1h <= watermark - ALLOWED_LATENESS_S``. An event for
@@ -25,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .runner import Emitter, StreamTask, TaskContext
 from .workload import HOUR, Workload
@@ -100,11 +111,11 @@ class PageViewsPerHour(StreamTask):
             self._apply_pending()
         self.watermark = max(self.watermark, int(ts.max()))
 
-    def _apply_pending(self) -> None:
-        """Add the pending counts to the store: one ``get_all`` and one ``put_all`` of the
-        distinct ``(window_start, user_id)`` keys since the last call."""
+    def _take_pending(self) -> pa.Table | None:
+        """The pending counts grouped by ``(w, u)`` (columns ``w``, ``u``, ``n``), and
+        forget them; None when nothing is pending."""
         if not self._pending:
-            return
+            return None
         grouped = (
             pa.concat_tables(self._pending)
             .group_by(["w", "u"], use_threads=False)
@@ -112,14 +123,27 @@ class PageViewsPerHour(StreamTask):
         )
         self._pending = []
         self._pending_rows = 0
-        keys = list(zip(grouped.column("w").to_pylist(), grouped.column("u").to_pylist()))
-        counts = grouped.column("n_sum").to_pylist()
+        return pa.table({"w": grouped.column("w"), "u": grouped.column("u"), "n": grouped.column("n_sum")})
+
+    def _add_to_store(self, counts: pa.Table) -> None:
+        """Add ``counts`` (distinct ``(w, u)`` keys) to the store: one ``get_all`` and one
+        ``put_all``."""
+        if counts.num_rows == 0:
+            return
+        keys = list(zip(counts.column("w").to_pylist(), counts.column("u").to_pylist()))
+        adds = counts.column("n").to_pylist()
         existing = self.hourly.get_all(keys)
         if existing:
             get = existing.get
-            self.hourly.put_all([(k, get(k, 0) + n) for k, n in zip(keys, counts)])
+            self.hourly.put_all([(k, get(k, 0) + n) for k, n in zip(keys, adds)])
         else:
-            self.hourly.put_all(list(zip(keys, counts)))
+            self.hourly.put_all(list(zip(keys, adds)))
+
+    def _apply_pending(self) -> None:
+        """Add every pending count to the store."""
+        pending = self._take_pending()
+        if pending is not None:
+            self._add_to_store(pending)
 
     def process(self, record: dict[str, Any], emit: Emitter) -> None:
         """The per-record path (same result as :meth:`process_batch`, much slower)."""
@@ -138,26 +162,46 @@ class PageViewsPerHour(StreamTask):
         return closed_until - closed_until % HOUR
 
     def window(self, emit: Emitter) -> None:
-        self._apply_pending()
         boundary = self.closing_boundary()
         if boundary > self.emitted_before:
-            starts: list[int] = []
-            users: list[str] = []
-            views: list[int] = []
-            keys: list[tuple[int, str]] = []
-            with self.hourly.range(None, (boundary,)) as closed:
-                for key, count in closed:
-                    keys.append(key)
-                    starts.append(key[0])
-                    users.append(key[1])
-                    views.append(count)
-            if keys:
-                emit.arrow(pa.RecordBatch.from_arrays(
-                    [pa.array(starts, pa.int64()), pa.array(users, pa.string()), pa.array(views, pa.int64())],
-                    names=["window_start", "user_id", "views"],
-                ))
-                self.hourly.delete_all(keys)
+            self._close_windows(boundary, emit)
             self.emitted_before = boundary
             self.clock[_EMITTED_BEFORE] = boundary
+        else:
+            self._apply_pending()
         if self.watermark:
             self.clock[_WATERMARK] = self.watermark
+
+    def _close_windows(self, boundary: int, emit: Emitter) -> None:
+        """Emit every window starting before ``boundary`` (pending counts plus what the
+        store holds), store the pending counts of the windows still open, and delete
+        the closed windows from the store."""
+        pending = self._take_pending()
+        closing: list[pa.Table] = []
+        if pending is not None:
+            closes = pc.less(pending.column("w"), boundary)
+            self._add_to_store(pending.filter(pc.invert(closes)))
+            closing.append(pending.filter(closes))
+        with self.hourly.range(None, (boundary,)) as closed:
+            stored = list(closed)
+        if stored:
+            keys = [key for key, _ in stored]
+            closing.append(pa.table({
+                "w": pa.array([key[0] for key in keys], pa.int64()),
+                "u": pa.array([key[1] for key in keys], pa.string()),
+                "n": pa.array([count for _, count in stored], pa.int64()),
+            }))
+            self.hourly.delete_all(keys)
+        closing = [t for t in closing if t.num_rows]
+        if not closing:
+            return
+        if len(closing) == 1:
+            out = closing[0]
+        else:  # a window both in the store and pending: add the two counts
+            grouped = pa.concat_tables(closing).group_by(["w", "u"], use_threads=False).aggregate([("n", "sum")])
+            out = pa.table({"w": grouped.column("w"), "u": grouped.column("u"), "n": grouped.column("n_sum")})
+        out = out.take(pc.sort_indices(out, [("w", "ascending"), ("u", "ascending")]))
+        emit.arrow(pa.RecordBatch.from_arrays(
+            [out.column("w").combine_chunks(), out.column("u").combine_chunks(), out.column("n").combine_chunks()],
+            names=["window_start", "user_id", "views"],
+        ))

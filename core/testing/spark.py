@@ -58,9 +58,14 @@ def key_count_task(key: str = "user_id", *, per_record: bool = False) -> type:
     from localstate.contrib.spark import StreamTask
 
     class _Count(StreamTask):
+        PENDING_ROWS = 2_000_000
+        """Rows held in Arrow before their counts go to the store (bounds task memory)."""
+
         def init(self, context: Any) -> None:
             self.counts = context.store("counts")
             self.changed: dict[str, int] = {}
+            self.pending: list[pa.Array] = []
+            self.pending_rows = 0
 
         def process_batch(self, batch: pa.RecordBatch, emit: Any) -> None:
             if per_record:
@@ -68,11 +73,27 @@ def key_count_task(key: str = "user_id", *, per_record: bool = False) -> type:
                 return
             if batch.num_rows == 0:
                 return
-            grouped = pa.table({"k": batch.column(key)}).group_by("k", use_threads=False).aggregate([("k", "count")])
+            self.pending.append(batch.column(key))
+            self.pending_rows += batch.num_rows
+            if self.pending_rows >= self.PENDING_ROWS:
+                self.apply_pending()
+
+        def apply_pending(self) -> None:
+            """Count the pending keys in Arrow, then one ``get_all`` and one ``put_all`` of
+            the distinct keys: per-key Python work once per key per run, not per batch."""
+            if not self.pending:
+                return
+            grouped = (
+                pa.table({"k": pa.chunked_array(self.pending)})
+                .group_by("k", use_threads=False)
+                .aggregate([("k", "count")])
+            )
+            self.pending = []
+            self.pending_rows = 0
             keys = grouped.column("k").to_pylist()
             adds = grouped.column("k_count").to_pylist()
             old = self.counts.get_all(keys)
-            new = [(k, old.get(k, 0) + n) for k, n in zip(keys, adds)]
+            new = [(k, old.get(k, 0) + n) for k, n in zip(keys, adds)] if old else list(zip(keys, adds))
             self.counts.put_all(new)
             self.changed.update(new)
 
@@ -83,6 +104,7 @@ def key_count_task(key: str = "user_id", *, per_record: bool = False) -> type:
             self.changed[k] = n
 
         def window(self, emit: Any) -> None:
+            self.apply_pending()
             emit.arrow(pa.RecordBatch.from_pydict(
                 {"key": list(self.changed), "count": list(self.changed.values())},
                 schema=pa.schema([("key", pa.string()), ("count", pa.int64())]),
