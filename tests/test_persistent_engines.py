@@ -550,7 +550,7 @@ def test_non_bytes_reaching_the_engine_names_the_serde(tmp_path, factory):
         engine.close()
     config = Config.from_dict({
         "job.name": "pe", "job.state.dir": str(tmp_path / "state"),
-        "stores.kv.factory": factory,
+        "systems.file.path": str(tmp_path / "changelog"), "stores.kv.factory": factory,
     })
     with TaskStorage(config) as s, pytest.raises(TypeError, match="serde"):
         s.store("kv").put("no serde", "configured")
