@@ -1,0 +1,235 @@
+"""A Spark driver for the ``local-cluster`` tests, run in its own process.
+
+A process can hold only one SparkContext and the shared ``spark`` fixture is
+``local[2]``, so tests that need several executor JVMs start this module::
+
+    python -m localstate.testing.spark_cluster_driver stream --root DIR --input DIR
+
+It runs the :class:`~localstate.testing.spark.KeyCount` job (rocksdb engine, file
+changelog) over the JSON-lines files under ``--input`` (rows ``{"user_id": str}``):
+
+* ``batch`` — one :meth:`StatefulJob.run` under ``ROOT/batch``; the emitted rows go
+  to ``ROOT/batch/output.json``;
+* ``stream`` — Structured Streaming under ``ROOT/stream``, one file per micro-batch
+  (``availableNow``); batch ``B``'s emitted rows go to ``ROOT/stream/output/batch-B.json``;
+* ``all`` — both in one Spark application (one session start instead of two).
+
+Under each job root ``J``, ``job.state.dir`` is ``J/state/{executor}`` (one local
+state dir per executor) while the changelog ``J/changelog`` is shared. Every task run
+writes JSON events to ``J/events`` (:func:`read_events`): ``start`` after its storage
+opened, with the executor id and what the restore did, and ``close`` with the
+version it left committed. ``ROOT/result.json`` (status, Spark app id, timings) is
+written last; the exit code is 0 on success.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from localstate import Config
+from localstate.testing.spark import KeyCount, key_count_config, key_count_task
+
+__all__ = ["cluster_config", "read_events", "RecordedKeyCount", "run_batch", "run_stream", "main"]
+
+INPUT_SCHEMA = "user_id string"
+EVENTS_KEY = "testing.events.dir"
+SLEEP_KEY = "testing.task.sleep.s"
+COMMIT_SLEEP_KEY = "testing.commit.sleep.s"
+JOB_NAME = "cluster"
+
+
+def cluster_config(
+    root: str | Path, *, partitions: int = 4, task_sleep_s: float = 0.0, commit_sleep_s: float = 0.0
+) -> Config:
+    """The job's config: rocksdb ``counts``, state per executor, changelog shared.
+
+    A task run sleeps ``task_sleep_s`` after its ``start`` event and
+    ``commit_sleep_s`` after its ``close`` event (after its commit, before the Spark
+    task ends), so a test can kill its executor in either window."""
+    root = Path(root)
+    base = key_count_config(root, partitions=partitions, engine="rocksdb", name=JOB_NAME)
+    return base.with_overrides({
+        "job.state.dir": str(root / "state" / "{executor}"),
+        EVENTS_KEY: str(root / "events"),
+        SLEEP_KEY: task_sleep_s,
+        COMMIT_SLEEP_KEY: commit_sleep_s,
+    })
+
+
+def _write_event(directory: Path, event: dict[str, Any]) -> None:
+    # One file per event, renamed into place: the watching test never sees half of one.
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{uuid.uuid4().hex}.tmp"
+    tmp.write_text(json.dumps(event), encoding="utf-8")
+    tmp.rename(directory / f"{time.time():.6f}-{uuid.uuid4().hex[:8]}.json")
+
+
+def read_events(root: str | Path) -> list[dict[str, Any]]:
+    """The events written so far, in the order they were written."""
+    directory = Path(root) / "events"
+    if not directory.is_dir():
+        return []
+    events = []
+    for path in sorted(directory.glob("*.json"), key=lambda p: float(p.name.split("-")[0])):
+        events.append(json.loads(path.read_text(encoding="utf-8")))
+    return events
+
+
+class RecordedKeyCount(key_count_task("user_id")):  # type: ignore[misc]
+    """The vectorised key count task, writing ``start``/``close`` events per run and
+    sleeping after each (see :func:`cluster_config`)."""
+
+    def init(self, context: Any) -> None:
+        from localstate.contrib.spark.runner import executor_id
+        from pyspark import TaskContext as SparkTaskContext
+
+        super().init(context)
+        self.storage = context.storage
+        self.events_dir = Path(context.config[EVENTS_KEY])
+        spark_ctx = SparkTaskContext.get()
+        previous = context.storage.checkpoint
+        restore = context.storage.last_restore["counts"]
+        self.event: dict[str, Any] = {
+            "run": uuid.uuid4().hex,
+            "partition": context.partition,
+            "executor": executor_id(),
+            "state_dir": str(context.config.state_dir),
+            "pid": os.getpid(),
+            "stage": spark_ctx.stageId() if spark_ctx else None,
+            "attempt": spark_ctx.attemptNumber() if spark_ctx else None,
+            "previous_version": previous.version if previous is not None else None,
+            "restore_records": restore.records,
+            "restore_start": restore.start_offset,
+            "restore_committed": restore.stop_offset,
+        }
+        _write_event(self.events_dir, {**self.event, "phase": "start", "time": time.time()})
+        sleep_s = float(context.config.get(SLEEP_KEY) or 0.0)
+        if sleep_s:
+            time.sleep(sleep_s)
+
+    def close(self) -> None:
+        # The runner calls close() after the commit, or after a failure (nothing committed).
+        after = self.storage.checkpoint
+        _write_event(self.events_dir, {
+            **self.event,
+            "phase": "close",
+            "time": time.time(),
+            "version": after.version if after is not None else None,
+            "committed_offset": after.offsets.get("counts") if after is not None else None,
+        })
+        sleep_s = float(self.storage.config.get(COMMIT_SLEEP_KEY) or 0.0)
+        if sleep_s:
+            time.sleep(sleep_s)
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _rows(df: Any) -> list[list[Any]]:
+    table = df.toArrow()
+    return [[k, c] for k, c in zip(table.column("key").to_pylist(), table.column("count").to_pylist())]
+
+
+def run_batch(spark: Any, root: Path, input_dir: Path, config: Config) -> None:
+    """One :meth:`StatefulJob.run` over every input file; rows to ``root/output.json``."""
+    from localstate.contrib.spark import StatefulJob
+
+    job = StatefulJob(config, RecordedKeyCount, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
+    rows = _rows(job.run(spark.read.schema(INPUT_SCHEMA).json(str(input_dir))))
+    _write_json(root / "output.json", rows)
+
+
+def run_stream(spark: Any, root: Path, input_dir: Path, config: Config) -> int | None:
+    """The streaming job, one input file per micro-batch, until the input is consumed;
+    batch ``B``'s rows to ``root/output/batch-B.json``. Returns the last batch id."""
+    from localstate.contrib.spark import StatefulJob
+
+    job = StatefulJob(config, RecordedKeyCount, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
+    out_dir = root / "output"
+
+    def output(df: Any, batch_id: int) -> None:
+        _write_json(out_dir / f"batch-{batch_id}.json", _rows(df))
+
+    stream = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(input_dir))
+    query = job.run_stream(
+        stream,
+        checkpoint_location=str(root / "spark-checkpoint"),
+        trigger={"availableNow": True},
+        output=output,
+    )
+    query.awaitTermination()
+    progress = query.lastProgress
+    return progress["batchId"] if progress else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=["batch", "stream", "all"], help="all: batch, then stream")
+    parser.add_argument("--root", required=True, type=Path)
+    parser.add_argument("--input", required=True, type=Path)
+    parser.add_argument("--master", default="local-cluster[2,1,1024]")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--task-sleep", type=float, default=0.0, help="stream: seconds a task run sleeps after start")
+    parser.add_argument("--commit-sleep", type=float, default=0.0, help="stream: seconds a task run sleeps after commit")
+    args = parser.parse_args(argv)
+
+    from localstate.contrib.spark import spark_session
+
+    def config(root: Path, sleep: bool) -> Config:
+        return cluster_config(
+            root,
+            partitions=args.partitions,
+            task_sleep_s=args.task_sleep if sleep else 0.0,
+            commit_sleep_s=args.commit_sleep if sleep else 0.0,
+        )
+
+    t0 = time.monotonic()
+    spark = spark_session(
+        args.master,
+        app_name=f"localstate-cluster-{args.mode}",
+        **{
+            "spark.sql.shuffle.partitions": str(args.partitions),
+            # Do not hold tasks back for the executor holding their shuffle input: let
+            # them go to whichever executor is free, as after a failure.
+            "spark.locality.wait": "0",
+        },
+    )
+    result: dict[str, Any] = {
+        "mode": args.mode,
+        "app_id": spark.sparkContext.applicationId,
+        "session_s": time.monotonic() - t0,
+    }
+    try:
+        if args.mode in ("batch", "all"):
+            root = args.root / "batch"
+            run_batch(spark, root, args.input, config(root, False))
+            result["batch_s"] = time.monotonic() - t0
+        if args.mode in ("stream", "all"):
+            _write_json(args.root / "stream-started.json", {"time": time.time()})
+            root = args.root / "stream"
+            result["last_batch"] = run_stream(spark, root, args.input, config(root, True))
+        result["status"] = "ok"
+    except Exception as e:
+        result["status"] = "failed"
+        result["error"] = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        result["seconds"] = time.monotonic() - t0
+        _write_json(args.root / "result.json", result)
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+"""The Spark runner on ``local-cluster[2,1,1024]``: two executor JVMs, one killed mid-stream.
+
+The driver runs in its own process (:mod:`localstate.testing.spark_cluster_driver`:
+a process holds one SparkContext and the shared ``spark`` fixture is ``local[2]``).
+Each executor has its own ``job.state.dir`` (``{executor}``) while the file changelog
+is shared, so a task that moves to another executor really restores from the
+changelog. One Spark application runs a batch job, then a streaming job with one
+input file per micro-batch; while a streaming task sleeps on one executor, this test
+SIGKILLs that executor's JVM. Spark re-launches an executor and re-runs the work;
+the final state and every micro-batch's output must be exact.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localstate import Config
+from localstate.contrib.spark.runner import EXECUTOR_PLACEHOLDER, executor_id, executor_state_dir
+from localstate.contrib.spark.streaming import committed_batches
+from localstate.testing.spark import read_counts
+from localstate.testing.spark_cluster_driver import cluster_config, read_events
+
+from .conftest import FULL
+
+pytestmark = pytest.mark.spark
+
+FILES = 24 if FULL else 8
+"""Input files = micro-batches of the streaming job."""
+ROWS_PER_FILE = 1500
+KEYS = 300
+PARTITIONS = 4
+TASK_SLEEP_S = 0.4
+"""Each task run sleeps this long after opening its storage (a window to kill it mid-task) …"""
+COMMIT_SLEEP_S = 0.4
+"""… and this long after its commit, before its Spark task ends (a window to kill it there)."""
+DRIVER_TIMEOUT_S = 900.0
+EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+
+
+@dataclass(frozen=True)
+class KillPlan:
+    """Kill the executor of a streaming task run of micro-batch ``from_batch`` or later:
+    ``"task"`` while it runs (before its commit), ``"commit"`` after localstate
+    committed it but before Spark knows the task finished (its re-run must roll back).
+    Only a run that found its executor's local copy current is a victim: the partition's
+    last commit was made there, so no other executor has that state locally."""
+
+    mode: str
+    from_batch: int
+
+
+KILLS = (
+    [KillPlan("task", 1), KillPlan("commit", 5), KillPlan("task", 9), KillPlan("commit", 13),
+     KillPlan("task", 17)]
+    if FULL else [KillPlan("task", 1), KillPlan("commit", 3)]
+)
+
+
+# -- processes (Linux /proc) ---------------------------------------------------------------------
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(parent pid, start time in clock ticks) of ``pid``, or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2:].split()  # the command name may hold spaces
+    return int(fields[1]), int(fields[19])
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _descendants(root: int) -> dict[int, int]:
+    """Every live process below ``root``: pid → start time."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None:
+            children.setdefault(st[0], []).append((int(entry.name), st[1]))
+    out: dict[int, int] = {}
+    todo = [root]
+    while todo:
+        for pid, started in children.get(todo.pop(), []):
+            if pid not in out:
+                out[pid] = started
+                todo.append(pid)
+    return out
+
+
+def _executor_jvms(driver: int) -> dict[str, int]:
+    """The executor JVMs below the driver process: executor id → pid."""
+    out = {}
+    for pid in _descendants(driver):
+        args = _cmdline(pid)
+        if EXECUTOR_MAIN in args and "--executor-id" in args:
+            out[args[args.index("--executor-id") + 1]] = pid
+    return out
+
+
+def _kill_all(seen: dict[int, int]) -> None:
+    """SIGKILL every process in ``seen`` that is still the same process (same start time)."""
+    for pid, started in seen.items():
+        st = _stat(pid)
+        if st is not None and st[1] == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# -- the run -----------------------------------------------------------------------------------------
+@dataclass
+class Kill:
+    plan: KillPlan
+    executor: str
+    victim: dict[str, Any]
+    """The ``start`` (mode task) or ``close`` (mode commit) event of the killed run."""
+    time: float
+
+    @property
+    def batch(self) -> int:
+        prev = self.victim["previous_version"]
+        return (prev if prev is not None else -1) + 1
+
+
+@dataclass
+class ClusterRun:
+    root: Path
+    files: list[Counter[str]]
+    result: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    kills: list[Kill] = field(default_factory=list)
+
+    def total(self) -> Counter[str]:
+        return sum(self.files, Counter())
+
+
+def _write_input(directory: Path, files: int, seed: int) -> list[Counter[str]]:
+    """``files`` JSON-lines files, oldest first (the file source takes them by mtime)."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True)
+    counters = []
+    base = time.time() - files - 10
+    for i in range(files):
+        keys = [f"user-{rng.randrange(KEYS):04d}" for _ in range(ROWS_PER_FILE)]
+        path = directory / f"part-{i:04d}.json"
+        path.write_text("".join(json.dumps({"user_id": k}) + "\n" for k in keys), encoding="utf-8")
+        os.utime(path, (base + i, base + i))
+        counters.append(Counter(keys))
+    return counters
+
+
+def _batch_of(event: dict[str, Any]) -> int:
+    prev = event["previous_version"]
+    return (prev if prev is not None else -1) + 1
+
+
+def _kill_target(plan: KillPlan, events: list[dict[str, Any]], taken: set[str]) -> dict[str, Any] | None:
+    """An event of a run inside the sleep window ``plan`` aims at, or None."""
+    now = time.time()
+    if plan.mode == "task":
+        closed = {e["run"] for e in events if e["phase"] == "close"}
+        candidates = [e for e in events if e["phase"] == "start" and e["run"] not in closed
+                      and now - e["time"] < TASK_SLEEP_S / 2]
+    else:
+        candidates = [e for e in events if e["phase"] == "close" and e["version"] == _batch_of(e)
+                      and now - e["time"] < COMMIT_SLEEP_S / 2]
+    for e in candidates:
+        if (e["run"] not in taken and _batch_of(e) >= plan.from_batch
+                and e["previous_version"] is not None and e["restore_records"] == 0):
+            return e
+    return None
+
+
+def _run_cluster(root: Path, kills: list[KillPlan]) -> ClusterRun:
+    """Run the driver (batch, then stream) and carry out ``kills`` one after another,
+    each only while another executor is alive to take the task over."""
+    input_dir = root / "input"
+    run = ClusterRun(root, _write_input(input_dir, FILES, seed=6))
+    log_path = root / "driver.log"
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    cmd = [
+        sys.executable, "-m", "localstate.testing.spark_cluster_driver", "all",
+        "--root", str(root), "--input", str(input_dir), "--partitions", str(PARTITIONS),
+        "--task-sleep", str(TASK_SLEEP_S), "--commit-sleep", str(COMMIT_SLEEP_S),
+        "--master", "local-cluster[2,1,1024]",
+    ]
+    t0 = time.monotonic()
+    seen: dict[int, int] = {}
+    pending = list(kills)
+    taken: set[str] = set()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            last_scan = 0.0
+            while proc.poll() is None:
+                now = time.monotonic()
+                if now - t0 > DRIVER_TIMEOUT_S:
+                    pytest.fail(f"the driver did not finish within {DRIVER_TIMEOUT_S:.0f}s; log: {log_path}")
+                if now - last_scan >= 1.0:
+                    seen.update(_descendants(proc.pid))  # to kill orphans too, at the end
+                    last_scan = now
+                if pending:
+                    target = _kill_target(pending[0], read_events(root / "stream"), taken)
+                    jvms = _executor_jvms(proc.pid) if target is not None else {}
+                    if target is not None and len(jvms) >= 2 and target["executor"] in jvms:
+                        os.kill(jvms[target["executor"]], signal.SIGKILL)
+                        run.kills.append(Kill(pending.pop(0), target["executor"], target, time.time()))
+                        taken.add(target["run"])
+                time.sleep(0.05)
+        finally:
+            seen.update(_descendants(proc.pid))
+            _kill_all(seen)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    run.seconds = time.monotonic() - t0
+    result_path = root / "result.json"
+    run.result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    assert proc.returncode == 0 and run.result.get("status") == "ok", (
+        f"driver exited with {proc.returncode}, result {run.result}; log tail:\n"
+        + log_path.read_text(errors="replace")[-4000:]
+    )
+    return run
+
+
+def _remove_spark_work_dir(app_id: str | None) -> None:
+    """local-cluster executors log under $SPARK_HOME/work/<app id>: drop ours after success."""
+    import pyspark
+
+    if app_id:
+        shutil.rmtree(Path(pyspark.__file__).parent / "work" / app_id, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRun]:
+    run = _run_cluster(tmp_path_factory.mktemp("cluster"), KILLS)
+    yield run
+    _remove_spark_work_dir(run.result.get("app_id"))
+
+
+def _fresh(config: Config, root: Path) -> Config:
+    """``config`` with an empty local state dir: reading it restores all from the changelog."""
+    return config.with_overrides({"job.state.dir": str(root / "verify-state")})
+
+
+# -- tests ---------------------------------------------------------------------------------------------
+def test_executor_id_and_per_executor_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in ("SPARK_EXECUTOR_ID", "SPARK_LOG_URL_STDERR", "CONTAINER_ID"):
+        monkeypatch.delenv(var, raising=False)
+    assert executor_id() == "driver"
+    monkeypatch.setenv("CONTAINER_ID", "container_1_0001_01_000002")
+    assert executor_id() == "container_1_0001_01_000002"
+    monkeypatch.setenv("SPARK_LOG_URL_STDERR", "http://127.0.0.1:4/logPage/?appId=app-1&executorId=7&logType=stderr")
+    assert executor_id() == "7"
+    monkeypatch.setenv("SPARK_EXECUTOR_ID", "12")
+    assert executor_id() == "12"
+
+    config = cluster_config(tmp_path)
+    assert EXECUTOR_PLACEHOLDER in str(config.state_dir)
+    assert executor_state_dir(config).state_dir == tmp_path / "state" / "12"
+    assert executor_state_dir(config, "a/b").state_dir == tmp_path / "state" / "a_b"
+    plain = config.with_overrides({"job.state.dir": str(tmp_path / "state")})
+    assert executor_state_dir(plain) is plain
+
+
+def test_batch_job_on_two_executors_counts_exactly(cluster_run: ClusterRun) -> None:
+    root = cluster_run.root / "batch"
+    expected = cluster_run.total()
+    output = json.loads((root / "output.json").read_text())
+    assert len(output) == len(expected)
+    assert dict(output) == expected
+
+    config = cluster_config(root, partitions=PARTITIONS)
+    assert read_counts(_fresh(config, cluster_run.root / "batch")) == expected
+
+    events = read_events(root)
+    starts = [e for e in events if e["phase"] == "start"]
+    assert sorted(e["partition"] for e in starts) == list(range(PARTITIONS))
+    assert {e["version"] for e in events if e["phase"] == "close"} == {1}
+    # Both executor JVMs ran tasks, each in its own local state dir.
+    dirs = {e["executor"]: e["state_dir"] for e in starts}
+    assert len(dirs) == 2, f"all tasks ran on one executor: {starts}"
+    assert {Path(d).name for d in dirs.values()} == set(dirs)
+
+
+@pytest.mark.slow
+def test_executors_killed_mid_stream_tasks_move_restore_and_stay_exactly_once(cluster_run: ClusterRun) -> None:
+    run = cluster_run
+    root = run.root / "stream"
+    assert [k.plan for k in run.kills] == KILLS, f"not every planned kill found its window: {run.kills}"
+    last = FILES - 1
+    assert run.result["last_batch"] == last
+
+    # Exactly once: the committed state of every partition is at the last micro-batch
+    # and, rebuilt from the changelog alone, equals an exact count of all input.
+    config = cluster_config(root, partitions=PARTITIONS)
+    assert committed_batches(config) == dict.fromkeys(range(PARTITIONS), last)
+    expected = run.total()
+    assert read_counts(_fresh(config, root)) == expected
+
+    # Every micro-batch emitted exactly the keys of its file with their running totals
+    # (a re-run batch overwrites its output file with the same rows).
+    running: Counter[str] = Counter()
+    for b, counts in enumerate(run.files):
+        running.update(counts)
+        rows = json.loads((root / "output" / f"batch-{b}.json").read_text())
+        assert len(rows) == len(counts), f"batch {b}"
+        assert dict(rows) == {k: running[k] for k in counts}, f"batch {b}"
+
+    events = read_events(root)
+    starts = [e for e in events if e["phase"] == "start"]
+    closes = {e["run"]: e for e in events if e["phase"] == "close"}
+    # Replay the events against a model: per partition the offset committed with each
+    # version, per (executor, partition) the offset of that executor's local copy.
+    # Every run must restore exactly to the offset of the version it started from
+    # (after a rollback: the version before the rolled-back batch); a run whose
+    # executor holds that state locally replays nothing, any other (no local copy,
+    # a stale one, or one ahead after a rollback) replays [local, committed) from the
+    # shared changelog.
+    committed: dict[tuple[int, int | None], int] = {}
+    local: dict[tuple[str, int], int] = {}
+    moved = []
+    for e in events:
+        where = (e["executor"], e["partition"])
+        if e["phase"] == "start":
+            target = committed.get((e["partition"], e["previous_version"]), 0)
+            assert e["restore_committed"] == target, e
+            if local.get(where, 0) == target:
+                assert e["restore_records"] == 0, e
+            else:
+                moved.append(e)
+                assert e["restore_start"] < target, e
+                assert e["restore_records"] == target - e["restore_start"], e
+            local[where] = target
+        elif e["version"] != e["previous_version"]:
+            committed[(e["partition"], e["version"])] = local[where] = e["committed_offset"]
+    assert moved, "no task moved to an executor without its state"
+
+    for kill in run.kills:
+        victim, batch = kill.victim, kill.batch
+        # The killed JVM ran nothing afterwards.
+        assert not [e for e in starts if e["executor"] == kill.executor and e["time"] > kill.time + 1.0]
+        if kill.plan.mode == "task":
+            assert victim["run"] not in closes, f"the run killed mid-task committed: {closes[victim['run']]}"
+        else:
+            assert victim["version"] == batch  # localstate had committed the batch
+        # Another executor re-ran the victim's partition and batch from the version
+        # before it (after a commit kill, that is the rollback), restoring it from the
+        # changelog (the victim's executor held the only current local copy), and
+        # committed it.
+        redo = [
+            e for e in starts
+            if e["partition"] == victim["partition"] and e["time"] > kill.time
+            and e["executor"] != kill.executor and _batch_of(e) == batch
+            and closes.get(e["run"], {}).get("version") == batch
+        ]
+        assert redo, f"{kill}: partition {victim['partition']} batch {batch} was not re-run elsewhere"
+        assert redo[0]["previous_version"] == batch - 1
+        assert redo[0] in moved and redo[0]["restore_records"] > 0, redo[0]
+    executors = {e["executor"] for e in starts}
+    print(
+        f"\n{len(run.kills)} kills {[(k.plan.mode, k.executor, k.batch) for k in run.kills]}; "
+        f"executors {sorted(executors)}; {len(moved)} of {len(starts)} runs restored from the changelog; "
+        f"driver {run.seconds:.0f}s (session {run.result['session_s']:.0f}s)"
+    )
