@@ -1,13 +1,16 @@
-"""The Spark runner on ``local-cluster[2,1,1024]``: two executor JVMs, one killed mid-stream.
+"""The Spark runner on ``local-cluster[2,1,1024]``: executor JVMs killed mid-stream.
 
 The driver runs in its own process (:mod:`localstate.testing.spark_cluster_driver`:
 a process holds one SparkContext and the shared ``spark`` fixture is ``local[2]``).
 Each executor has its own ``job.state.dir`` (``{executor}``) while the file changelog
 is shared, so a task that moves to another executor really restores from the
 changelog. One Spark application runs a batch job, then a streaming job with one
-input file per micro-batch; while a streaming task sleeps on one executor, this test
-SIGKILLs that executor's JVM. Spark re-launches an executor and re-runs the work;
-the final state and every micro-batch's output must be exact.
+input file per micro-batch. During the stream this test SIGKILLs an executor JVM
+while one of its tasks runs (before its commit), and later another while a task
+sleeps after its commit (localstate committed the batch, Spark has not: the re-run
+must roll back). Spark re-launches executors and re-runs the work; the final state,
+every micro-batch's output and every restore must be exact. ``LOCALSTATE_FULL=1``:
+24 micro-batches and five kills.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ from localstate.testing.spark_cluster_driver import cluster_config, read_events
 
 from .conftest import FULL
 
-pytestmark = pytest.mark.spark
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds executor JVMs through /proc"),
+]
 
 FILES = 24 if FULL else 8
 """Input files = micro-batches of the streaming job."""
@@ -382,3 +388,54 @@ def test_executors_killed_mid_stream_tasks_move_restore_and_stay_exactly_once(cl
         f"executors {sorted(executors)}; {len(moved)} of {len(starts)} runs restored from the changelog; "
         f"driver {run.seconds:.0f}s (session {run.result['session_s']:.0f}s)"
     )
+
+
+def test_attempt_waiting_for_a_zombie_attempt_on_another_executor_rolls_its_commit_back(tmp_path: Path) -> None:
+    """Two attempts of one streaming task on executors with separate state dirs: the
+    old one (a zombie: its executor was given up, its Python worker still runs) holds
+    the partition's changelog lock and commits the batch while the new attempt waits
+    for that lock. The new attempt must then roll that commit back, not apply the
+    batch a second time."""
+    import threading
+
+    import pyarrow as pa
+    from localstate import TaskStorage
+    from localstate.contrib.spark.runner import TaskRun, run_partition
+    from localstate.contrib.spark.streaming import stream_position
+    from localstate.testing.spark import key_count_task
+
+    shared = cluster_config(tmp_path, partitions=1)
+    on_a, on_b = (shared.with_overrides({"job.state.dir": str(tmp_path / "state" / x)}) for x in "ab")
+    task = key_count_task("user_id")
+    schema = pa.schema([("key", pa.string()), ("count", pa.int64())])
+    batch = pa.RecordBatch.from_pydict({"user_id": ["x", "y", "x"]})
+
+    def attempt(config: Config, batch_id: int) -> None:
+        run = TaskRun(config, task, schema, batch_id=batch_id, lock_wait_s=30.0)
+        for _ in run_partition(run, 0, iter([batch])):
+            pass
+
+    attempt(on_a, 0)
+    zombie = TaskStorage(on_a, 0)  # attempt 0 of batch 1, on executor a
+    try:
+        counts = zombie.store("counts")
+        errors: list[BaseException] = []
+
+        def retry() -> None:  # attempt 1 of batch 1, on executor b
+            try:
+                attempt(on_b, 1)
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
+                errors.append(e)
+
+        thread = threading.Thread(target=retry)
+        thread.start()
+        time.sleep(1.0)  # the retry is past its version check, waiting for the lock
+        assert thread.is_alive()
+        counts.put_all([("x", 4), ("y", 2)])
+        zombie.commit(stream_position(1, 3, zombie.checkpoint), version=1)
+    finally:
+        zombie.close()
+    thread.join(60)
+    assert not thread.is_alive() and not errors, errors
+    assert committed_batches(shared) == {0: 1}
+    assert read_counts(_fresh(shared, tmp_path)) == {"x": 4, "y": 2}

@@ -221,12 +221,13 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
     ``{executor}`` in ``job.state.dir`` is resolved here, on the executor (the task
     sees the resolved config).
     """
-    from .streaming import prepare_version, stream_position
+    from .streaming import stream_position
 
     config = executor_state_dir(run.config)
-    if run.batch_id is not None:
-        prepare_version(config, partition, run.batch_id, run.lock_wait_s)
-    storage = open_storage(config, partition, run.lock_wait_s)
+    if run.batch_id is None:
+        storage = open_storage(config, partition, run.lock_wait_s)
+    else:
+        storage = _open_for_batch(config, partition, run.batch_id, run.lock_wait_s)
     task: StreamTask | None = None
     try:
         previous = storage.checkpoint
@@ -253,6 +254,26 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
                 task.close()
         finally:
             storage.close()
+
+
+def _open_for_batch(config: Config, partition: int, batch_id: int, lock_wait_s: float) -> TaskStorage:
+    """The partition's storage, opened with a committed version below ``batch_id``.
+
+    :func:`~localstate.contrib.spark.streaming.prepare_version` rolls back a commit of
+    ``batch_id`` before the storage is opened; the version is checked again once it is
+    open (its locks held), because another attempt of the task — on another executor,
+    with its own state dir and lock — may have committed ``batch_id`` while this one
+    waited for the changelog lock. Then it is closed, rolled back and opened again.
+    """
+    from .streaming import prepare_version
+
+    while True:
+        prepare_version(config, partition, batch_id, lock_wait_s)
+        storage = open_storage(config, partition, lock_wait_s)
+        current = storage.checkpoint
+        if current is None or current.version < batch_id:
+            return storage
+        storage.close()
 
 
 def _spark_partition_id() -> int:
