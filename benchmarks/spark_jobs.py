@@ -231,15 +231,30 @@ def state_work_no_spark(
 
 
 # -- Spark -----------------------------------------------------------------------------------
-def start_session(quick: bool) -> Any:
-    from localstate.contrib.spark import spark_session
+SESSION_CONF = {
+    "spark.sql.shuffle.partitions": str(TASKS),
+    "spark.sql.streaming.stateStore.providerClass": SPARK_STATE_STORE,
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+}
+"""SQL settings of the suite (4 shuffle and state-store partitions, Spark's RocksDB store)."""
 
-    return spark_session(MASTER, app_name="localstate-bench-spark", **{
-        "spark.sql.shuffle.partitions": str(TASKS),
-        "spark.sql.streaming.stateStore.providerClass": SPARK_STATE_STORE,
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        "spark.driver.memory": "2g" if quick else "4g",
-    })
+
+def start_session(quick: bool) -> tuple[Any, bool]:
+    """The Spark session of the suite and whether the suite started it (and must stop it).
+
+    An active session in this process (e.g. a test's) is reused with :data:`SESSION_CONF`
+    set on it, since a second one cannot be started beside it.
+    """
+    from localstate.contrib.spark import spark_session
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        for key, value in SESSION_CONF.items():
+            active.conf.set(key, value)
+        return active, False
+    return spark_session(MASTER, app_name="localstate-bench-spark", **SESSION_CONF,
+                         **{"spark.driver.memory": "2g" if quick else "4g"}), True
 
 
 def localstate_job(spark: Any, input_dir: Path, task: type[StreamTask], root: Path) -> tuple[float, TaskTimes, Config]:
@@ -352,13 +367,17 @@ def _run(sizes: Sizes, repeats: int, work: Path) -> list[dict[str, Any]]:
     write_hourly_parquet(sample, sample_dir)
     del table, sample
     t0 = time.perf_counter()
-    spark = start_session(quick=sizes is QUICK)
-    rows.append(make_row("spark_session_start", MASTER, {"master": MASTER}, "s", [time.perf_counter() - t0],
-                         notes="one start, not repeated"))
+    spark, owned = start_session(quick=sizes is QUICK)
+    master = spark.sparkContext.master
+    if owned:
+        rows.append(make_row("spark_session_start", master, {"master": master}, "s", [time.perf_counter() - t0],
+                             notes="one start, not repeated"))
     try:
-        rows += _spark_rows(spark, full_dir, sample_dir, n, n_sample, params, sample_params, repeat, work)
+        rows += _spark_rows(spark, full_dir, sample_dir, n, n_sample, params | {"master": master},
+                            sample_params | {"master": master}, repeat, work)
     finally:
-        spark.stop()
+        if owned:
+            spark.stop()
     return rows
 
 

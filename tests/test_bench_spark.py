@@ -1,0 +1,52 @@
+"""``localstate bench --suite spark`` at its quick size: every figure of issue 6 (and the
+Spark state-store comparison of issue 7) is produced, positive, without error cells.
+
+Runs the CLI in a subprocess: the suite starts its own ``local[2]`` session, which cannot
+coexist with the session-scoped ``spark`` fixture of other tests in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("rocksdict")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_suite_runs_quick_and_reports_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", "from localstate.cli import main; main()", "bench", "--quick", "--repeats", "1",
+         "--suite", "spark", "--out", str(out), "--strict"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert not [r for r in rows if r["error"]], [r["error"] for r in rows if r["error"]]
+    cells = {(r["workload"], r["engine"], r["unit"]): r for r in rows}
+    for row in rows:
+        assert row["suite"] == "spark" and row["median"] > 0 and len(row["runs"]) >= 1, row
+    spark_store = "spark structured streaming (RocksDBStateStoreProvider)"
+    e2e = cells[("windowed_e2e", "localstate arrow (StatefulJob on Spark)", "events/s")]
+    assert e2e["baseline"] == spark_store and e2e["ratio"] == pytest.approx(
+        e2e["median"] / cells[("windowed_e2e", spark_store, "events/s")]["median"])
+    assert "WARNING" not in cells[("windowed_e2e", spark_store, "events/s")]["notes"]  # read every event
+    assert ("windowed_e2e", "localstate per-record (StatefulJob on Spark)", "events/s") in cells
+    for path in ("arrow", "per-record"):
+        assert ("windowed_state_work", f"localstate {path} (in Spark tasks)", "events/s per core") in cells
+        assert ("windowed_state_work", f"localstate {path} (in Spark tasks)", "events/s on 2 cores") in cells
+    no_spark = {e for (w, e, _u) in cells if w == "windowed_state_work" and "no Spark" in e}
+    assert len(no_spark) == 4
+    restores = [r for r in rows if r["workload"] == "windowed_restore" and r["unit"] == "records/s"]
+    assert len(restores) == 2 and all(r["params"]["restored_records"] > 0 for r in restores)
+    assert cells[("spark_session_start", "local[2]", "s")]["median"] > 0
+    assert "windowed_e2e" in (out / "results.md").read_text()
