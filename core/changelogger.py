@@ -2,9 +2,10 @@
 
 Engines (or the ``logged`` KV layer) report change records here. Between two
 commits the logger keeps only the latest record per key (an insertion-ordered
-dict: rewriting a key *is* the dedup), handing a batch to the changelog partition
-whenever ``write.batch.size`` distinct keys are pending. ``flush()`` at commit
-appends the rest and makes the partition durable.
+dict: rewriting a key *is* the dedup), handing batches of at most
+``write.batch.size`` records to the changelog partition whenever that many distinct
+keys are pending. ``flush()`` at commit appends the rest and makes the partition
+durable.
 """
 
 from __future__ import annotations
@@ -61,14 +62,20 @@ class ChangeLogger:
         return len(self._pending)
 
     def _drain(self) -> None:
+        """Append the pending records in batches of at most ``batch_size``.
+
+        A bulk write of many keys is handed over in one ``log_all``, but the changelog
+        still sees batches no larger than ``write.batch.size``, as with single writes.
+        """
         pending = self._pending
         if not pending:
             return
         records = list(pending.items())
         self._pending = {}
-        self.partition.append(records)
-        m = self.metrics
-        m.records_logged += len(records)
+        append, size = self.partition.append, self.batch_size
+        for start in range(0, len(records), size):
+            append(records[start : start + size])
+        self.metrics.records_logged += len(records)
 
     def flush(self) -> int:
         """Append everything pending, make it durable, return the end offset."""

@@ -13,6 +13,9 @@ import pickle
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from itertools import repeat
+from operator import add, itemgetter, sub
 from typing import Any
 
 import msgpack
@@ -20,14 +23,26 @@ import msgpack
 from .errors import ConfigError, SerializationError, UnknownSerdeError
 from .registry import Registry
 
-__all__ = ["Serde", "register_serde", "get_serde", "serde_names", "describe_encode_error", "SERDES"]
+__all__ = [
+    "Serde",
+    "register_serde",
+    "get_serde",
+    "serde_names",
+    "describe_encode_error",
+    "encoder_of_many",
+    "decoder_of_many",
+    "SERDES",
+]
 
 
 @dataclass(frozen=True)
 class Serde:
     """A named pair of ``encode(obj) -> bytes`` / ``decode(bytes) -> obj``.
 
-    ``encode_many`` / ``decode_many`` are optional fast paths over lists.
+    ``encode_many`` / ``decode_many`` are optional fast paths over lists: they must
+    return exactly ``[encode(x) for x in items]`` / ``[decode(b) for b in items]``
+    (raising where those would), but may loop in C. Use :func:`encoder_of_many` /
+    :func:`decoder_of_many` to get one whether or not a serde defines it.
     """
 
     name: str
@@ -38,6 +53,27 @@ class Serde:
     decode_many: Callable[[list[bytes]], list[Any]] | None = None
 
 
+def _all_of_type(items: list[Any], cls: type) -> bool:
+    """True when every item's type is exactly ``cls`` (one C-level pass, no per-item Python call)."""
+    return set(map(type, items)) <= {cls}
+
+
+def encoder_of_many(serde: Serde) -> Callable[[list[Any]], list[bytes]]:
+    """``serde.encode_many``, or a ``map`` of ``serde.encode`` when it has none."""
+    if serde.encode_many is not None:
+        return serde.encode_many
+    encode = serde.encode
+    return lambda items: list(map(encode, items))
+
+
+def decoder_of_many(serde: Serde) -> Callable[[list[bytes]], list[Any]]:
+    """``serde.decode_many``, or a ``map`` of ``serde.decode`` when it has none."""
+    if serde.decode_many is not None:
+        return serde.decode_many
+    decode = serde.decode
+    return lambda items: list(map(decode, items))
+
+
 def _identity_bytes(b: Any) -> bytes:
     if type(b) is bytes:
         return b
@@ -46,10 +82,26 @@ def _identity_bytes(b: Any) -> bytes:
     raise TypeError(f"expected bytes, got {type(b).__name__}")
 
 
+def _identity_bytes_many(items: list[Any]) -> list[bytes]:
+    if _all_of_type(items, bytes):
+        return list(items)
+    return list(map(_identity_bytes, items))
+
+
 def _str_encode(s: Any) -> bytes:
     if type(s) is not str:
         raise TypeError(f"expected str, got {type(s).__name__}")
     return s.encode()
+
+
+def _str_encode_many(items: list[Any]) -> list[bytes]:
+    if _all_of_type(items, str):
+        return list(map(str.encode, items))
+    return list(map(_str_encode, items))  # raises the per-item error for the first non-str
+
+
+def _str_decode_many(items: list[bytes]) -> list[str]:
+    return list(map(bytes.decode, items))
 
 
 def _json_encoder() -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
@@ -69,7 +121,8 @@ def _json_encoder() -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
 _json_dumps, _json_loads = _json_encoder()
 
 
-def _fixed_int(width: int) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+def _fixed_int(width: int) -> Serde:
+    """The order-preserving ``int`` (4-byte) or ``long`` (8-byte) serde: big-endian, sign bit flipped."""
     fmt = ">I" if width == 4 else ">Q"
     bias = 1 << (width * 8 - 1)
     pack, unpack = struct.Struct(fmt).pack, struct.Struct(fmt).unpack
@@ -85,7 +138,18 @@ def _fixed_int(width: int) -> tuple[Callable[[Any], bytes], Callable[[bytes], An
     def decode(b: bytes) -> int:
         return unpack(b)[0] - bias
 
-    return encode, decode
+    def encode_many(items: list[Any]) -> list[bytes]:
+        if _all_of_type(items, int):
+            try:
+                return list(map(pack, map(add, items, repeat(bias))))
+            except struct.error:
+                pass  # out of range: the per-item encoder names the value
+        return list(map(encode, items))
+
+    def decode_many(items: list[bytes]) -> list[int]:
+        return list(map(sub, map(itemgetter(0), map(unpack, items)), repeat(bias)))
+
+    return Serde("int" if width == 4 else "long", encode, decode, True, encode_many, decode_many)
 
 
 # -- tuple: an order-preserving composite encoding -----------------------------------
@@ -204,19 +268,37 @@ def _msgpack_decode(b: bytes) -> Any:
     return msgpack.unpackb(b, raw=False, strict_map_key=False)
 
 
+def _msgpack_encode_many(items: list[Any]) -> list[bytes]:
+    return list(map(msgpack.Packer(use_bin_type=True).pack, items))
+
+
+_msgpack_unpackb = partial(msgpack.unpackb, raw=False, strict_map_key=False)
+
+
+def _msgpack_decode_many(items: list[bytes]) -> list[Any]:
+    return list(map(_msgpack_unpackb, items))
+
+
+def _pickle_encode(o: Any) -> bytes:
+    return pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 SERDES = Registry("serde", "localstate.serdes", UnknownSerdeError)
 
-_int_enc, _int_dec = _fixed_int(4)
-_long_enc, _long_dec = _fixed_int(8)
+def _mapped(fn: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
+    """``fn`` over a list, looping in C (``map``) when ``fn`` itself is C."""
+    return lambda items: list(map(fn, items))
+
+
 for _serde in (
-    Serde("bytes", _identity_bytes, bytes, True),
-    Serde("string", _str_encode, bytes.decode, True),
-    Serde("json", _json_dumps, _json_loads),
-    Serde("msgpack", _msgpack_encode, _msgpack_decode),
-    Serde("int", _int_enc, _int_dec, True),
-    Serde("long", _long_enc, _long_dec, True),
-    Serde("tuple", _tuple_encode, _tuple_decode, True),
-    Serde("pickle", lambda o: pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL), pickle.loads),
+    Serde("bytes", _identity_bytes, bytes, True, _identity_bytes_many, _mapped(bytes)),
+    Serde("string", _str_encode, bytes.decode, True, _str_encode_many, _str_decode_many),
+    Serde("json", _json_dumps, _json_loads, False, _mapped(_json_dumps), _mapped(_json_loads)),
+    Serde("msgpack", _msgpack_encode, _msgpack_decode, False, _msgpack_encode_many, _msgpack_decode_many),
+    _fixed_int(4),
+    _fixed_int(8),
+    Serde("tuple", _tuple_encode, _tuple_decode, True, _mapped(_tuple_encode), _mapped(_tuple_decode)),
+    Serde("pickle", _pickle_encode, pickle.loads, False, _mapped(_pickle_encode), _mapped(pickle.loads)),
 ):
     SERDES.register(_serde.name, _serde, origin="built-in")
 

@@ -7,8 +7,8 @@ the simplest proof that the fault-tolerance path works.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import compress, islice, repeat
-from operator import is_, is_not
+from itertools import chain, compress, islice, repeat
+from operator import is_, is_not, itemgetter, not_
 
 from localstate.engine import (
     ChangeRecord,
@@ -48,13 +48,9 @@ class MemoryEngine(KeyValueEngine):
 
     def get_all(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         d = self._d()
-        get = d.get
-        out = {}
-        for k in keys:
-            v = get(k)
-            if v is not None:
-                out[k] = v
-        return out
+        keys = keys if isinstance(keys, list) else list(keys)
+        values = list(map(d.get, keys))
+        return dict(compress(zip(keys, values), map(is_not, values, repeat(None))))
 
     def put(self, key: bytes, value: bytes) -> None:
         d = self._d()
@@ -72,8 +68,15 @@ class MemoryEngine(KeyValueEngine):
             entries = list(entries.items())
         elif not isinstance(entries, list):
             entries = list(entries)
-        require_bytes_pairs(self.name, entries)
-        d.update(entries)
+        if not set(map(type, chain.from_iterable(entries))) <= {bytes}:
+            require_bytes_pairs(self.name, entries)  # raises, naming the first bad key or value
+        known = list(map(d.__contains__, map(itemgetter(0), entries)))
+        # A key already present keeps its place in the sorted key list, so its new value
+        # goes straight into the underlying dict (SortedDict subclasses dict); only new
+        # keys go through SortedDict.update, which may re-sort every key.
+        dict.update(d, compress(entries, known))
+        if not all(known):
+            d.update(list(compress(entries, map(not_, known))))
 
     def delete(self, key: bytes) -> None:
         self._d().pop(key, None)

@@ -272,7 +272,9 @@ class RocksDBEngine(KeyValueEngine):
 
     # -- KeyValueStore --------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
-        db = self._d()
+        db = self._db
+        if db is None:
+            db = self._d()  # raises StoreClosedError
         try:
             return db.get(key)
         except Exception as e:

@@ -3,7 +3,10 @@
 Writes land in the cache and in ``_dirty`` (an insertion-ordered dict used as an
 ordered set: rewriting a key is the dedup). Dirty entries go down in batches of
 ``write.batch.size``, so counting ``x=1, x=2, x=3`` between two commits writes only
-``x=3`` to the engine and the changelog. A scan (``range``/``prefix``/``all``) first
+``x=3`` to the engine and the changelog. ``put_all``/``delete_all`` of at least
+``write.batch.size`` distinct keys skip the dirty set: the batch (deduplicated, later
+pairs win) goes down at once with whatever was dirty, so a bulk write costs one
+serde pass, one engine batch and one changelog append rather than one call per key. A scan (``range``/``prefix``/``all``) first
 pushes the dirty entries down and then reads the layer below — Samza's approach —
 so scans always see the cache's writes, deletes included.
 
@@ -13,9 +16,11 @@ Values are cached as the objects you put: mutating a returned object without a
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
+from itertools import compress, islice, repeat
+from operator import is_, is_not, itemgetter
 from typing import Any
 
 from ..errors import StoreClosedError
@@ -65,6 +70,8 @@ class CachedStore(ForwardingStore):
 
     # -- internals -------------------------------------------------------------------------
     def _evict(self) -> None:
+        """Drop least recently used entries beyond ``cache_size``; a dirty one sends the
+        dirty set down first (a dirty entry is never dropped unwritten)."""
         cache = self._cache
         while len(cache) > self.cache_size:
             oldest, value = cache.popitem(last=False)
@@ -74,24 +81,48 @@ class CachedStore(ForwardingStore):
                 self._flush_dirty()
                 cache.popitem(last=False)
 
-    def _flush_dirty(self) -> None:
-        dirty = self._dirty
-        if not dirty:
-            return
+    def _flush_dirty(self, new_puts: dict[Any, Any] | None = None, new_deletes: list[Any] | None = None) -> None:
+        """Write the dirty entries to the layer below, in one ``put_all`` and one ``delete_all``.
+
+        ``new_puts`` / ``new_deletes`` are a newer batch going down with them (it wins over
+        a dirty entry of the same key). The dirty set is cleared once the writes succeeded,
+        so a batch the layers below reject (an unencodable key) leaves this layer unchanged.
+        """
         cache = self._cache
-        puts = []
-        deletes = []
-        for k in dirty:
+        puts: dict[Any, Any] = {}
+        deletes: list[Any] = []
+        for k in self._dirty:
             v = cache[k]
             if v is _ABSENT:
                 deletes.append(k)
             else:
-                puts.append((k, v))
-        self._dirty = {}
+                puts[k] = v
+        if new_puts:
+            if deletes:
+                deletes = [k for k in deletes if k not in new_puts]
+            if puts:
+                puts.update(new_puts)
+            else:
+                puts = new_puts
+        if new_deletes:
+            if puts:
+                pop = puts.pop
+                for k in new_deletes:
+                    pop(k, None)
+            deletes.extend(new_deletes)
         if puts:
             self.inner.put_all(puts)
         if deletes:
             self.inner.delete_all(deletes)
+        self._dirty = {}
+
+    def _evict_one(self) -> None:
+        """``_evict`` after a single insert: one entry to drop, usually clean."""
+        oldest, value = self._cache.popitem(last=False)
+        if oldest in self._dirty:
+            self._cache[oldest] = value
+            self._cache.move_to_end(oldest, last=False)
+            self._evict()
 
     def _write(self, key: Any, value: Any) -> None:
         if self._closed:
@@ -106,6 +137,40 @@ class CachedStore(ForwardingStore):
         if len(dirty) >= self.batch_size:
             self._flush_dirty()
         if len(cache) > self.cache_size:
+            self._evict_one()
+
+    def _write_batch(self, batch: dict[Any, Any], deletes: bool) -> None:
+        """Apply a deduplicated batch (values, or all ``_ABSENT`` when ``deletes``).
+
+        A batch smaller than ``write.batch.size`` joins the dirty set like single writes.
+        A larger one goes straight down together with the dirty set — one serde pass,
+        one engine batch, one changelog append — and then only its newest
+        ``cache_size`` entries are kept in the cache, clean.
+        """
+        cache = self._cache
+        if len(batch) < self.batch_size:
+            key_check = self._key_check
+            if key_check is not None:
+                deque(map(key_check, batch), 0)
+            cache.update(batch)
+            deque(map(cache.move_to_end, batch), 0)
+            dirty = self._dirty
+            dirty.update(dict.fromkeys(batch))
+            if len(dirty) >= self.batch_size:
+                self._flush_dirty()
+            if len(cache) > self.cache_size:
+                self._evict()
+            return
+        if deletes:
+            self._flush_dirty(new_deletes=list(batch))
+        else:
+            self._flush_dirty(new_puts=batch)
+        if len(batch) >= self.cache_size:
+            cache.clear()
+            cache.update(islice(batch.items(), len(batch) - self.cache_size, None))
+        else:
+            cache.update(batch)
+            deque(map(cache.move_to_end, batch), 0)
             self._evict()
 
     # -- KeyValueStore -----------------------------------------------------------------------
@@ -114,37 +179,43 @@ class CachedStore(ForwardingStore):
             self._check_open()
         cache = self._cache
         v = cache.get(key, _MISSING)
-        m = self.metrics
         if v is _MISSING:
-            m.misses += 1
+            self.metrics.misses += 1
             v = self.inner.get(key)
             cache[key] = _ABSENT if v is None else v
             if len(cache) > self.cache_size:
-                self._evict()
+                self._evict_one()
             return v
-        m.hits += 1
+        self.metrics.hits += 1
         cache.move_to_end(key)
         return None if v is _ABSENT else v
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
-        self._check_open()
+        if self._closed:
+            self._check_open()
+        keys = keys if isinstance(keys, list) else list(keys)
         cache = self._cache
+        cached = list(map(cache.get, keys, repeat(_MISSING)))
+        missing = list(compress(keys, map(is_, cached, repeat(_MISSING))))
+        metrics = self.metrics
+        metrics.misses += len(missing)
         out: dict[Any, Any] = {}
-        missing = []
-        for k in keys:
-            v = cache.get(k, _MISSING)
-            if v is _MISSING:
-                missing.append(k)
-            elif v is not _ABSENT:
-                out[k] = v
-        self.metrics.hits += len(out)
+        if len(missing) < len(keys):
+            metrics.hits += len(keys) - len(missing)
+            hit_keys = list(compress(keys, map(is_not, cached, repeat(_MISSING))))
+            hit_values = list(compress(cached, map(is_not, cached, repeat(_MISSING))))
+            deque(map(cache.move_to_end, hit_keys), 0)
+            if any(map(is_, hit_values, repeat(_ABSENT))):
+                out = {k: v for k, v in zip(hit_keys, hit_values) if v is not _ABSENT}
+            else:
+                out = dict(zip(hit_keys, hit_values))
         if missing:
-            self.metrics.misses += len(missing)
             found = self.inner.get_all(missing)
             out.update(found)
             if len(missing) <= self.cache_size:
-                for k in missing:
-                    cache[k] = found.get(k, _ABSENT)
+                fill = dict.fromkeys(missing, _ABSENT)
+                fill.update(found)
+                cache.update(fill)
                 if len(cache) > self.cache_size:
                     self._evict()
         return out
@@ -155,21 +226,27 @@ class CachedStore(ForwardingStore):
         self._write(key, value)
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
+        if self._closed:
+            self._check_open()
         if isinstance(entries, Mapping):
-            entries = entries.items()
-        write = self._write
-        for k, v in entries:
-            if v is None:
-                reject_none(self.name, k, v)
-            write(k, v)
+            entries = list(entries.items())
+        elif not isinstance(entries, list):
+            entries = list(entries)
+        batch = dict(entries)  # later pairs for one key win
+        if any(map(is_, map(itemgetter(1), entries), repeat(None))):
+            reject_none(self.name, next(k for k, v in entries if v is None), None)
+        if batch:
+            self._write_batch(batch, deletes=False)
 
     def delete(self, key: Any) -> None:
         self._write(key, _ABSENT)
 
     def delete_all(self, keys: Iterable[Any]) -> None:
-        write = self._write
-        for k in keys:
-            write(k, _ABSENT)
+        if self._closed:
+            self._check_open()
+        batch = dict.fromkeys(keys, _ABSENT)
+        if batch:
+            self._write_batch(batch, deletes=True)
 
     def range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
         self._check_open()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from itertools import compress, repeat
+from operator import is_, is_not
 from typing import Any
 
 from ..errors import SerializationError
 from ..kv import KeyValueIterator, KeyValueStore, reject_none
-from ..serdes import Serde, describe_encode_error
+from ..serdes import Serde, decoder_of_many, describe_encode_error, encoder_of_many
 from .forwarding import ForwardingStore
 
 __all__ = ["SerializedStore"]
@@ -17,26 +19,33 @@ log = logging.getLogger("localstate")
 
 
 class SerializedStore(ForwardingStore):
-    """Encodes keys with ``key_serde`` and values with ``msg_serde``."""
+    """Encodes keys with ``key_serde`` and values with ``msg_serde``.
+
+    Bulk methods make one ``encode_many``/``decode_many`` pass per list (see
+    :class:`~localstate.serdes.Serde`) and fall back to the per-item encoders only to
+    name the offending key or value in the error.
+    """
 
     def __init__(self, inner: KeyValueStore[bytes, bytes], key_serde: Serde, msg_serde: Serde, name: str) -> None:
         super().__init__(inner, name)
         self.key_serde = key_serde
         self.msg_serde = msg_serde
+        self._encode_keys = encoder_of_many(key_serde)
+        self._encode_values = encoder_of_many(msg_serde)
+        self._decode_values = decoder_of_many(msg_serde)
         self._warned_unordered = False
 
     # -- encoding helpers ----------------------------------------------------------------
     def encode_key(self, key: Any) -> bytes:
         """The encoded key, or a SerializationError naming the store and the fix."""
-        return self._ek(key)
-
-    def _ek(self, key: Any) -> bytes:
         try:
             return self.key_serde.encode(key)
         except SerializationError:
             raise
         except Exception as e:
             raise describe_encode_error(self.name, "key", self.key_serde, key, e) from e
+
+    _ek = encode_key
 
     def _ev(self, value: Any) -> bytes:
         try:
@@ -65,48 +74,87 @@ class SerializedStore(ForwardingStore):
     def _decode_pair(self, kv: tuple[bytes, bytes]) -> tuple[Any, Any]:
         return self._dk(kv[0]), self._dv(kv[1])
 
+    def encode_keys(self, keys: list[Any]) -> list[bytes]:
+        """Every key encoded in one pass; the error names the first bad key."""
+        try:
+            return self._encode_keys(keys)
+        except SerializationError:
+            raise
+        except Exception:
+            return list(map(self._ek, keys))
+
+    def _encode_value_list(self, values: list[Any]) -> list[bytes]:
+        try:
+            return self._encode_values(values)
+        except Exception:
+            return list(map(self._ev, values))
+
+    def _decode_value_list(self, data: list[bytes]) -> list[Any]:
+        try:
+            return self._decode_values(data)
+        except Exception:
+            return list(map(self._dv, data))
+
     # -- KeyValueStore -------------------------------------------------------------------
     def get(self, key: Any) -> Any:
-        data = self.inner.get(self._ek(key))
-        return None if data is None else self._dv(data)
+        try:
+            encoded = self.key_serde.encode(key)
+        except Exception:
+            encoded = self._ek(key)
+        data = self.inner.get(encoded)
+        if data is None:
+            return None
+        try:
+            return self.msg_serde.decode(data)
+        except Exception:
+            return self._dv(data)
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
-        keys = list(keys)
-        ek = self._ek
-        encoded = [ek(k) for k in keys]
+        keys = keys if isinstance(keys, list) else list(keys)
+        encoded = self.encode_keys(keys)
         found = self.inner.get_all(encoded)
         if not found:
             return {}
-        dv = self._dv
-        return {k: dv(found[e]) for k, e in zip(keys, encoded) if e in found}
+        if len(found) < len(encoded):
+            # keep the keys whose encoding was found; no per-key Python code
+            raw = list(map(found.get, encoded))
+            present = list(map(is_not, raw, repeat(None)))
+            keys = list(compress(keys, present))
+            values = list(compress(raw, present))
+        else:  # every key found (or duplicates): look each one up
+            values = list(map(found.__getitem__, encoded))
+        return dict(zip(keys, self._decode_value_list(values)))
 
     def put(self, key: Any, value: Any) -> None:
         if value is None:
             reject_none(self.name, key, value)
-        self.inner.put(self._ek(key), self._ev(value))
+        try:
+            encoded = self.key_serde.encode(key), self.msg_serde.encode(value)
+        except Exception:
+            encoded = self._ek(key), self._ev(value)
+        self.inner.put(*encoded)
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
         if isinstance(entries, Mapping):
-            entries = list(entries.items())
-        elif not isinstance(entries, list):
-            entries = list(entries)
-        ke, ve = self.key_serde.encode, self.msg_serde.encode
-        try:
-            encoded = [(ke(k), ve(v)) for k, v in entries]
-        except Exception:
-            encoded = []
-            for k, v in entries:
-                if v is None:
-                    reject_none(self.name, k, v)
-                encoded.append((self._ek(k), self._ev(v)))
-        self.inner.put_all(encoded)
+            keys, values = list(entries), list(entries.values())
+        else:
+            entries = entries if isinstance(entries, list) else list(entries)
+            if not entries:
+                return
+            keys, values = map(list, zip(*entries))
+        if any(map(is_, values, repeat(None))):
+            k = keys[list(map(is_, values, repeat(None))).index(True)]
+            reject_none(self.name, k, None)
+        if not keys:
+            return
+        self.inner.put_all(list(zip(self.encode_keys(keys), self._encode_value_list(values))))
 
     def delete(self, key: Any) -> None:
         self.inner.delete(self._ek(key))
 
     def delete_all(self, keys: Iterable[Any]) -> None:
-        ek = self._ek
-        self.inner.delete_all([ek(k) for k in keys])
+        keys = keys if isinstance(keys, list) else list(keys)
+        self.inner.delete_all(self.encode_keys(keys))
 
     def _check_ordered(self) -> None:
         if not self.key_serde.order_preserving and not self._warned_unordered:

@@ -153,6 +153,52 @@ class KeyValueStoreConformance:
         store.delete_all([b"a", b"c", b"zz"])
         assert _items(store.all()) == [(b"b", b"2")]
 
+    def test_put_all_with_a_none_value_writes_nothing(self, store: KeyValueStore) -> None:
+        store.put(b"a", b"1")
+        for batch in ([(b"a", b"2"), (b"b", None)], [(b"k%03d" % i, b"v") for i in range(100)] + [(b"z", None)]):
+            with pytest.raises(InvalidValueError, match="delete"):
+                store.put_all(batch)
+        assert _items(store.all()) == [(b"a", b"1")]
+
+    def test_bulk_operations_match_a_dict(self, store: KeyValueStore) -> None:
+        """Batches below and above the layers' batch sizes, with repeated keys in one batch."""
+        rng = random.Random(4321)
+        model: dict[bytes, bytes] = {}
+        keys = [b"k%03d" % i for i in range(150)]
+        for step in range(400):
+            n = rng.choice((1, 2, 5, 15, 16, 17, 63, 64, 65, 200))
+            r = rng.random()
+            if r < 0.35:
+                batch = [(rng.choice(keys), b"%d.%d" % (step, j)) for j in range(n)]
+                store.put_all(dict(batch) if r < 0.05 else batch)
+                model.update(batch)
+            elif r < 0.5:
+                ks = [rng.choice(keys) for _ in range(n)]
+                store.delete_all(ks)
+                for k in ks:
+                    model.pop(k, None)
+            elif r < 0.6:
+                k = rng.choice(keys)
+                if r < 0.55:
+                    store.put(k, b"p%d" % step)
+                    model[k] = b"p%d" % step
+                else:
+                    store.delete(k)
+                    model.pop(k, None)
+            elif r < 0.9:
+                ks = [rng.choice(keys) for _ in range(n)] + [b"absent"]
+                assert store.get_all(ks) == {k: model[k] for k in ks if k in model}, f"step {step}: get_all"
+                k = rng.choice(keys)
+                assert store.get(k) == model.get(k), f"step {step}: get({k!r})"
+            else:
+                a, b = sorted(rng.sample(keys, 2))
+                expect = sorted((x, y) for x, y in model.items() if a <= x < b)
+                assert _items(store.range(a, b)) == expect, f"step {step}: range({a!r}, {b!r})"
+        assert _items(store.all()) == sorted(model.items())
+        changelog_state = getattr(store, "changelog_state", None)
+        if changelog_state is not None:
+            assert changelog_state() == model
+
     # -- scans -----------------------------------------------------------------------
     def test_range_is_half_open_and_ordered(self, store: KeyValueStore) -> None:
         for i in range(20):
