@@ -17,8 +17,9 @@ Rows (``engine`` says which path / system):
   Spark Structured Streaming row is the same count done by Spark itself
   (``groupBy(window(1 hour), user_id).count()`` with a 60 s watermark, append mode,
   ``RocksDBStateStoreProvider`` with changelog checkpointing, the Parquet files as a
-  file source with ``availableNow`` — one micro-batch — 4 shuffle/state partitions);
-  the Arrow row's ``ratio`` is localstate / Spark.
+  file source with ``availableNow`` — one micro-batch of data, then the no-data batch
+  that evicts the closed windows — 4 shuffle/state partitions); it emits the same
+  windows as the localstate job. The Arrow row's ``ratio`` is localstate / Spark.
 * ``windowed_state_work`` — state work only. *In Spark tasks*: timers inside each task
   (``init`` + every ``process_batch`` + ``window`` + the runner's ``commit``, wall
   clock), summed over the 4 tasks: ``events / Σ task seconds`` is events/s **per
@@ -214,20 +215,21 @@ def hourly_slices(part: pa.Table) -> list[pa.Table]:
 
 def state_work_no_spark(
     parts: list[pa.Table], task: type[StreamTask], root: Path, *, hourly_runs: bool = False
-) -> tuple[float, Config]:
+) -> tuple[float, Config, int]:
     """Seconds of state work for all partitions on one core (storage open excluded: the
-    task's timers), with fresh state under ``root``; returns them and the job config."""
+    task's timers), with fresh state under ``root``; returns them, the job config and
+    the number of windows emitted."""
     timing = root / "timing"
     timing.mkdir(parents=True)
     config = job_config(PageViewsPerHour, root, partitions=len(parts), engine=ENGINE)
     timed = timed_task(task, str(timing))
     if hourly_runs:
         slices = [hourly_slices(p) for p in parts]
-        for h in range(max(len(s) for s in slices)):
-            run_tasks(config, timed, [s[h] if h < len(s) else s[0].slice(0, 0) for s in slices])
+        emitted = sum(run_tasks(config, timed, [s[h] if h < len(s) else s[0].slice(0, 0) for s in slices])
+                      for h in range(max(len(s) for s in slices)))
     else:
-        run_tasks(config, timed, parts)
-    return TaskTimes.read(timing).wall, config
+        emitted = run_tasks(config, timed, parts)
+    return TaskTimes.read(timing).wall, config, emitted
 
 
 # -- Spark -----------------------------------------------------------------------------------
@@ -271,9 +273,10 @@ def localstate_job(spark: Any, input_dir: Path, task: type[StreamTask], root: Pa
     return seconds, TaskTimes.read(timing), config
 
 
-def spark_state_store_job(spark: Any, input_dir: Path, checkpoint: Path) -> tuple[float, int]:
+def spark_state_store_job(spark: Any, input_dir: Path, checkpoint: Path) -> tuple[float, dict[str, int]]:
     """Spark Structured Streaming's own windowed count over ``input_dir`` (RocksDB state
-    store): wall seconds until the ``availableNow`` query ends, and the input rows it read."""
+    store): wall seconds until the ``availableNow`` query ends, and what its progress
+    reports say (micro-batches, input rows, emitted windows, state rows left)."""
     from pyspark.sql import functions as F
 
     stream = spark.readStream.schema("ts long, user_id string").parquet(str(input_dir))
@@ -290,7 +293,14 @@ def spark_state_store_job(spark: Any, input_dir: Path, checkpoint: Path) -> tupl
     seconds = time.perf_counter() - t0
     if query.exception() is not None:
         raise RuntimeError(f"Spark state-store query failed: {query.exception()}")
-    return seconds, sum(p["numInputRows"] for p in query.recentProgress)
+    progress = query.recentProgress
+    state = progress[-1]["stateOperators"][0] if progress and progress[-1]["stateOperators"] else {}
+    return seconds, {
+        "batches": len(progress),
+        "input_rows": sum(p["numInputRows"] for p in progress),
+        "emitted": sum(p["sink"].get("numOutputRows", 0) for p in progress),
+        "state_rows": state.get("numRowsTotal", -1),
+    }
 
 
 # -- the suite -------------------------------------------------------------------------------
@@ -327,6 +337,7 @@ def _run(sizes: Sizes, repeats: int, work: Path) -> list[dict[str, Any]]:
     parts = split_by_key(table, PageViewsPerHour.KEY, TASKS)
     sample_parts = split_by_key(sample, PageViewsPerHour.KEY, TASKS)
     no_spark = "run_partition, no Spark, 1 core"
+    emitted: dict[str, int] = {}
     for engine, task, ps, count, prm, hourly in (
         (f"localstate arrow ({no_spark})", PageViewsPerHour, parts, n, params, False),
         (f"localstate arrow ({no_spark}, hourly runs)", PageViewsPerHour, parts, n, params, True),
@@ -338,12 +349,15 @@ def _run(sizes: Sizes, repeats: int, work: Path) -> list[dict[str, Any]]:
                   hourly: bool = hourly) -> float:
             root = _fresh(work, "nospark")
             try:
-                return count / state_work_no_spark(ps, task, root, hourly_runs=hourly)[0]
+                seconds, _config, emitted["windows"] = state_work_no_spark(ps, task, root, hourly_runs=hourly)
+                return count / seconds
             finally:
                 shutil.rmtree(root, ignore_errors=True)
 
-        rows.append(make_row("windowed_state_work", engine, prm, "events/s per core", repeat(trial),
-                             notes=f"target >= {TARGET_PER_CORE:,}/s per core" if task is PageViewsPerHour else ""))
+        runs = repeat(trial)
+        notes = f"{emitted['windows']:,} windows emitted" + (
+            f"; target >= {TARGET_PER_CORE:,}/s per core" if task is PageViewsPerHour else "")
+        rows.append(make_row("windowed_state_work", engine, prm, "events/s per core", runs, notes=notes))
 
     # -- restore after state loss ----------------------------------------------------------
     for label, hourly in (("after one run", False), ("after 6 hourly runs", True)):
@@ -390,8 +404,8 @@ def _spark_rows(spark: Any, full_dir: Path, sample_dir: Path, n: int, n_sample: 
     def spark_trial() -> float:
         checkpoint = _fresh(work, "spark-checkpoint")
         try:
-            seconds, read = spark_state_store_job(spark, full_dir, checkpoint)
-            spark_rows["read"] = read
+            seconds, stats = spark_state_store_job(spark, full_dir, checkpoint)
+            spark_rows.update(stats)
             return n / seconds
         finally:
             shutil.rmtree(checkpoint, ignore_errors=True)
@@ -399,9 +413,11 @@ def _spark_rows(spark: Any, full_dir: Path, sample_dir: Path, n: int, n_sample: 
     baseline = "spark structured streaming (RocksDBStateStoreProvider)"
     base = make_row("windowed_e2e", baseline, params | {"state_store": SPARK_STATE_STORE}, "events/s",
                     repeat(spark_trial), notes="groupBy(window 1h, user).count(), watermark 60 s, append, "
-                    "availableNow file source (one micro-batch), noop sink, changelog checkpointing on")
-    if spark_rows.get("read") != n:
-        base["notes"] += f"; WARNING: the query read {spark_rows.get('read')} rows, not {n}"
+                    "availableNow file source, noop sink, changelog checkpointing on")
+    base["notes"] += (f"; last run: {spark_rows['batches']} micro-batches, {spark_rows['emitted']:,} windows "
+                      f"emitted, {spark_rows['state_rows']:,} state rows left")
+    if spark_rows["input_rows"] != n:
+        base["notes"] += f"; WARNING: the query read {spark_rows['input_rows']} rows, not {n}"
 
     for label, task, directory, count, prm in (
         ("arrow", PageViewsPerHour, full_dir, n, params),
