@@ -17,8 +17,9 @@ share ``job.state.dir`` unless it contains ``{executor}``: each executor then
 replaces it with its own id (:func:`executor_id`), so a task that moves finds no
 local copy, or a stale one, and restores from the changelog — which must stay
 shared (``systems.file.path``). Attempts of one task on different executors are
-then kept apart by the changelog partition's single-writer lock, not the
-state-dir lock.
+then kept apart by the changelog partition's single-writer lock, not the state-dir
+lock, and a streaming task checks its committed version again once it holds that
+lock (see ``_open_for_batch``).
 """
 
 from __future__ import annotations
