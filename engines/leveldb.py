@@ -243,19 +243,20 @@ class LevelDBEngine(KeyValueEngine):
             raise self._translate(e, "put") from e
 
     def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
-        if isinstance(entries, Mapping):
-            entries = list(entries.items())
-        elif not isinstance(entries, (list, tuple)):
+        if not isinstance(entries, (Mapping, list, tuple)):
             entries = list(entries)
         if not entries:
             self._d()
             return
         batch = self._d().write_batch()
         try:
-            deque(starmap(batch.put, entries), 0)
+            if isinstance(entries, Mapping):
+                deque(map(batch.put, entries.keys(), entries.values()), 0)
+            else:
+                deque(starmap(batch.put, entries), 0)
         except Exception as e:
             batch.clear()
-            explain_bad_pairs(self.name, entries)
+            explain_bad_pairs(self.name, entries.items() if isinstance(entries, Mapping) else entries)
             raise self._translate(e, "build a write batch") from e
         self._w()
         try:

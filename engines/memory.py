@@ -7,8 +7,8 @@ the simplest proof that the fault-tolerance path works.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import chain, compress, islice, repeat
-from operator import is_, is_not, itemgetter, not_
+from itertools import compress, filterfalse, islice, repeat
+from operator import is_, is_not
 
 from localstate.engine import (
     ChangeRecord,
@@ -64,19 +64,15 @@ class MemoryEngine(KeyValueEngine):
 
     def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
         d = self._d()
-        if isinstance(entries, Mapping):
-            entries = list(entries.items())
-        elif not isinstance(entries, list):
-            entries = list(entries)
-        if not set(map(type, chain.from_iterable(entries))) <= {bytes}:
-            require_bytes_pairs(self.name, entries)  # raises, naming the first bad key or value
-        known = list(map(d.__contains__, map(itemgetter(0), entries)))
-        # A key already present keeps its place in the sorted key list, so its new value
-        # goes straight into the underlying dict (SortedDict subclasses dict); only new
-        # keys go through SortedDict.update, which may re-sort every key.
-        dict.update(d, compress(entries, known))
-        if not all(known):
-            d.update(list(compress(entries, map(not_, known))))
+        batch = entries if isinstance(entries, dict) else dict(entries)  # later pairs for one key win
+        if not (set(map(type, batch)) <= {bytes} and set(map(type, batch.values())) <= {bytes}):
+            require_bytes_pairs(self.name, batch.items())  # raises, naming the first bad key or value
+        new_keys = list(filterfalse(d.__contains__, batch))
+        if new_keys:
+            d.update({k: batch[k] for k in new_keys})
+        # Every key is in the sorted key list now, so the values can go straight into the
+        # underlying dict (SortedDict subclasses dict) without SortedDict re-sorting keys.
+        dict.update(d, batch)
 
     def delete(self, key: bytes) -> None:
         self._d().pop(key, None)

@@ -306,17 +306,18 @@ class RocksDBEngine(KeyValueEngine):
 
     def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
         db = self._d()
-        if isinstance(entries, Mapping):
-            entries = list(entries.items())
-        elif not isinstance(entries, (list, tuple)):
+        if not isinstance(entries, (Mapping, list, tuple)):
             entries = list(entries)
         if not entries:
             return
         batch = rocksdict.WriteBatch(raw_mode=True)
         try:
-            deque(starmap(batch.put, entries), 0)
+            if isinstance(entries, Mapping):
+                deque(map(batch.put, entries.keys(), entries.values()), 0)
+            else:
+                deque(starmap(batch.put, entries), 0)
         except Exception as e:
-            explain_bad_pairs(self.name, entries)
+            explain_bad_pairs(self.name, entries.items() if isinstance(entries, Mapping) else entries)
             raise self._translate(e, "build a write batch") from e
         try:
             db.write(batch)

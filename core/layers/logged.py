@@ -23,10 +23,8 @@ class LoggedStore(ForwardingStore):
         self.logger.log(key, value)
 
     def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
-        if isinstance(entries, Mapping):
-            entries = list(entries.items())
-        elif not isinstance(entries, list):
-            entries = list(entries)
+        if not isinstance(entries, (list, Mapping)):
+            entries = list(entries)  # read twice: by the engine, then by the logger
         self.inner.put_all(entries)
         self.logger.log_all(entries)
 

@@ -147,7 +147,8 @@ class SerializedStore(ForwardingStore):
             reject_none(self.name, k, None)
         if not keys:
             return
-        self.inner.put_all(list(zip(self.encode_keys(keys), self._encode_value_list(values))))
+        # a dict, not a list of pairs: no tuple per record (and later pairs for one key win)
+        self.inner.put_all(dict(zip(self.encode_keys(keys), self._encode_value_list(values))))
 
     def delete(self, key: Any) -> None:
         self.inner.delete(self._ek(key))
