@@ -161,43 +161,39 @@ _T_NONE, _T_FALSE, _T_TRUE, _T_INT, _T_FLOAT, _T_BYTES, _T_STR, _T_TUPLE, _T_END
 )
 _Q = struct.Struct(">Q")
 _D = struct.Struct(">d")
-
-
-def _esc(b: bytes) -> bytes:
-    return b.replace(b"\x00", b"\x00\xff") + b"\x00"
+_TAGGED_Q = struct.Struct(">BQ")  # a tag byte and an 8-byte body in one pack
+_BIAS = 1 << 63
 
 
 def _tuple_encode_into(out: bytearray, t: Any) -> None:
     for x in t:
-        if x is None:
-            out.append(_T_NONE)
-        elif x is True:
-            out.append(_T_TRUE)
-        elif x is False:
-            out.append(_T_FALSE)
-        elif type(x) is int:
-            if not -(1 << 63) <= x < (1 << 63):
+        cls = type(x)  # exact types: bool is not taken for int, nor a str subclass for str
+        if cls is int:  # the common element types first
+            if not -_BIAS <= x < _BIAS:
                 raise TypeError(f"tuple element {x} does not fit in 64 bits")
-            out.append(_T_INT)
-            out += _Q.pack(x + (1 << 63))
-        elif type(x) is float:
-            out.append(_T_FLOAT)
-            bits = _Q.unpack(_D.pack(x))[0]
-            bits = bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | (1 << 63)
-            out += _Q.pack(bits)
-        elif type(x) is bytes:
-            out.append(_T_BYTES)
-            out += _esc(x)
-        elif type(x) is str:
+            out += _TAGGED_Q.pack(_T_INT, x + _BIAS)
+        elif cls is str:
             out.append(_T_STR)
-            out += _esc(x.encode())
-        elif type(x) is tuple:
+            out += x.encode().replace(b"\x00", b"\x00\xff")
+            out.append(_T_END)
+        elif x is None:
+            out.append(_T_NONE)
+        elif cls is bool:
+            out.append(_T_TRUE if x else _T_FALSE)
+        elif cls is float:
+            bits = _Q.unpack(_D.pack(x))[0]
+            out += _TAGGED_Q.pack(_T_FLOAT, bits ^ 0xFFFFFFFFFFFFFFFF if bits >> 63 else bits | _BIAS)
+        elif cls is bytes:
+            out.append(_T_BYTES)
+            out += x.replace(b"\x00", b"\x00\xff")
+            out.append(_T_END)
+        elif cls is tuple:
             out.append(_T_TUPLE)
             _tuple_encode_into(out, x)
             out.append(_T_END)
         else:
             raise TypeError(
-                f"tuple elements must be None, bool, int, float, bytes, str or tuple; got {type(x).__name__}"
+                f"tuple elements must be None, bool, int, float, bytes, str or tuple; got {cls.__name__}"
             )
 
 
@@ -210,13 +206,17 @@ def _tuple_encode(t: Any) -> bytes:
 
 
 def _read_escaped(b: bytes, i: int) -> tuple[bytes, int]:
+    """The unescaped string or bytes body starting at ``i``, and the index after its terminator."""
+    j = b.index(0, i)
+    if j + 1 == len(b) or b[j + 1] != 0xFF:
+        return b[i:j], j + 1  # no escaped zero byte inside: the common case, one slice
     out = bytearray()
     while True:
-        j = b.index(b"\x00", i)
         out += b[i:j]
         if j + 1 < len(b) and b[j + 1] == 0xFF:
             out.append(0)
             i = j + 2
+            j = b.index(0, i)
         else:
             return bytes(out), j + 1
 
@@ -227,28 +227,31 @@ def _tuple_decode_from(b: bytes, i: int, nested: bool) -> tuple[tuple[Any, ...],
     while i < n:
         tag = b[i]
         i += 1
-        if tag == _T_END and nested:
+        if tag == _T_INT:  # the common element types first
+            items.append(_Q.unpack_from(b, i)[0] - _BIAS)
+            i += 8
+        elif tag == _T_STR:
+            raw, i = _read_escaped(b, i)
+            items.append(raw.decode())
+        elif tag == _T_END and nested:
             return tuple(items), i
-        if tag == _T_NONE:
+        elif tag == _T_NONE:
             items.append(None)
         elif tag == _T_TRUE:
             items.append(True)
         elif tag == _T_FALSE:
             items.append(False)
-        elif tag == _T_INT:
-            items.append(_Q.unpack_from(b, i)[0] - (1 << 63))
-            i += 8
         elif tag == _T_FLOAT:
             bits = _Q.unpack_from(b, i)[0]
-            bits = bits & ~(1 << 63) if bits >> 63 else bits ^ 0xFFFFFFFFFFFFFFFF
+            bits = bits & ~_BIAS if bits >> 63 else bits ^ 0xFFFFFFFFFFFFFFFF
             items.append(_D.unpack(_Q.pack(bits))[0])
             i += 8
-        elif tag in (_T_BYTES, _T_STR):
+        elif tag == _T_BYTES:
             raw, i = _read_escaped(b, i)
-            items.append(raw.decode() if tag == _T_STR else raw)
+            items.append(raw)
         elif tag == _T_TUPLE:
-            sub, i = _tuple_decode_from(b, i, True)
-            items.append(sub)
+            inner, i = _tuple_decode_from(b, i, True)
+            items.append(inner)
         else:
             raise ValueError(f"bad tuple tag 0x{tag:02x} at byte {i - 1}")
     if nested:
