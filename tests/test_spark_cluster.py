@@ -141,8 +141,7 @@ class Kill:
 
     @property
     def batch(self) -> int:
-        prev = self.victim["previous_version"]
-        return (prev if prev is not None else -1) + 1
+        return _batch_of(self.victim)
 
 
 @dataclass
@@ -299,7 +298,8 @@ def _run_cluster(root: Path, kills: list[KillPlan]) -> ClusterRun:
 
 
 def _remove_spark_work_dir(app_id: str | None) -> None:
-    """local-cluster executors log under $SPARK_HOME/work/<app id>: drop ours after success."""
+    """local-cluster executors log under $SPARK_HOME/work/<app id>: drop ours once the
+    driver succeeded (a failed run keeps them for diagnosis)."""
     import pyspark
 
     if app_id:
