@@ -107,7 +107,10 @@ class KeyValueStore(ABC, Generic[K, V]):
     * iterators are :class:`KeyValueIterator` and must be closed.
     * after ``close()`` (idempotent) every operation raises :class:`StoreClosedError`.
 
-    Bulk methods have looping defaults; engines override them with native batches.
+    Bulk methods have looping defaults; engines override them with native batches
+    and the layers with one pass per batch (one serde pass, one engine batch, one
+    changelog hand-over), so ``get_all``/``put_all``/``delete_all`` are the fast path
+    for many keys.
     """
 
     name: str = "store"
@@ -156,9 +159,15 @@ class KeyValueStore(ABC, Generic[K, V]):
         return out
 
     def put_all(self, entries: Iterable[tuple[K, V]] | Mapping[K, V]) -> None:
-        """``put`` every pair, in order (later pairs for one key win)."""
-        if isinstance(entries, Mapping):
-            entries = entries.items()
+        """``put`` every pair, in order (later pairs for one key win).
+
+        A ``None`` value anywhere in ``entries`` raises :class:`InvalidValueError`
+        before anything is written.
+        """
+        entries = list(entries.items()) if isinstance(entries, Mapping) else list(entries)
+        for k, v in entries:
+            if v is None:
+                reject_none(self.name, k, v)
         put = self.put
         for k, v in entries:
             put(k, v)
