@@ -3,12 +3,15 @@
 Writes land in the cache and in ``_dirty`` (an insertion-ordered dict used as an
 ordered set: rewriting a key is the dedup). Dirty entries go down in batches of
 ``write.batch.size``, so counting ``x=1, x=2, x=3`` between two commits writes only
-``x=3`` to the engine and the changelog. ``put_all``/``delete_all`` of at least
-``write.batch.size`` distinct keys skip the dirty set: the batch (deduplicated, later
-pairs win) goes down at once with whatever was dirty, so a bulk write costs one
-serde pass, one engine batch and one changelog append rather than one call per key. A scan (``range``/``prefix``/``all``) first
+``x=3`` to the engine and the changelog. A scan (``range``/``prefix``/``all``) first
 pushes the dirty entries down and then reads the layer below — Samza's approach —
 so scans always see the cache's writes, deletes included.
+
+``put_all``/``delete_all`` of at least ``write.batch.size`` distinct keys skip the
+dirty set: the batch (deduplicated, later pairs win) goes down at once together with
+whatever was dirty, so a bulk write costs one serde pass, one engine batch and one
+hand-over to the change logger rather than a chain of calls per key. Smaller batches
+join the dirty set like single writes.
 
 Values are cached as the objects you put: mutating a returned object without a
 ``put`` changes the cache but not the store.
@@ -144,8 +147,9 @@ class CachedStore(ForwardingStore):
 
         A batch smaller than ``write.batch.size`` joins the dirty set like single writes.
         A larger one goes straight down together with the dirty set — one serde pass,
-        one engine batch, one changelog append — and then only its newest
-        ``cache_size`` entries are kept in the cache, clean.
+        one engine batch, one hand-over to the change logger — and then only its
+        newest ``cache_size`` entries are kept in the cache, clean. (Recency inside one
+        batch follows each key's first position in it.)
         """
         cache = self._cache
         if len(batch) < self.batch_size:
