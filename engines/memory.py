@@ -65,7 +65,11 @@ class MemoryEngine(KeyValueEngine):
 
     def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
         d = self._d()
-        batch = entries if isinstance(entries, dict) else dict(entries)  # later pairs for one key win
+        try:
+            batch = entries if isinstance(entries, dict) else dict(entries)  # later pairs for one key win
+        except TypeError:  # an unhashable key: name it the way every engine does
+            require_bytes_pairs(self.name, entries.items() if isinstance(entries, Mapping) else entries)
+            raise
         if not (set(map(type, batch)) <= {bytes} and set(map(type, batch.values())) <= {bytes}):
             require_bytes_pairs(self.name, batch.items())  # raises, naming the first bad key or value
         new_keys = list(filterfalse(d.__contains__, batch))
