@@ -7,6 +7,10 @@
   10,000 writes) vs the raw library putting the same encoded records in write batches
   of 10,000 (target: ours ≤ 1.5× slower, i.e. ratio ≥ 0.67); ``kv_put_all`` does the
   same through the store's ``put_all`` in chunks of 10,000;
+* ``kv_update_all`` — the Spark jobs' pattern on a loaded store: per batch of 50,000
+  events on random keys, ``get_all`` of the keys, then ``put_all`` of the updated
+  values, a commit per batch (events/s), vs the raw library's multi-get (plyvel: a loop
+  of gets) and write batch of the same encoded records;
 * ``kv_get_cold`` / ``kv_get_hot`` — 100,000 random point reads on a freshly opened
   database (empty block cache; the OS page cache is not dropped) and again on the same
   keys, through the engine's ``get`` and ``get_all`` (chunks of 1,000) vs the raw
@@ -30,7 +34,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
-from itertools import starmap
+from itertools import repeat, starmap
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +172,90 @@ def _put_rows(n: int, repeats: int) -> list[dict[str, Any]]:
         for workload in ("kv_put", "kv_put_all"):
             rows.append(make_row(workload, raw_name, params, "ops/s", raw_runs,
                                  notes=f"raw {raw_name}: encoded records in write batches of {every}"))
+    return rows
+
+
+UPDATE_BATCH = 50_000
+
+
+def _update_rows(n: int, repeats: int) -> list[dict[str, Any]]:
+    import plyvel
+    import rocksdict
+    from localstate.engines.leveldb import LevelDBOptions
+    from localstate.engines.rocksdb import RocksDBOptions
+
+    keys = [k.decode() for k in _keys(n)]
+    objs = json_values(1000)
+    rng = random.Random(6)
+    batch = min(UPDATE_BATCH, n)
+    events = [[keys[rng.randrange(n)] for _ in range(batch)] for _ in range(max(1, n // batch))]
+    encoded_events = [[k.encode() for k in ks] for ks in events]
+    value = orjson.dumps(objs[0])
+    total = sum(map(len, events))
+    params = {"records": n, "events": total, "batch": batch, "key_serde": "string", "msg_serde": "json",
+              "changelog": "file (fsync)"}
+
+    def stack(engine: str) -> float:
+        root = Path(tempfile.mkdtemp(prefix="kvb-upd-"))
+        try:
+            with TaskStorage(_config(root, engine)) as storage:  # setup, untimed
+                store = storage.store("kv")
+                for start in range(0, n, COMMIT_EVERY):
+                    store.put_all([(keys[i], objs[i % len(objs)]) for i in range(start, min(start + COMMIT_EVERY, n))])
+                storage.commit(input_position=0)
+                t0 = time.perf_counter()
+                for position, ks in enumerate(events, 1):
+                    current = store.get_all(ks)
+                    store.put_all([(k, {**current[k], "seen": position}) for k in ks])
+                    storage.commit(input_position=position)
+                return total / (time.perf_counter() - t0)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def raw(engine: str) -> float:
+        root = Path(tempfile.mkdtemp(prefix="kvb-upd-raw-"))
+        try:
+            if engine == "rocksdict":
+                rdb = rocksdict.Rdict(str(root / "db"), RocksDBOptions().to_native())
+                db: Any = rdb
+
+                def write_batch(batch_keys: Any) -> None:
+                    batch = rocksdict.WriteBatch(raw_mode=True)
+                    deque(map(batch.put, batch_keys, repeat(value)), 0)
+                    rdb.write(batch)
+
+                multi_get: Callable[[list[bytes]], Any] = rdb.get
+            else:
+                ldb = plyvel.DB(str(root / "db"), **LevelDBOptions().to_options())
+                db = ldb
+
+                def write_batch(batch_keys: Any) -> None:
+                    with ldb.write_batch() as batch:
+                        deque(map(batch.put, batch_keys, repeat(value)), 0)
+
+                def multi_get(batch_keys: list[bytes]) -> Any:  # plyvel has no multi-get
+                    return list(map(ldb.get, batch_keys))
+
+            for start in range(0, n, COMMIT_EVERY):  # setup, untimed
+                write_batch([keys[i].encode() for i in range(start, min(start + COMMIT_EVERY, n))])
+            t0 = time.perf_counter()
+            for ks in encoded_events:
+                multi_get(ks)
+                write_batch(ks)
+            elapsed = time.perf_counter() - t0
+            db.close()
+            return total / elapsed
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    rows = []
+    for engine, raw_name in (("rocksdb", "rocksdict"), ("leveldb", "plyvel")):
+        rows.append(make_row("kv_update_all", engine, params, "events/s", _timed(lambda e=engine: stack(e), repeats),
+                             baseline=raw_name, notes=f"get_all + put_all per batch of {batch} events, a commit "
+                             "per batch; target (Spark, issue 6): >= 1M events/s per core of state work"))
+        rows.append(make_row("kv_update_all", raw_name, params, "events/s",
+                             _timed(lambda r=raw_name: raw(r), repeats),
+                             notes=f"raw {raw_name}: multi-get and write batch of the encoded records per batch"))
     return rows
 
 
@@ -422,6 +510,7 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     n = 2_000 if quick else 1_000_000
     n_1k = 1_000 if quick else 250_000
     rows = _put_rows(n, repeats)
+    rows += _update_rows(n, repeats)
     rows += _get_rows(n, repeats)
     rows += _restore_rows("kv_restore", n, VALUE_SIZE, repeats)
     rows += _restore_rows("kv_restore_1k", n_1k, 1024, repeats)
