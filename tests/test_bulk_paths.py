@@ -35,6 +35,7 @@ class RecordingPartition:
 
     def __init__(self) -> None:
         self.batches: list[list[ChangeRecord]] = []
+        self.logger: ChangeLogger | None = None
 
     def append(self, records: list[ChangeRecord]) -> None:
         self.batches.append(list(records))
@@ -46,6 +47,9 @@ class RecordingPartition:
         return self.flush()
 
     def state(self) -> dict[bytes, bytes]:
+        """What a restore would rebuild, once the logger has handed over what it holds."""
+        if self.logger is not None:
+            self.logger.flush()
         out: dict[bytes, bytes | None] = {}
         for batch in self.batches:
             out.update(batch)
@@ -57,6 +61,7 @@ def _stack(cache_size: int = 8, batch_size: int = 4) -> tuple[Any, MemoryEngine,
     partition = RecordingPartition()
     metrics = StoreMetrics()
     logger = ChangeLogger("bulk", partition, batch_size, metrics)  # type: ignore[arg-type]
+    partition.logger = logger
     store = build_store(engine, name="bulk", logger=logger, key_serde=get_serde("string"),
                         msg_serde=get_serde("json"), cache_size=cache_size, batch_size=batch_size, metrics=metrics)
     return store, engine, partition, metrics
