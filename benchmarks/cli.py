@@ -211,8 +211,9 @@ def _command_line() -> str:
 
 
 def _merged(path: Path, rows: list[dict[str, Any]], suites: list[str], command: str,
-            seconds: float) -> tuple[list[dict[str, Any]], str, float]:
-    """The rows of ``path`` updated with this run's rows; commands joined.
+            seconds: float, run: dict[str, Any]) -> tuple[list[dict[str, Any]], str, float, list[dict[str, Any]]]:
+    """The rows of ``path`` updated with this run's rows; commands joined; the runs
+    (command, machine, load) that measured the rows kept, with ``run`` appended.
 
     A re-run area suite replaces all of its old rows; generic rows are replaced cell by
     cell (same workload, engine and unit), so one workload can be re-measured alone.
@@ -241,7 +242,14 @@ def _merged(path: Path, rows: list[dict[str, Any]], suites: list[str], command: 
                 r[k] = float("nan")
         merged.append(r)
     merged += [r for r in rows if key(r) in new]
-    return merged, f"{old.get('command', '?')} ; {command}", float(old.get("seconds") or 0) + seconds
+    runs = old.get("runs")
+    if not isinstance(runs, list):  # a document written before runs were recorded: one run
+        runs = [{k: old.get(k) for k in ("started", "command", "seconds", "machine", "params")}]
+        for r in merged:
+            r.setdefault("run", old.get("started"))
+    used = {r.get("run") for r in merged}
+    runs = [r for r in runs if isinstance(r, dict) and r.get("started") in used and r.get("started") != run["started"]]
+    return merged, f"{old.get('command', '?')} ; {command}", float(old.get("seconds") or 0) + seconds, runs + [run]
 
 
 def _start_broker(stack: contextlib.ExitStack) -> str:
@@ -262,7 +270,7 @@ def _start_broker(stack: contextlib.ExitStack) -> str:
 def _run_and_report(suites: list[str], selected: list[str], workloads: tuple[str, ...], params: BenchParams,
                     out: Path | None, strict: bool, merge: bool = False) -> None:
     command = _command_line()
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
     machine = machine_info()
     t0 = time.perf_counter()
     rows = run_bench(suites, selected, list(workloads) or None, params, progress=sys.stderr.isatty())
@@ -272,14 +280,19 @@ def _run_and_report(suites: list[str], selected: list[str], workloads: tuple[str
     from .report import render_table, write_charts, write_json, write_markdown
 
     render_table(rows, title=f"localstate bench ({', '.join(suites)}) on {machine['cores']} cores, {seconds:.0f}s")
+    meta = {**params.public(), "suites": suites, "engines": selected, "repeats": params.repeats,
+            "quick": params.quick}
+    for r in rows:
+        r["run"] = started
+    runs = [{"started": started, "command": command, "seconds": round(seconds, 3), "machine": machine,
+             "params": meta}]
     if out is not None and merge and (out / "results.json").exists():
-        rows, command, seconds = _merged(out / "results.json", rows, suites, command, seconds)
+        rows, command, seconds, runs = _merged(out / "results.json", rows, suites, command, seconds, runs[0])
     if out is not None:
-        meta = {**params.public(), "suites": suites, "engines": selected, "repeats": params.repeats,
-                "quick": params.quick}
         path = write_json(out / "results.json", rows, machine=machine, command=command, params=meta,
-                          started=started, seconds=seconds)
-        write_markdown(out / "results.md", rows, machine=machine, command=command, started=started, seconds=seconds)
+                          started=started, seconds=seconds, runs=runs)
+        write_markdown(out / "results.md", rows, machine=machine, command=command, started=started, seconds=seconds,
+                       runs=runs)
         charts = write_charts(out, rows)
         click.echo(f"wrote {path}, results.md" + "".join(f", {c.name}" for c in charts))
     failed = [r for r in rows if r.get("error")]

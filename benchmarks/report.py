@@ -3,7 +3,11 @@
 JSON document::
 
     {"schema": 1, "command": str, "started": ISO-8601, "seconds": float,
-     "machine": {...}, "params": {...}, "rows": [row, ...]}
+     "machine": {...}, "params": {...}, "rows": [row, ...],
+     "runs": [{"started", "command", "seconds", "machine", "params"}, ...]}
+
+Each row's ``run`` is the ``started`` of the run that measured it: after ``--merge``
+the document holds rows of several runs, each with its own machine and load line.
 
 Charts (matplotlib, headless): ``ops_per_engine.png`` (rate per engine per workload,
 log scale), ``restore.png`` (restore MB/s and records/s per engine) and
@@ -92,18 +96,35 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_markdown(path: Path, rows: list[dict[str, Any]], *, machine: dict[str, Any], command: str,
-                   started: str, seconds: float) -> Path:
-    """``results.md``: command, machine and the table, ready to paste into RESULTS.md."""
-    libs = ", ".join(f"{k} {v}" for k, v in machine.get("libraries", {}).items() if v)
-    text = (
-        f"Command: `{command}`  \n"
-        f"Started {started}, took {seconds:.0f} s.  \n"
-        f"Machine: {machine.get('cpu')}, {machine.get('cores')} cores, "
+def _machine_line(machine: dict[str, Any]) -> str:
+    return (
+        f"{machine.get('cpu')}, {machine.get('cores')} cores, "
         f"{(machine.get('memory_bytes') or 0) / 2**30:.1f} GiB RAM, {machine.get('platform')}, "
-        f"Python {machine.get('python')}; load average at start {machine.get('load_average')}.  \n"
-        f"Libraries: {libs}.\n\n" + markdown_table(rows)
+        f"Python {machine.get('python')}; load average at start {machine.get('load_average')}"
     )
+
+
+def write_markdown(path: Path, rows: list[dict[str, Any]], *, machine: dict[str, Any], command: str,
+                   started: str, seconds: float, runs: list[dict[str, Any]] | None = None) -> Path:
+    """``results.md``: command, machine and the table, ready to paste into RESULTS.md.
+
+    With several ``runs`` (a merged document) each run gets its own line: when it
+    started, its command and its machine's load, since rows of different runs were
+    measured under different conditions.
+    """
+    libs = ", ".join(f"{k} {v}" for k, v in machine.get("libraries", {}).items() if v)
+    if runs and len(runs) > 1:
+        head = "Runs (each row's `run` in results.json names one):\n\n" + "".join(
+            f"- {r.get('started')}: `{r.get('command')}`, {float(r.get('seconds') or 0):.0f} s; "
+            f"{_machine_line(r.get('machine') or {})}\n" for r in runs
+        ) + "\n"
+    else:
+        head = (
+            f"Command: `{command}`  \n"
+            f"Started {started}, took {seconds:.0f} s.  \n"
+            f"Machine: {_machine_line(machine)}.  \n"
+        )
+    text = head + f"Libraries: {libs}.\n\n" + markdown_table(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
@@ -126,7 +147,8 @@ def _jsonable(x: Any) -> Any:
 
 
 def write_json(path: Path, rows: list[dict[str, Any]], *, machine: dict[str, Any], command: str,
-               params: dict[str, Any], started: str, seconds: float) -> Path:
+               params: dict[str, Any], started: str, seconds: float,
+               runs: list[dict[str, Any]] | None = None) -> Path:
     """Write the results document; NaN figures of error cells become ``null``."""
     doc = {
         "schema": SCHEMA_VERSION,
@@ -135,7 +157,10 @@ def write_json(path: Path, rows: list[dict[str, Any]], *, machine: dict[str, Any
         "seconds": round(seconds, 3),
         "machine": machine,
         "params": params,
-        "rows": [{**{k: r.get(k) for k in ROW_KEYS}, "suite": r.get("suite")} for r in rows],
+        "rows": [{**{k: r.get(k) for k in ROW_KEYS}, "suite": r.get("suite"), "run": r.get("run", started)}
+                 for r in rows],
+        "runs": runs or [{"started": started, "command": command, "seconds": round(seconds, 3),
+                          "machine": machine, "params": params}],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_jsonable(doc), indent=1) + "\n")

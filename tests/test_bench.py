@@ -247,6 +247,14 @@ def test_merge_keeps_rows_of_suites_not_rerun(tmp_path: Path) -> None:
     assert len(cells) == len(set(cells))
     assert {("generic", "get_miss", "memory", "ops/s"), ("generic", "get_all", "memory", "ops/s"),
             ("core", "core_write", "memory+file", "ops/s")} <= set(cells)
+    # every row names the run that measured it, and each run keeps its own machine line
+    doc = json.loads((out / "results.json").read_text())
+    runs = {r["started"]: r for r in doc["runs"]}
+    assert len(runs) == 3 and {r["run"] for r in doc["rows"]} == set(runs)
+    assert all("load_average" in r["machine"] and r["command"].startswith("localstate bench") for r in runs.values())
+    assert {r["run"] for r in doc["rows"] if r["suite"] == "core"} != {r["run"] for r in doc["rows"]
+                                                                      if r["workload"] == "get_all"}
+    assert (out / "results.md").read_text().count("load average at start") == 3
 
 
 def test_every_area_suite_that_exists_exposes_run_quick_repeats() -> None:
