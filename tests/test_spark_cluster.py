@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -33,8 +32,9 @@ import pytest
 from localstate import Config
 from localstate.contrib.spark.runner import EXECUTOR_PLACEHOLDER, executor_id, executor_state_dir
 from localstate.contrib.spark.streaming import committed_batches
+from localstate.testing.processes import cmdline, descendants, kill_all
 from localstate.testing.spark import read_counts
-from localstate.testing.spark_cluster_driver import cluster_config, read_events
+from localstate.testing.spark_cluster_driver import cluster_config, read_events, write_input
 
 from .conftest import FULL
 
@@ -76,58 +76,14 @@ KILLS = (
 
 
 # -- processes (Linux /proc) ---------------------------------------------------------------------
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(parent pid, start time in clock ticks) of ``pid``, or None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2:].split()  # the command name may hold spaces
-    return int(fields[1]), int(fields[19])
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
-def _descendants(root: int) -> dict[int, int]:
-    """Every live process below ``root``: pid → start time."""
-    children: dict[int, list[tuple[int, int]]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None:
-            children.setdefault(st[0], []).append((int(entry.name), st[1]))
-    out: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        for pid, started in children.get(todo.pop(), []):
-            if pid not in out:
-                out[pid] = started
-                todo.append(pid)
-    return out
-
-
 def _executor_jvms(driver: int) -> dict[str, int]:
     """The executor JVMs below the driver process: executor id → pid."""
     out = {}
-    for pid in _descendants(driver):
-        args = _cmdline(pid)
+    for pid in descendants(driver):
+        args = cmdline(pid)
         if EXECUTOR_MAIN in args and "--executor-id" in args:
             out[args[args.index("--executor-id") + 1]] = pid
     return out
-
-
-def _kill_all(seen: dict[int, int]) -> None:
-    """SIGKILL every process in ``seen`` that is still the same process (same start time)."""
-    for pid, started in seen.items():
-        st = _stat(pid)
-        if st is not None and st[1] == started:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 # -- the run -----------------------------------------------------------------------------------------
@@ -154,21 +110,6 @@ class ClusterRun:
 
     def total(self) -> Counter[str]:
         return sum(self.files, Counter())
-
-
-def _write_input(directory: Path, files: int, seed: int) -> list[Counter[str]]:
-    """``files`` JSON-lines files, oldest first (the file source takes them by mtime)."""
-    rng = random.Random(seed)
-    directory.mkdir(parents=True)
-    counters = []
-    base = time.time() - files - 10
-    for i in range(files):
-        keys = [f"user-{rng.randrange(KEYS):04d}" for _ in range(ROWS_PER_FILE)]
-        path = directory / f"part-{i:04d}.json"
-        path.write_text("".join(json.dumps({"user_id": k}) + "\n" for k in keys), encoding="utf-8")
-        os.utime(path, (base + i, base + i))
-        counters.append(Counter(keys))
-    return counters
 
 
 def _batch_of(event: dict[str, Any]) -> int:
@@ -245,7 +186,7 @@ def _run_cluster(root: Path, kills: list[KillPlan]) -> ClusterRun:
     """Run the driver (batch, then stream) and carry out ``kills`` one after another,
     each only while another executor is alive to take the task over."""
     input_dir = root / "input"
-    run = ClusterRun(root, _write_input(input_dir, FILES, seed=6))
+    run = ClusterRun(root, write_input(input_dir, FILES, rows_per_file=ROWS_PER_FILE, keys=KEYS, seed=6))
     log_path = root / "driver.log"
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     cmd = [
@@ -267,7 +208,7 @@ def _run_cluster(root: Path, kills: list[KillPlan]) -> ClusterRun:
                 if now - t0 > DRIVER_TIMEOUT_S:
                     pytest.fail(f"the driver did not finish within {DRIVER_TIMEOUT_S:.0f}s; log: {log_path}")
                 if now - last_scan >= 1.0:
-                    seen.update(_descendants(proc.pid))  # to kill orphans too, at the end
+                    seen.update(descendants(proc.pid))  # to kill orphans too, at the end
                     last_scan = now
                 if pending:
                     found = _kill_target(
@@ -280,8 +221,8 @@ def _run_cluster(root: Path, kills: list[KillPlan]) -> ClusterRun:
                         taken.add(target["run"])
                 time.sleep(0.05)
         finally:
-            seen.update(_descendants(proc.pid))
-            _kill_all(seen)
+            seen.update(descendants(proc.pid))
+            kill_all(seen)
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

@@ -27,16 +27,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from localstate import Config
 from localstate.testing.spark import KeyCount, key_count_config, key_count_task
 
-__all__ = ["cluster_config", "read_events", "RecordedKeyCount", "run_batch", "run_stream", "main"]
+__all__ = ["cluster_config", "read_events", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
 
 INPUT_SCHEMA = "user_id string"
 EVENTS_KEY = "testing.events.dir"
@@ -61,6 +63,24 @@ def cluster_config(
         SLEEP_KEY: task_sleep_s,
         COMMIT_SLEEP_KEY: commit_sleep_s,
     })
+
+
+def write_input(directory: str | Path, files: int, *, rows_per_file: int, keys: int, seed: int) -> list[Counter[str]]:
+    """``files`` JSON-lines files of rows ``{"user_id": "user-NNNN"}`` (``keys`` distinct
+    keys), oldest first by mtime (Spark's file source takes them in that order, one per
+    micro-batch with ``maxFilesPerTrigger=1``); returns each file's exact key counts."""
+    rng = random.Random(seed)
+    directory = Path(directory)
+    directory.mkdir(parents=True)
+    counters = []
+    base = time.time() - files - 10
+    for i in range(files):
+        names = [f"user-{rng.randrange(keys):04d}" for _ in range(rows_per_file)]
+        path = directory / f"part-{i:04d}.json"
+        path.write_text("".join(json.dumps({"user_id": k}) + "\n" for k in names), encoding="utf-8")
+        os.utime(path, (base + i, base + i))
+        counters.append(Counter(names))
+    return counters
 
 
 def _write_event(directory: Path, event: dict[str, Any]) -> None:
