@@ -33,20 +33,26 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from localstate import ChangelogError, ConfigError
+from localstate import ChangelogError, ConfigError, InvalidValueError
 from pyspark.sql.datasource import (
+    CaseInsensitiveDict,
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 if TYPE_CHECKING:
@@ -81,14 +87,20 @@ def _arrow_schema(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema)
 
 
-def _option(options: dict[str, str], name: str, source: str, default: str | None = None) -> str:
+def _options(options: Mapping[str, str]) -> CaseInsensitiveDict:
+    """The reader's options, looked up case-insensitively as Spark passes them: Spark
+    lower-cases option names, so a plain ``dict`` of them would miss ``startingOffsets``."""
+    return CaseInsensitiveDict(options)
+
+
+def _option(options: Mapping[str, str], name: str, source: str, default: str | None = None) -> str:
     value = options.get(name, default)
     if value is None or value == "":
         raise ConfigError(f"data source {source!r} needs option {name!r} (.option({name!r}, ...))")
     return value
 
 
-def _int_option(options: dict[str, str], name: str, source: str, default: int | None) -> int | None:
+def _int_option(options: Mapping[str, str], name: str, source: str, default: int | None) -> int | None:
     value = options.get(name)
     if value is None:
         return default
@@ -109,7 +121,7 @@ class _Range(InputPartition):
 
 
 # -- Kafka -------------------------------------------------------------------------------------------
-def _kafka_conf(options: dict[str, str], source: str) -> dict[str, Any]:
+def _kafka_conf(options: Mapping[str, str], source: str) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "bootstrap.servers": options.get("bootstrap.servers") or _option(options, "kafka.bootstrap.servers", source),
         "group.id": options.get("group.id", "localstate-spark-source"),
@@ -184,8 +196,8 @@ def _consume_until_eof(consumer: Any, timeout: float, stop: int | None = None) -
 class _KafkaReader:
     """Shared by the batch and the streaming Kafka readers."""
 
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self.options = dict(options)
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.options = _options(options)
         self.topic = _option(options, "topic", KafkaSource.name())
         self.conf = _kafka_conf(options, KafkaSource.name())
         self.timeout = float(options.get("timeout.s", "30"))
@@ -269,10 +281,17 @@ class _KafkaReader:
 
             schema = _arrow_schema(self.schema)
             data = b"\n".join(v for v in values if v is not None)
-            table = pajson.read_json(
-                io.BytesIO(data),
-                parse_options=pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
-            )
+            try:
+                table = pajson.read_json(
+                    io.BytesIO(data),
+                    parse_options=pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+                )
+            except pa.ArrowInvalid as e:
+                raise InvalidValueError(
+                    f"localstate-kafka: topic {self.topic!r} partition {partition} offsets "
+                    f"[{offsets[0]}, {offsets[-1]}]: values are not JSON objects of schema {schema} ({e}); "
+                    "fix the producer, or read with format=raw and parse the bytes yourself"
+                ) from e
             return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema)
         n = len(offsets)
         return pa.RecordBatch.from_arrays(
@@ -294,7 +313,16 @@ class _KafkaBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         end_opt = self.reader.options.get("endingOffsets", "latest")
-        end = self.reader.ends() if end_opt == "latest" else {str(k): int(v) for k, v in json.loads(end_opt).items()}
+        if end_opt == "latest":
+            end = self.reader.ends()
+        else:
+            try:
+                end = {str(k): int(v) for k, v in json.loads(end_opt).items()}
+            except (ValueError, AttributeError, TypeError):
+                raise ConfigError(
+                    f"localstate-kafka: endingOffsets = {end_opt!r}; use 'latest' or a JSON object "
+                    '{"<partition>": offset}'
+                ) from None
         return self.reader.plan(self.reader.starts(), end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -317,10 +345,23 @@ def _limit_rows(start: dict[str, int], end: dict[str, int], max_rows: int) -> di
     return out
 
 
-class _KafkaStreamReader(DataSourceStreamReader):
+def _cap(end: dict[str, Any], target: dict[str, Any] | None) -> dict[str, Any]:
+    """``end`` no further than ``target`` (the ``availableNow`` snapshot), per partition."""
+    if target is None:
+        return end
+    return {p: min(int(o), int(target.get(p, o))) for p, o in end.items()}
+
+
+class _KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, reader: _KafkaReader) -> None:
         self.reader = reader
         self.max_rows = _int_option(reader.options, "maxOffsetsPerTrigger", KafkaSource.name(), None)
+        self.target: dict[str, int] | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``availableNow``: read what the topic holds now, in micro-batches of at most
+        ``maxOffsetsPerTrigger`` offsets, then stop."""
+        self.target = self.reader.ends()
 
     def initialOffset(self) -> dict:
         return self.reader.starts()
@@ -329,7 +370,7 @@ class _KafkaStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        end = self.reader.ends()
+        end = _cap(self.reader.ends(), self.target)
         end = {p: max(o, int(start.get(p, 0))) for p, o in end.items()}
         if isinstance(limit, ReadMaxRows):
             end = _limit_rows({p: int(o) for p, o in start.items()}, end, limit.max_rows)
@@ -369,7 +410,7 @@ class KafkaSource(DataSource):
         return KAFKA_SCHEMA
 
     def _reader(self, schema: StructType) -> _KafkaReader:
-        return _KafkaReader(dict(self.options), schema)
+        return _KafkaReader(_options(self.options), schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _KafkaBatchReader(self._reader(schema))
@@ -464,22 +505,29 @@ class _JsonLinesReader(DataSourceReader):
                 ),
             )
         except pa.ArrowInvalid as e:
-            raise ChangelogError(
+            raise InvalidValueError(
                 f"localstate-jsonl: {path} bytes [{partition.start}, {partition.stop}) are not JSON lines of "
                 f"schema {schema}: {e}"
             ) from e
         yield from table.select(schema.names).cast(schema).to_batches()
 
 
-class _JsonLinesStreamReader(DataSourceStreamReader):
+class _JsonLinesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, reader: _JsonLinesReader) -> None:
         self.reader = reader
+        self.target: dict[str, int] | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``availableNow``: the complete lines present now, then stop."""
+        self.target = self.reader.ends()["files"]
 
     def initialOffset(self) -> dict:
         return {"files": {}}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         end = self.reader.ends()
+        if self.target is not None:
+            end["files"] = {n: min(o, self.target[n]) for n, o in end["files"].items() if n in self.target}
         done = start.get("files", {})
         for name, pos in done.items():  # never move backwards (a file that was truncated)
             end["files"][name] = max(int(pos), end["files"].get(name, 0))
@@ -509,7 +557,7 @@ class JsonLinesSource(DataSource):
         return "localstate-jsonl"
 
     def _root(self) -> Path:
-        return Path(_option(dict(self.options), "path", self.name()))
+        return Path(_option(_options(self.options), "path", self.name()))
 
     def schema(self) -> StructType:
         from pyarrow import json as pajson
@@ -534,7 +582,7 @@ class JsonLinesSource(DataSource):
 
 # -- localstate's file changelog -----------------------------------------------------------------------
 class _ChangelogReader(DataSourceReader):
-    def __init__(self, options: dict[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str]) -> None:
         source = ChangelogSource.name()
         self.root = Path(_option(options, "path", source))
         self.stream = _option(options, "stream", source)
@@ -617,15 +665,20 @@ class _ChangelogReader(DataSourceReader):
         )
 
 
-class _ChangelogStreamReader(DataSourceStreamReader):
+class _ChangelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, reader: _ChangelogReader) -> None:
         self.reader = reader
+        self.target: dict[str, int] | None = None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``availableNow``: the records present (or committed) now, then stop."""
+        self.target = self.reader.ends()
 
     def initialOffset(self) -> dict:
         return {str(p): 0 for p in range(self.reader.partitions_count)}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        end = self.reader.ends()
+        end = _cap(self.reader.ends(), self.target)
         return {p: max(o, int(start.get(p, 0))) for p, o in end.items()}
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
@@ -655,7 +708,7 @@ class ChangelogSource(DataSource):
         return CHANGELOG_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return _ChangelogReader(dict(self.options))
+        return _ChangelogReader(_options(self.options))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return _ChangelogStreamReader(_ChangelogReader(dict(self.options)))
+        return _ChangelogStreamReader(_ChangelogReader(_options(self.options)))
