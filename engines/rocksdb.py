@@ -22,9 +22,12 @@ Fault tolerance (host affinity, incremental restore):
   ``[L, C)`` is replayed. With no usable snapshot it starts empty (full restore);
 * because the snapshots carry durability, a logged store writes without a WAL.
 
-Bulk restore into an empty store deduplicates the change records (last write wins,
-tombstones dropped), writes them sorted into SST files with ``SstFileWriter`` and
-ingests them; a restore into a non-empty store applies ``WriteBatch`` chunks.
+A restore applies the change records in order as ``WriteBatch`` chunks (no WAL; the
+restore ends with a snapshot). With ``restore.mode = sst`` a restore into an empty
+store instead deduplicates them (last write wins, tombstones dropped), writes them
+sorted into SST files with ``SstFileWriter`` and ingests them — it was the default
+until measured slower here (the sort and the per-key SST writer cost more than
+memtable inserts; see :class:`RocksDBOptions`).
 """
 
 from __future__ import annotations
@@ -102,6 +105,13 @@ class RocksDBOptions:
     * ``background.jobs`` — flush/compaction threads (default 2).
     * ``snapshots.keep`` — local checkpoints kept for incremental restore (default 2;
       at least 2, so the last committed one survives a failed commit).
+    * ``restore.mode`` — how a full restore into an empty store loads the changelog:
+      ``batch`` (default) applies it in order through write batches (no WAL: the
+      restore ends with a flush and a snapshot), streaming in bounded memory;
+      ``sst`` dedupes and sorts chunks of 2M records and ingests them as SST files
+      (the data arrives compacted, at the cost of the sort and of holding a chunk in
+      memory). Measured here (1M × 116 B): batch 550–580k records/s, sst 330–360k;
+      3M records: 670k vs 325k; 1 KB values: 260 vs 190 MB/s.
     """
 
     block_cache_size_bytes: int = 50 * 1024 * 1024
@@ -113,6 +123,7 @@ class RocksDBOptions:
     max_open_files: int = -1
     background_jobs: int = 2
     snapshots_keep: int = 2
+    restore_mode: Literal["batch", "sst"] = "batch"
 
     def validate(self, prefix: str) -> None:
         """Raise :class:`ConfigError` naming the full key of the first bad value."""
@@ -439,7 +450,8 @@ class RocksDBEngine(KeyValueEngine):
         return not probe.valid()
 
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
-        """Apply change records in order; SST ingestion when the store is empty.
+        """Apply change records in order through write batches; with ``restore.mode =
+        sst``, SST ingestion when the store is empty.
 
         After a restore prepared by :meth:`prepare_restore` (records ``[L, C)``) it
         snapshots at ``C``, so reopening before the next commit replays nothing.
@@ -447,7 +459,7 @@ class RocksDBEngine(KeyValueEngine):
         db = self._d()
         target, self._restoring_to = self._restoring_to, None
         try:
-            if into_empty and self._is_empty(db):
+            if into_empty and self.options.restore_mode == "sst" and self._is_empty(db):
                 self._bulk_load(db, iter(records))
             else:
                 self._apply_batches(db, records)
@@ -632,7 +644,7 @@ class RocksDBEngineFactory(StorageEngineFactory):
 
     options_prefix = "rocksdb"
     options_type = RocksDBOptions
-    description = "RocksDB (rocksdict): persistent, SST bulk restore, hard-link snapshots for incremental restore"
+    description = "RocksDB (rocksdict): persistent, bulk restore (write batches or SST ingestion), hard-link snapshots for incremental restore"
 
     def create(self, spec: StoreSpec, context: StoreContext) -> RocksDBEngine:
         return RocksDBEngine(

@@ -90,10 +90,11 @@ engines = pytest.mark.parametrize("factory", sorted(ENGINES))
 
 
 # -- engine-level behaviour ---------------------------------------------------------------------
-@engines
-def test_bulk_restore_dedupes_and_drops_tombstones_across_chunks(tmp_path, monkeypatch, factory):
+@pytest.mark.parametrize("factory,mode", [("rocksdb", "batch"), ("rocksdb", "sst"), ("leveldb", None)])
+def test_bulk_restore_dedupes_and_drops_tombstones_across_chunks(tmp_path, monkeypatch, factory, mode):
     module = sys.modules[ENGINES[factory].__module__]
     monkeypatch.setattr(module, "_SST_CHUNK_RECORDS" if factory == "rocksdb" else "_BULK_CHUNK_RECORDS", 50)
+    monkeypatch.setattr(module, "_WRITE_BATCH_RECORDS" if factory == "rocksdb" else "_BULK_CHUNK_RECORDS", 50)
     rng = random.Random(7)
     records, model = [], {}
     for i in range(600):
@@ -104,7 +105,12 @@ def test_bulk_restore_dedupes_and_drops_tombstones_across_chunks(tmp_path, monke
             model.pop(k, None)
         else:
             model[k] = v
-    engine = ENGINES[factory](tmp_path / "db", "bulk")
+    if mode is None:
+        engine = ENGINES[factory](tmp_path / "db", "bulk")
+    else:
+        from localstate.engines.rocksdb import RocksDBOptions
+
+        engine = ENGINES[factory](tmp_path / "db", "bulk", RocksDBOptions(restore_mode=mode))
     try:
         engine.restore(iter(records), into_empty=True)
         with engine.all() as it:
@@ -564,6 +570,7 @@ def test_non_bytes_reaching_the_engine_names_the_serde(tmp_path, factory):
         ("rocksdb.block.size.bytes", "12", "block.size.bytes = 12"),
         ("rocksdb.snapshots.keep", "1", "snapshots.keep"),
         ("rocksdb.max.open.files", "3", "max.open.files"),
+        ("rocksdb.restore.mode", "fast", "one of"),
         ("leveldb.compression", "zstd", "use the rocksdb engine"),
         ("leveldb.bloom.bits.per.key", "-1", "bloom.bits.per.key"),
         ("leveldb.write.bufer.size.bytes", "1", "Did you mean"),
@@ -581,10 +588,11 @@ def test_options_reach_the_native_libraries(tmp_path):
         "stores.kv.rocksdb.compression": "zstd",
         "stores.kv.rocksdb.bloom.bits.per.key": 0,
         "stores.kv.rocksdb.write.buffer.size.bytes": 1 << 20,
+        "stores.kv.rocksdb.restore.mode": "sst",
     })
     opts = config.stores["kv"].options
     assert opts == RocksDBOptions(block_cache_size_bytes=1 << 20, compression="zstd",
-                                  bloom_bits_per_key=0, write_buffer_size_bytes=1 << 20)
+                                  bloom_bits_per_key=0, write_buffer_size_bytes=1 << 20, restore_mode="sst")
     with TaskStorage(config) as s:
         s.store("kv")["a"] = 1
         s.commit(1)
