@@ -187,6 +187,33 @@ def test_encode_many_and_decode_many_equal_the_per_item_serde(name: str, data: s
     assert serde.decode_many(encoded) == [serde.decode(b) for b in encoded]
 
 
+_COLUMN = st.one_of(
+    st.just(st.integers(min_value=-(2**63), max_value=2**63 - 1)),
+    st.just(st.text(max_size=5, alphabet=st.sampled_from("ab\x00é\U0001f600"))),
+    st.just(st.binary(max_size=5)),
+    st.just(st.one_of(st.integers(min_value=-3, max_value=3), st.text(max_size=2))),  # mixed: falls back
+    st.just(st.integers(min_value=2**63, max_value=2**64)),  # out of range: falls back, then raises
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_tuple_encode_many_of_one_shape_is_byte_identical_and_decodes(data: st.DataObject) -> None:
+    """The column-wise fast path (tuples of one shape of int/str/bytes) and the (int, str)
+    decode fast path give exactly the per-item encoding and decoding."""
+    serde = get_serde("tuple")
+    columns = data.draw(st.lists(_COLUMN, min_size=1, max_size=3))
+    items = data.draw(st.lists(st.tuples(*columns), min_size=0, max_size=40))
+    try:
+        expected = [serde.encode(x) for x in items]
+    except TypeError:
+        with pytest.raises(TypeError):
+            serde.encode_many(items)
+        return
+    assert serde.encode_many(items) == expected
+    assert serde.decode_many(expected) == items == [serde.decode(b) for b in expected]
+
+
 @pytest.mark.parametrize("name, bad", [("string", [b"x"]), ("string", ["a", 1]), ("bytes", ["x"]), ("int", [2**31]),
                                        ("long", [True]), ("long", [1.5]), ("tuple", [[1]]), ("tuple", [(object(),)])])
 def test_encode_many_rejects_what_encode_rejects(name: str, bad: list[Any]) -> None:
