@@ -193,7 +193,7 @@ class _TaskWriter:
             "queue.buffering.max.kbytes": 1_048_576,
             "transaction.timeout.ms": max(60_000, s.timeout_ms * (s.retries + 2)),
             "message.timeout.ms": s.timeout_ms * (s.retries + 1),
-            "socket.connection.setup.timeout.ms": min(10_000, s.timeout_ms),
+            "socket.connection.setup.timeout.ms": max(1_000, min(10_000, s.timeout_ms)),  # librdkafka: >= 1000
             "logger": _client_log,
         }
         conf.update(s.producer)
@@ -569,18 +569,24 @@ class KafkaCheckpointStore(CheckpointStore):
             s.writer(job, partition)
         s.ensure_topic(self.topic, 1, checkpoint=True)
         key = self._key(job, partition)
-        found: list[bytes] = []
-        consumer = s.new_consumer()
-        try:
-            tp = TopicPartition(self.topic, 0, 0)
-            consumer.assign([tp])
-            for msgs in _drain_to_eof(consumer, s, f"checkpoint topic {self.topic!r}"):
-                for m in msgs:
-                    if m.key() == key:
-                        found.append(m.value())
-                        del found[:-2]
-        finally:
-            consumer.close()
+        settings = s.settings
+        deadline = time.monotonic() + settings.timeout_ms / 1000 * (settings.retries + 1)
+        while True:
+            found, end = self._scan(key)
+            # A read_committed reader ends at the last stable offset: an open transaction
+            # on this shared topic (another task inside its checkpoint transaction, or one
+            # killed there that has not restarted yet) hides every later checkpoint, this
+            # task's included. Reading on from a stale view would restore an older commit.
+            if not self._hidden_after(end):
+                break
+            if time.monotonic() > deadline:
+                raise ChangelogError(
+                    f"checkpoint of {job}/partition {partition}: kafka topic {self.topic!r} has an open "
+                    f"transaction at offset {end} that hides newer checkpoints (a task died inside its "
+                    "checkpoint transaction and has not restarted). Restart that task, or wait for the "
+                    "broker to abort it (transaction.timeout.ms), then open this task again"
+                )
+            time.sleep(0.2)
         errors = []
         for i, data in enumerate(reversed(found)):
             where = f"checkpoint of {job}/partition {partition} in kafka topic {self.topic!r}"
@@ -601,6 +607,37 @@ class KafkaCheckpointStore(CheckpointStore):
                 f"{key.decode()!r} to start over (the committed state would be rebuilt as empty)."
             )
         return None
+
+    def _scan(self, key: bytes) -> tuple[list[bytes], int]:
+        """The last two committed values of ``key`` and the offset where the read ended."""
+        s = self.system
+        found: list[bytes] = []
+        end: list[int] = []
+        consumer = s.new_consumer()
+        try:
+            consumer.assign([TopicPartition(self.topic, 0, 0)])
+            for msgs in _drain_to_eof(consumer, s, f"checkpoint topic {self.topic!r}", end):
+                for m in msgs:
+                    if m.key() == key:
+                        found.append(m.value())
+                        del found[:-2]
+        finally:
+            consumer.close()
+        return found, end[0] if end else 0
+
+    def _hidden_after(self, offset: int) -> bool:
+        """Whether the topic holds records at or after ``offset`` that a read_committed
+        reader did not get (records of a transaction still open)."""
+        s = self.system
+        consumer = s.new_consumer(isolation="read_uncommitted")
+        try:
+            consumer.assign([TopicPartition(self.topic, 0, offset)])
+            for msgs in _drain_to_eof(consumer, s, f"checkpoint topic {self.topic!r}"):
+                if any(m.offset() >= offset for m in msgs):
+                    return True
+            return False
+        finally:
+            consumer.close()
 
     def write(self, job: str, partition: int, checkpoint: Checkpoint) -> None:
         s = self.system
@@ -630,8 +667,11 @@ def _next_batch(consumer: Any) -> list[Any]:
     return [first, *consumer.consume(_CONSUME_BATCH - 1, 0)]
 
 
-def _drain_to_eof(consumer: Any, system: KafkaChangelogSystem, what: str) -> Iterator[list[Any]]:
-    """Batches of records until partition EOF (one assigned partition), bounded wait."""
+def _drain_to_eof(
+    consumer: Any, system: KafkaChangelogSystem, what: str, end: list[int] | None = None
+) -> Iterator[list[Any]]:
+    """Batches of records until partition EOF (one assigned partition), bounded wait;
+    the offset of the EOF (where the fetch ended) is appended to ``end`` if given."""
     s = system.settings
     idle_limit = s.timeout_ms / 1000 * (s.retries + 1)
     idle_since = time.monotonic()
@@ -648,6 +688,8 @@ def _drain_to_eof(consumer: Any, system: KafkaChangelogSystem, what: str) -> Ite
             if err is None:
                 good.append(m)
             elif err.code() == KafkaError._PARTITION_EOF:
+                if end is not None:
+                    end.append(m.offset())
                 yield good
                 return
             else:
@@ -722,16 +764,16 @@ class KafkaChangelogSystem(ChangelogSystem):
         if self._admin is None:
             self._admin = AdminClient(
                 {"bootstrap.servers": self.settings.bootstrap_servers, "logger": _client_log,
-                 "socket.connection.setup.timeout.ms": min(10_000, self.settings.timeout_ms)}
+                 "socket.connection.setup.timeout.ms": max(1_000, min(10_000, self.settings.timeout_ms))}
             )
         return self._admin
 
-    def new_consumer(self) -> Any:
+    def new_consumer(self, isolation: str = "read_committed") -> Any:
         """A consumer tuned for restore (assign-only; never joins a group or commits)."""
         conf: dict[str, Any] = {
             "bootstrap.servers": self.settings.bootstrap_servers,
             "group.id": f"localstate-restore-{self.job}",
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "fetch.queue.backoff.ms": 10,
             # the end is found by partition EOF, which needs an empty fetch: do not let the
             # broker hold it for the default 500 ms
@@ -741,6 +783,8 @@ class KafkaChangelogSystem(ChangelogSystem):
         }
         conf.update(self.settings.consumer)
         conf.update({"enable.auto.commit": False, "enable.partition.eof": True})
+        if isolation != "read_committed":
+            conf["isolation.level"] = isolation
         return Consumer(conf)
 
     def writer(self, job: str, partition: int) -> _TaskWriter:

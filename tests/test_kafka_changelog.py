@@ -574,31 +574,51 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous(kafka_broker, capl
         reader.close()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "known defect: a read_committed reader stops at the first open transaction of the shared "
-    "checkpoint topic, so another task's unfinished checkpoint transaction (a task killed inside "
-    "it, until it restarts or the transaction times out) hides newer checkpoints; the reader "
-    "must wait until the topic is stable instead of returning a stale checkpoint"))
-def test_checkpoint_read_is_not_stale_while_another_task_holds_an_open_checkpoint_transaction(
-    fresh_kafka_broker, tmp_path
-):
+def _open_checkpoint_transaction(bootstrap: str, topic: str) -> Any:
+    """A transaction left open on the checkpoint topic, as by a task SIGKILLed inside its
+    checkpoint transaction (a raw producer: the state after such a kill, without the kill)."""
     from confluent_kafka import Producer
+
+    other = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"other-task-{unique('t')}"})
+    other.init_transactions(10)
+    other.begin_transaction()
+    other.produce(topic, b"not committed", b"other-task/0")
+    other.flush(10)
+    return other
+
+
+def test_checkpoint_read_waits_for_another_tasks_open_checkpoint_transaction(fresh_kafka_broker, tmp_path):
+    """A read_committed reader stops at the first open transaction of the shared checkpoint
+    topic: the read must wait for it to end, not return the stale checkpoint before it."""
+    import threading
 
     values = kafka_values(tmp_path, fresh_kafka_broker.bootstrap, **{"systems.kafka.checkpoint.topic": "ckpts"})
     s = TaskStorage(Config.from_dict(values))
     s.store("kv").put("x", 1)
     s.commit(input_position=1)
-    other = Producer({"bootstrap.servers": fresh_kafka_broker.bootstrap, "transactional.id": "other-task/0"})
-    other.init_transactions(10)
-    other.begin_transaction()
-    other.produce("ckpts", b"not committed", b"other-task/0")
-    other.flush(10)  # in the log, transaction left open (as by a task SIGKILLed mid-checkpoint)
+    other = _open_checkpoint_transaction(fresh_kafka_broker.bootstrap, "ckpts")
+    s.store("kv").put("x", 2)
+    s.commit(input_position=2)  # this task's own transaction commits behind the open one
+    s.close()
+    aborter = threading.Timer(1.0, other.abort_transaction, (10,))
+    aborter.start()
     try:
-        s.store("kv").put("x", 2)
-        s.commit(input_position=2)
-        s.close()
         with TaskStorage(moved(values, tmp_path, "machine-b")) as b:
             assert b.checkpoint is not None and b.checkpoint.input_position == 2
             assert b.store("kv").get("x") == 2
+    finally:
+        aborter.join()
+
+
+def test_checkpoint_read_blocked_past_the_timeout_is_a_clear_error(fresh_kafka_broker, tmp_path):
+    values = kafka_values(tmp_path, fresh_kafka_broker.bootstrap, **{
+        "systems.kafka.checkpoint.topic": "ckpts", "systems.kafka.timeout.ms": 800, "systems.kafka.retries": 0})
+    with TaskStorage(Config.from_dict(values)) as s:
+        s.store("kv").put("x", 1)
+        s.commit(input_position=1)
+    other = _open_checkpoint_transaction(fresh_kafka_broker.bootstrap, "ckpts")
+    try:
+        with pytest.raises(ChangelogError, match="open transaction at offset .* hides newer checkpoints"):
+            TaskStorage(moved(values, tmp_path, "machine-b"))
     finally:
         other.abort_transaction(10)

@@ -364,11 +364,10 @@ class TrialPlan:
         if system == "kafka":
             if not bootstrap:
                 raise ConfigError("kafka trials need bootstrap servers (--bootstrap, or let torture start tansu)")
-            # A checkpoint topic per trial: a read_committed reader stops at the first open
-            # transaction of a shared topic, and a trial killed inside its checkpoint
-            # transaction leaves one open until its next child fences it — another
-            # trial's reopen would then read a stale checkpoint (see the Kafka
-            # changelog's known limits). Trials run two at a time.
+            # A checkpoint topic per trial: a trial killed inside its checkpoint transaction
+            # leaves it open until its next child fences it, and a reader of a shared topic
+            # waits for that (KafkaCheckpointStore.read); separate topics keep two trials
+            # running side by side from waiting on each other's kills.
             values.update({"systems.kafka.bootstrap.servers": bootstrap, "systems.kafka.timeout.ms": 10000,
                            "systems.kafka.checkpoint.topic": f"localstate-torture-checkpoints-{job}"})
         for k, v in adapter_for(self.engine).store_options.items():
