@@ -193,7 +193,7 @@ class _TaskWriter:
             "queue.buffering.max.kbytes": 1_048_576,
             "transaction.timeout.ms": max(60_000, s.timeout_ms * (s.retries + 2)),
             "message.timeout.ms": s.timeout_ms * (s.retries + 1),
-            "socket.connection.setup.timeout.ms": max(1_000, min(10_000, s.timeout_ms)),  # librdkafka: >= 1000
+            "socket.connection.setup.timeout.ms": _connect_timeout_ms(s),
             "logger": _client_log,
         }
         conf.update(s.producer)
@@ -653,6 +653,12 @@ class KafkaCheckpointStore(CheckpointStore):
         fault_point("checkpoint.after_rename")
 
 
+def _connect_timeout_ms(settings: KafkaSettings) -> int:
+    """``socket.connection.setup.timeout.ms`` for ``timeout.ms``: at most 10 s, and at
+    least librdkafka's minimum of 1 s (a smaller value makes the client refuse to start)."""
+    return max(1_000, min(10_000, settings.timeout_ms))
+
+
 def _next_batch(consumer: Any) -> list[Any]:
     """What is queued (up to a batch) at once; else wait up to ``_POLL_S`` for one event.
 
@@ -764,7 +770,7 @@ class KafkaChangelogSystem(ChangelogSystem):
         if self._admin is None:
             self._admin = AdminClient(
                 {"bootstrap.servers": self.settings.bootstrap_servers, "logger": _client_log,
-                 "socket.connection.setup.timeout.ms": max(1_000, min(10_000, self.settings.timeout_ms))}
+                 "socket.connection.setup.timeout.ms": _connect_timeout_ms(self.settings)}
             )
         return self._admin
 

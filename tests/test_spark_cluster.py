@@ -34,7 +34,13 @@ from localstate.contrib.spark.runner import EXECUTOR_PLACEHOLDER, executor_id, e
 from localstate.contrib.spark.streaming import committed_batches
 from localstate.testing.processes import cmdline, descendants, kill_all
 from localstate.testing.spark import read_counts
-from localstate.testing.spark_cluster_driver import cluster_config, read_events, write_input
+from localstate.testing.spark_cluster_driver import (
+    cluster_config,
+    event_batch,
+    fresh_state,
+    read_events,
+    write_input,
+)
 
 from .conftest import FULL
 
@@ -97,7 +103,7 @@ class Kill:
 
     @property
     def batch(self) -> int:
-        return _batch_of(self.victim)
+        return event_batch(self.victim)
 
 
 @dataclass
@@ -111,10 +117,6 @@ class ClusterRun:
     def total(self) -> Counter[str]:
         return sum(self.files, Counter())
 
-
-def _batch_of(event: dict[str, Any]) -> int:
-    prev = event["previous_version"]
-    return (prev if prev is not None else -1) + 1
 
 
 class LocalCopies:
@@ -166,9 +168,9 @@ def _kill_target(
         candidates = [e for e in events if e["phase"] == "start" and e["run"] not in closed
                       and now - e["time"] < TASK_SLEEP_S / 2]
     else:
-        candidates = [e for e in events if e["phase"] == "close" and e["version"] == _batch_of(e)
+        candidates = [e for e in events if e["phase"] == "close" and e["version"] == event_batch(e)
                       and now - e["time"] < COMMIT_SLEEP_S / 2]
-    candidates = [e for e in candidates if e["run"] not in taken and _batch_of(e) >= plan.from_batch]
+    candidates = [e for e in candidates if e["run"] not in taken and event_batch(e) >= plan.from_batch]
     if not candidates:
         return None
     jvms = executors()
@@ -254,10 +256,6 @@ def cluster_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterRun
     _remove_spark_work_dir(run.result.get("app_id"))
 
 
-def _fresh(config: Config, root: Path) -> Config:
-    """``config`` with an empty local state dir: reading it restores all from the changelog."""
-    return config.with_overrides({"job.state.dir": str(root / "verify-state")})
-
 
 # -- tests ---------------------------------------------------------------------------------------------
 def test_executor_id_and_per_executor_state_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -287,7 +285,7 @@ def test_batch_job_on_two_executors_counts_exactly(cluster_run: ClusterRun) -> N
     assert dict(output) == expected
 
     config = cluster_config(root, partitions=PARTITIONS)
-    assert read_counts(_fresh(config, cluster_run.root / "batch")) == expected
+    assert read_counts(fresh_state(config, cluster_run.root / "batch")) == expected
 
     events = read_events(root)
     starts = [e for e in events if e["phase"] == "start"]
@@ -312,7 +310,7 @@ def test_executors_killed_mid_stream_tasks_move_restore_and_stay_exactly_once(cl
     config = cluster_config(root, partitions=PARTITIONS)
     assert committed_batches(config) == dict.fromkeys(range(PARTITIONS), last)
     expected = run.total()
-    assert read_counts(_fresh(config, root)) == expected
+    assert read_counts(fresh_state(config, root)) == expected
 
     # Every micro-batch emitted exactly the keys of its file with their running totals
     # (a re-run batch overwrites its output file with the same rows).
@@ -362,7 +360,7 @@ def test_executors_killed_mid_stream_tasks_move_restore_and_stay_exactly_once(cl
         reruns = [
             e for e in starts
             if e["partition"] == victim["partition"] and e["time"] > kill.time
-            and e["executor"] != kill.executor and _batch_of(e) == batch
+            and e["executor"] != kill.executor and event_batch(e) == batch
         ]
         assert reruns, f"{kill}: partition {victim['partition']} batch {batch} was not re-run elsewhere"
         assert all(e["previous_version"] == batch - 1 for e in reruns), reruns
@@ -424,4 +422,4 @@ def test_attempt_waiting_for_a_zombie_attempt_on_another_executor_rolls_its_comm
     thread.join(60)
     assert not thread.is_alive() and not errors, errors
     assert committed_batches(shared) == {0: 1}
-    assert read_counts(_fresh(shared, tmp_path)) == {"x": 4, "y": 2}
+    assert read_counts(fresh_state(shared, tmp_path)) == {"x": 4, "y": 2}

@@ -35,11 +35,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localstate import Config
 from localstate.contrib.spark.streaming import committed_batches
 from localstate.testing.processes import alive, descendants, kill_all
 from localstate.testing.spark import read_counts
-from localstate.testing.spark_cluster_driver import cluster_config, read_events, write_input
+from localstate.testing.spark_cluster_driver import (
+    cluster_config,
+    event_batch,
+    fresh_state,
+    read_events,
+    write_input,
+)
 
 from .conftest import FULL
 
@@ -76,10 +81,6 @@ KILLS = (
 )
 
 
-def _batch_of(event: dict[str, Any]) -> int:
-    prev = event["previous_version"]
-    return (prev if prev is not None else -1) + 1
-
 
 def _moment(kill: Kill, root: Path) -> dict[str, Any] | None:
     """The event (or output file) that opens ``kill``'s window now, if any."""
@@ -94,11 +95,11 @@ def _moment(kill: Kill, root: Path) -> dict[str, Any] | None:
     if kill.mode == "task":
         closed = {e["run"] for e in events if e["phase"] == "close"}
         found = [e for e in events if e["phase"] == "start" and e["run"] not in closed
-                 and _batch_of(e) >= kill.batch and now - e["time"] < TASK_SLEEP_S / 2]
+                 and event_batch(e) >= kill.batch and now - e["time"] < TASK_SLEEP_S / 2]
     else:
-        found = [e for e in events if e["phase"] == "close" and e["version"] == _batch_of(e)
+        found = [e for e in events if e["phase"] == "close" and e["version"] == event_batch(e)
                  and e["version"] >= kill.batch and now - e["time"] < COMMIT_SLEEP_S / 2]
-    return {**found[0], "batch": _batch_of(found[0])} if found else None
+    return {**found[0], "batch": event_batch(found[0])} if found else None
 
 
 @dataclass
@@ -166,10 +167,6 @@ def killed_stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[
     return root, files, runs
 
 
-def _fresh(config: Config, root: Path) -> Config:
-    """``config`` with an empty local state dir: reading it restores all from the changelog."""
-    return config.with_overrides({"job.state.dir": str(root / "verify-state")})
-
 
 def test_driver_sigkilled_and_restarted_from_its_checkpoint_stays_exactly_once(
     killed_stream: tuple[Path, list[Counter[str]], list[DriverRun]],
@@ -194,7 +191,7 @@ def test_driver_sigkilled_and_restarted_from_its_checkpoint_stays_exactly_once(
     config = cluster_config(stream, partitions=PARTITIONS)
     assert committed_batches(config) == dict.fromkeys(range(PARTITIONS), last)
     expected = sum(files, Counter())
-    assert read_counts(_fresh(config, root)) == expected
+    assert read_counts(fresh_state(config, root)) == expected
     local = config.with_overrides({"job.state.dir": str(stream / "state" / "driver")})
     assert read_counts(local) == expected
 
@@ -219,7 +216,7 @@ def test_driver_sigkilled_and_restarted_from_its_checkpoint_stays_exactly_once(
             # partition was rolled back to the version before and the batch ran again
             p = r.moment["partition"]
             again = [e for e in events if e["phase"] == "start" and e["partition"] == p
-                     and e["time"] > r.moment["time"] and _batch_of(e) == batch]
+                     and e["time"] > r.moment["time"] and event_batch(e) == batch]
             assert again and again[0]["previous_version"] == batch - 1, again
             assert closes[again[0]["run"]]["version"] == batch
     print(

@@ -193,11 +193,22 @@ def _consume_until_eof(consumer: Any, timeout: float, stop: int | None = None) -
                 return
 
 
+def _json_offsets(option: str, value: str, keywords: str) -> dict[str, int]:
+    """Option ``option`` given as JSON ``{"<partition>": offset}``; else a ConfigError
+    naming the option and the accepted ``keywords``."""
+    try:
+        return {str(p): int(o) for p, o in json.loads(value).items()}
+    except (ValueError, AttributeError, TypeError):
+        raise ConfigError(
+            f"localstate-kafka: {option} = {value!r}; use {keywords} or a JSON object " '{"<partition>": offset}'
+        ) from None
+
+
 class _KafkaReader:
     """Shared by the batch and the streaming Kafka readers."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
-        self.options = _options(options)
+        self.options = options = _options(options)
         self.topic = _option(options, "topic", KafkaSource.name())
         self.conf = _kafka_conf(options, KafkaSource.name())
         self.timeout = float(options.get("timeout.s", "30"))
@@ -224,14 +235,7 @@ class _KafkaReader:
         if where == "latest":
             return self.ends()
         if where != "earliest":
-            try:
-                given = json.loads(where)
-                return {str(p): int(o) for p, o in given.items()}
-            except (ValueError, AttributeError, TypeError):
-                raise ConfigError(
-                    f"localstate-kafka: startingOffsets = {where!r}; use 'earliest', 'latest' or a JSON "
-                    'object {"<partition>": offset}'
-                ) from None
+            return _json_offsets("startingOffsets", where, "'earliest', 'latest'")
         consumer = self._consumer()
         try:
             parts = _kafka_partitions(consumer, self.topic, self.timeout)
@@ -313,16 +317,7 @@ class _KafkaBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         end_opt = self.reader.options.get("endingOffsets", "latest")
-        if end_opt == "latest":
-            end = self.reader.ends()
-        else:
-            try:
-                end = {str(k): int(v) for k, v in json.loads(end_opt).items()}
-            except (ValueError, AttributeError, TypeError):
-                raise ConfigError(
-                    f"localstate-kafka: endingOffsets = {end_opt!r}; use 'latest' or a JSON object "
-                    '{"<partition>": offset}'
-                ) from None
+        end = self.reader.ends() if end_opt == "latest" else _json_offsets("endingOffsets", end_opt, "'latest'")
         return self.reader.plan(self.reader.starts(), end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -410,7 +405,7 @@ class KafkaSource(DataSource):
         return KAFKA_SCHEMA
 
     def _reader(self, schema: StructType) -> _KafkaReader:
-        return _KafkaReader(_options(self.options), schema)
+        return _KafkaReader(self.options, schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _KafkaBatchReader(self._reader(schema))
@@ -557,7 +552,7 @@ class JsonLinesSource(DataSource):
         return "localstate-jsonl"
 
     def _root(self) -> Path:
-        return Path(_option(_options(self.options), "path", self.name()))
+        return Path(_option(self.options, "path", self.name()))
 
     def schema(self) -> StructType:
         from pyarrow import json as pajson
@@ -583,6 +578,7 @@ class JsonLinesSource(DataSource):
 # -- localstate's file changelog -----------------------------------------------------------------------
 class _ChangelogReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]) -> None:
+        options = _options(options)
         source = ChangelogSource.name()
         self.root = Path(_option(options, "path", source))
         self.stream = _option(options, "stream", source)
@@ -708,7 +704,7 @@ class ChangelogSource(DataSource):
         return CHANGELOG_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return _ChangelogReader(_options(self.options))
+        return _ChangelogReader(self.options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return _ChangelogStreamReader(_ChangelogReader(_options(self.options)))
+        return _ChangelogStreamReader(_ChangelogReader(self.options))

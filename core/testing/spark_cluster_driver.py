@@ -38,7 +38,7 @@ from typing import Any
 from localstate import Config
 from localstate.testing.spark import KeyCount, key_count_config, key_count_task
 
-__all__ = ["cluster_config", "read_events", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
+__all__ = ["cluster_config", "read_events", "event_batch", "fresh_state", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
 
 INPUT_SCHEMA = "user_id string"
 EVENTS_KEY = "testing.events.dir"
@@ -63,6 +63,18 @@ def cluster_config(
         SLEEP_KEY: task_sleep_s,
         COMMIT_SLEEP_KEY: commit_sleep_s,
     })
+
+
+def event_batch(event: dict[str, Any]) -> int:
+    """The micro-batch of a task run's event: the one after the version it started from."""
+    prev = event["previous_version"]
+    return (prev if prev is not None else -1) + 1
+
+
+def fresh_state(config: Config, root: str | Path) -> Config:
+    """``config`` with an empty local state dir under ``root``: reading it restores all
+    from the changelog."""
+    return config.with_overrides({"job.state.dir": str(Path(root) / "verify-state")})
 
 
 def write_input(directory: str | Path, files: int, *, rows_per_file: int, keys: int, seed: int) -> list[Counter[str]]:
