@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from localstate.checkpoint import Checkpoint
 from localstate.engine import ChangeRecord
+from localstate.errors import CorruptionError
 
 __all__ = ["ChangelogPartition", "ChangelogSystem", "CheckpointStore", "CurrentFn"]
 
@@ -64,10 +65,33 @@ class ChangelogPartition(ABC):
         the committed state.
         """
 
+    def describe(self) -> str:
+        """Where the partition lives, for messages."""
+        return f"changelog stream {self.stream!r} partition {self.partition}"
+
+    def missing_committed(self, committed: int) -> CorruptionError:
+        """The error for a checkpoint naming offset ``committed`` past the log's end."""
+        return CorruptionError(
+            f"{self.describe()} ends at offset {self.end_offset()}, but the task checkpoint says offset "
+            f"{committed} was committed: committed records are missing. Nothing was changed. Restore the "
+            "log; or keep what is left with `localstate restore --accept-log-end STORE`, or give up the "
+            "store's state with `localstate restore --reset STORE`."
+        )
+
+    def reset(self) -> int:
+        """Empty the partition for an explicit ``--reset``: afterwards a restore of
+        ``[0, end)`` yields an empty state. Returns the new end offset."""
+        raise NotImplementedError(f"{type(self).__name__} does not support reset")
+
     def min_valid_snapshot_offset(self) -> int:
         """Compaction horizon: a local snapshot at an offset below this must not be used
         (tombstones before it may be gone, so replaying from there could resurrect keys)."""
         return 0
+
+    def verify(self) -> dict[str, Any]:
+        """Check the stored records without changing anything: at least
+        ``{"end_offset": int, "problems": [str, ...]}``. Default: the end offset only."""
+        return {"end_offset": self.end_offset(), "problems": []}
 
     def compact(self, up_to: int) -> dict[str, int]:
         """Compact records below ``up_to`` (committed); returns counters. Optional."""
@@ -83,11 +107,19 @@ class CheckpointStore(ABC):
 
     @abstractmethod
     def read(self, job: str, partition: int) -> Checkpoint | None:
-        """The last committed checkpoint, ``None`` if the task never committed.
+        """The latest checkpoint, ``None`` if the task never wrote one.
 
-        A corrupt latest checkpoint falls back to the previous one (with a warning),
-        never to "empty"; if none is readable, raise :class:`CorruptionError`.
+        A missing-but-expected or corrupt latest checkpoint raises
+        :class:`CorruptionError` naming the recovery command; it never falls back
+        silently (an older checkpoint with the changelog tail cut would undo a commit,
+        and after compaction could describe a state that never existed).
         """
+
+    def previous(self, job: str, partition: int) -> Checkpoint | None:
+        """The checkpoint the latest one replaced, for an explicit recovery
+        (``localstate restore --use-previous-checkpoint``). Stores that cannot keep
+        it reconstructible return None."""
+        return None
 
     @abstractmethod
     def write(self, job: str, partition: int, checkpoint: Checkpoint) -> None:

@@ -8,11 +8,19 @@ Layout under ``systems.<name>.path``::
     <stream>/<partition>/compaction.json {"tombstone_horizon": offset}
     _checkpoints/<job>/partition-<p>.ckpt (+ .prev)   task checkpoints
 
-On open the active (last) segment is verified batch by batch: a torn or corrupt
-**tail** is cut back to the last good batch with a warning; a bad batch followed by a
-good one is corruption **before** the tail and raises :class:`CorruptionError` naming
-the file and byte offset. Older segments are walked header by header on open and
-CRC-checked when read.
+On open the active (last) segment is verified batch by batch. A torn or corrupt
+**tail** is only *noted* on open: it is cut back to the last good batch by
+:meth:`~FileChangelogPartition.discard_tail`, which knows the committed offset, and
+only when every committed record precedes it (a damaged committed batch is an error
+that changes nothing on disk). A bad batch followed by a good one is corruption
+**before** the tail and raises :class:`CorruptionError` naming the file and byte
+offset. Older segments are walked header by header on open and CRC-checked when read;
+:meth:`~FileChangelogPartition.verify` checks every batch of every segment.
+
+Checkpoints: ``partition-<p>.ckpt`` always exists once written (the previous one is
+hard-linked to ``.prev`` before the new one is renamed over it, so no crash leaves
+only ``.prev``). A missing or corrupt ``.ckpt`` is damage and an error; ``.prev`` is
+used only when asked (``localstate restore --use-previous-checkpoint``).
 """
 
 from __future__ import annotations
@@ -114,6 +122,7 @@ class FileChangelogPartition(ChangelogPartition):
         self._lock: FileLock | None = None
         self._writer: BinaryIO | None = None
         self._closed = False
+        self._torn: tuple[Path, int, int] | None = None  # (segment, byte, offset) of an uncut bad tail
         if not readonly:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -147,8 +156,9 @@ class FileChangelogPartition(ChangelogPartition):
             if segments and segments[-1].next_offset != base:
                 raise CorruptionError(
                     f"changelog {self.directory}: offsets {segments[-1].next_offset}..{base - 1} are missing "
-                    f"(a segment before {path.name} was deleted or truncated). Restore the file, or delete "
-                    "the partition and its checkpoint to start over (committed state would be lost)."
+                    f"(a segment before {path.name} was deleted or truncated); nothing was changed. Restore "
+                    "the file from a backup, or give up the store's state explicitly with "
+                    "`localstate restore --reset STORE` (docs: RELIABILITY.md, operator damage)."
                 )
             segments.append(seg)
         return segments
@@ -169,16 +179,11 @@ class FileChangelogPartition(ChangelogPartition):
                         f"changelog segment {path} is corrupt at byte {pos} (offset {next_offset}) and "
                         "valid batches follow, so this is not a torn tail. Restore the file from a backup."
                     )
+                # Not cut here: only discard_tail knows whether the damaged bytes held
+                # committed records (then it is an error, and the bytes stay for forensics).
+                self._torn = (path, pos, next_offset)
                 if self.readonly:
                     log.warning("changelog %s: torn tail at byte %d ignored (read-only)", path, pos)
-                else:
-                    log.warning(
-                        "changelog %s: torn or corrupt tail at byte %d (%d bytes) cut back to offset %d",
-                        path, pos, len(data) - pos, next_offset,
-                    )
-                    with open(path, "r+b") as f:
-                        f.truncate(pos)
-                        os.fsync(f.fileno())
                 break
             next_offset = h.next_offset
             good_end = h.end_position
@@ -200,7 +205,24 @@ class FileChangelogPartition(ChangelogPartition):
         if self.readonly:
             raise ChangelogError(f"changelog partition {self.directory} was opened read-only")
 
+    def _cut_torn_tail(self) -> None:
+        """Cut the bad tail noted on open (its records were never committed)."""
+        if self._torn is None:
+            return
+        path, pos, offset = self._torn
+        size = path.stat().st_size
+        log.warning(
+            "changelog %s: torn or corrupt tail at byte %d (%d bytes, uncommitted) cut back to offset %d",
+            path, pos, size - pos, offset,
+        )
+        with open(path, "r+b") as f:
+            f.truncate(pos)
+            os.fsync(f.fileno())
+        self._torn = None
+
     def _open_writer(self) -> BinaryIO:
+        if self._torn is not None:
+            self._cut_torn_tail()
         if self._writer is None:
             if not self._segments:
                 self._new_segment()
@@ -334,11 +356,8 @@ class FileChangelogPartition(ChangelogPartition):
         self._check_writable()
         c = committed_offset
         if c > self._end:
-            raise CorruptionError(
-                f"changelog {self.directory} ends at offset {self._end}, but the task checkpoint says "
-                f"offset {c} was committed: committed records are missing (deleted or truncated segment "
-                "files?). Restore the files, or delete the checkpoint to start over from what remains."
-            )
+            raise self.missing_committed(c)
+        self._cut_torn_tail()
         if c == self._end:
             return
         if self._writer is not None:
@@ -383,6 +402,74 @@ class FileChangelogPartition(ChangelogPartition):
         fsync_dir(self.directory)
         log.info("changelog %s: discarded uncommitted tail [%d, %d)", self.directory, c, self._end)
         self._end = c
+
+    def describe(self) -> str:
+        return f"file changelog {self.directory}"
+
+    def reset(self) -> int:
+        """Remove every segment (and the compaction horizon); the next segment starts at
+        the old end offset, so offsets never go back."""
+        self._check_writable()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        for seg in self._segments:
+            seg.path.unlink(missing_ok=True)
+        if self._torn is not None:
+            self._torn[0].unlink(missing_ok=True)
+            self._torn = None
+        (self.directory / "compaction.json").unlink(missing_ok=True)
+        self._segments = []
+        self._horizon = 0
+        self._new_segment()
+        fsync_dir(self.directory)
+        return self._end
+
+    def missing_committed(self, committed: int) -> CorruptionError:
+        """The error for a checkpoint that names offset ``committed`` past the readable end."""
+        if self._torn is not None:
+            path, pos, offset = self._torn
+            why = (f"the batch at byte {pos} of {path} (offset {offset}) is damaged, so committed records "
+                   f"{offset}..{committed - 1} cannot be read")
+        else:
+            why = f"it ends at offset {self._end}: committed records are missing (deleted or truncated segment files?)"
+        return CorruptionError(
+            f"changelog {self.directory}: the task checkpoint says offset {committed} was committed, but "
+            f"{why}. Nothing was changed on disk. Restore the files from a backup; or keep what is readable "
+            "with `localstate restore --accept-log-end STORE` (the state goes back to the last readable "
+            "record), or give up the store's state with `localstate restore --reset STORE`."
+        )
+
+    def verify(self) -> dict[str, Any]:
+        """Check every batch of every segment (CRC32, dense offsets) without changing
+        anything; returns ``{"segments", "batches", "records", "bytes", "end_offset",
+        "problems": [str, ...]}``."""
+        problems: list[str] = []
+        batches = records = nbytes = 0
+        expect: int | None = None
+        for seg in list(self._segments):
+            if expect is not None and seg.base != expect:
+                problems.append(f"{seg.path}: starts at offset {seg.base}, expected {expect} (records missing)")
+            try:
+                with open(seg.path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                problems.append(f"{seg.path}: unreadable ({e})")
+                expect = seg.next_offset
+                continue
+            nbytes += len(data)
+            nxt = seg.base
+            for h, pos in walk(data):
+                if h is None or h.base_offset != nxt or not check_crc(data, h):
+                    what = "torn tail" if (self._torn and self._torn[0] == seg.path) else "corrupt batch"
+                    problems.append(f"{seg.path}: {what} at byte {pos} (offset {nxt})")
+                    break
+                batches += 1
+                records += h.span
+                nxt = h.next_offset
+            expect = nxt
+        return {"segments": len(self._segments), "batches": batches, "records": records, "bytes": nbytes,
+                "end_offset": self._end, "problems": problems}
 
     def min_valid_snapshot_offset(self) -> int:
         return self._horizon
@@ -486,32 +573,40 @@ class FileCheckpointStore(CheckpointStore):
         d = self.root / job
         return d / f"partition-{partition}.ckpt", d / f"partition-{partition}.ckpt.prev"
 
+    def _load(self, path: Path) -> Checkpoint | None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise io_error(e, "read checkpoint", path) from e
+        return Checkpoint.from_bytes(data, where=f"checkpoint {path}")
+
     def read(self, job: str, partition: int) -> Checkpoint | None:
         current, prev = self._paths(job, partition)
-        errors = []
-        for path in (current, prev):
-            try:
-                data = path.read_bytes()
-            except FileNotFoundError:
-                continue
-            except OSError as e:
-                raise io_error(e, "read checkpoint", path) from e
-            try:
-                ckpt = Checkpoint.from_bytes(data, where=f"checkpoint {path}")
-            except CorruptionError as e:
-                errors.append(str(e))
-                log.warning("%s; falling back to the previous checkpoint", e)
-                continue
-            if path is prev and (errors or not current.exists()):
-                log.warning("using previous checkpoint %s (version %d)", path, ckpt.version)
-            return ckpt
-        if errors:
+        try:
+            ckpt = self._load(current)
+        except CorruptionError as e:
+            raise CorruptionError(f"{e}. {self._recovery(prev)}") from e
+        if ckpt is None and prev.exists():
             raise CorruptionError(
-                "; ".join(errors)
-                + ". No readable checkpoint is left: restore one from a backup, or delete the files to start "
-                "over (the committed state would be rebuilt as empty)."
+                f"checkpoint {current} is missing but {prev.name} exists: the latest checkpoint was deleted "
+                f"(a commit never leaves only {prev.name}). Nothing was changed. {self._recovery(prev)}"
             )
-        return None
+        return ckpt
+
+    @staticmethod
+    def _recovery(prev: Path) -> str:
+        return (
+            f"Restore the file from a backup; or go back one commit with `localstate restore "
+            f"--use-previous-checkpoint` (uses {prev.name}: the last commit is undone and its input is "
+            "processed again)"
+        )
+
+    def previous(self, job: str, partition: int) -> Checkpoint | None:
+        """The checkpoint the latest one replaced (``.prev``), None if there is none."""
+        _, prev = self._paths(job, partition)
+        return self._load(prev)
 
     def write(self, job: str, partition: int, checkpoint: Checkpoint) -> None:
         current, prev = self._paths(job, partition)
@@ -524,7 +619,12 @@ class FileCheckpointStore(CheckpointStore):
                 os.fsync(f.fileno())
             fault_point("checkpoint.before_rename")
             if current.exists():
-                os.replace(current, prev)
+                # .prev becomes a second name of the current file, then the new file is
+                # renamed over .ckpt: at every moment .ckpt is a complete checkpoint.
+                link = prev.with_name(prev.name + ".tmp")
+                link.unlink(missing_ok=True)
+                os.link(current, link)
+                os.replace(link, prev)
             os.replace(tmp, current)
             fault_point("checkpoint.after_rename")
             fsync_dir(current.parent)

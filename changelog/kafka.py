@@ -518,7 +518,8 @@ class KafkaChangelogPartition(ChangelogPartition):
             raise CorruptionError(
                 f"{self.where} ends at offset {end}, but the task checkpoint says offset {c} was committed: "
                 "committed records are missing (topic deleted or recreated, or the broker lost its data). "
-                "Delete the task checkpoint to start over from what remains."
+                "Nothing was changed. Restore the topic; or keep what is left with `localstate restore "
+                "--accept-log-end STORE`, or give up the store's state with `localstate restore --reset STORE`."
             )
         self._end = end
         if c >= end:
@@ -536,6 +537,23 @@ class KafkaChangelogPartition(ChangelogPartition):
             "%s: trimmed the uncommitted tail [%d, %d): re-wrote the committed record of %d key(s)",
             self.where, c, end, len(records),
         )
+
+    def describe(self) -> str:
+        return self.where
+
+    def reset(self) -> int:
+        """A tombstone for every key the partition holds (a broker cannot be told to
+        drop records here): a full restore then ends empty, and compaction drops it all."""
+        self._check_open()
+        end = self._find_end()
+        keys: dict[bytes, None] = {}
+        if end:
+            for msgs, _ in self._scan(0, None):
+                keys.update(dict.fromkeys(m.key() for m in msgs))
+        if keys:
+            self.append([(k, None) for k in keys])
+            self.flush()
+        return self.end_offset()
 
     def close(self) -> None:
         if self._closed:
@@ -587,26 +605,19 @@ class KafkaCheckpointStore(CheckpointStore):
                     "broker to abort it (transaction.timeout.ms), then open this task again"
                 )
             time.sleep(0.2)
-        errors = []
-        for i, data in enumerate(reversed(found)):
-            where = f"checkpoint of {job}/partition {partition} in kafka topic {self.topic!r}"
-            if data is None:
-                return None
-            try:
-                ckpt = Checkpoint.from_bytes(data, where=where)
-            except CorruptionError as e:
-                errors.append(str(e))
-                log.warning("%s; falling back to the previous checkpoint", e)
-                continue
-            if i:
-                log.warning("using the previous checkpoint of %s/partition %d (version %d)", job, partition, ckpt.version)
-            return ckpt
-        if errors:
+        if not found or found[-1] is None:
+            return None
+        where = f"checkpoint of {job}/partition {partition} in kafka topic {self.topic!r}"
+        try:
+            return Checkpoint.from_bytes(found[-1], where=where)
+        except CorruptionError as e:
+            # No silent fall-back to the record before: the broker compacts the changelog,
+            # so the older commit may no longer be reconstructible (it could describe a
+            # state that never existed).
             raise CorruptionError(
-                "; ".join(errors) + ". No readable checkpoint is left: write a tombstone for key "
-                f"{key.decode()!r} to start over (the committed state would be rebuilt as empty)."
-            )
-        return None
+                f"{e}. Nothing was changed. Rebuild the task from a backup of the topics, or give up its "
+                f"state explicitly with `localstate restore --reset STORE` for each store"
+            ) from e
 
     def _scan(self, key: bytes) -> tuple[list[bytes], int]:
         """The last two committed values of ``key`` and the offset where the read ended."""

@@ -23,7 +23,13 @@ class Checkpoint:
     ``version`` counts commits (or is the Spark batch id); ``input_position`` is any
     JSON value telling where the task's input resumes; ``offsets[store]`` is the
     changelog offset ``C`` the store's committed state covers; ``epoch`` identifies the
-    task instance that wrote it (fencing of zombie writers).
+    task instance that wrote it (fencing of zombie writers); ``stores[store]`` records
+    how the store was configured when committed (``factory``, ``key.serde``,
+    ``msg.serde``), so a change between deploys is detected instead of misread.
+
+    A checkpoint with ``version < 0`` is a *genesis* record: the task (or a store of it)
+    exists but has not committed yet. It is written before the first change-record is,
+    so a changelog with data and no checkpoint naming it can only be damage.
     """
 
     version: int
@@ -31,6 +37,12 @@ class Checkpoint:
     offsets: Mapping[str, int]
     epoch: int = 0
     written_at: float = field(default_factory=time.time)
+    stores: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    @property
+    def committed(self) -> bool:
+        """False for a genesis record (no commit yet)."""
+        return self.version >= 0
 
     def to_bytes(self) -> bytes:
         body = json.dumps(
@@ -41,6 +53,7 @@ class Checkpoint:
                 "offsets": dict(self.offsets),
                 "epoch": self.epoch,
                 "written_at": self.written_at,
+                "stores": {k: dict(v) for k, v in self.stores.items()},
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -63,6 +76,7 @@ class Checkpoint:
                 offsets={str(k): int(v) for k, v in d["offsets"].items()},
                 epoch=int(d.get("epoch", 0)),
                 written_at=float(d.get("written_at", 0.0)),
+                stores={str(k): {str(a): str(b) for a, b in v.items()} for k, v in d.get("stores", {}).items()},
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptionError(f"{where} is corrupt ({e}); {len(data)} bytes") from e

@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
+import numbers
+import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +31,15 @@ from .changelogger import ChangeLogger, NullChangeLogger
 from .checkpoint import Checkpoint
 from .config import Config
 from .engine import ChangeRecord, StorageEngine, StoreContext, StoreSpec
-from .errors import ChangelogError, EngineError, LocalStateError, StoreClosedError
+from .errors import (
+    ChangelogError,
+    ConfigError,
+    CorruptionError,
+    EngineError,
+    InvalidValueError,
+    LocalStateError,
+    StoreClosedError,
+)
 from .faults import fault_point
 from .kv import KeyValueStore
 from .layers import build_store
@@ -40,7 +51,7 @@ from .serdes import get_serde
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogPartition, ChangelogSystem
 
-__all__ = ["TaskStorage", "RestoreListener", "open_system"]
+__all__ = ["TaskStorage", "RestoreListener", "Recovery", "open_system"]
 
 log = logging.getLogger("localstate")
 
@@ -55,6 +66,76 @@ def open_system(config: Config, name: str) -> ChangelogSystem:
         raise ChangelogError(f"changelog system {name!r} is not configured (systems.{name}.*)")
     cls = SYSTEMS.get(str(options.get("type", name)))
     return cls(name, options, config.job_name)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Explicit operator decisions for states that opening a task refuses on its own
+    (``localstate restore --accept-log-end/--reset/--use-previous-checkpoint/
+    --accept-config-change``; RELIABILITY.md, "operator damage"). Each names stores.
+
+    - ``accept_log_end``: take what the store's changelog holds, up to its last readable
+      record, as committed (a checkpoint was lost, or committed records are damaged).
+    - ``reset``: give up the store's state: its changelog is emptied (file: segments
+      removed; Kafka: a tombstone for every key) and its local copy deleted.
+    - ``use_previous_checkpoint``: the latest task checkpoint is lost or damaged; go
+      back to the one before it (its commit is undone; the input is replayed from there).
+    - ``accept_config_change``: the store's engine or serdes changed since its last
+      commit and the new ones read the same change records; the local copy is rebuilt.
+    """
+
+    accept_log_end: Collection[str] = field(default_factory=frozenset)
+    reset: Collection[str] = field(default_factory=frozenset)
+    use_previous_checkpoint: bool = False
+    accept_config_change: Collection[str] = field(default_factory=frozenset)
+
+    def __bool__(self) -> bool:
+        return bool(self.accept_log_end or self.reset or self.use_previous_checkpoint or self.accept_config_change)
+
+
+def task_partition(partition: Any) -> int:
+    """``partition`` as an ``int`` (numpy integers fine); anything else is an error —
+    ``0.0`` or ``False`` would otherwise name a different task directory."""
+    if isinstance(partition, numbers.Integral) and not isinstance(partition, bool):
+        return int(partition)
+    raise InvalidValueError(
+        f"partition must be an int, got {partition!r} ({type(partition).__name__})"
+    )
+
+
+def _store_meta(spec: StoreSpec) -> dict[str, str]:
+    return {"factory": spec.factory, "key.serde": spec.key_serde, "msg.serde": spec.msg_serde}
+
+
+def check_input_position(value: Any, path: str = "input_position") -> None:
+    """Raise :class:`InvalidValueError` unless ``value`` survives the checkpoint's JSON
+    exactly: None, bool, int, finite float, str, lists and str-keyed dicts of those."""
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if isinstance(value, int):
+        return
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return
+        raise InvalidValueError(f"{path} = {value!r}: NaN and infinities cannot be stored in a checkpoint")
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            check_input_position(v, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidValueError(
+                    f"{path} has the key {k!r} ({type(k).__name__}): checkpoint keys are strings "
+                    f"(JSON would bring it back as {str(k)!r}); use str keys, e.g. {{str(partition): offset}}"
+                )
+            check_input_position(v, f"{path}[{k!r}]")
+        return
+    hint = " (a tuple would come back as a list: use a list)" if isinstance(value, tuple) else ""
+    raise InvalidValueError(
+        f"{path} = {value!r} ({type(value).__name__}) cannot be stored exactly in a checkpoint{hint}; "
+        "use None, bool, int, float, str, lists and dicts with str keys"
+    )
 
 
 @dataclass
@@ -85,9 +166,16 @@ class TaskStorage:
         partition: int = 0,
         *,
         restore_listener: RestoreListener | None = None,
+        recovery: Recovery | None = None,
     ) -> None:
         if not isinstance(config, Config):
             raise TypeError(f"TaskStorage needs a localstate.Config, got {type(config).__name__}")
+        partition = task_partition(partition)
+        recovery = recovery or Recovery()
+        unknown = {n for group in (recovery.accept_log_end, recovery.reset, recovery.accept_config_change)
+                   for n in group} - set(config.stores)
+        if unknown:
+            raise ConfigError(f"recovery names unknown store(s) {sorted(unknown)}; the config has {sorted(config.stores)}")
         if not 0 <= partition < config.partitions:
             raise LocalStateError(
                 f"partition {partition} is out of range: job.partitions = {config.partitions}"
@@ -111,12 +199,32 @@ class TaskStorage:
             task_dir / ".locks" / f"partition-{partition}.lock",
             f"task {self.job}/partition {partition} (state dir {config.state_dir})",
         )
+        self._recovery = recovery
+        self._register = bool(recovery)  # write a checkpoint at open (new stores, recovery)
         try:
             self._checkpoints = self._system(config.checkpoint_system).checkpoints()
-            self._checkpoint = self._checkpoints.read(self.job, partition)
-            self.epoch = (self._checkpoint.epoch if self._checkpoint else 0) + 1
+            if recovery.use_previous_checkpoint:
+                ckpt = self._checkpoints.previous(self.job, partition)
+                if ckpt is None:
+                    raise LocalStateError(
+                        f"task {self.job}/partition {partition}: there is no previous checkpoint to go back to "
+                        f"in {self._system(config.checkpoint_system).describe()}"
+                    )
+                log.warning("task %s/partition %d: going back to the previous checkpoint (version %d) as asked",
+                            self.job, partition, ckpt.version)
+            else:
+                ckpt = self._checkpoints.read(self.job, partition)
+            self._committed: Checkpoint | None = ckpt
+            self._checkpoint = ckpt if ckpt is not None and ckpt.committed else None
+            self.epoch = (ckpt.epoch if ckpt else 0) + 1
+            self._offsets: dict[str, int] = dict(ckpt.offsets) if ckpt else {}
+            self._meta: dict[str, dict[str, str]] = {k: dict(v) for k, v in ckpt.stores.items()} if ckpt else {}
             for spec in config.stores.values():
                 self._open_store(spec)
+            if self._register:
+                self._write_checkpoint(
+                    ckpt.version if ckpt else -1, ckpt.input_position if ckpt else None
+                )
         except BaseException:
             self._close_all(raise_errors=False)
             raise
@@ -132,8 +240,72 @@ class TaskStorage:
         """``job.state.dir/<job>/<store>/<partition>``."""
         return self.config.state_dir / self.job / name / str(self.partition)
 
+    def _check_meta(self, spec: StoreSpec, directory: Path) -> None:
+        """A store whose engine or serdes changed since its last commit is an error
+        (its records would be misread), unless the operator accepted the change."""
+        meta = _store_meta(spec)
+        before = self._meta.get(spec.name)
+        if before == meta:
+            return
+        self._register = True
+        self._meta[spec.name] = meta
+        if before is None:
+            return
+        changed = {k: (before.get(k), v) for k, v in meta.items() if before.get(k) != v}
+        if spec.name in self._recovery.accept_config_change or spec.name in self._recovery.reset:
+            log.warning("store %r: %s changed since its last commit (accepted); rebuilding its local copy",
+                        spec.name, ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+        raise ConfigError(
+            f"store {spec.name!r} of task {self.job}/partition {self.partition} was committed with "
+            + ", ".join(f"stores.{spec.name}.{k} = {a!r}" for k, (a, _) in changed.items())
+            + " but the config now says "
+            + ", ".join(f"{b!r}" for _, b in changed.values())
+            + ": its stored records would be misread. Nothing was changed. Set the config back; or, if the "
+            f"new settings read the same change records, run `localstate restore --accept-config-change "
+            f"{spec.name}`; or start the store over with `localstate restore --reset {spec.name}`."
+        )
+
+    def _committed_offset(self, spec: StoreSpec, changelog: ChangelogPartition) -> int:
+        """The offset the store's state is restored to, checked against the changelog
+        *before* anything is read, cut or written."""
+        name, rec = spec.name, self._recovery
+        committed = self._offsets.get(name)
+        if name in rec.reset:
+            end = changelog.reset()
+            log.warning("store %r partition %d: state reset as asked (changelog emptied up to offset %d)",
+                        name, self.partition, end)
+            self._offsets[name] = end
+            return end
+        end = changelog.end_offset()
+        if name in rec.accept_log_end:
+            log.warning("store %r partition %d: the changelog's readable end (offset %d) taken as committed "
+                        "as asked (checkpoint said %s)", name, self.partition, end, committed)
+            self._offsets[name] = end
+            return end
+        if committed is None:
+            if end:
+                raise CorruptionError(
+                    f"store {name!r} of task {self.job}/partition {self.partition}: its changelog "
+                    f"({changelog.describe()}) holds records up to offset {end}, but no checkpoint names the "
+                    "store (the checkpoint was deleted, or the store's changelog stream is shared with "
+                    "another store or job). Nothing was changed. If these records are the store's committed "
+                    f"state, run `localstate restore --accept-log-end {name}`; to start the store empty, "
+                    f"`localstate restore --reset {name}`."
+                )
+            self._offsets[name] = 0
+            self._register = True
+            return 0
+        if committed > end:
+            raise changelog.missing_committed(committed)
+        return committed
+
     def _open_store(self, spec: StoreSpec) -> None:
         directory = self.store_dir(spec.name)
+        self._check_meta(spec, directory)
+        if spec.name in self._recovery.reset:
+            shutil.rmtree(directory, ignore_errors=True)
         try:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -176,7 +348,7 @@ class TaskStorage:
         entry = _OpenStore(spec, engine, engine, logger, changelog, metrics, directory)
         self._stores[spec.name] = entry
         if changelog is not None:
-            committed = self._checkpoint.offsets.get(spec.name, 0) if self._checkpoint else 0
+            committed = self._committed_offset(spec, changelog)
             self._restore(entry, committed)
             changelog.discard_tail(committed, engine.current)
         if isinstance(engine, KeyValueStore):
@@ -284,8 +456,23 @@ class TaskStorage:
 
     @property
     def checkpoint(self) -> Checkpoint | None:
-        """The last committed checkpoint (``input_position``, per-store ``offsets``), or None."""
+        """The last committed checkpoint (``input_position``, per-store ``offsets``), or
+        None before the first commit."""
         return self._checkpoint
+
+    def _write_checkpoint(self, version: int, input_position: Any) -> Checkpoint:
+        ckpt = Checkpoint(
+            version=version,
+            input_position=input_position,
+            offsets=dict(self._offsets),
+            epoch=self.epoch,
+            stores={k: dict(v) for k, v in self._meta.items()},
+        )
+        self._checkpoints.write(self.job, self.partition, ckpt)
+        self._committed = ckpt
+        if ckpt.committed:
+            self._checkpoint = ckpt
+        return ckpt
 
     # -- commit -----------------------------------------------------------------------------------
     def commit(self, input_position: Any = None, *, version: int | None = None) -> Checkpoint:
@@ -304,13 +491,32 @@ class TaskStorage:
                 f"a previous commit of {self.job}/partition {self.partition} failed ({self._failed}); "
                 "close this TaskStorage and open it again to restore the last commit"
             ) from self._failed
+        version = self._next_version(version)
+        check_input_position(input_position)
         try:
             return self._commit(input_position, version)
         except BaseException as e:
             self._failed = e
             raise
 
-    def _commit(self, input_position: Any, version: int | None) -> Checkpoint:
+    def _next_version(self, version: Any) -> int:
+        prev = self._checkpoint
+        if version is None:
+            return prev.version + 1 if prev is not None else 1
+        if not isinstance(version, numbers.Integral) or isinstance(version, bool):
+            raise InvalidValueError(f"commit version must be an int, got {version!r} ({type(version).__name__})")
+        version = int(version)
+        if version < 0:
+            raise InvalidValueError(f"commit version must be >= 0, got {version}")
+        if prev is not None and version <= prev.version:
+            raise InvalidValueError(
+                f"commit version {version} of {self.job}/partition {self.partition} does not follow the "
+                f"committed version {prev.version}: versions only go up (a re-run of a version is rolled "
+                "back first, see localstate.contrib.spark.streaming.prepare_version)"
+            )
+        return version
+
+    def _commit(self, input_position: Any, version: int) -> Checkpoint:
         entries = list(self._stores.values())
         for e in entries:
             if e.view is not e.engine:
@@ -328,23 +534,27 @@ class TaskStorage:
                 e.engine.checkpoint(offsets[e.spec.name])
             e.metrics.commits += 1
         fault_point("commit.after_engine_checkpoint")
-        prev = self._checkpoint
-        ckpt = Checkpoint(
-            version=version if version is not None else (prev.version + 1 if prev else 1),
-            input_position=input_position,
-            offsets=offsets,
-            epoch=self.epoch,
-        )
-        self._checkpoints.write(self.job, self.partition, ckpt)
-        self._checkpoint = ckpt
-        return ckpt
+        # Stores not opened this time (dropped from the config for a deploy) keep their
+        # offsets: self._offsets carries them forward.
+        self._offsets.update(offsets)
+        return self._write_checkpoint(version, input_position)
 
     def compact(self) -> dict[str, dict[str, int]]:
-        """Compact every store's changelog below its committed offset."""
+        """Compact every store's changelog below the oldest offset any kept checkpoint
+        names (the latest and the one before it), so going back to the previous
+        checkpoint still rebuilds exactly the state it committed."""
         out = {}
+        try:
+            previous = self._checkpoints.previous(self.job, self.partition)
+        except CorruptionError:
+            previous = None
         for name, e in self._stores.items():
-            if e.changelog is not None and self._checkpoint is not None:
-                out[name] = e.changelog.compact(self._checkpoint.offsets.get(name, 0))
+            if e.changelog is None or name not in self._offsets:
+                continue
+            up_to = self._offsets[name]
+            if previous is not None and name in previous.offsets:
+                up_to = min(up_to, previous.offsets[name])
+            out[name] = e.changelog.compact(up_to)
         return out
 
     # -- closing --------------------------------------------------------------------------------------
@@ -394,8 +604,17 @@ class TaskStorage:
     def __enter__(self) -> TaskStorage:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            self.close()
+            return
+        # Never let a close error replace the user's own exception: report it beside it.
+        try:
+            self.close()
+        except Exception as close_error:
+            log.error("closing %s/partition %d after an error also failed: %s", self.job, self.partition, close_error)
+            if hasattr(exc, "add_note"):
+                exc.add_note(f"(closing the TaskStorage then also failed: {type(close_error).__name__}: {close_error})")
 
     def __repr__(self) -> str:
         return f"TaskStorage(job={self.job!r}, partition={self.partition}, stores={self.stores})"

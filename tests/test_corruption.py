@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from localstate import Config, TaskStorage
 from localstate.errors import CorruptionError, LocalStateError
+from localstate.storage import Recovery
 from localstate.testing import torture as T
 
 COMMITS = 6
@@ -38,8 +39,8 @@ def setup_task(tmp: Path, engine: str = "memory", commits: int = COMMITS) -> tup
     return config, states, adapter
 
 
-def reopen(config: Config, adapter: T.WorkloadAdapter) -> tuple[int, Any]:
-    with TaskStorage(config) as s:
+def reopen(config: Config, adapter: T.WorkloadAdapter, recovery: Recovery | None = None) -> tuple[int, Any]:
+    with TaskStorage(config, recovery=recovery) as s:
         pos = s.checkpoint.input_position if s.checkpoint else 0
         return pos, T._norm(adapter.observe(s.store(T.STORE), 40))
 
@@ -82,9 +83,27 @@ def test_torn_committed_batch_is_refused_not_silently_dropped(task):
     last = segments(config)[-1]
     with open(last, "r+b") as f:
         f.truncate(last.stat().st_size - 10)  # the end of the last committed batch is gone
-    with pytest.raises(CorruptionError, match="committed records are missing") as e:
+    damaged = last.read_bytes()
+    with pytest.raises(CorruptionError, match="cannot be read.*Nothing was changed") as e:
         reopen(config, adapter)
-    assert str(last.parent) in str(e.value)
+    assert str(last) in str(e.value) and "--accept-log-end" in str(e.value)
+    assert last.read_bytes() == damaged  # nothing at or below a committed offset is cut
+
+
+def test_flipped_byte_in_the_last_committed_batch_changes_nothing_on_disk(task):
+    """Issue 14 case 4: a flipped byte in the last, committed batch of the active segment
+    looked like a torn tail and was truncated (30 committed records) before the error."""
+    config, states, adapter = task
+    last = segments(config)[-1]
+    data = last.read_bytes()
+    flip(last, len(data) - 5)
+    damaged = last.read_bytes()
+    with pytest.raises(CorruptionError, match="committed"):
+        reopen(config, adapter)
+    assert last.read_bytes() == damaged
+    # the operator keeps what is readable, explicitly: the state of some earlier commit's prefix
+    pos, _state = reopen(config, adapter, Recovery(accept_log_end={T.STORE}))
+    assert pos == COMMITS
 
 
 def test_flipped_byte_inside_the_active_segment_names_file_and_byte(task):
@@ -148,14 +167,17 @@ def test_deleted_whole_changelog_with_a_checkpoint_is_detected(task):
         reopen(config, adapter)
 
 
-def test_corrupt_checkpoint_falls_back_to_the_previous_commit(task, caplog):
+def test_corrupt_checkpoint_is_refused_and_the_previous_one_is_used_only_when_asked(task):
     config, states, adapter = task
     current, prev = checkpoint_files(config)
     flip(current, 20)
-    with caplog.at_level(logging.WARNING):
-        pos, state = reopen(config, adapter)
+    before = {p: p.read_bytes() for p in segments(config)}
+    with pytest.raises(CorruptionError, match="--use-previous-checkpoint") as e:
+        reopen(config, adapter)
+    assert str(current) in str(e.value)
+    assert {p: p.read_bytes() for p in segments(config)} == before
+    pos, state = reopen(config, adapter, Recovery(use_previous_checkpoint=True))
     assert pos == COMMITS - 1 and state == states[COMMITS - 1]
-    assert "falling back to the previous checkpoint" in caplog.text and str(current) in caplog.text
     # replaying the input from the previous checkpoint's position gives the same end state
     plan = T.TrialPlan(seed=3, engine="memory", changelog="file", batches=COMMITS, ops=60, keys=40,
                        compact_every=0, retention_ms=86_400_000, faults=())
@@ -168,16 +190,20 @@ def test_both_checkpoints_corrupt_is_an_error_not_an_empty_store(task):
     config, _states, adapter = task
     for path in checkpoint_files(config):
         path.write_bytes(b"garbage")
-    with pytest.raises(CorruptionError, match="No readable checkpoint is left") as e:
+    with pytest.raises(CorruptionError, match="is corrupt") as e:
         reopen(config, adapter)
     assert "partition-0.ckpt" in str(e.value)
+    with pytest.raises(CorruptionError, match="is corrupt"):
+        reopen(config, adapter, Recovery(use_previous_checkpoint=True))
 
 
-def test_truncated_checkpoint_falls_back(task):
+def test_truncated_checkpoint_is_refused(task):
     config, states, adapter = task
     current, _prev = checkpoint_files(config)
     current.write_bytes(current.read_bytes()[:15])
-    assert reopen(config, adapter) == (COMMITS - 1, states[COMMITS - 1])
+    with pytest.raises(CorruptionError, match="is corrupt"):
+        reopen(config, adapter)
+    assert reopen(config, adapter, Recovery(use_previous_checkpoint=True)) == (COMMITS - 1, states[COMMITS - 1])
 
 
 def test_corrupt_compaction_state_names_the_file(task):

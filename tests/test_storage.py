@@ -11,6 +11,7 @@ from localstate import (
     TaskStorage,
 )
 from localstate.errors import CorruptionError, InvalidValueError
+from localstate.storage import Recovery
 
 COUNTS = {"factory": "memory", "key.serde": "string", "msg.serde": "json",
           "object.cache.size": 100, "write.batch.size": 10}
@@ -145,7 +146,7 @@ def test_bad_values_and_keys(make_config):
             s.store("count")
 
 
-def test_corrupt_checkpoint_falls_back_to_previous(make_config, tmp_path, caplog):
+def test_corrupt_checkpoint_is_an_error_and_previous_is_used_only_when_asked(make_config, tmp_path):
     config = make_config(counts=COUNTS)
     with TaskStorage(config) as s:
         s.store("counts")["a"] = 1
@@ -154,10 +155,15 @@ def test_corrupt_checkpoint_falls_back_to_previous(make_config, tmp_path, caplog
         s.commit(input_position=2)
     ckpt = tmp_path / "changelog" / "_checkpoints" / "test" / "partition-0.ckpt"
     ckpt.write_bytes(ckpt.read_bytes()[:-3] + b"xx}")
-    with TaskStorage(config) as s:
+    before = {p: p.read_bytes() for p in (tmp_path / "changelog").rglob("*.log")}
+    with pytest.raises(CorruptionError, match="--use-previous-checkpoint"):
+        TaskStorage(config)
+    assert {p: p.read_bytes() for p in (tmp_path / "changelog").rglob("*.log")} == before
+    with TaskStorage(config, recovery=Recovery(use_previous_checkpoint=True)) as s:
         assert s.checkpoint.input_position == 1
         assert s.store("counts")["a"] == 1
-    assert "corrupt" in caplog.text
+    with TaskStorage(config) as s:  # the recovered checkpoint is the latest now
+        assert s.checkpoint.input_position == 1
 
 
 def test_all_checkpoints_corrupt_is_an_error_not_empty(make_config, tmp_path):
@@ -169,8 +175,10 @@ def test_all_checkpoints_corrupt_is_an_error_not_empty(make_config, tmp_path):
     d = tmp_path / "changelog" / "_checkpoints" / "test"
     for f in d.iterdir():
         f.write_bytes(b"garbage")
-    with pytest.raises(CorruptionError, match="No readable checkpoint"):
+    with pytest.raises(CorruptionError, match="is corrupt"):
         TaskStorage(config)
+    with pytest.raises(CorruptionError, match="is corrupt"):
+        TaskStorage(config, recovery=Recovery(use_previous_checkpoint=True))
 
 
 def test_read_your_writes_in_scans_through_the_cache(make_config):

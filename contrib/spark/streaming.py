@@ -101,14 +101,20 @@ def prepare_version(config: Config, partition: int, batch_id: int, lock_wait_s: 
                 "fresh state to start over"
             )
         prev = pos[_PREVIOUS]
+        # Every store the current checkpoint names stays named (at offset 0 if it had
+        # no commit before): a store missing from a checkpoint while its changelog
+        # holds records is refused as damage on open.
+        zeros = dict.fromkeys(current.offsets, 0)
         if prev is None:
-            rollback = Checkpoint(version=-1, input_position=None, offsets={}, epoch=current.epoch)
+            rollback = Checkpoint(version=-1, input_position=None, offsets=zeros, epoch=current.epoch,
+                                  stores=current.stores)
         else:
             rollback = Checkpoint(
                 version=prev["version"],
                 input_position=prev["input_position"],
-                offsets=prev["offsets"],
+                offsets={**zeros, **prev["offsets"]},
                 epoch=current.epoch,
+                stores=current.stores,
             )
         store.write(config.job_name, partition, rollback)
         return True
