@@ -541,6 +541,18 @@ class KafkaChangelogPartition(ChangelogPartition):
     def describe(self) -> str:
         return self.where
 
+    def verify(self) -> dict[str, Any]:
+        """Read every record of the partition back (the broker checks batch CRCs) and
+        return the end offset and the bytes read."""
+        self._check_open()
+        end = self._find_end()
+        batches = nbytes = 0
+        if end:
+            for msgs, _ in self._scan(0, None):
+                batches += 1
+                nbytes += sum(len(m) for m in msgs)
+        return {"end_offset": end, "batches": batches, "bytes": nbytes, "problems": []}
+
     def reset(self) -> int:
         """A tombstone for every key the partition holds (a broker cannot be told to
         drop records here): a full restore then ends empty, and compaction drops it all."""
@@ -880,10 +892,22 @@ class KafkaChangelogSystem(ChangelogSystem):
         self._topics[topic] = partitions
 
     # -- the ChangelogSystem interface ------------------------------------------------------
-    def open_partition(self, stream: str, partition: int, partitions: int) -> KafkaChangelogPartition:
+    def topic_exists(self, topic: str) -> bool:
+        admin = self.admin()
+        md = self.with_retries(f"list topic {topic!r}", lambda: admin.list_topics(timeout=self.timeout_s))
+        tmd = md.topics.get(topic)
+        return bool(tmd is not None and tmd.error is None and tmd.partitions)
+
+    def open_partition(
+        self, stream: str, partition: int, partitions: int, *, readonly: bool = False
+    ) -> KafkaChangelogPartition:
+        """Open for writing (fences older instances of the task); ``readonly=True`` opens
+        a reader only — no producer, no topic created, safe beside a live task."""
         self._check_open()
         if not 0 <= partition < partitions:
             raise ConfigError(f"partition {partition} is out of range for job.partitions = {partitions}")
+        if readonly:
+            return KafkaChangelogPartition(self, None, stream, partition)  # type: ignore[arg-type]
         if (stream, partition) in self._open:
             raise StoreLockedError(
                 f"kafka topic {stream!r} partition {partition} is already open for writing in this task"

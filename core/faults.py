@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .errors import InjectedFault
 
-__all__ = ["fault_point", "configure", "FAULT_POINTS"]
+__all__ = ["fault_point", "configure", "paused", "FAULT_POINTS"]
 
 FAULT_POINTS = (
     "commit.before_changelog_flush",
@@ -35,6 +37,7 @@ FAULT_POINTS = (
 )
 
 _armed: dict[str, list] = {}
+_paused = 0
 
 
 def configure(spec: str | None) -> None:
@@ -54,7 +57,7 @@ def configure(spec: str | None) -> None:
 
 def fault_point(name: str) -> None:
     """Fire the fault armed at ``name``, if any (a dict lookup when none is)."""
-    if not _armed:
+    if not _armed or _paused:
         return
     slot = _armed.get(name)
     if slot is None:
@@ -69,6 +72,18 @@ def fault_point(name: str) -> None:
     elif action == "exit":
         os._exit(3)
     raise InjectedFault(f"injected fault at {name}")
+
+
+@contextmanager
+def paused() -> Iterator[None]:
+    """Fault points neither fire nor count inside (the checkpoint a task writes when it
+    opens — genesis, a new store — so ``@N`` keeps counting commits)."""
+    global _paused
+    _paused += 1
+    try:
+        yield
+    finally:
+        _paused -= 1
 
 
 configure(os.environ.get("LOCALSTATE_FAULTS"))

@@ -40,7 +40,7 @@ from .errors import (
     LocalStateError,
     StoreClosedError,
 )
-from .faults import fault_point
+from .faults import fault_point, paused
 from .kv import KeyValueStore
 from .layers import build_store
 from .locking import FileLock, io_error
@@ -222,9 +222,8 @@ class TaskStorage:
             for spec in config.stores.values():
                 self._open_store(spec)
             if self._register:
-                self._write_checkpoint(
-                    ckpt.version if ckpt else -1, ckpt.input_position if ckpt else None
-                )
+                with paused():
+                    self._write_checkpoint(ckpt.version if ckpt else -1, ckpt.input_position if ckpt else None)
         except BaseException:
             self._close_all(raise_errors=False)
             raise

@@ -93,10 +93,7 @@ def values(tmp_path):
     ],
 )
 def test_kill_inside_commit_then_reopen_equals_last_commit(values, point, committed):
-    # The first checkpoint write is the genesis record at the first open (before any
-    # change record exists), so the third commit is the fourth checkpoint write.
-    nth = 4 if point.startswith("checkpoint.") else 3
-    rc = run_child(values, 6, f"{point}=kill@{nth}")
+    rc = run_child(values, 6, f"{point}=kill@3")
     assert rc == -9, "the child should have been SIGKILLed at the fault point"
     config = Config.from_dict(values)
     pos, state = read_state(config)

@@ -7,6 +7,7 @@ Each test here failed on the code before the fix (the case numbers are the issue
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from pathlib import Path
@@ -363,3 +364,72 @@ def test_kafka_changelog_topic_emptied_while_the_checkpoint_names_offsets_is_an_
         TaskStorage(empty)
     with pytest.raises(LocalStateError):
         TaskStorage(empty)  # still refused: nothing was changed
+
+
+# -- case 5: localstate verify; the recovery commands ----------------------------------------------------
+def write_props(tmp: Path, engine: str = "rocksdb") -> Path:
+    p = tmp / "job.properties"
+    p.write_text("".join(f"{k} = {v}\n" for k, v in values(tmp, engine).items()))
+    return p
+
+
+def cli(*args: str) -> Any:
+    from click.testing import CliRunner
+    from localstate.cli import cli as command
+
+    return CliRunner().invoke(command, list(args))
+
+
+def test_verify_finds_latent_damage_in_a_closed_segment_that_a_local_copy_hides(tmp_path):
+    props = write_props(tmp_path, "rocksdb")
+    config = Config.from_properties(props)
+    run_counters(config, range(1, 7))
+    ok = cli("verify", "-c", str(props))
+    assert ok.exit_code == 0, ok.output
+    assert "1 store partition(s) checked, 0 with problems" in ok.output
+    segments = sorted((tmp_path / "changelog").rglob("*.log"))
+    assert len(segments) >= 2
+    data = bytearray(segments[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    segments[0].write_bytes(bytes(data))
+    with TaskStorage(config) as s:  # the rocksdb copy is valid: opening does not read the log
+        assert read_all(s) == expected_counters(6)
+    bad = cli("verify", "-c", str(props))
+    assert bad.exit_code == 1 and "PROBLEM" in bad.output and str(segments[0]) in bad.output
+    quick = cli("verify", "-c", str(props), "--quick")  # ends only: does not read every batch
+    assert quick.exit_code == 0, quick.output
+    js = cli("verify", "-c", str(props), "--json")
+    assert json.loads(js.output)[0]["ok"] is False
+
+
+def test_verify_reports_a_changelog_no_checkpoint_explains_and_restore_fixes_it_explicitly(tmp_path):
+    props = write_props(tmp_path, "memory")
+    config = Config.from_properties(props)
+    run_counters(config, range(1, 3))
+    for f in ckpt_files(tmp_path):
+        f.unlink()
+    bad = cli("verify", "-c", str(props))
+    assert bad.exit_code == 1 and "no checkpoint names the store" in bad.output
+    refused = cli("restore", "-c", str(props))
+    assert refused.exit_code != 0 and "--accept-log-end counts" in refused.output
+    fixed = cli("restore", "-c", str(props), "--accept-log-end", "counts")
+    assert fixed.exit_code == 0, fixed.output
+    assert cli("verify", "-c", str(props)).exit_code == 0
+    with TaskStorage(config) as s:
+        assert read_all(s) == expected_counters(2)
+    reset = cli("restore", "-c", str(props), "--reset", "counts")
+    assert reset.exit_code == 0, reset.output
+    with TaskStorage(config) as s:
+        assert read_all(s) == {}
+
+
+def test_restore_use_previous_checkpoint_from_the_command_line(tmp_path):
+    props = write_props(tmp_path, "memory")
+    config = Config.from_properties(props)
+    run_counters(config, range(1, 4))
+    ckpt_files(tmp_path)[0].unlink()
+    assert cli("restore", "-c", str(props)).exit_code != 0
+    r = cli("restore", "-c", str(props), "--use-previous-checkpoint")
+    assert r.exit_code == 0, r.output
+    with TaskStorage(config) as s:
+        assert s.checkpoint.input_position == 2 and read_all(s) == expected_counters(2)
