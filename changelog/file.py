@@ -600,7 +600,8 @@ class FileCheckpointStore(CheckpointStore):
         return (
             f"Restore the file from a backup; or go back one commit with `localstate restore "
             f"--use-previous-checkpoint` (uses {prev.name}: the last commit is undone and its input is "
-            "processed again)"
+            "processed again); or decide each store's state with `localstate restore --accept-log-end STORE` "
+            "or `--reset STORE`"
         )
 
     def previous(self, job: str, partition: int) -> Checkpoint | None:

@@ -213,7 +213,7 @@ class TaskStorage:
                 log.warning("task %s/partition %d: going back to the previous checkpoint (version %d) as asked",
                             self.job, partition, ckpt.version)
             else:
-                ckpt = self._checkpoints.read(self.job, partition)
+                ckpt = self._read_checkpoint(recovery)
             self._committed: Checkpoint | None = ckpt
             self._checkpoint = ckpt if ckpt is not None and ckpt.committed else None
             self.epoch = (ckpt.epoch if ckpt else 0) + 1
@@ -229,6 +229,20 @@ class TaskStorage:
             raise
 
     # -- opening and restoring ---------------------------------------------------------------
+    def _read_checkpoint(self, recovery: Recovery) -> Checkpoint | None:
+        """The latest checkpoint; an unreadable one is an error unless the operator
+        decided, for every logged store, what its state is (accept the log or reset)."""
+        try:
+            return self._checkpoints.read(self.job, self.partition)
+        except CorruptionError as e:
+            logged = {s.name for s in self.config.stores.values() if s.changelog is not None}
+            decided = set(recovery.accept_log_end) | set(recovery.reset)
+            if not logged or not logged <= decided:
+                raise
+            log.warning("task %s/partition %d: unreadable checkpoint replaced as asked (%s)", self.job,
+                        self.partition, e)
+            return None
+
     def _system(self, name: str) -> ChangelogSystem:
         system = self._systems.get(name)
         if system is None:

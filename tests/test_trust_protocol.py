@@ -433,3 +433,16 @@ def test_restore_use_previous_checkpoint_from_the_command_line(tmp_path):
     assert r.exit_code == 0, r.output
     with TaskStorage(config) as s:
         assert s.checkpoint.input_position == 2 and read_all(s) == expected_counters(2)
+
+
+def test_unreadable_checkpoints_with_a_decision_for_every_store(tmp_path):
+    config = Config.from_dict(values(tmp_path))
+    run_counters(config, range(1, 3))
+    for f in ckpt_files(tmp_path):
+        f.write_bytes(b"garbage")
+    with pytest.raises(CorruptionError, match="--accept-log-end"):
+        TaskStorage(config)
+    with TaskStorage(config, recovery=Recovery(accept_log_end={"counts"})) as s:
+        assert read_all(s) == expected_counters(2)
+    with TaskStorage(config) as s:
+        assert read_all(s) == expected_counters(2)
