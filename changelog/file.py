@@ -43,6 +43,7 @@ from localstate.options import coerce
 
 from .base import ChangelogPartition, ChangelogSystem, CheckpointStore, CurrentFn
 from .format import (
+    FLAG_COMPACTED,
     HEADER_SIZE,
     BatchHeader,
     check_crc,
@@ -123,6 +124,7 @@ class FileChangelogPartition(ChangelogPartition):
         self._writer: BinaryIO | None = None
         self._closed = False
         self._torn: tuple[Path, int, int] | None = None  # (segment, byte, offset) of an uncut bad tail
+        self._compacted_to = 0  # end offset of the last segment holding a compacted batch
         if not readonly:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -187,11 +189,21 @@ class FileChangelogPartition(ChangelogPartition):
                 break
             next_offset = h.next_offset
             good_end = h.end_position
+            if h.flags & FLAG_COMPACTED:
+                self._compacted_to = max(self._compacted_to, h.next_offset)
         return _Segment(base, path, next_offset, good_end)
 
     def _read_horizon(self) -> int:
         p = self.directory / "compaction.json"
         if not p.exists():
+            if self._compacted_to:
+                # Compaction always writes this file: compacted batches without it mean it
+                # was lost, and with it the tombstone horizon. Assume the worst (every
+                # tombstone so far may be gone): no local snapshot below it is used.
+                log.warning("changelog %s: compaction.json is missing but segments are compacted; "
+                            "local snapshots below offset %d are not trusted (full rebuild)",
+                            self.directory, self._compacted_to)
+                return self._compacted_to
             return 0
         try:
             return int(json.loads(p.read_text())["tombstone_horizon"])
@@ -521,7 +533,8 @@ class FileChangelogPartition(ChangelogPartition):
                 stats["records_after"] += len(keep_r)
                 out += encode_batch(h.base_offset, keep_r, offsets=keep_o, span=h.span, timestamp_ms=h.timestamp_ms)
             rewritten.append((seg, bytes(out)))
-        if horizon != self._horizon:
+        if horizon != self._horizon or not (self.directory / "compaction.json").exists():
+            # written by every compaction, so its absence beside compacted batches is damage
             atomic_write(self.directory / "compaction.json", json.dumps({"tombstone_horizon": horizon}).encode())
             self._horizon = horizon
         for seg, data in rewritten:

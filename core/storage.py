@@ -104,7 +104,10 @@ def task_partition(partition: Any) -> int:
 
 
 def _store_meta(spec: StoreSpec) -> dict[str, str]:
-    return {"factory": spec.factory, "key.serde": spec.key_serde, "msg.serde": spec.msg_serde}
+    meta = {"factory": spec.factory, "key.serde": spec.key_serde, "msg.serde": spec.msg_serde}
+    if spec.changelog is not None:
+        meta["changelog"] = ".".join(spec.changelog)
+    return meta
 
 
 def check_input_position(value: Any, path: str = "input_position") -> None:
@@ -262,9 +265,9 @@ class TaskStorage:
             return
         self._register = True
         self._meta[spec.name] = meta
-        if before is None:
-            return
-        changed = {k: (before.get(k), v) for k, v in meta.items() if before.get(k) != v}
+        changed = {k: (before[k], v) for k, v in meta.items() if before is not None and k in before and before[k] != v}
+        if not changed:
+            return  # new store, or a checkpoint from before a key was recorded
         if spec.name in self._recovery.accept_config_change or spec.name in self._recovery.reset:
             log.warning("store %r: %s changed since its last commit (accepted); rebuilding its local copy",
                         spec.name, ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
@@ -275,7 +278,7 @@ class TaskStorage:
             + ", ".join(f"stores.{spec.name}.{k} = {a!r}" for k, (a, _) in changed.items())
             + " but the config now says "
             + ", ".join(f"{b!r}" for _, b in changed.values())
-            + ": its stored records would be misread. Nothing was changed. Set the config back; or, if the "
+            + ": its stored records would be misread or not found. Nothing was changed. Set the config back; or, if the "
             f"new settings read the same change records, run `localstate restore --accept-config-change "
             f"{spec.name}`; or start the store over with `localstate restore --reset {spec.name}`."
         )

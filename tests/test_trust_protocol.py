@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from localstate import Config, TaskStorage
-from localstate.errors import ConfigError, CorruptionError, InvalidValueError, LocalStateError
+from localstate.errors import ConfigError, CorruptionError, InvalidValueError
 from localstate.storage import Recovery
 
 ENGINES = ["memory", "leveldb", "rocksdb"]
@@ -352,18 +352,23 @@ def test_kafka_checkpoint_topic_gone_is_an_error_not_an_empty_store(tmp_path, ka
 
 @pytest.mark.kafka
 def test_kafka_changelog_topic_emptied_while_the_checkpoint_names_offsets_is_an_error(tmp_path, kafka_broker):
-    ck = f"ck-{uuid.uuid4().hex[:8]}"
-    config = Config.from_dict(kafka_values(tmp_path, kafka_broker, ck, f"trust-{uuid.uuid4().hex[:8]}"))
+    from confluent_kafka.admin import AdminClient
+
+    ck, stream = f"ck-{uuid.uuid4().hex[:8]}", f"trust-{uuid.uuid4().hex[:8]}"
+    config = Config.from_dict(kafka_values(tmp_path, kafka_broker, ck, stream))
     with TaskStorage(config) as s:
         s.store("counts").put_all({f"k{i}": i for i in range(50)})
         s.commit(input_position=1)
-    # The changelog topic is replaced by an empty one (as after a broker that lost its data):
-    # the same checkpoint (topic ck) now names offset 50 of an empty log.
-    empty = Config.from_dict(kafka_values(tmp_path, kafka_broker, ck, f"trust-{uuid.uuid4().hex[:8]}"))
+    # The changelog topic is deleted (as by an operator, or a broker that lost its data);
+    # opening recreates it empty while the checkpoint names offset 50.
+    admin = AdminClient({"bootstrap.servers": kafka_broker})
+    admin.delete_topics([stream], operation_timeout=10)[stream].result(10)
     with pytest.raises(CorruptionError, match="committed records are missing"):
-        TaskStorage(empty)
-    with pytest.raises(LocalStateError):
-        TaskStorage(empty)  # still refused: nothing was changed
+        TaskStorage(config)
+    with pytest.raises(CorruptionError, match="committed records are missing"):
+        TaskStorage(config)  # still refused: nothing was changed
+    with TaskStorage(config, recovery=Recovery(reset={"counts"})) as s:
+        assert read_all(s) == {}
 
 
 # -- case 5: localstate verify; the recovery commands ----------------------------------------------------
@@ -446,3 +451,55 @@ def test_unreadable_checkpoints_with_a_decision_for_every_store(tmp_path):
         assert read_all(s) == expected_counters(2)
     with TaskStorage(config) as s:
         assert read_all(s) == expected_counters(2)
+
+
+def test_changelog_stream_changed_between_deploys_is_detected(tmp_path):
+    config = Config.from_dict(values(tmp_path))
+    run_counters(config, range(1, 3))
+    moved = Config.from_dict(values(tmp_path, **{"stores.counts.changelog": "file.elsewhere"}))
+    with pytest.raises(ConfigError, match=r"changelog = 'file\.trust-counts'.*'file\.elsewhere'"):
+        TaskStorage(moved)
+
+
+def test_lost_previous_checkpoint_or_leftover_temp_file_do_not_disturb_an_open(tmp_path):
+    config = Config.from_dict(values(tmp_path))
+    run_counters(config, range(1, 3))
+    current, prev = ckpt_files(tmp_path)
+    prev.write_bytes(b"garbage")
+    current.with_name(current.name + ".tmp").write_bytes(b"half a checkpoint")
+    with TaskStorage(config) as s:
+        assert read_all(s) == expected_counters(2)
+    props = write_props(tmp_path, "memory")
+    report = cli("verify", "-c", str(props))
+    assert report.exit_code == 1 and "previous checkpoint" in report.output
+    run_counters(config, range(3, 4))  # the next commit replaces the bad .prev
+    assert cli("verify", "-c", str(props)).exit_code == 0
+
+
+@pytest.mark.parametrize("engine", ["rocksdb", "leveldb"])
+def test_lost_compaction_state_makes_stale_local_copies_untrusted(tmp_path, engine):
+    """Without compaction.json the tombstone horizon is unknown: a local copy from before
+    a compacted-away delete must not be used (it would resurrect the key)."""
+    config = Config.from_dict(values(tmp_path, engine, **{"systems.file.delete.retention.ms": 0}))
+    with TaskStorage(config) as s:
+        s.store("counts").put_all({f"k{i:03d}": i for i in range(300)})
+        s.commit(input_position=1)
+    import shutil
+
+    old_copy = tmp_path / "old-copy"
+    shutil.copytree(tmp_path / "state" / "trust" / "counts", old_copy)
+    with TaskStorage(config) as s:
+        s.store("counts").delete_all([f"k{i:03d}" for i in range(0, 300, 2)])
+        s.store("counts").put_all({f"n{i:03d}": i for i in range(300)})
+        s.commit(input_position=2)
+        s.commit(input_position=3)
+        stats = s.compact()["counts"]
+        assert stats["tombstones_dropped"] > 0
+    meta = next((tmp_path / "changelog").rglob("compaction.json"))
+    meta.unlink()
+    shutil.rmtree(tmp_path / "state" / "trust" / "counts")
+    shutil.copytree(old_copy, tmp_path / "state" / "trust" / "counts")
+    with TaskStorage(config) as s:
+        assert s.last_restore["counts"].start_offset == 0
+        got = read_all(s)
+    assert got == {f"k{i:03d}": i for i in range(1, 300, 2)} | {f"n{i:03d}": i for i in range(300)}
