@@ -50,9 +50,10 @@ class StorageEngine(ABC):
     2. ``prepare_restore(C, min_valid)`` picks the local state to start from and
        returns its changelog offset ``L`` (``0`` = start empty);
     3. ``restore(records, into_empty=...)`` applies the records ``[L, C)`` in bulk;
-    4. mutations report change records; at each commit ``prepare_commit()`` (hand
-       buffered records to the logger), then after the changelog is durable
-       ``flush()`` and ``checkpoint(offset)``;
+    4. after a restore, and at each commit once the changelog is durable,
+       ``persist(offset)`` (``flush()`` + ``checkpoint(offset)``); mutations report
+       change records; at each commit ``prepare_commit()`` first hands buffered
+       records to the logger;
     5. ``close()`` — idempotent, never commits.
     """
 
@@ -113,6 +114,19 @@ class StorageEngine(ABC):
         Called at commit after ``flush()``; engines that can snapshot cheaply (RocksDB
         hard-link checkpoints, an offset stored beside the data) do it here.
         """
+
+    def persist(self, offset: int | None) -> None:
+        """Make local state durable and, for a logged store, record that it equals the
+        changelog prefix ``[0, offset)``: commit step 3, and the step after a restore
+        (both run by :class:`~localstate.TaskStorage`, never by the engine itself).
+
+        Default: ``flush()`` then ``checkpoint(offset)``. An engine that can do both in
+        one durable write (an offset stored in the same synced batch as the data)
+        overrides this to avoid a second sync.
+        """
+        self.flush()
+        if offset is not None:
+            self.checkpoint(offset)
 
     def wipe(self) -> None:
         """Drop all local state (used before a full rebuild). Default: unsupported."""

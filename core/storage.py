@@ -4,7 +4,7 @@ Commit (DESIGN §4), in this order:
 
 1. flush caches into engines; ``engine.prepare_commit()``;
 2. flush change loggers → changelog appends → durable changelog ``flush()`` → end offsets;
-3. ``engine.flush()`` and ``engine.checkpoint(offset)`` (local snapshot tagged with it);
+3. ``engine.persist(offset)``: ``flush()`` and ``checkpoint(offset)`` (local snapshot tagged with it);
 4. write the task checkpoint ``{version, input_position, offsets}`` atomically.
 
 Nothing counts as committed before step 4. Restore of a store reads the committed
@@ -425,6 +425,9 @@ class TaskStorage:
             finally:
                 if gc_was_enabled:
                     gc.enable()
+            # The protocol step every engine needs, here once: the restored state is
+            # durable and tagged with C, so a reopen before the next commit replays nothing.
+            entry.engine.persist(committed)
         final = progress(True)
         m = entry.metrics
         m.records_restored += final.records
@@ -545,9 +548,7 @@ class TaskStorage:
                 offsets[e.spec.name] = e.logger.flush()
         fault_point("commit.after_changelog_flush")
         for e in entries:
-            e.engine.flush()
-            if e.changelog is not None:
-                e.engine.checkpoint(offsets[e.spec.name])
+            e.engine.persist(offsets.get(e.spec.name))
             e.metrics.commits += 1
         fault_point("commit.after_engine_checkpoint")
         # Stores not opened this time (dropped from the config for a deploy) keep their
