@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from localstate import Config, TaskStorage
-from localstate.errors import ConfigError, CorruptionError, InvalidValueError
+from localstate.errors import ConfigError, CorruptionError, InvalidValueError, LocalStateError
 from localstate.storage import Recovery
 
 ENGINES = ["memory", "leveldb", "rocksdb"]
@@ -503,3 +503,15 @@ def test_lost_compaction_state_makes_stale_local_copies_untrusted(tmp_path, engi
         assert s.last_restore["counts"].start_offset == 0
         got = read_all(s)
     assert got == {f"k{i:03d}": i for i in range(1, 300, 2)} | {f"n{i:03d}": i for i in range(300)}
+
+
+def test_partition_count_changed_between_deploys_is_refused(tmp_path):
+    config = Config.from_dict(values(tmp_path, **{"job.partitions": 2}))
+    with TaskStorage(config, 1) as s:
+        s.store("counts")["a"] = 1
+        s.commit(input_position=1)
+    before = log_bytes(tmp_path)
+    more = Config.from_dict(values(tmp_path, **{"job.partitions": 3}))
+    with pytest.raises(LocalStateError, match="has 2 partitions but the job has job.partitions = 3"):
+        TaskStorage(more, 1)
+    assert log_bytes(tmp_path) == before
