@@ -104,8 +104,18 @@ def fsync_dir(path: Path) -> None:
 
 
 def remove_tree(path: Path) -> None:
-    """Delete ``path`` (file or directory) if it exists."""
+    """Delete ``path`` (file or directory) if it exists.
+
+    A directory is first renamed aside (``<name>.deleting-<pid>``) and then deleted, so a
+    crash midway never leaves a half-deleted database under its real name (a RocksDB
+    ``db/`` whose ``CURRENT`` names a MANIFEST already gone would not open). Leftovers
+    of such a crash are deleted on the next call for the same path.
+    """
+    for stale in path.parent.glob(f"{path.name}.deleting-*") if path.parent.is_dir() else ():
+        shutil.rmtree(stale, ignore_errors=True)
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+        aside = path.with_name(f"{path.name}.deleting-{os.getpid()}")
+        os.replace(path, aside)
+        shutil.rmtree(aside)
     elif path.exists() or path.is_symlink():
         path.unlink()

@@ -198,7 +198,17 @@ class RocksDBEngine(KeyValueEngine):
             raise io_error(e, "create store directory", self.directory, EngineError) from e
         self._lock = engine_lock(self.directory, name, "rocksdb")
         try:
-            self._open()
+            try:
+                self._open()
+            except (CorruptionError, EngineError) as e:
+                # A logged store's live database is only a working copy (prepare_restore
+                # replaces it from a snapshot or the changelog): a damaged one is set aside.
+                if use_wal or not (isinstance(e, CorruptionError) or "No such file" in str(e)):
+                    raise
+                log.warning("rocksdb store %r: the live database at %s does not open (%s); it is discarded "
+                            "and rebuilt from a snapshot or the changelog", name, self.live_dir, e)
+                remove_tree(self.live_dir)
+                self._open()
         except BaseException:
             self._lock.release()
             raise

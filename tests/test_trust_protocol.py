@@ -515,3 +515,15 @@ def test_partition_count_changed_between_deploys_is_refused(tmp_path):
     with pytest.raises(LocalStateError, match="has 2 partitions but the job has job.partitions = 3"):
         TaskStorage(more, 1)
     assert log_bytes(tmp_path) == before
+
+
+def test_rocksdb_live_database_left_half_deleted_by_a_crash_is_rebuilt(tmp_path):
+    """Found by the crash trials: a kill while prepare_restore deleted the live ``db/``
+    left CURRENT naming a MANIFEST already gone, and every later open failed."""
+    config = Config.from_dict(values(tmp_path, "rocksdb"))
+    run_counters(config, range(1, 4))
+    live = tmp_path / "state" / "trust" / "counts" / "0" / "db"
+    for manifest in live.glob("MANIFEST-*"):
+        manifest.unlink()
+    with TaskStorage(config) as s:
+        assert read_all(s) == expected_counters(3)
