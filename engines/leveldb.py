@@ -133,7 +133,6 @@ class LevelDBEngine(KeyValueEngine):
         self._raw: plyvel.DB | None = None
         self._data: plyvel.DB | None = None
         self._offset_on_disk = False
-        self._restoring_to: int | None = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -341,11 +340,10 @@ class LevelDBEngine(KeyValueEngine):
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
         """Apply change records in order; deduplicated sorted batches when the store is empty.
 
-        After a restore prepared by :meth:`prepare_restore` (records ``[L, C)``) it
-        records offset ``C``, so reopening before the next commit replays nothing.
+        TaskStorage then calls ``persist(C)`` (flush + snapshot at ``C``), so reopening
+        before the next commit replays nothing.
         """
         data = self._w()
-        target, self._restoring_to = self._restoring_to, None
         try:
             if into_empty and self._is_empty(data):
                 self._bulk_load(data, iter(records))
@@ -355,8 +353,6 @@ class LevelDBEngine(KeyValueEngine):
             raise
         except Exception as e:
             raise self._translate(e, "restore") from e
-        if target is not None:
-            self.checkpoint(target)
 
     @staticmethod
     def _is_empty(data: plyvel.DB) -> bool:
@@ -419,7 +415,6 @@ class LevelDBEngine(KeyValueEngine):
         if offset is None or not min_valid_offset <= offset <= committed_offset:
             self.wipe()
             offset = 0
-        self._restoring_to = committed_offset if offset < committed_offset else None
         return offset
 
     def checkpoint(self, offset: int) -> None:

@@ -191,7 +191,6 @@ class RocksDBEngine(KeyValueEngine):
         self._write_opts.disable_wal = not use_wal
         self._iterators = IteratorRegistry()
         self._db: rocksdict.Rdict | None = None
-        self._restoring_to: int | None = None
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -463,11 +462,10 @@ class RocksDBEngine(KeyValueEngine):
         """Apply change records in order through write batches; with ``restore.mode =
         sst``, SST ingestion when the store is empty.
 
-        After a restore prepared by :meth:`prepare_restore` (records ``[L, C)``) it
-        snapshots at ``C``, so reopening before the next commit replays nothing.
+        TaskStorage then calls ``persist(C)`` (flush + snapshot at ``C``), so reopening
+        before the next commit replays nothing.
         """
         db = self._d()
-        target, self._restoring_to = self._restoring_to, None
         try:
             if into_empty and self.options.restore_mode == "sst" and self._is_empty(db):
                 self._bulk_load(db, iter(records))
@@ -477,8 +475,6 @@ class RocksDBEngine(KeyValueEngine):
             raise
         except Exception as e:
             raise self._translate(e, "restore") from e
-        if target is not None:
-            self.checkpoint(target)
 
     def _apply_batches(self, db: rocksdict.Rdict, records: Iterable[ChangeRecord]) -> None:
         batch = rocksdict.WriteBatch(raw_mode=True)
@@ -589,7 +585,6 @@ class RocksDBEngine(KeyValueEngine):
             except OSError as e:
                 raise io_error(e, "rebuild the live database in", self.live_dir, EngineError) from e
             self._open()
-        self._restoring_to = committed_offset if start < committed_offset else None
         return start
 
     @staticmethod

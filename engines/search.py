@@ -349,7 +349,6 @@ class SearchEngine(StorageEngine):
         """The writer holds operations that are not in a tantivy commit."""
         self._reader_stale = True
         self._opstamp = 0
-        self._restore_target: int | None = None
         self._open_problem: str | None = None
         """Why the local index cannot be reused as it is (checked by prepare_restore)."""
         self._open()
@@ -826,9 +825,6 @@ class SearchEngine(StorageEngine):
         self._writer = None
         writer.wait_merging_threads()
         self._new_writer(self.options.heap_size_bytes)
-        if self._restore_target is not None:
-            self._write_checkpoint(self._restore_target)
-            self._restore_target = None
 
     def _fitting_doc(self, key: bytes, doc: dict[str, Any], encoded: bytes) -> tantivy.Document:
         """The tantivy document of ``doc`` without the schema fields whose values do not fit."""
@@ -850,7 +846,6 @@ class SearchEngine(StorageEngine):
 
     def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
         self._ix()
-        self._restore_target = committed_offset
         problem = self._open_problem
         saved = self._read_checkpoint() if problem is None else None
         offset = -1
