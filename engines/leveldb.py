@@ -417,6 +417,15 @@ class LevelDBEngine(KeyValueEngine):
             offset = 0
         return offset
 
+    def persist(self, offset: int | None) -> None:
+        """One synced write per commit: LevelDB's log is sequential, so syncing the offset
+        key (or, for a store without a changelog, the sync marker) makes every earlier
+        write durable too — ``flush()`` + ``checkpoint()`` would sync twice."""
+        if offset is None:
+            self.flush()
+        else:
+            self.checkpoint(offset)
+
     def checkpoint(self, offset: int) -> None:
         """Write ``offset`` as the database's changelog offset (synced, after all data)."""
         self._d()
