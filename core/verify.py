@@ -57,6 +57,10 @@ class StoreCheck:
 def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint | None, list[str]]:
     problems: list[str] = []
     ckpt: Checkpoint | None = None
+    system, topic = getattr(store, "system", None), getattr(store, "topic", None)
+    if topic is not None and hasattr(system, "topic_exists") and not system.topic_exists(topic):
+        # reading would create it: verify writes nothing
+        return None, [f"checkpoint topic {topic!r} does not exist"]
     try:
         try:
             ckpt = store.read(job, partition, fence=False)

@@ -527,3 +527,22 @@ def test_rocksdb_live_database_left_half_deleted_by_a_crash_is_rebuilt(tmp_path)
         manifest.unlink()
     with TaskStorage(config) as s:
         assert read_all(s) == expected_counters(3)
+
+
+@pytest.mark.kafka
+def test_verify_on_kafka_reads_back_records_and_creates_nothing(tmp_path, kafka_broker):
+    from confluent_kafka.admin import AdminClient
+    from localstate.verify import verify_job
+
+    ck, stream = f"ck-{uuid.uuid4().hex[:8]}", f"trust-{uuid.uuid4().hex[:8]}"
+    config = Config.from_dict(kafka_values(tmp_path, kafka_broker, ck, stream))
+    with TaskStorage(config) as s:
+        s.store("counts").put_all({f"k{i}": i for i in range(50)})
+        s.commit(input_position=1)
+    (check,) = verify_job(config)
+    assert check.ok and check.committed == 50 and check.end_offset >= 50 and check.bytes > 0
+    other = Config.from_dict(kafka_values(tmp_path, kafka_broker, f"ck-{uuid.uuid4().hex[:8]}", stream))
+    (check,) = verify_job(other)
+    assert not check.ok and "does not exist" in check.problems[0]
+    topics = AdminClient({"bootstrap.servers": kafka_broker}).list_topics(timeout=10).topics
+    assert other.systems["kafka"]["checkpoint.topic"] not in topics
