@@ -308,7 +308,7 @@ class StatefulJob:
 
     >>> job = StatefulJob(config, CountViews, key="user_id",          # doctest: +SKIP
     ...                   output_schema="user_id string, views long")
-    >>> job.run(spark.read.parquet("views")).show()                    # doctest: +SKIP
+    >>> job.run(spark.read.parquet("views")).show()   # runs every task once  # doctest: +SKIP
     """
 
     def __init__(
@@ -364,15 +364,42 @@ class StatefulJob:
 
         return df.repartition(self.num_tasks, self.key).mapInArrow(task_fn, struct)
 
-    def run(self, df: DataFrame) -> DataFrame:
-        """Batch run: repartition ``df`` by key into N tasks, run them, commit each.
+    def run(self, df: DataFrame, *, version: int | None = None) -> DataFrame:
+        """Batch run — an **action**: repartition ``df`` by key into N tasks, run every
+        task now, exactly once, and commit each as ``version``.
 
-        Returns the emitted rows as a DataFrame with the declared output schema. The
-        tasks run when the DataFrame is evaluated — evaluate it **once** (e.g.
-        ``toArrow()``, a write, or ``persist()`` then actions): each evaluation applies
-        the input to the state again.
+        Returns the emitted rows, already computed (``localCheckpoint``), as a DataFrame
+        with the declared output schema: ``show()``, ``count()`` or a write read it any
+        number of times without touching the state again. (Spark is lazy: a run that
+        returned the plan itself let ``show()`` run one task of N and each further
+        action apply the input again.)
+
+        ``version`` defaults to one past the tasks' committed version. Each task commits
+        it through the streaming protocol, so a Spark task retry, or a re-evaluation
+        Spark needs after losing the computed output, rolls the task back to
+        ``version - 1`` and applies its input once. If the driver dies mid-run some
+        tasks have committed and others not; the next ``run`` refuses to guess and
+        names the version to repeat: ``run(same_input, version=V)`` completes it.
         """
-        return self.transform(df)
+        from .streaming import committed_batches
+
+        committed = committed_batches(self.config)
+        done = {v for v in committed.values()}
+        if version is None:
+            if len(done) > 1:
+                mixed = {p: v for p, v in committed.items()}
+                latest = max(v for v in done if v is not None)
+                raise LocalStateError(
+                    f"job {self.config.job_name!r}: the tasks' committed versions differ ({mixed}): an "
+                    f"earlier run (version {latest}) did not finish. Run it again with the same input to "
+                    f"complete it: job.run(df, version={latest}); tasks that committed it roll back and "
+                    "apply it again, the others apply it once"
+                )
+            (last,) = done if done else (None,)
+            version = 0 if last is None else last + 1
+        elif not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ConfigError(f"version must be an int >= 0, got {version!r}")
+        return self.transform(df, batch_id=version).localCheckpoint(eager=True)
 
     def run_stream(
         self,
