@@ -9,6 +9,7 @@ byte order equals value order, so ``range()`` over them means what it says.
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import struct
 from collections.abc import Callable, Sequence
@@ -110,7 +111,7 @@ def _json_encoder() -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
 
         return orjson.dumps, orjson.loads
     except ImportError:
-        enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
         def dumps(o: Any) -> bytes:
             return enc(o).encode()
@@ -119,6 +120,34 @@ def _json_encoder() -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
 
 
 _json_dumps, _json_loads = _json_encoder()
+
+
+def _has_non_finite(o: Any) -> bool:
+    t = type(o)
+    if t is float:
+        return not math.isfinite(o)
+    if t is dict:
+        return any(map(_has_non_finite, o.values()))
+    if t is list or t is tuple:
+        return any(map(_has_non_finite, o))
+    return isinstance(o, float) and not math.isfinite(o)
+
+
+_NON_FINITE = "NaN and infinities have no JSON form (orjson would write null, so the value would change)"
+
+
+def _json_encode(o: Any) -> bytes:
+    out = _json_dumps(o)
+    if b"null" in out and _has_non_finite(o):  # null is rare: the walk runs only then
+        raise ValueError(_NON_FINITE)
+    return out
+
+
+def _json_encode_many(items: list[Any]) -> list[bytes]:
+    outs = list(map(_json_dumps, items))
+    if b"null" in b"\x00".join(outs) and any(map(_has_non_finite, items)):
+        raise ValueError(_NON_FINITE)
+    return outs
 
 
 def _fixed_int(width: int) -> Serde:
@@ -343,7 +372,7 @@ def _mapped(fn: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
 for _serde in (
     Serde("bytes", _identity_bytes, bytes, True, _identity_bytes_many, _mapped(bytes)),
     Serde("string", _str_encode, bytes.decode, True, _str_encode_many, _str_decode_many),
-    Serde("json", _json_dumps, _json_loads, False, _mapped(_json_dumps), _mapped(_json_loads)),
+    Serde("json", _json_encode, _json_loads, False, _json_encode_many, _mapped(_json_loads)),
     Serde("msgpack", _msgpack_encode, _msgpack_decode, False, _msgpack_encode_many, _msgpack_decode_many),
     _fixed_int(4),
     _fixed_int(8),

@@ -216,13 +216,21 @@ class BloomEngine(StorageEngine):
             )
         serde = self._key
         if type(key) is bytes and (serde is None or serde.name == "bytes"):
-            return key
-        if serde is None:
-            serde = Serde("bytes", bytes, bytes)
-        try:
-            return serde.encode(key)
-        except Exception as e:
-            raise describe_encode_error(self.name, "key", serde, key, e) from e
+            prefix = key
+        else:
+            if serde is None:
+                serde = Serde("bytes", bytes, bytes)
+            try:
+                prefix = serde.encode(key)
+            except Exception as e:
+                raise describe_encode_error(self.name, "key", serde, key, e) from e
+        if not prefix:
+            # an empty prefix is the single filter's: such a store could never be reopened
+            raise InvalidValueError(
+                f"store {self.name!r}: key {key!r} encodes to empty bytes, which cannot name a keyed "
+                "Bloom filter; use a non-empty key"
+            )
+        return prefix
 
     def _filter_for_write(self, filters: dict[bytes, _Filter], prefix: bytes) -> _Filter:
         f = filters.get(prefix)

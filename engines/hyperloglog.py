@@ -47,7 +47,7 @@ from localstate.engine import (
     StoreContext,
     StoreSpec,
 )
-from localstate.errors import ConfigError, CorruptionError, StoreClosedError
+from localstate.errors import ConfigError, CorruptionError, InvalidValueError, StoreClosedError
 from localstate.serdes import Serde, describe_encode_error
 
 from ._hashing import HASH_NAME, hash_item, hash_items
@@ -113,6 +113,8 @@ class HyperLogLogEngine(StorageEngine):
         return sketches
 
     def _enc_key(self, key: Any) -> bytes:
+        if key is None:
+            raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
         serde = self._key
         if serde is None or serde.name == "bytes":
             if type(key) is bytes:

@@ -136,6 +136,8 @@ class TopNEngine(StorageEngine):
         return entries
 
     def _enc_member(self, member: Any) -> bytes:
+        if member is None:
+            raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
         if type(member) is bytes and (self._key is None or self._key.name == "bytes"):
             return member
         serde = self._key

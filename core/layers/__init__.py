@@ -51,11 +51,11 @@ def maybe_caching(
     batch_size: int,
     name: str,
     metrics: StoreMetrics,
-    key_check: Any = None,
+    codec: Any = None,
 ) -> KeyValueStore[Any, Any]:
     if cache_size <= 0:
         return store
-    return CachedStore(store, cache_size, batch_size, name, metrics, key_check)
+    return CachedStore(store, cache_size, batch_size, name, metrics, codec)
 
 
 def build_store(
@@ -78,6 +78,6 @@ def build_store(
     metrics = metrics or StoreMetrics()
     engine.name = name
     serialized = maybe_serializing(maybe_logging(engine, logger), key_serde, msg_serde, name)
-    key_check = getattr(serialized, "encode_key", None)
-    store = maybe_caching(serialized, cache_size, batch_size, name, metrics, key_check)
+    codec = serialized if isinstance(serialized, SerializedStore) else None
+    store = maybe_caching(serialized, cache_size, batch_size, name, metrics, codec)
     return MeteredStore(store, metrics, count_hits=cache_size <= 0) if metered else store

@@ -20,7 +20,8 @@ class MeteredStore(ForwardingStore):
         self.metrics = metrics
         self._count_hits = count_hits
 
-    def get(self, key: Any) -> Any:
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value under ``key``, else ``default`` (like ``dict.get``)."""
         v = self.inner.get(key)
         m = self.metrics
         m.gets += 1
@@ -29,7 +30,7 @@ class MeteredStore(ForwardingStore):
                 m.misses += 1
             else:
                 m.hits += 1
-        return v
+        return default if v is None else v
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         keys = keys if isinstance(keys, list) else list(keys)

@@ -8,7 +8,7 @@ from itertools import compress, repeat
 from operator import is_, is_not
 from typing import Any
 
-from ..errors import SerializationError
+from ..errors import InvalidValueError, SerializationError
 from ..kv import KeyValueIterator, KeyValueStore, reject_none
 from ..serdes import Serde, decoder_of_many, describe_encode_error, encoder_of_many
 from .forwarding import ForwardingStore
@@ -37,13 +37,27 @@ class SerializedStore(ForwardingStore):
 
     # -- encoding helpers ----------------------------------------------------------------
     def encode_key(self, key: Any) -> bytes:
-        """The encoded key, or a SerializationError naming the store and the fix."""
+        """The encoded key, or a SerializationError naming the store and the fix.
+        ``None`` is never a key, whatever the serde (json would store ``b"null"``)."""
+        if key is None:
+            raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
         try:
             return self.key_serde.encode(key)
         except SerializationError:
             raise
         except Exception as e:
             raise describe_encode_error(self.name, "key", self.key_serde, key, e) from e
+
+    def decode_key(self, data: bytes) -> Any:
+        return self._dk(data)
+
+    def put_encoded(self, entries: dict[bytes, bytes]) -> None:
+        """Write already encoded pairs to the layer below (the cached layer's bulk path)."""
+        self.inner.put_all(entries)
+
+    def encode_values(self, values: list[Any]) -> list[bytes]:
+        """Every value encoded in one pass; the error names the first bad value."""
+        return self._encode_value_list(values)
 
     _ek = encode_key
 
@@ -76,6 +90,8 @@ class SerializedStore(ForwardingStore):
 
     def encode_keys(self, keys: list[Any]) -> list[bytes]:
         """Every key encoded in one pass; the error names the first bad key."""
+        if any(map(is_, keys, repeat(None))):
+            raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
         try:
             return self._encode_keys(keys)
         except SerializationError:
@@ -96,14 +112,16 @@ class SerializedStore(ForwardingStore):
             return list(map(self._dv, data))
 
     # -- KeyValueStore -------------------------------------------------------------------
-    def get(self, key: Any) -> Any:
+    def get(self, key: Any, default: Any = None) -> Any:
         try:
+            if key is None:
+                raise TypeError("None")
             encoded = self.key_serde.encode(key)
         except Exception:
             encoded = self._ek(key)
         data = self.inner.get(encoded)
         if data is None:
-            return None
+            return default
         try:
             return self.msg_serde.decode(data)
         except Exception:
@@ -129,9 +147,15 @@ class SerializedStore(ForwardingStore):
         if value is None:
             reject_none(self.name, key, value)
         try:
+            if key is None:
+                raise TypeError("None")
             encoded = self.key_serde.encode(key), self.msg_serde.encode(value)
         except Exception:
-            encoded = self._ek(key), self._ev(value)
+            ek = self._ek(key)
+            try:
+                encoded = ek, self._ev(value)
+            except SerializationError as e:
+                raise SerializationError(f"{e} (put of key {key!r})") from e
         self.inner.put(*encoded)
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
