@@ -16,7 +16,7 @@ from importlib.metadata import entry_points
 from types import MappingProxyType
 from typing import Any
 
-from .errors import ConfigError, EngineError, UnknownEngineError
+from .errors import ConfigError, EngineError, LocalStateError, UnknownEngineError
 
 __all__ = [
     "Registry",
@@ -68,6 +68,7 @@ class Registry:
         self._entries: dict[str, _Entry] = {}
         self._loaded: dict[str, Any] = {}
         self._entry_points_scanned = False
+        self._conflicts: dict[str, str] = {}  # name -> why it cannot be used (two claimants)
         self._lock = threading.RLock()
 
     def register(
@@ -86,6 +87,11 @@ class Registry:
         with self._lock:
             self._scan_entry_points()
             old = self._entries.get(name)
+            if old is not None and not clobber and old.target is not target and old.origin.startswith("entry point"):
+                # an installed plug-in claims a name registered here too: only that name is
+                # unusable (reported when used), everything else keeps working
+                self._conflicts[name] = self._conflict_message(name, old.origin, origin)
+                return
             if old is not None and not clobber and old.target is not target:
                 raise ConfigError(
                     f"{self.kind} name {name!r} is already registered by {old.origin} "
@@ -93,6 +99,14 @@ class Registry:
                 )
             self._entries[name] = _Entry(target, extra, origin)
             self._loaded.pop(name, None)
+            if clobber:
+                self._conflicts.pop(name, None)
+
+    def _conflict_message(self, name: str, first: str, second: str) -> str:
+        return (
+            f"two {self.kind}s claim the name {name!r}: {first} and {second}. Uninstall one, or "
+            f"register one under another name (other {self.kind}s are unaffected)"
+        )
 
     def unregister(self, name: str) -> None:
         """Forget ``name`` (absent names are ignored)."""
@@ -117,6 +131,9 @@ class Registry:
             if name in self._loaded:
                 return self._loaded[name]
             self._scan_entry_points()
+            conflict = self._conflicts.get(name)
+            if conflict is not None:
+                raise EngineError(f"{where}{conflict}")
             entry = self._entries.get(name)
             if entry is None:
                 if ":" in name:
@@ -134,7 +151,7 @@ class Registry:
         try:
             self.get(name)
             return True, ""
-        except ConfigError as e:
+        except LocalStateError as e:  # missing extra, broken plug-in, name conflict
             return False, str(e)
 
     def _load(self, name: str, entry: _Entry, where: str) -> Any:
@@ -168,10 +185,9 @@ class Registry:
             origin = f"entry point {ep.name!r} of distribution {dist!r}"
             if ep.name in self._entries:
                 old = self._entries[ep.name]
-                raise EngineError(
-                    f"two {self.kind}s claim the name {ep.name!r}: {old.origin} and {origin}. "
-                    "Uninstall one, or register one under another name."
-                )
+                if old.target != ep.value:
+                    self._conflicts[ep.name] = self._conflict_message(ep.name, old.origin, origin)
+                continue
             self._entries[ep.name] = _Entry(ep.value, None, origin)
 
     def reset_for_tests(self) -> None:
@@ -179,6 +195,7 @@ class Registry:
         with self._lock:
             self._loaded.clear()
             self._entries = {k: v for k, v in self._entries.items() if not v.origin.startswith("entry point")}
+            self._conflicts.clear()
             self._entry_points_scanned = False
 
 

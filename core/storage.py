@@ -22,6 +22,7 @@ import numbers
 import shutil
 import time
 from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -91,6 +92,21 @@ class Recovery:
 
     def __bool__(self) -> bool:
         return bool(self.accept_log_end or self.reset or self.use_previous_checkpoint or self.accept_config_change)
+
+
+@contextmanager
+def engine_phase(spec: StoreSpec, phase: str) -> Iterator[None]:
+    """Errors a plug-in raises in ``phase`` reach the user as :class:`EngineError`
+    naming the store, the phase and the engine (raised ``from`` the original);
+    localstate's own errors pass unchanged."""
+    try:
+        yield
+    except LocalStateError:
+        raise
+    except Exception as e:
+        raise EngineError(
+            f"store {spec.name!r}: engine {spec.factory!r} failed in {phase}(): {type(e).__name__}: {e}"
+        ) from e
 
 
 def task_partition(partition: Any) -> int:
@@ -349,7 +365,8 @@ class TaskStorage:
         )
         factory = resolve_factory(spec.factory, store=spec.name)
         try:
-            engine = factory.create(spec, context)
+            with engine_phase(spec, "create"):
+                engine = factory.create(spec, context)
         except BaseException:
             if changelog is not None:
                 changelog.close()
@@ -366,7 +383,8 @@ class TaskStorage:
         if changelog is not None:
             committed = self._committed_offset(spec, changelog)
             self._restore(entry, committed)
-            changelog.discard_tail(committed, engine.current)
+            with engine_phase(spec, "current"):
+                changelog.discard_tail(committed, engine.current)
         if isinstance(engine, KeyValueStore):
             entry.view = build_store(
                 engine,
@@ -384,7 +402,8 @@ class TaskStorage:
         assert changelog is not None
         name = entry.spec.name
         min_valid = changelog.min_valid_snapshot_offset()
-        start = entry.engine.prepare_restore(committed, min_valid)
+        with engine_phase(entry.spec, "prepare_restore"):
+            start = entry.engine.prepare_restore(committed, min_valid)
         if not (0 <= start <= committed) or (start and start < min_valid):
             raise EngineError(
                 f"store {name!r}: engine {entry.spec.factory!r} chose local state at offset {start}, "
@@ -421,13 +440,15 @@ class TaskStorage:
             gc_was_enabled = gc.isenabled()
             gc.disable()
             try:
-                entry.engine.restore(chain.from_iterable(batches()), into_empty=start == 0)
+                with engine_phase(entry.spec, "restore"):
+                    entry.engine.restore(chain.from_iterable(batches()), into_empty=start == 0)
             finally:
                 if gc_was_enabled:
                     gc.enable()
             # The protocol step every engine needs, here once: the restored state is
             # durable and tagged with C, so a reopen before the next commit replays nothing.
-            entry.engine.persist(committed)
+            with engine_phase(entry.spec, "persist"):
+                entry.engine.persist(committed)
         final = progress(True)
         m = entry.metrics
         m.records_restored += final.records
@@ -540,7 +561,8 @@ class TaskStorage:
         for e in entries:
             if e.view is not e.engine:
                 e.view.flush()
-            e.engine.prepare_commit()
+            with engine_phase(e.spec, "prepare_commit"):
+                e.engine.prepare_commit()
         fault_point("commit.before_changelog_flush")
         offsets: dict[str, int] = {}
         for e in entries:
@@ -548,7 +570,8 @@ class TaskStorage:
                 offsets[e.spec.name] = e.logger.flush()
         fault_point("commit.after_changelog_flush")
         for e in entries:
-            e.engine.persist(offsets.get(e.spec.name))
+            with engine_phase(e.spec, "persist"):
+                e.engine.persist(offsets.get(e.spec.name))
             e.metrics.commits += 1
         fault_point("commit.after_engine_checkpoint")
         # Stores not opened this time (dropped from the config for a deploy) keep their
@@ -593,7 +616,8 @@ class TaskStorage:
                 if step is None:
                     continue
                 try:
-                    step()
+                    with engine_phase(e.spec, "close"):
+                        step()
                 except Exception as err:
                     errors.append(err)
             e.logger.discard_pending()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -10,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from localstate import Config, ConfigError, EngineError, TaskStorage, register_engine
 from localstate.cli import cli
-from localstate.registry import ENGINES, resolve_factory
+from localstate.registry import ENGINES, available, resolve_factory
 
 
 @pytest.fixture
@@ -72,10 +73,45 @@ def test_entry_point_missing_module_names_it(plugin_dist):
         resolve_factory("ghost")
 
 
-def test_two_engines_claiming_one_name(plugin_dist):
+def test_two_engines_claiming_one_name_break_only_that_name(plugin_dist, make_config):
+    """Issue 14 case 16: a name conflict used to make every registry call (and so
+    ``import localstate``) fail; now only the contested name is refused, on use."""
     plugin_dist("clashplugin", {"rocksdb": "goodplugin_mod:Factory"}, None)
-    with pytest.raises(EngineError, match="two storage engines claim the name 'rocksdb'"):
-        ENGINES.names()
+    assert "rocksdb" in ENGINES.names() and "memory" in ENGINES.names()
+    with pytest.raises(EngineError, match="two storage engines claim the name 'rocksdb'.*clashplugin"):
+        resolve_factory("rocksdb")
+    info = available()
+    assert info["rocksdb"]["installed"] is False and "claim the name" in info["rocksdb"]["hint"]
+    assert info["memory"]["installed"] is True
+    config = make_config(s={"factory": "memory", "key.serde": "string", "msg.serde": "json"})
+    with TaskStorage(config) as storage:
+        storage.store("s")["a"] = 1
+
+
+def test_a_conflicting_or_broken_plugin_does_not_break_import_or_torture(tmp_path):
+    import subprocess
+
+    site = tmp_path / "site"
+    info = site / "evil-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[localstate.engines]\nmemory = evil_mod:Factory\nexploding = evil_mod:Factory\n")
+    (site / "evil_mod.py").write_text("raise RuntimeError('boom at import')\n")
+    code = (
+        "import localstate\n"
+        "from localstate.testing.torture import torture_engines\n"
+        "from localstate.registry import available\n"
+        "names = torture_engines()\n"
+        "assert 'rocksdb' in names and 'memory' not in names and 'exploding' not in names, names\n"
+        "print(available()['exploding']['hint'])\n"
+        "print(available()['memory']['hint'])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "boom at import" in out.stdout and "evil" in out.stdout
+    assert "claim the name 'memory'" in out.stdout
 
 
 def test_register_engine_clash_needs_clobber():
@@ -120,3 +156,29 @@ def test_scaffold_output_passes_its_own_tests(tmp_path):
     assert again.exit_code != 0 and "already exists" in again.output
     bad = CliRunner().invoke(cli, ["new-engine", "Bad-Name", "--dir", str(tmp_path)])
     assert bad.exit_code != 0 and "lower-case" in bad.output
+
+
+RAISING = """
+from localstate.engines.memory import MemoryEngine
+from localstate import StorageEngineFactory
+
+class Engine(MemoryEngine):
+    def persist(self, offset):
+        raise ZeroDivisionError("plug-in bug")
+
+class Factory(StorageEngineFactory):
+    def create(self, spec, context):
+        return Engine(spec.name)
+"""
+
+
+def test_errors_inside_a_plugin_are_wrapped_with_store_phase_and_engine(plugin_dist, make_config):
+    plugin_dist("raisingplugin", {"raising": "raisingplugin_mod:Factory"}, RAISING)
+    config = make_config(s={"factory": "raising", "key.serde": "string", "msg.serde": "json"})
+    with TaskStorage(config) as storage:
+        storage.store("s")["a"] = 1
+        with pytest.raises(EngineError, match=r"store 's': engine 'raising' failed in persist\(\): "
+                                              r"ZeroDivisionError: plug-in bug") as info:
+            storage.commit()
+        assert isinstance(info.value.__cause__, ZeroDivisionError)
+    sys.modules.pop("raisingplugin_mod", None)
