@@ -21,7 +21,7 @@ How it meets the contract:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -149,27 +149,19 @@ class SQLiteEngine(KeyValueEngine):
     def delete_all(self, keys: Iterable[bytes]) -> None:
         self._conn().executemany("DELETE FROM kv WHERE key = ?", [(k,) for k in keys])
 
-    def _scan(self, start: bytes | None, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-        # Chunked by key, so writes between chunks never disturb an open cursor.
-        lower, op = start, ">="
-        while True:
-            where, args = [], []
-            if lower is not None:
-                where.append(f"key {op} ?")
-                args.append(lower)
-            if stop is not None:
-                where.append("key < ?")
-                args.append(stop)
-            sql = "SELECT key, value FROM kv" + (" WHERE " + " AND ".join(where) if where else "")
-            rows = self._conn().execute(sql + f" ORDER BY key LIMIT {_CHUNK}", args).fetchall()
-            yield from rows
-            if len(rows) < _CHUNK:
-                return
-            lower, op = rows[-1][0], ">"
-
     def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
-        self._conn()
-        return KeyValueIterator(self._scan(start, stop), what=f"store {self.name!r} iterator")
+        """The pairs of ``[start, stop)`` as of this call — localstate's iterator rule:
+        read now, in one query, so writes made while iterating are not seen."""
+        where, args = [], []
+        if start is not None:
+            where.append("key >= ?")
+            args.append(start)
+        if stop is not None:
+            where.append("key < ?")
+            args.append(stop)
+        sql = "SELECT key, value FROM kv" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY key"
+        rows = self._conn().execute(sql, args).fetchall()
+        return KeyValueIterator(iter(rows), what=f"store {self.name!r} iterator")
 
     def prefix(self, prefix: bytes) -> KeyValueIterator[bytes, bytes]:
         upper = bytearray(prefix)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import compress, filterfalse, islice, repeat
+from itertools import compress, filterfalse, repeat
 from operator import is_, is_not
 
 from localstate.engine import (
@@ -96,25 +96,19 @@ class MemoryEngine(KeyValueEngine):
         deque(map(remaining.pop, present), 0)
         self._data = SortedDict(remaining)
 
-    def _scan(self, start: bytes | None, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
-        inclusive = (True, False)
-        lo = start
-        while True:
-            d = self._d()
-            keys = list(islice(d.irange(lo, stop, inclusive=inclusive), _CHUNK))
-            if not keys:
-                return
-            get = d.get
-            for k in keys:
-                v = get(k)
-                if v is not None:
-                    yield k, v
-            lo = keys[-1]
-            inclusive = (False, False)
+    def _scan(self, keys: list[bytes], values: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
+        for i in range(0, len(keys), _CHUNK):
+            if self._data is None:
+                self._d()  # closed mid-scan: StoreClosedError
+            yield from zip(keys[i : i + _CHUNK], values[i : i + _CHUNK])
 
     def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
-        self._d()
-        return KeyValueIterator(self._scan(start, stop), what=f"store {self.name!r} iterator")
+        """The pairs of ``[start, stop)`` as of this call (copied now, in C): writes made
+        while iterating are not seen and cannot make the scan run forever."""
+        d = self._d()
+        keys = list(d) if start is None and stop is None else list(d.irange(start, stop, inclusive=(True, False)))
+        values = list(map(d.__getitem__, keys))
+        return KeyValueIterator(self._scan(keys, values), what=f"store {self.name!r} iterator")
 
     def prefix(self, prefix: bytes) -> KeyValueIterator[bytes, bytes]:
         return self.range(prefix, prefix_upper_bound(prefix))

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from itertools import compress, islice, repeat, starmap
 from operator import is_, is_not
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import rocksdict
 from localstate.engine import (
@@ -370,11 +370,17 @@ class RocksDBEngine(KeyValueEngine):
             raise self._translate(e, "write a batch") from e
 
     def _scan(self, db: rocksdict.Rdict, start: bytes | None, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """The pairs of ``[start, stop)`` as of **this call** (a RocksDB snapshot taken
+        now, not at the first ``next()``): writes made while iterating are not seen."""
         read_opts = rocksdict.ReadOptions()
         if stop is not None:
             read_opts.set_iterate_upper_bound(stop)
+        snap = db.snapshot()
         # rocksdict ignores set_iterate_lower_bound: seek to ``start`` instead.
-        items = db.items(from_key=start, read_opt=read_opts)
+        items = snap.items(from_key=start, read_opt=read_opts)
+        return self._scan_items(snap, items, read_opts, start)
+
+    def _scan_items(self, snap: Any, items: Any, read_opts: Any, start: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         pair = None
         try:
             for pair in items:
@@ -385,7 +391,7 @@ class RocksDBEngine(KeyValueEngine):
         # rocksdict's items() ends silently when the native iterator fails (e.g. a
         # checksum mismatch); a second iterator positioned after the last pair tells a
         # real end from an error.
-        probe = db.iter(read_opts)
+        probe = snap.iter(read_opts)
         if pair is None:
             if start is None:
                 probe.seek_to_first()

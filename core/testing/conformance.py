@@ -262,16 +262,33 @@ class KeyValueStoreConformance:
         with pytest.raises(StoreClosedError):
             store.get(b"a")
 
-    def test_writes_during_iteration_do_not_break_it(self, store: KeyValueStore) -> None:
+    # The consistency rule every engine and layer stack follows: an iterator shows the
+    # store as of the call that created it (range/prefix/all), not as of its first
+    # next(); writes made while it is open are not seen and never break or extend it.
+    def test_iterators_see_the_store_as_of_their_creation(self, store: KeyValueStore) -> None:
+        store.put_all([(b"k%03d" % i, b"v") for i in range(50)])
+        it = store.range(b"k000", b"k999")  # created, not started
+        store.put(b"k010-new", b"n")
+        store.delete(b"k020")
+        store.put(b"k030", b"changed")
+        with it:
+            got = dict(_items(it))
+        assert len(got) == 50 and b"k010-new" not in got
+        assert got[b"k020"] == b"v" and got[b"k030"] == b"v"
+        with store.all() as it:  # a new iterator sees the writes
+            now = dict(_items(it))
+        assert b"k010-new" in now and b"k020" not in now and now[b"k030"] == b"changed"
+
+    def test_writes_during_iteration_neither_break_nor_extend_it(self, store: KeyValueStore) -> None:
         store.put_all([(b"k%03d" % i, b"v") for i in range(50)])
         seen = 0
         with store.all() as it:
             for k, _ in it:
-                store.put(k + b"-x", b"w")
+                store.put(k + b"-x", b"w")  # inserts right after the cursor
+                store.delete(b"k%03d" % min(49, seen + 5))
                 seen += 1
-                if seen > 200:
-                    break
-        assert seen >= 50
+                assert seen <= 50, "the scan saw keys written after it was created"
+        assert seen == 50
 
     # -- lifecycle -------------------------------------------------------------------
     def test_close_is_idempotent_and_ops_fail_after(self, store: KeyValueStore) -> None:
