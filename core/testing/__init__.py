@@ -4,18 +4,24 @@
   ``store`` fixture yielding an empty store; every KeyValueStore contract is checked.
 * :func:`layer_stack` / :data:`LAYER_COMBOS` — wrap any KV engine in each layer
   combination the framework uses.
+* :class:`StorageEngineConformance` — the engine half: exact restore into empty and
+  stale engines, uncommitted close, SIGKILL trials (set ``engine = "module:Factory"``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["KeyValueStoreConformance", "layer_stack", "LAYER_COMBOS"]
+__all__ = ["KeyValueStoreConformance", "layer_stack", "LAYER_COMBOS", "StorageEngineConformance"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so that importing a sibling module (e.g. the torture harness in its many
     # short-lived child processes) does not pay for pytest, which conformance imports.
+    if name == "StorageEngineConformance":
+        from . import engine_conformance
+
+        return engine_conformance.StorageEngineConformance
     if name in __all__:
         from . import conformance
 
