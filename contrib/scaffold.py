@@ -104,12 +104,12 @@ class {cls}Engine(KeyValueEngine):
         self._d().pop(key, None)
 
     def _scan(self, start: bytes | None, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        # localstate's iterator rule: the store as of this call, so copy the pairs now
+        # (a generator reading the dict later would see writes made while iterating)
         data = self._d()
-        for k in sorted(data):
-            if (start is None or k >= start) and (stop is None or k < stop):
-                v = self._d().get(k)
-                if v is not None:
-                    yield k, v
+        pairs = [(k, data[k]) for k in sorted(data)
+                 if (start is None or k >= start) and (stop is None or k < stop)]
+        return iter(pairs)
 
     def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
         self._d()
