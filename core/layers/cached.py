@@ -299,6 +299,11 @@ class CachedStore(ForwardingStore):
             self._flush_dirty(new_deletes=list(batch))
         else:
             self._flush_dirty(new_puts=batch)
+        self._keep_clean(batch)
+
+    def _keep_clean(self, batch: dict[Any, Any]) -> None:
+        """After a batch went down: keep its newest ``cache_size`` entries, clean."""
+        cache = self._cache
         if len(batch) >= self.cache_size:
             cache.clear()
             cache.update(islice(batch.items(), len(batch) - self.cache_size, None))
@@ -414,15 +419,7 @@ class CachedStore(ForwardingStore):
         self._flush_dirty()
         for enc_keys, enc_values in chunks:
             codec.put_encoded(dict(zip(enc_keys, enc_values)))  # later pairs for one key win
-        batch = dict(zip(ckeys, values))
-        cache = self._cache
-        if len(batch) >= self.cache_size:
-            cache.clear()
-            cache.update(islice(batch.items(), len(batch) - self.cache_size, None))
-        else:
-            cache.update(batch)
-            deque(map(cache.move_to_end, batch), 0)
-            self._evict()
+        self._keep_clean(dict(zip(ckeys, values)))
 
     def delete(self, key: Any) -> None:
         self._write(key, _ABSENT)
