@@ -233,6 +233,9 @@ class TaskStorage:
                             self.job, partition, ckpt.version)
             else:
                 ckpt = self._read_checkpoint(recovery)
+            home = self._system(config.checkpoint_system).describe()
+            if ckpt is None and not recovery:
+                self._check_home(home)
             self._committed: Checkpoint | None = ckpt
             self._checkpoint = ckpt if ckpt is not None and ckpt.committed else None
             self.epoch = (ckpt.epoch if ckpt else 0) + 1
@@ -243,11 +246,42 @@ class TaskStorage:
             if self._register:
                 with paused():
                     self._write_checkpoint(ckpt.version if ckpt else -1, ckpt.input_position if ckpt else None)
+            if ckpt is None or recovery:
+                self._write_home(home)
         except BaseException:
             self._close_all(raise_errors=False)
             raise
 
     # -- opening and restoring ---------------------------------------------------------------
+    def _home_file(self) -> Path:
+        return self.config.state_dir / self.job / ".locks" / f"partition-{self.partition}.home"
+
+    def _check_home(self, home: str) -> None:
+        """No checkpoint where the config says, but this state dir remembers the task's
+        checkpoints elsewhere (the checkpoint system was changed, e.g. file → kafka):
+        an error, not a silently new, empty task."""
+        try:
+            before = self._home_file().read_text().strip()
+        except (FileNotFoundError, OSError):
+            return
+        if before and before != home:
+            raise CorruptionError(
+                f"task {self.job}/partition {self.partition}: no checkpoint in {home}, but this state dir "
+                f"({self.config.state_dir}) last kept the task's checkpoints in {before}: was the checkpoint "
+                "or changelog system changed? Nothing was changed. Set the config back; or start the task "
+                "over in the new system with `localstate restore --reset STORE` for each store."
+            )
+
+    def _write_home(self, home: str) -> None:
+        """Remember (once per task, not per commit) where the task's checkpoints live."""
+        path = self._home_file()
+        try:
+            if not path.exists() or path.read_text().strip() != home:
+                path.write_text(home + "\n")
+        except OSError as e:
+            log.warning("could not record %s (%s); a later change of checkpoint system will not be detected",
+                        path, e)
+
     def _read_checkpoint(self, recovery: Recovery) -> Checkpoint | None:
         """The latest checkpoint; an unreadable one is an error unless the operator
         decided, for every logged store, what its state is (accept the log or reset)."""

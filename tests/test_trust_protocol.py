@@ -546,3 +546,21 @@ def test_verify_on_kafka_reads_back_records_and_creates_nothing(tmp_path, kafka_
     assert not check.ok and "does not exist" in check.problems[0]
     topics = AdminClient({"bootstrap.servers": kafka_broker}).list_topics(timeout=10).topics
     assert other.systems["kafka"]["checkpoint.topic"] not in topics
+
+
+def test_checkpoint_system_changed_between_deploys_is_not_a_new_empty_task(tmp_path):
+    """The case no checkpoint can explain by itself: checkpoints and changelog both moved
+    to a new, empty place. The task's state dir remembers where they were."""
+    config = Config.from_dict(values(tmp_path))
+    run_counters(config, range(1, 3))
+    moved = Config.from_dict(values(tmp_path, **{"systems.file.path": str(tmp_path / "elsewhere")}))
+    with pytest.raises(CorruptionError, match=r"last kept the task's checkpoints in file changelog at .*changelog"):
+        TaskStorage(moved)
+    assert not (tmp_path / "elsewhere" / "_checkpoints").exists()  # nothing written there
+    with TaskStorage(config) as s:  # set back: all there
+        assert read_all(s) == expected_counters(2)
+    with TaskStorage(moved, recovery=Recovery(reset={"counts"})) as s:  # or start over, explicitly
+        assert read_all(s) == {}
+        s.commit(input_position=0)
+    with TaskStorage(moved) as s:
+        assert s.checkpoint.input_position == 0
