@@ -38,7 +38,7 @@ from localstate.checkpoint import Checkpoint
 from localstate.engine import ChangeRecord
 from localstate.errors import ChangelogError, ConfigError, CorruptionError
 from localstate.faults import fault_point
-from localstate.locking import FileLock, io_error
+from localstate.locking import FileLock, fsync_dir, io_error
 from localstate.options import coerce
 
 from .base import ChangelogPartition, ChangelogSystem, CheckpointStore, CurrentFn
@@ -59,15 +59,6 @@ log = logging.getLogger("localstate.changelog.file")
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 DEFAULT_RETENTION_MS = 24 * 3600 * 1000
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so renames and new files in it are durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def atomic_write(path: Path, data: bytes, *, before_rename: str | None = None) -> None:

@@ -185,8 +185,6 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
     instead of guessing (RELIABILITY.md, "operator damage"); each is written into the
     task checkpoint, so the next open needs no option.
     """
-    import shutil
-
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .storage import Recovery, TaskStorage
@@ -205,11 +203,6 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} records"),
                   TimeElapsedColumn()) as progress:
         for p in parts:
-            if wipe:
-                for name in config.stores:
-                    d = config.state_dir / config.job_name / name / str(p)
-                    if d.exists():
-                        shutil.rmtree(d)
             bars: dict[str, Any] = {}
 
             def listener(ev: Any, p: int = p, bars: dict[str, Any] = bars) -> None:
@@ -218,7 +211,8 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
                 progress.update(bars[ev.store], completed=ev.records)
 
             try:
-                with TaskStorage(config, p, restore_listener=listener, recovery=recovery) as storage:
+                with TaskStorage(config, p, restore_listener=listener, recovery=recovery,
+                                 discard_local=wipe) as storage:
                     for name, ev in storage.last_restore.items():
                         progress.console.print(
                             f"{name}[{p}]: {ev.records:,} records, {ev.bytes / 1e6:.1f} MB in {ev.seconds:.2f}s "

@@ -10,6 +10,7 @@ from typing import Any
 
 from .checkpoint import Checkpoint
 from .errors import LocalStateError
+from .layout import LOCKS
 
 __all__ = ["inspect_path", "lock_holder"]
 
@@ -89,7 +90,7 @@ def inspect_path(path: Path) -> dict[str, Any]:
             except LocalStateError as e:
                 row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
             report["partitions"].append(row)
-    for lockdir in sorted(path.glob("**/.locks")):
+    for lockdir in sorted(path.glob(f"**/{LOCKS}")):
         jobdir = lockdir.parent
         for sdir in sorted(d for d in jobdir.iterdir() if d.is_dir() and not d.name.startswith(".")):
             for pdir in sorted(d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()):

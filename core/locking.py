@@ -1,15 +1,17 @@
-"""Process-exclusive file locks and the standard I/O error translation."""
+"""Local-file primitives: process-exclusive locks, durable directory steps
+(:func:`fsync_dir`, :func:`remove_tree`) and the standard I/O error translation."""
 
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
+import shutil
 from pathlib import Path
 
 from .errors import ChangelogError, StoreLockedError
 
-__all__ = ["FileLock", "io_error"]
+__all__ = ["FileLock", "io_error", "fsync_dir", "remove_tree"]
 
 
 def io_error(e: OSError, what: str, path: Path, error: type[Exception] = ChangelogError) -> Exception:
@@ -49,3 +51,30 @@ class FileLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete ``path`` (file or directory) if it exists.
+
+    A directory is first renamed aside (``<name>.deleting-<pid>``) and then deleted, so a
+    crash midway never leaves a half-deleted database under its real name (a RocksDB
+    ``db/`` whose ``CURRENT`` names a MANIFEST already gone would not open). Leftovers
+    of such a crash are deleted on the next call for the same path.
+    """
+    for stale in path.parent.glob(f"{path.name}.deleting-*") if path.parent.is_dir() else ():
+        shutil.rmtree(stale, ignore_errors=True)
+    if path.is_dir() and not path.is_symlink():
+        aside = path.with_name(f"{path.name}.deleting-{os.getpid()}")
+        os.replace(path, aside)
+        shutil.rmtree(aside)
+    elif path.exists() or path.is_symlink():
+        path.unlink()

@@ -44,7 +44,8 @@ from .errors import (
 from .faults import fault_point, paused
 from .kv import KeyValueStore
 from .layers import build_store
-from .locking import FileLock, io_error
+from .layout import home_path, store_dir, task_lock
+from .locking import io_error, remove_tree
 from .metrics import RestoreProgress, StoreMetrics
 from .registry import SYSTEMS, did_you_mean, resolve_factory
 from .serdes import get_serde
@@ -186,6 +187,8 @@ class TaskStorage:
         *,
         restore_listener: RestoreListener | None = None,
         recovery: Recovery | None = None,
+        lock_wait_s: float = 0.0,
+        discard_local: bool = False,
     ) -> None:
         if not isinstance(config, Config):
             raise TypeError(f"TaskStorage needs a localstate.Config, got {type(config).__name__}")
@@ -209,15 +212,9 @@ class TaskStorage:
         self._failed: BaseException | None = None
         self.last_restore: dict[str, RestoreProgress] = {}
         """Per store: how the restore at open went (records, bytes, seconds)."""
-        task_dir = config.state_dir / self.job
-        try:
-            (task_dir / ".locks").mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise io_error(e, "create state directory", task_dir, LocalStateError) from e
-        self._lock = FileLock(
-            task_dir / ".locks" / f"partition-{partition}.lock",
-            f"task {self.job}/partition {partition} (state dir {config.state_dir})",
-        )
+        self._lock = task_lock(config, partition, lock_wait_s)
+        if discard_local:
+            self._discard_local_copies()
         self._recovery = recovery
         self._register = bool(recovery)  # write a checkpoint at open (new stores, recovery)
         try:
@@ -254,7 +251,18 @@ class TaskStorage:
 
     # -- opening and restoring ---------------------------------------------------------------
     def _home_file(self) -> Path:
-        return self.config.state_dir / self.job / ".locks" / f"partition-{self.partition}.home"
+        return home_path(self.config, self.partition)
+
+    def _discard_local_copies(self) -> None:
+        """Delete every store's local copy (under the task lock), so each is rebuilt
+        from its changelog on open."""
+        for name in self.config.stores:
+            directory = self.store_dir(name)
+            try:
+                remove_tree(directory)
+            except OSError as e:
+                self._lock.release()
+                raise io_error(e, "delete the local copy", directory, LocalStateError) from e
 
     def _check_home(self, home: str) -> None:
         """No checkpoint where the config says, but this state dir remembers the task's
@@ -303,8 +311,8 @@ class TaskStorage:
         return system
 
     def store_dir(self, name: str) -> Path:
-        """``job.state.dir/<job>/<store>/<partition>``."""
-        return self.config.state_dir / self.job / name / str(self.partition)
+        """``job.state.dir/<job>/<store>/<partition>`` (:func:`localstate.layout.store_dir`)."""
+        return store_dir(self.config, name, self.partition)
 
     def _check_meta(self, spec: StoreSpec, directory: Path) -> None:
         """A store whose engine or serdes changed since its last commit is an error

@@ -9,13 +9,11 @@
 * :func:`explain_bad_pairs` / :func:`explain_bad_key` — turn the native library's
   terse type error into the standard :class:`~localstate.errors.SerializationError`
   (type checks happen only after the library refused, so the happy path pays nothing);
-* :func:`fsync_dir`, :func:`remove_tree`.
+* the durable file steps (``fsync_dir``, ``remove_tree``) live in :mod:`localstate.locking`.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,8 +28,6 @@ __all__ = [
     "engine_lock",
     "explain_bad_pairs",
     "explain_bad_key",
-    "fsync_dir",
-    "remove_tree",
 ]
 
 
@@ -92,30 +88,3 @@ def explain_bad_key(store: str, key: object) -> None:
 def explain_bad_pairs(store: str, entries: Iterable[tuple[object, object]]) -> None:
     """Raise the standard error for the first non-bytes key/value (or ``None`` value)."""
     require_bytes_pairs(store, entries)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new entry in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_tree(path: Path) -> None:
-    """Delete ``path`` (file or directory) if it exists.
-
-    A directory is first renamed aside (``<name>.deleting-<pid>``) and then deleted, so a
-    crash midway never leaves a half-deleted database under its real name (a RocksDB
-    ``db/`` whose ``CURRENT`` names a MANIFEST already gone would not open). Leftovers
-    of such a crash are deleted on the next call for the same path.
-    """
-    for stale in path.parent.glob(f"{path.name}.deleting-*") if path.parent.is_dir() else ():
-        shutil.rmtree(stale, ignore_errors=True)
-    if path.is_dir() and not path.is_symlink():
-        aside = path.with_name(f"{path.name}.deleting-{os.getpid()}")
-        os.replace(path, aside)
-        shutil.rmtree(aside)
-    elif path.exists() or path.is_symlink():
-        path.unlink()

@@ -47,14 +47,13 @@ from localstate.errors import (
     StoreLockedError,
 )
 from localstate.kv import KeyValueIterator, reject_none
-from localstate.locking import io_error
+from localstate.locking import io_error, remove_tree
 
 from ._persistent import (
     IteratorRegistry,
     engine_lock,
     explain_bad_key,
     explain_bad_pairs,
-    remove_tree,
 )
 
 __all__ = ["LevelDBEngine", "LevelDBEngineFactory", "LevelDBOptions"]

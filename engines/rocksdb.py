@@ -62,15 +62,13 @@ from localstate.errors import (
 )
 from localstate.faults import fault_point
 from localstate.kv import KeyValueIterator, prefix_upper_bound, reject_none
-from localstate.locking import io_error
+from localstate.locking import fsync_dir, io_error, remove_tree
 
 from ._persistent import (
     IteratorRegistry,
     engine_lock,
     explain_bad_key,
     explain_bad_pairs,
-    fsync_dir,
-    remove_tree,
 )
 
 __all__ = ["RocksDBEngine", "RocksDBEngineFactory", "RocksDBOptions"]

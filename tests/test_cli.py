@@ -75,3 +75,21 @@ def test_compact_and_bad_arguments(tmp_path):
     assert bad.exit_code != 0 and "unknown store" in bad.output
     bad = CliRunner().invoke(cli, ["restore", "-c", str(props), "--set", "novalue"])
     assert bad.exit_code != 0 and "KEY=VALUE" in bad.output
+
+
+def test_restore_wipe_takes_the_task_lock_before_deleting(tmp_path):
+    """A restore beside a running task must not delete the task's local copy: the task
+    lock is taken first, so it fails with the holder named and nothing is deleted."""
+    from localstate import Config, layout
+
+    props = _props(tmp_path)
+    props.write_text(props.read_text().replace("factory = memory", "factory = rocksdb"))
+    config = _fill(props)
+    local = layout.store_dir(config, "counts", 0)
+    with TaskStorage(Config.from_properties(props)):
+        before = sorted(p.name for p in local.rglob("*"))
+        result = CliRunner().invoke(cli, ["restore", "-c", str(props), "--wipe"])
+        assert result.exit_code != 0 and "locked by pid" in result.output, result.output
+        assert sorted(p.name for p in local.rglob("*")) == before
+    result = CliRunner().invoke(cli, ["restore", "-c", str(props), "--wipe"])
+    assert result.exit_code == 0 and "100 records" in result.output, result.output

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localstate import Config, TaskStorage
+from localstate import Config, TaskStorage, layout
 from localstate.errors import CorruptionError, LocalStateError
 from localstate.storage import Recovery
 from localstate.testing import torture as T
@@ -257,7 +257,7 @@ def test_damaged_local_engine_files_rebuild_or_raise_never_wrong(tmp_path, engin
     """Corrupt RocksDB/LevelDB/tantivy/SQLite files: the reopened store either equals the
     last commit (rebuilt from the changelog) or the error names the store's path."""
     config, states, adapter = setup_task(tmp_path, engine, commits=3)
-    store_dir = config.state_dir / config.job_name / T.STORE / "0"
+    store_dir = layout.store_dir(config, T.STORE, 0)
     assert _damage(store_dir, how) > 0, f"{engine} keeps no local files"
     try:
         result = reopen(config, adapter)
@@ -321,7 +321,7 @@ def test_deleted_key_stays_deleted_after_compaction_and_an_old_local_snapshot(tm
                        compact_every=0, retention_ms=0, faults=())
     adapter = T.adapter_for(engine)
     config = Config.from_dict(plan.values(tmp_path, None, ""))
-    store_dir = config.state_dir / config.job_name / T.STORE / "0"
+    store_dir = layout.store_dir(config, T.STORE, 0)
 
     def put(store: Any, key: str, i: int) -> None:
         if isinstance(adapter, T.SearchWorkload):

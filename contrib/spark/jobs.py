@@ -30,6 +30,7 @@ import click
 import pyarrow as pa
 import pyarrow.compute as pc
 from localstate import Config, KeyValueStore, LocalStateError, RestoreProgress, TaskStorage
+from localstate.layout import job_dir
 from localstate.registry import resolve_factory
 
 from .job_engines import DistinctViewers, ProfileSearch, TrendingPages, merge_top, search_profiles
@@ -209,7 +210,7 @@ def restore_state(config: Config, listener: Callable[[RestoreProgress], None] | 
     """Simulate the loss of the machine: delete the job's local state
     (``job.state.dir/<job>``; the changelog and checkpoints survive), then restore
     every partition from the changelog and snapshot it (see :func:`snapshot_state`)."""
-    local = config.state_dir / config.job_name
+    local = job_dir(config)
     if local.exists():
         shutil.rmtree(local)
     done: list[RestoreProgress] = []

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from localstate import Config, ConfigError, LocalStateError, StoreLockedError, TaskStorage
+from localstate import Config, ConfigError, LocalStateError, TaskStorage
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -199,16 +199,9 @@ def executor_state_dir(config: Config, executor: str | None = None) -> Config:
 
 
 def open_storage(config: Config, partition: int, lock_wait_s: float = LOCK_WAIT_S) -> TaskStorage:
-    """``TaskStorage(config, partition)``, retrying while another (dying) attempt holds
-    the partition lock, for up to ``lock_wait_s`` seconds."""
-    deadline = time.monotonic() + lock_wait_s
-    while True:
-        try:
-            return TaskStorage(config, partition)
-        except StoreLockedError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)
+    """``TaskStorage(config, partition)``, waiting up to ``lock_wait_s`` seconds while
+    another (dying) attempt holds the partition lock."""
+    return TaskStorage(config, partition, lock_wait_s=lock_wait_s)
 
 
 def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -30,12 +30,11 @@ rebuild from the changelog).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from localstate import Checkpoint, Config, LocalStateError, StoreLockedError
-from localstate.locking import FileLock
+from localstate import Checkpoint, Config, LocalStateError
+from localstate.layout import task_lock
 from localstate.storage import open_system
 
 if TYPE_CHECKING:
@@ -61,30 +60,13 @@ def stream_position(batch_id: int, rows: int, previous: Checkpoint | None) -> di
     return {"batch_id": batch_id, "rows": rows, _PREVIOUS: prev}
 
 
-def _lock(config: Config, partition: int, lock_wait_s: float) -> FileLock:
-    # The same lock file TaskStorage takes, so no attempt of the task runs meanwhile.
-    locks = config.state_dir / config.job_name / ".locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + lock_wait_s
-    while True:
-        try:
-            return FileLock(
-                locks / f"partition-{partition}.lock",
-                f"task {config.job_name}/partition {partition} (state dir {config.state_dir})",
-            )
-        except StoreLockedError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.2)
-
-
 def prepare_version(config: Config, partition: int, batch_id: int, lock_wait_s: float = 60.0) -> bool:
     """Make task ``partition`` ready to apply micro-batch ``batch_id``; True if it rolled back.
 
     Rolls the task checkpoint back when it already holds ``batch_id`` (see the module
     docstring); raises :class:`LocalStateError` when it is ahead of ``batch_id``.
     """
-    lock = _lock(config, partition, lock_wait_s)
+    lock = task_lock(config, partition, lock_wait_s)
     system = open_system(config, config.checkpoint_system)
     try:
         store = system.checkpoints()

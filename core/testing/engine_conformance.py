@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import pytest
 from localstate.config import Config
+from localstate.layout import store_dir
 from localstate.storage import TaskStorage
 
 from . import torture as T
@@ -51,7 +52,7 @@ class StorageEngineConformance:
         return Config.from_dict(self._plan().values(root, None, "conf"))
 
     def _local_dir(self, config: Config) -> Path:
-        return config.state_dir / config.job_name / T.STORE
+        return store_dir(config, T.STORE, 0).parent
 
     def _run(self, config: Config, until: int | None = None) -> list[Any]:
         """Apply the workload from the committed position up to batch ``until``; returns
