@@ -19,7 +19,7 @@ local copy, or a stale one, and restores from the changelog — which must stay
 shared (``systems.file.path``). Attempts of one task on different executors are
 then kept apart by the changelog partition's single-writer lock, not the state-dir
 lock, and a streaming task checks its committed version again once it holds that
-lock (see ``_open_for_batch``).
+lock (see :func:`localstate.contrib.spark.streaming.open_version`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from localstate import Config, ConfigError, LocalStateError, TaskStorage
+
+from .streaming import commit_version, next_version, open_version
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -198,12 +200,6 @@ def executor_state_dir(config: Config, executor: str | None = None) -> Config:
     return config.with_overrides({"job.state.dir": state_dir.replace(EXECUTOR_PLACEHOLDER, name)})
 
 
-def open_storage(config: Config, partition: int, lock_wait_s: float = LOCK_WAIT_S) -> TaskStorage:
-    """``TaskStorage(config, partition)``, waiting up to ``lock_wait_s`` seconds while
-    another (dying) attempt holds the partition lock."""
-    return TaskStorage(config, partition, lock_wait_s=lock_wait_s)
-
-
 def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Run task ``partition`` over ``batches`` and yield its output batches.
 
@@ -215,16 +211,10 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
     ``{executor}`` in ``job.state.dir`` is resolved here, on the executor (the task
     sees the resolved config).
     """
-    from .streaming import stream_position
-
     config = executor_state_dir(run.config)
-    if run.batch_id is None:
-        storage = open_storage(config, partition, run.lock_wait_s)
-    else:
-        storage = _open_for_batch(config, partition, run.batch_id, run.lock_wait_s)
+    storage = open_version(config, partition, run.batch_id, run.lock_wait_s)
     task: StreamTask | None = None
     try:
-        previous = storage.checkpoint
         emit = Emitter(run.output_schema)
         task = run.task()
         task.init(TaskContext(partition, config.partitions, config, storage))
@@ -236,38 +226,13 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
             yield from emit.drain()
         task.window(emit)
         yield from emit.drain()
-        if run.batch_id is None:
-            before = previous.input_position if previous is not None else None
-            done = before.get("rows", 0) if isinstance(before, dict) else 0
-            storage.commit({"rows": done + rows})
-        else:
-            storage.commit(stream_position(run.batch_id, rows, previous), version=run.batch_id)
+        commit_version(storage, run.batch_id, rows)
     finally:
         try:
             if task is not None:
                 task.close()
         finally:
             storage.close()
-
-
-def _open_for_batch(config: Config, partition: int, batch_id: int, lock_wait_s: float) -> TaskStorage:
-    """The partition's storage, opened with a committed version below ``batch_id``.
-
-    :func:`~localstate.contrib.spark.streaming.prepare_version` rolls back a commit of
-    ``batch_id`` before the storage is opened; the version is checked again once it is
-    open (its locks held), because another attempt of the task — on another executor,
-    with its own state dir and lock — may have committed ``batch_id`` while this one
-    waited for the changelog lock. Then it is closed, rolled back and opened again.
-    """
-    from .streaming import prepare_version
-
-    while True:
-        prepare_version(config, partition, batch_id, lock_wait_s)
-        storage = open_storage(config, partition, lock_wait_s)
-        current = storage.checkpoint
-        if current is None or current.version < batch_id:
-            return storage
-        storage.close()
 
 
 def _spark_partition_id() -> int:
@@ -333,7 +298,8 @@ class StatefulJob:
     def _struct(self) -> StructType:
         return _to_struct(self.output_schema)
 
-    def _check_key(self, df: DataFrame) -> None:
+    def check_input(self, df: DataFrame) -> None:
+        """Raise :class:`ConfigError` unless ``df`` has the job's key column."""
         if self.key not in df.columns:
             raise ConfigError(
                 f"job {self.config.job_name!r}: key column {self.key!r} is not in the input "
@@ -348,7 +314,7 @@ class StatefulJob:
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        self._check_key(df)
+        self.check_input(df)
         struct = self._struct()
         run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s)
 
@@ -374,24 +340,7 @@ class StatefulJob:
         tasks have committed and others not; the next ``run`` refuses to guess and
         names the version to repeat: ``run(same_input, version=V)`` completes it.
         """
-        from .streaming import committed_batches
-
-        committed = committed_batches(self.config)
-        done = {v for v in committed.values()}
-        if version is None:
-            if len(done) > 1:
-                mixed = {p: v for p, v in committed.items()}
-                latest = max(v for v in done if v is not None)
-                raise LocalStateError(
-                    f"job {self.config.job_name!r}: the tasks' committed versions differ ({mixed}): an "
-                    f"earlier run (version {latest}) did not finish. Run it again with the same input to "
-                    f"complete it: job.run(df, version={latest}); tasks that committed it roll back and "
-                    "apply it again, the others apply it once"
-                )
-            (last,) = done if done else (None,)
-            version = 0 if last is None else last + 1
-        elif not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            raise ConfigError(f"version must be an int >= 0, got {version!r}")
+        version = next_version(self.config, version)
         return self.transform(df, batch_id=version).localCheckpoint(eager=True)
 
     def run_stream(
@@ -402,10 +351,35 @@ class StatefulJob:
         trigger: dict[str, Any] | None = None,
         output: Callable[[DataFrame, int], None] | None = None,
     ) -> StreamingQuery:
-        """Start a Structured Streaming query; see :func:`localstate.contrib.spark.streaming.start`."""
-        from .streaming import start
+        """Start the job over ``stream_df`` with ``foreachBatch``; returns the running query.
 
-        return start(self, stream_df, checkpoint_location=checkpoint_location, trigger=trigger, output=output)
+        Each micro-batch ``B`` runs every task with commit version ``B``. ``output(df, B)``
+        receives the batch's emitted rows (persisted, so evaluating them more than once
+        does not re-run the tasks); without ``output`` the rows are computed and dropped.
+        ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``
+        or ``{"processingTime": "2 seconds"}``).
+        """
+        self.check_input(stream_df)
+
+        def run_batch(df: DataFrame, batch_id: int) -> None:
+            result = self.transform(df, batch_id=batch_id)
+            if output is None:
+                result.write.format("noop").mode("overwrite").save()
+                return
+            from pyspark import StorageLevel
+
+            result = result.persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                result.count()
+                output(result, batch_id)
+            finally:
+                result.unpersist()
+
+        writer = stream_df.writeStream.foreachBatch(run_batch).option("checkpointLocation", checkpoint_location)
+        writer = writer.queryName(f"localstate-{self.config.job_name}")
+        if trigger:
+            writer = writer.trigger(**trigger)
+        return writer.start()
 
 
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,")

@@ -21,6 +21,12 @@ So when task ``p`` starts batch ``B`` and finds its committed version ``V``:
 * ``V > B``: the state is ahead of Spark's checkpoint (a reset or foreign checkpoint
   location): an error — state must never be ahead of what Spark committed.
 
+A batch run (``StatefulJob.run``) is the same protocol with a version of its own:
+one past the tasks' committed version, so a re-evaluation or task retry is idempotent.
+
+The interface the runner uses: :func:`open_version` before a task processes,
+:func:`commit_version` after, :func:`next_version` for a batch run.
+
 Hence every input record affects the state exactly once, and the state observed by
 any batch never includes work Spark has not committed. Spark re-runs at most the
 last batch, so one step of history is enough. A rollback costs a restore of the
@@ -30,20 +36,20 @@ rebuild from the changelog).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from localstate import Checkpoint, Config, LocalStateError
+from localstate import Checkpoint, Config, ConfigError, LocalStateError, TaskStorage
 from localstate.layout import task_lock
 from localstate.storage import open_system
 
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
-    from pyspark.sql.streaming import StreamingQuery
-
-    from .runner import StatefulJob
-
-__all__ = ["prepare_version", "stream_position", "start", "committed_batches"]
+__all__ = [
+    "open_version",
+    "commit_version",
+    "next_version",
+    "prepare_version",
+    "stream_position",
+    "committed_batches",
+]
 
 _PREVIOUS = "previous"
 
@@ -121,40 +127,55 @@ def committed_batches(config: Config) -> dict[int, int | None]:
         system.close()
 
 
-def start(
-    job: StatefulJob,
-    stream_df: DataFrame,
-    *,
-    checkpoint_location: str,
-    trigger: dict[str, Any] | None = None,
-    output: Callable[[DataFrame, int], None] | None = None,
-) -> StreamingQuery:
-    """Start ``job`` over ``stream_df`` with ``foreachBatch``; returns the running query.
+def open_version(config: Config, partition: int, version: int | None, lock_wait_s: float) -> TaskStorage:
+    """Task ``partition``'s storage, ready to apply ``version`` (None: an unversioned run).
 
-    Each micro-batch ``B`` runs every task with commit version ``B``. ``output(df, B)``
-    receives the batch's emitted rows (persisted, so evaluating them more than once
-    does not re-run the tasks); without ``output`` the rows are computed and dropped.
-    ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``
-    or ``{"processingTime": "2 seconds"}``).
+    :func:`prepare_version` rolls back a commit of ``version`` before the storage is
+    opened; the version is checked again once it is open (its locks held), because
+    another attempt of the task — on another executor, with its own state dir and lock —
+    may have committed ``version`` while this one waited for the changelog lock. Then
+    it is closed, rolled back and opened again.
     """
-    job._check_key(stream_df)  # noqa: SLF001 - same job, fail before starting the query
+    if version is None:
+        return TaskStorage(config, partition, lock_wait_s=lock_wait_s)
+    while True:
+        prepare_version(config, partition, version, lock_wait_s)
+        storage = TaskStorage(config, partition, lock_wait_s=lock_wait_s)
+        current = storage.checkpoint
+        if current is None or current.version < version:
+            return storage
+        storage.close()
 
-    def run_batch(df: DataFrame, batch_id: int) -> None:
-        result = job.transform(df, batch_id=batch_id)
-        if output is None:
-            result.write.format("noop").mode("overwrite").save()
-            return
-        from pyspark import StorageLevel
 
-        result = result.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            result.count()
-            output(result, batch_id)
-        finally:
-            result.unpersist()
+def commit_version(storage: TaskStorage, version: int | None, rows: int) -> None:
+    """Commit a task that applied ``rows`` input rows as ``version`` (None: an
+    unversioned run, which counts the rows it has applied in total)."""
+    previous = storage.checkpoint
+    if version is None:
+        before = previous.input_position if previous is not None else None
+        done = before.get("rows", 0) if isinstance(before, dict) else 0
+        storage.commit({"rows": done + rows})
+    else:
+        storage.commit(stream_position(version, rows, previous), version=version)
 
-    writer = stream_df.writeStream.foreachBatch(run_batch).option("checkpointLocation", checkpoint_location)
-    writer = writer.queryName(f"localstate-{job.config.job_name}")
-    if trigger:
-        writer = writer.trigger(**trigger)
-    return writer.start()
+
+def next_version(config: Config, version: int | None = None) -> int:
+    """The version a batch run commits: ``version`` if given (an int >= 0), else one
+    past the tasks' committed version. Tasks at different versions mean an earlier run
+    did not finish: an error naming the version to run again."""
+    if version is not None:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ConfigError(f"version must be an int >= 0, got {version!r}")
+        return version
+    committed = committed_batches(config)
+    done = set(committed.values())
+    if len(done) > 1:
+        latest = max(v for v in done if v is not None)
+        raise LocalStateError(
+            f"job {config.job_name!r}: the tasks' committed versions differ ({committed}): an "
+            f"earlier run (version {latest}) did not finish. Run it again with the same input to "
+            f"complete it: job.run(df, version={latest}); tasks that committed it roll back and "
+            "apply it again, the others apply it once"
+        )
+    (last,) = done if done else (None,)
+    return 0 if last is None else last + 1
