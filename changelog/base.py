@@ -132,11 +132,33 @@ class CheckpointStore(ABC):
 class ChangelogSystem(ABC):
     """A changelog backend, configured by ``systems.<name>.*`` keys.
 
-    ``options_keys`` lists accepted keys (``*`` suffix = a pass-through prefix such as
-    ``producer.*``); other keys are rejected up front with a suggestion.
+    Options, like an engine's, are a frozen dataclass ``options_type`` (field
+    ``segment_bytes`` is the key ``segment.bytes``; a ``validate(self, prefix)`` method
+    runs last), parsed once by :meth:`parse_settings` when the config is validated and
+    again, identically, when the system opens (``self.settings``). ``pass_through``
+    names key prefixes handed on as string dicts (``producer.linger.ms`` → the field
+    ``producer`` = ``{"linger.ms": "10"}``). Unknown keys are rejected up front with a
+    suggestion.
+
+    A system without an ``options_type`` may instead list ``options_keys`` (``*``
+    suffix = a pass-through prefix) and check them in a ``validate_options(name,
+    options)`` classmethod.
     """
 
+    options_type: ClassVar[type | None] = None
+    pass_through: ClassVar[tuple[str, ...]] = ()
     options_keys: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def parse_settings(cls, name: str, options: Mapping[str, Any]) -> Any:
+        """``options`` (the ``systems.<name>.*`` keys) as an ``options_type`` instance;
+        :class:`ConfigError` names the full key. None without an ``options_type``."""
+        if cls.options_type is None:
+            return None
+        from localstate.options import parse_options
+
+        raw = {k: v for k, v in options.items() if k != "type"}
+        return parse_options(cls.options_type, raw, f"systems.{name}", cls.pass_through)
 
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         self.name = name

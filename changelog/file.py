@@ -39,7 +39,6 @@ from localstate.engine import ChangeRecord
 from localstate.errors import ChangelogError, ConfigError, CorruptionError
 from localstate.faults import fault_point
 from localstate.locking import FileLock, fsync_dir, io_error
-from localstate.options import coerce
 
 from .base import ChangelogPartition, ChangelogSystem, CheckpointStore, CurrentFn
 from .format import (
@@ -637,28 +636,37 @@ class FileCheckpointStore(CheckpointStore):
             raise io_error(e, "write checkpoint", current) from e
 
 
+@dataclass(frozen=True)
+class FileChangelogOptions:
+    """``systems.<name>.*`` of the file changelog."""
+
+    path: str = "./changelog"
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    """Roll to a new segment file at this size (compaction works on closed segments)."""
+    delete_retention_ms: int = DEFAULT_RETENTION_MS
+    """How long compaction keeps a tombstone (as Kafka's ``delete.retention.ms``)."""
+    fsync: bool = True
+    """false is for benchmarks only: a commit is then not durable."""
+
+    def validate(self, prefix: str) -> None:
+        if self.segment_bytes < 4096:
+            raise ConfigError(f"{prefix}.segment.bytes = {self.segment_bytes}: must be >= 4096")
+        if self.delete_retention_ms < 0:
+            raise ConfigError(f"{prefix}.delete.retention.ms = {self.delete_retention_ms}: must be >= 0")
+
+
 class FileChangelogSystem(ChangelogSystem):
-    """The embedded default. Keys: ``path`` (default ``./changelog``), ``segment.bytes``,
-    ``delete.retention.ms``, ``fsync`` (default true; false is for benchmarks only)."""
+    """The embedded default; options: :class:`FileChangelogOptions`."""
 
-    options_keys = ("path", "segment.bytes", "delete.retention.ms", "fsync")
-
-    @classmethod
-    def validate_options(cls, name: str, options: Mapping[str, Any]) -> None:
-        seg = coerce(options.get("segment.bytes", DEFAULT_SEGMENT_BYTES), int, f"systems.{name}.segment.bytes")
-        if seg < 4096:
-            raise ConfigError(f"systems.{name}.segment.bytes = {seg}: must be >= 4096")
-        ret = coerce(options.get("delete.retention.ms", DEFAULT_RETENTION_MS), int, f"systems.{name}.delete.retention.ms")
-        if ret < 0:
-            raise ConfigError(f"systems.{name}.delete.retention.ms = {ret}: must be >= 0")
-        coerce(options.get("fsync", True), bool, f"systems.{name}.fsync")
+    options_type = FileChangelogOptions
 
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         super().__init__(name, options, job)
-        self.root = Path(str(options.get("path", "./changelog")))
-        self.segment_bytes = coerce(options.get("segment.bytes", DEFAULT_SEGMENT_BYTES), int, "segment.bytes")
-        self.retention_ms = coerce(options.get("delete.retention.ms", DEFAULT_RETENTION_MS), int, "delete.retention.ms")
-        self.fsync = coerce(options.get("fsync", True), bool, "fsync")
+        self.settings: FileChangelogOptions = self.parse_settings(name, options)
+        self.root = Path(self.settings.path)
+        self.segment_bytes = self.settings.segment_bytes
+        self.retention_ms = self.settings.delete_retention_ms
+        self.fsync = self.settings.fsync
         self._checkpoints = FileCheckpointStore(self.root / "_checkpoints")
 
     def describe(self) -> str:

@@ -279,6 +279,9 @@ class Config:
             cls = SYSTEMS.get(sys_type)
         except ConfigError as e:
             raise type(e)(f"{pre}: {e} (set {pre}.type to a registered changelog system)") from e
+        if getattr(cls, "options_type", None) is not None:
+            cls.parse_settings(name, keys)
+            return dict(keys)
         allowed = tuple(getattr(cls, "options_keys", ())) + ("type",)
         for key in keys:
             if key in allowed or any(a.endswith("*") and key.startswith(a[:-1]) for a in allowed):

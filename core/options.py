@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Literal, get_args, get_origin
 
 from .errors import ConfigError
@@ -53,6 +54,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ValueError("expected a number")
             return float(value)
         if tp is str:
+            if isinstance(value, os.PathLike):
+                return os.fspath(value)
             if not isinstance(value, (str, int, float)) or isinstance(value, bool):
                 raise ValueError("expected a string")
             return str(value)
@@ -61,18 +64,25 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def parse_options(cls: type, raw: Mapping[str, Any], prefix: str) -> Any:
+def parse_options(cls: type, raw: Mapping[str, Any], prefix: str, pass_through: Collection[str] = ()) -> Any:
     """Build ``cls`` from ``raw`` (keys relative to ``prefix``); unknown keys are errors.
 
     ``prefix`` is the full config prefix for messages, e.g. ``"stores.counts.rocksdb"``.
+    Keys under a ``pass_through`` prefix are collected as string dicts into the field of
+    that name (``producer.linger.ms`` → ``producer={"linger.ms": "10"}``), for settings
+    handed on to a client library as they are.
     Validation hooks: a ``validate(self, prefix)`` method on ``cls`` is called last.
     """
     fields = option_keys(cls)
     hints = typing.get_type_hints(cls)
-    kwargs = {}
+    kwargs: dict[str, Any] = {name: {} for name in pass_through}
     for key, value in raw.items():
+        head, dot, rest = key.partition(".")
+        if dot and head in pass_through:
+            kwargs[head][rest] = "true" if value is True else "false" if value is False else str(value)
+            continue
         f = fields.get(key)
-        if f is None:
+        if f is None or f.name in pass_through:
             raise ConfigError(
                 f"unknown option {prefix}.{key}.{did_you_mean(key, fields)}"
                 .replace(" Valid names:", " Valid options:")
