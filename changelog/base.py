@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from localstate.checkpoint import Checkpoint
-from localstate.engine import ChangeRecord
 from localstate.errors import CorruptionError
+from localstate.records import ChangeRecord
 
 __all__ = ["ChangelogPartition", "ChangelogSystem", "CheckpointStore", "CurrentFn"]
 

@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from localstate.checkpoint import Checkpoint
-from localstate.engine import ChangeRecord
 from localstate.errors import ChangelogError, ConfigError, CorruptionError
 from localstate.faults import fault_point
 from localstate.locking import FileLock, fsync_dir, io_error
+from localstate.records import ChangeRecord
 
 from .base import ChangelogPartition, ChangelogSystem, CheckpointStore, CurrentFn
 from .format import (

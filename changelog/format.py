@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import msgpack
-from localstate.engine import ChangeRecord
 from localstate.errors import CorruptionError
+from localstate.records import ChangeRecord
 
 __all__ = ["HEADER", "MAGIC", "BatchHeader", "encode_batch", "decode_payload", "walk", "FLAG_COMPACTED"]
 

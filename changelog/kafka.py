@@ -35,7 +35,6 @@ from itertools import islice
 from operator import itemgetter
 from typing import Any
 
-from localstate.engine import ChangeRecord
 from localstate.errors import (
     ChangelogError,
     ConfigError,
@@ -44,6 +43,7 @@ from localstate.errors import (
     StoreLockedError,
 )
 from localstate.faults import fault_point
+from localstate.records import ChangeRecord
 
 from .base import ChangelogPartition, ChangelogSystem, CurrentFn
 from .kafka_checkpoints import KafkaCheckpointStore

@@ -31,6 +31,7 @@ from .errors import (
     StoreLockedError,
     UnknownEngineError,
     UnknownSerdeError,
+    UnknownSystemError,
 )
 from .kv import KeyValueIterator, KeyValueStore
 from .metrics import RestoreProgress, StoreMetrics
@@ -67,6 +68,7 @@ __all__ = [
     "StoreSpec",
     "TaskStorage",
     "UnknownEngineError",
+    "UnknownSystemError",
     "UnknownSerdeError",
     "get_serde",
     "register_engine",

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from .engine import ChangeRecord
 from .metrics import StoreMetrics
+from .records import ChangeRecord
 
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogPartition

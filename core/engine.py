@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import EngineError
 from .kv import KeyValueStore
+from .records import ChangeRecord
 
 if TYPE_CHECKING:
     from .changelogger import ChangeLogger
@@ -37,8 +38,6 @@ __all__ = [
     "StoreContext",
 ]
 
-ChangeRecord = tuple[bytes, "bytes | None"]
-"""``(key, value)``; a ``None`` value is a tombstone."""
 
 
 class StorageEngine(ABC):

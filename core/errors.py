@@ -10,6 +10,7 @@ __all__ = [
     "LocalStateError",
     "ConfigError",
     "UnknownEngineError",
+    "UnknownSystemError",
     "UnknownSerdeError",
     "StoreClosedError",
     "SerializationError",
@@ -19,7 +20,6 @@ __all__ = [
     "FencedError",
     "EngineError",
     "InvalidValueError",
-    "InjectedFault",
 ]
 
 
@@ -33,6 +33,10 @@ class ConfigError(LocalStateError, ValueError):
 
 class UnknownEngineError(ConfigError, LookupError):
     """No storage engine (or changelog system) is registered under the given name."""
+
+
+class UnknownSystemError(ConfigError, LookupError):
+    """No changelog system is registered under the requested name."""
 
 
 class UnknownSerdeError(ConfigError, LookupError):
@@ -69,7 +73,3 @@ class FencedError(ChangelogError):
 
 class EngineError(LocalStateError):
     """A storage engine failed (I/O, incompatible options, bad plug-in)."""
-
-
-class InjectedFault(LocalStateError):
-    """Raised by a test fault point configured with the ``raise`` action."""

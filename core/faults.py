@@ -19,9 +19,14 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import InjectedFault
+from .errors import LocalStateError
 
-__all__ = ["fault_point", "configure", "paused", "FAULT_POINTS"]
+__all__ = ["fault_point", "configure", "paused", "FAULT_POINTS", "InjectedFault"]
+
+
+class InjectedFault(LocalStateError):
+    """Raised by a test fault point configured with the ``raise`` action (test
+    machinery, not part of the public error hierarchy in :mod:`localstate.errors`)."""
 
 FAULT_POINTS = (
     "commit.before_changelog_flush",

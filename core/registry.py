@@ -16,7 +16,13 @@ from importlib.metadata import entry_points
 from types import MappingProxyType
 from typing import Any
 
-from .errors import ConfigError, EngineError, LocalStateError, UnknownEngineError
+from .errors import (
+    ConfigError,
+    EngineError,
+    LocalStateError,
+    UnknownEngineError,
+    UnknownSystemError,
+)
 
 __all__ = [
     "Registry",
@@ -206,7 +212,7 @@ def _describe(target: Any) -> str:
 
 
 ENGINES = Registry("storage engine", "localstate.engines", UnknownEngineError)
-SYSTEMS = Registry("changelog system", "localstate.systems", UnknownEngineError)
+SYSTEMS = Registry("changelog system", "localstate.systems", UnknownSystemError)
 
 _BUILTIN_ENGINES = {
     "memory": ("localstate.engines.memory:MemoryEngineFactory", None),

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from .changelogger import ChangeLogger, NullChangeLogger
 from .checkpoint import Checkpoint
 from .config import Config
-from .engine import ChangeRecord, StorageEngine, StoreContext, StoreSpec
+from .engine import StorageEngine, StoreContext, StoreSpec
 from .errors import (
     ChangelogError,
     ConfigError,
@@ -47,6 +47,7 @@ from .layers import build_store
 from .layout import home_path, store_dir, task_lock
 from .locking import io_error, remove_tree
 from .metrics import RestoreProgress, StoreMetrics
+from .records import ChangeRecord
 from .registry import SYSTEMS, did_you_mean, resolve_factory
 from .serdes import get_serde
 

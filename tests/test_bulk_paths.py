@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from localstate import Config, TaskStorage
 from localstate.changelogger import ChangeLogger
-from localstate.engine import ChangeRecord
 from localstate.engines.memory import MemoryEngine
 from localstate.errors import InvalidValueError, SerializationError
 from localstate.layers import build_store
 from localstate.metrics import StoreMetrics
+from localstate.records import ChangeRecord
 from localstate.serdes import get_serde
 
 from .conftest import FULL

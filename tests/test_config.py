@@ -5,7 +5,13 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from localstate import Config, ConfigError, UnknownEngineError, UnknownSerdeError
+from localstate import (
+    Config,
+    ConfigError,
+    UnknownEngineError,
+    UnknownSerdeError,
+    UnknownSystemError,
+)
 
 BASE = {"job.name": "j", "stores.s.factory": "memory"}
 
@@ -66,7 +72,7 @@ def test_changelog_none_disables_logging():
         ({**BASE, "job.partitions": 0}, ConfigError, ">= 1"),
         ({**BASE, "systems.file.segmnt.bytes": 1}, ConfigError, "segment.bytes"),
         ({**BASE, "systems.file.segment.bytes": 10}, ConfigError, ">= 4096"),
-        ({**BASE, "stores.s.changelog": "nosuch.stream"}, UnknownEngineError, "systems.nosuch"),
+        ({**BASE, "stores.s.changelog": "nosuch.stream"}, UnknownSystemError, "systems.nosuch"),
         ({**BASE, "stores.s.factory": "no.such.module:Factory"}, ConfigError, "no.such"),
         ({**BASE, "stores.s.write.batch.size": 0}, ConfigError, ">= 1"),
         ({**BASE, "job.name": "bad name"}, ConfigError, "job.name"),

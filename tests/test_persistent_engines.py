@@ -26,11 +26,11 @@ from localstate.errors import (
     ConfigError,
     CorruptionError,
     EngineError,
-    InjectedFault,
     SerializationError,
     StoreClosedError,
     StoreLockedError,
 )
+from localstate.faults import InjectedFault
 from localstate.testing import LAYER_COMBOS, KeyValueStoreConformance, layer_stack
 
 from .conftest import FULL
