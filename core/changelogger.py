@@ -82,9 +82,6 @@ class ChangeLogger:
         self._drain()
         return self.partition.flush()
 
-    def end_offset(self) -> int:
-        return self.partition.end_offset()
-
     def discard_pending(self) -> None:
         """Forget unflushed records (the task is being closed without commit)."""
         self._pending = {}
@@ -115,5 +112,3 @@ class NullChangeLogger(ChangeLogger):
     def flush(self) -> int:
         return 0
 
-    def end_offset(self) -> int:
-        return 0

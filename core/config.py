@@ -138,11 +138,6 @@ class Config:
         merged.update(_flatten(values))
         return Config(merged)
 
-    def subset(self, prefix: str) -> dict[str, Any]:
-        """Keys under ``prefix`` with the prefix removed."""
-        n = len(prefix)
-        return {k[n:]: v for k, v in self._values.items() if k.startswith(prefix)}
-
     @property
     def job_name(self) -> str:
         return self._job["job.name"]
@@ -158,9 +153,6 @@ class Config:
     @property
     def checkpoint_system(self) -> str:
         return self._job["job.checkpoint.system"]
-
-    def job_option(self, key: str) -> Any:
-        return self._job[key]
 
     def __repr__(self) -> str:
         return f"Config(job={self.job_name!r}, stores={sorted(self.stores)})"

@@ -28,7 +28,6 @@ __all__ = [
     "Serde",
     "register_serde",
     "get_serde",
-    "serde_names",
     "describe_encode_error",
     "encoder_of_many",
     "decoder_of_many",
@@ -395,10 +394,6 @@ def get_serde(name: str, *, store: str | None = None) -> Serde:
             f"store {store!r}: serde {name!r} resolves to {obj!r}, not a localstate.Serde"
         )
     return obj
-
-
-def serde_names() -> list[str]:
-    return SERDES.names()
 
 
 def describe_encode_error(store: str, what: str, serde: Serde, obj: Any, err: Exception) -> SerializationError:

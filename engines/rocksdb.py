@@ -26,8 +26,8 @@ A restore applies the change records in order as ``WriteBatch`` chunks (no WAL; 
 restore ends with a snapshot). With ``restore.mode = sst`` a restore into an empty
 store instead deduplicates them (last write wins, tombstones dropped), writes them
 sorted into SST files with ``SstFileWriter`` and ingests them — it was the default
-until measured slower here (the sort and the per-key SST writer cost more than
-memtable inserts; see :class:`RocksDBOptions`).
+until measured slower (the sort and the per-key SST writer cost more than memtable
+inserts; benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -108,8 +108,8 @@ class RocksDBOptions:
       restore ends with a flush and a snapshot), streaming in bounded memory;
       ``sst`` dedupes and sorts chunks of 2M records and ingests them as SST files
       (the data arrives compacted, at the cost of the sort and of holding a chunk in
-      memory). Measured here (1M × 116 B): batch 550–580k records/s, sst 330–360k;
-      3M records: 670k vs 325k; 1 KB values: 260 vs 190 MB/s.
+      memory). ``batch`` measured faster on the reference machine
+      (benchmarks/RESULTS.md: the A/B of the two restore modes).
     """
 
     block_cache_size_bytes: int = 50 * 1024 * 1024

@@ -127,9 +127,16 @@ class TopNEngine(StorageEngine):
 
     # -- helpers ---------------------------------------------------------------------------
     def _live(self) -> dict[bytes, tuple[int | float, bytes | None]]:
+        """The entries of the open heap (reads: no side effect)."""
         entries = self._entries
         if entries is None:
             raise StoreClosedError(f"store {self.name!r} (topn engine) is closed")
+        return entries
+
+    def _writable(self) -> dict[bytes, tuple[int | float, bytes | None]]:
+        """The entries, for a mutation or a commit: first logs the tombstones of members
+        evicted while restoring into a smaller capacity (never logged during restore)."""
+        entries = self._live()
         if self._deferred:
             self._logger.log_all(self._deferred)
             self._deferred = []
@@ -197,7 +204,7 @@ class TopNEngine(StorageEngine):
         rejected (``False``, nothing changes). A kept member's score is replaced, up or
         down. O(log n).
         """
-        entries = self._live()
+        entries = self._writable()
         m = self._enc_member(member)
         self._check_score(member, score)
         p = self._enc_payload(payload)
@@ -228,7 +235,7 @@ class TopNEngine(StorageEngine):
         returns how many were kept. Validation errors stop at the bad offer (earlier
         offers stay applied). The batch path: offers that cannot enter a full heap are
         rejected after one dict lookup and one comparison with the cached worst entry."""
-        entries = self._live()
+        entries = self._writable()
         key = self._key
         encode = None if key is None or key.name == "bytes" else key.encode
         enc_member, check, enc_payload, offer = self._enc_member, self._check_score, self._enc_payload, self._offer
@@ -256,7 +263,7 @@ class TopNEngine(StorageEngine):
 
     def remove(self, member: Any) -> bool:
         """Remove ``member``; ``True`` if it was kept (it is not an error if it was not)."""
-        entries = self._live()
+        entries = self._writable()
         m = self._enc_member(member)
         old = entries.pop(m, None)
         if old is None:
@@ -287,7 +294,7 @@ class TopNEngine(StorageEngine):
 
     def pop(self) -> Entry:
         """Remove and return the best entry; ``IndexError`` if empty. O(log n)."""
-        entries = self._live()
+        entries = self._writable()
         if not entries:
             raise IndexError(f"pop from an empty top-N store {self.name!r}")
         _, m = self._order.pop(0)
@@ -303,7 +310,7 @@ class TopNEngine(StorageEngine):
         buffer a nearly-sorted stream by timestamp and drain up to the watermark.
         O(k log n) for k popped entries.
         """
-        entries = self._live()
+        entries = self._writable()
         self._check_score("<watermark>", score)
         limit = self._sign * score
         order = self._order
@@ -369,10 +376,10 @@ class TopNEngine(StorageEngine):
         return out
 
     def prepare_commit(self) -> None:
-        self._live()
+        self._writable()
 
     def flush(self) -> None:
-        self._live()
+        self._writable()
 
     def close(self) -> None:
         self._entries = None

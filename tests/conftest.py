@@ -1,8 +1,8 @@
-"""Shared fixtures: configs on temporary directories; FULL runs of long tests."""
+"""Shared fixtures: configs on temporary directories, the Kafka broker and Spark session
+plug-ins. Long tests scale with :data:`localstate.testing.FULL`."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +11,6 @@ from localstate import Config
 
 pytest_plugins = ["localstate.testing.kafka", "localstate.testing.spark"]
 
-FULL = os.environ.get("LOCALSTATE_FULL") == "1"
-"""CI runs shortened forms of the soak/crash tests; LOCALSTATE_FULL=1 runs the full ones."""
 
 
 @pytest.fixture

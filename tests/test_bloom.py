@@ -21,8 +21,7 @@ from localstate import (
     TaskStorage,
 )
 from localstate.engines.bloom import META_KEY, blocked_fp_rate, bloom_geometry
-
-from .conftest import FULL
+from localstate.testing import FULL
 
 
 def bloom(capacity=10_000, fp=0.01, keyed=False, **extra):

@@ -27,8 +27,7 @@ from localstate.changelog.format import (
 )
 from localstate.checkpoint import Checkpoint
 from localstate.errors import CorruptionError
-
-from .conftest import FULL
+from localstate.testing import FULL
 
 EXAMPLES = 1000 if FULL else 150
 FUZZ = settings(max_examples=EXAMPLES, deadline=5000, suppress_health_check=[HealthCheck.too_slow])

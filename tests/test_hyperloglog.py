@@ -15,8 +15,7 @@ import pytest
 from datasketch import HyperLogLogPlusPlus
 from localstate import Config, ConfigError, SerializationError, StoreClosedError, TaskStorage
 from localstate.engines.hyperloglog import META_KEY, item_hash
-
-from .conftest import FULL
+from localstate.testing import FULL
 
 
 def hll(p=10, **extra):

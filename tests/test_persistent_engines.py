@@ -31,9 +31,8 @@ from localstate.errors import (
     StoreLockedError,
 )
 from localstate.faults import InjectedFault
-from localstate.testing import LAYER_COMBOS, KeyValueStoreConformance, layer_stack
+from localstate.testing import FULL, LAYER_COMBOS, KeyValueStoreConformance, layer_stack
 
-from .conftest import FULL
 from .test_state_machine import StorageMachine
 
 ENGINES = {"rocksdb": RocksDBEngine, "leveldb": LevelDBEngine}

@@ -31,8 +31,7 @@ from localstate.engines.search import (
     SearchOptions,
     parse_fields,
 )
-
-from .conftest import FULL
+from localstate.testing import FULL
 
 FIELDS = "name:text:stored, bio:text, city:string:stored, age:int:fast"
 

@@ -32,6 +32,7 @@ import pytest
 from localstate import Config
 from localstate.contrib.spark.runner import EXECUTOR_PLACEHOLDER, executor_id, executor_state_dir
 from localstate.contrib.spark.streaming import committed_batches
+from localstate.testing import FULL
 from localstate.testing.processes import cmdline, descendants, kill_all
 from localstate.testing.spark import read_counts
 from localstate.testing.spark_cluster_driver import (
@@ -41,8 +42,6 @@ from localstate.testing.spark_cluster_driver import (
     read_events,
     write_input,
 )
-
-from .conftest import FULL
 
 pytestmark = [
     pytest.mark.spark,

@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 from localstate.contrib.spark.streaming import committed_batches
+from localstate.testing import FULL
 from localstate.testing.processes import alive, descendants, kill_all
 from localstate.testing.spark import read_counts
 from localstate.testing.spark_cluster_driver import (
@@ -45,8 +46,6 @@ from localstate.testing.spark_cluster_driver import (
     read_events,
     write_input,
 )
-
-from .conftest import FULL
 
 pytestmark = [
     pytest.mark.spark,

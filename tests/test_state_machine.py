@@ -14,8 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from localstate import Config, TaskStorage
-
-from .conftest import FULL
+from localstate.testing import FULL
 
 keys = st.sampled_from([f"k{i:02d}" for i in range(24)])
 

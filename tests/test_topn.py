@@ -20,8 +20,7 @@ from localstate import (
     TaskStorage,
 )
 from localstate.engines.topn import Entry, decode_score, encode_score
-
-from .conftest import FULL
+from localstate.testing import FULL
 
 
 def topn(size=3, order="max", **extra):

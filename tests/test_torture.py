@@ -14,9 +14,8 @@ import textwrap
 
 import pytest
 from click.testing import CliRunner
+from localstate.testing import FULL
 from localstate.testing import torture as T
-
-from .conftest import FULL
 
 TRIALS = 25 if FULL else 2
 FILE_ENGINES = T.torture_engines()

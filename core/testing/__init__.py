@@ -10,9 +10,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-__all__ = ["KeyValueStoreConformance", "layer_stack", "LAYER_COMBOS", "StorageEngineConformance"]
+__all__ = ["KeyValueStoreConformance", "layer_stack", "LAYER_COMBOS", "StorageEngineConformance", "FULL"]
+
+FULL = os.environ.get("LOCALSTATE_FULL") == "1"
+"""Soak, crash and property tests run a shortened form (what CI runs) unless
+``LOCALSTATE_FULL=1`` asks for the full one."""
 
 
 def __getattr__(name: str) -> Any:
@@ -22,7 +27,7 @@ def __getattr__(name: str) -> Any:
         from . import engine_conformance
 
         return engine_conformance.StorageEngineConformance
-    if name in __all__:
+    if name in __all__ and name != "FULL":
         from . import conformance
 
         return getattr(conformance, name)
