@@ -1,19 +1,13 @@
 """The ``bloom`` engine: no false negatives, measured FP rate, changed-word logging, keyed
-filters, bad input, restore, stress vs an exact-set oracle, SIGKILL crash."""
+filters, bad input, restore, stress vs an exact-set oracle (crash trials: tests/test_torture.py)."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 from localstate import (
-    Config,
     ConfigError,
     InvalidValueError,
     SerializationError,
@@ -213,58 +207,6 @@ def test_stress_random_operations_against_an_exact_set(make_config):
         assert probes and false_pos / probes < 0.03
     finally:
         s.close()
-
-
-CHILD = textwrap.dedent(
-    """
-    import json, random, sys
-    from localstate import Config, TaskStorage
-    config = Config.from_dict(json.loads(sys.argv[1]))
-    with TaskStorage(config) as s:
-        b = s.store("b")
-        start = (s.checkpoint.input_position or 0) if s.checkpoint else 0
-        for batch in range(start + 1, int(sys.argv[2]) + 1):
-            rng = random.Random(batch)
-            b.add_all(["imp%d" % rng.randrange(10**6) for _ in range(300)])
-            for _ in range(20):
-                b.add("single%d" % rng.randrange(10**6))
-            s.commit(input_position=batch)
-    """
-)
-
-
-def committed_words(batches: int, tmp_path) -> np.ndarray:
-    config = Config.from_dict({"job.name": "ref", "job.state.dir": str(tmp_path / "ref"),
-                               "systems.file.path": str(tmp_path / "ref"),
-                               **{f"stores.b.{k}": v for k, v in bloom(20_000).items()},
-                               "stores.b.changelog": "none"})
-    with TaskStorage(config) as s:
-        b = s.store("b")
-        for batch in range(1, batches + 1):
-            rng = random.Random(batch)
-            b.add_all([f"imp{rng.randrange(10**6)}" for _ in range(300)])
-            for _ in range(20):
-                b.add(f"single{rng.randrange(10**6)}")
-        return b.words()
-
-
-@pytest.mark.slow
-def test_sigkill_reopen_has_identical_words_to_the_committed_reference(tmp_path):
-    values = {"job.name": "crash", "job.state.dir": str(tmp_path / "state"),
-              "systems.file.path": str(tmp_path / "log"),
-              **{f"stores.b.{k}": v for k, v in bloom(20_000).items()}, "stores.b.write.batch.size": 100}
-    points = ["commit.before_changelog_flush", "commit.after_changelog_flush", "checkpoint.before_rename",
-              "changelog.append"]
-    rounds = len(points) * 2 if FULL else len(points)
-    for i in range(rounds):
-        env = dict(os.environ, LOCALSTATE_FAULTS=f"{points[i % len(points)]}=kill@{2 + i % 3}")
-        rc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(values), str(4 * (i + 1))], env=env).returncode
-        assert rc == -9
-        with TaskStorage(Config.from_dict(values)) as s:
-            pos = s.checkpoint.input_position if s.checkpoint else 0
-            b = s.store("b")
-            b._check()
-            assert np.array_equal(b.words(), committed_words(pos, tmp_path)), pos
 
 
 def test_the_docs_example_runs(capsys):

@@ -1,14 +1,9 @@
 """The ``hyperloglog`` engine: identical registers to datasketch, delta logging, bad input,
-restore, stress vs a datasketch oracle, SIGKILL crash (identical registers)."""
+restore, stress vs a datasketch oracle (SIGKILL crash trials: tests/test_torture.py)."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -184,57 +179,6 @@ def test_stress_random_operations_match_a_datasketch_oracle(make_config):
                 v._check()
     finally:
         s.close()
-
-
-CHILD = textwrap.dedent(
-    """
-    import json, random, sys
-    from localstate import Config, TaskStorage
-    config = Config.from_dict(json.loads(sys.argv[1]))
-    with TaskStorage(config) as s:
-        v = s.store("v")
-        start = (s.checkpoint.input_position or 0) if s.checkpoint else 0
-        for batch in range(start + 1, int(sys.argv[2]) + 1):
-            rng = random.Random(batch)
-            for _ in range(20):
-                v.add_all("page%d" % rng.randrange(4), ["u%d" % rng.randrange(20000) for _ in range(50)])
-            s.commit(input_position=batch)
-    """
-)
-
-
-def committed_reference(batches: int, p: int) -> dict[str, np.ndarray]:
-    out: dict[str, HyperLogLogPlusPlus] = {}
-    for batch in range(1, batches + 1):
-        rng = random.Random(batch)
-        for _ in range(20):
-            page = f"page{rng.randrange(4)}"
-            o = out.setdefault(page, HyperLogLogPlusPlus(p=p, hashfunc=item_hash))
-            for _ in range(50):
-                o.update(f"u{rng.randrange(20000)}")
-    return {k: o.reg for k, o in out.items()}
-
-
-@pytest.mark.slow
-def test_sigkill_reopen_has_identical_registers_to_the_committed_reference(tmp_path):
-    values = {"job.name": "crash", "job.state.dir": str(tmp_path / "state"),
-              "systems.file.path": str(tmp_path / "log"),
-              **{f"stores.v.{k}": val for k, val in hll(10).items()}, "stores.v.write.batch.size": 64}
-    points = ["commit.before_changelog_flush", "commit.after_changelog_flush", "checkpoint.before_rename",
-              "changelog.append"]
-    rounds = len(points) * 2 if FULL else len(points)
-    for i in range(rounds):
-        env = dict(os.environ, LOCALSTATE_FAULTS=f"{points[i % len(points)]}=kill@{2 + i % 3}")
-        rc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(values), str(4 * (i + 1))], env=env).returncode
-        assert rc == -9
-        with TaskStorage(Config.from_dict(values)) as s:
-            pos = s.checkpoint.input_position if s.checkpoint else 0
-            v = s.store("v")
-            v._check()
-            ref = committed_reference(pos, 10)
-            assert sorted(v.keys()) == sorted(ref)
-            for k, regs in ref.items():
-                assert np.array_equal(v.registers(k), regs), (pos, k)
 
 
 def test_the_docs_example_runs(capsys):

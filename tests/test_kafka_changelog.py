@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import random
-import subprocess
-import sys
-import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -34,6 +30,7 @@ from localstate.changelog.kafka import KafkaChangelogSystem
 from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, ConfigError, CorruptionError, FencedError
 from localstate.registry import ENGINES
+from localstate.testing import torture as T
 
 pytestmark = pytest.mark.kafka
 
@@ -353,50 +350,6 @@ def test_a_zombie_instance_is_fenced(kafka_broker, tmp_path):
         assert c.store("kv").get("x") == 3 and c.checkpoint.input_position == 2
 
 
-CHILD = textwrap.dedent(
-    """
-    import json, random, sys
-    from localstate import Config, TaskStorage
-    config = Config.from_dict(json.loads(sys.argv[1]))
-    commits = int(sys.argv[2])
-    with TaskStorage(config) as s:
-        store = s.store("kv")
-        start = (s.checkpoint.input_position or 0) if s.checkpoint else 0
-        for batch in range(start + 1, commits + 1):
-            rng = random.Random(batch)
-            for _ in range(60):
-                k = "k%d" % rng.randrange(40)
-                if rng.random() < 0.2:
-                    store.delete(k)
-                else:
-                    store.put(k, batch * 1000 + rng.randrange(1000))
-            s.commit(input_position=batch)
-    """
-)
-
-
-def model_after(batches: int) -> dict[str, int]:
-    state: dict[str, int] = {}
-    for batch in range(1, batches + 1):
-        rng = random.Random(batch)
-        for _ in range(60):
-            k = f"k{rng.randrange(40)}"
-            if rng.random() < 0.2:
-                state.pop(k, None)
-            else:
-                state[k] = batch * 1000 + rng.randrange(1000)
-    return state
-
-
-def run_child(values: dict, commits: int, faults: str | None) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "LOCALSTATE_FAULTS"}
-    if faults:
-        env["LOCALSTATE_FAULTS"] = faults
-    return subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(values), str(commits)], env=env, timeout=120
-    ).returncode
-
-
 def changelog_contents(bootstrap: str, stream: str) -> dict[str, Any]:
     """Every record of the changelog partition up to its end, applied in order (what
     compaction would keep), decoded with the test store's serdes."""
@@ -415,25 +368,31 @@ def changelog_contents(bootstrap: str, stream: str) -> dict[str, Any]:
     "point", ["commit.after_changelog_flush", "commit.after_engine_checkpoint", "checkpoint.before_rename"]
 )
 def test_sigkill_between_changelog_flush_and_checkpoint_then_trim(kafka_broker, tmp_path, point):
-    values = kafka_values(tmp_path, kafka_broker)
-    stream = values["stores.kv.changelog"].split(".", 1)[1]
-    assert run_child(values, 5, f"{point}=kill@3") == -9
+    """The crash-trial harness's child and reference (localstate.testing.torture), with
+    the changelog itself inspected between the kill and the trim."""
+    plan = T.kill_plan("memory", (f"{point}=kill@3",), changelog="kafka", batches=5)
+    reference = T.reference_run(plan, tmp_path / "ref").states
+    values = plan.values(tmp_path / "crash", kafka_broker, "", namespace=unique("ns"))
+    stream = values[f"stores.{T.STORE}.changelog"].split(".", 1)[1]
+    rc, _, err = T.run_child(plan, values, plan.faults[0])
+    assert rc == -9, err
     # before the trim, the log's tail holds the killed attempt's records
-    assert changelog_contents(kafka_broker, stream) == model_after(3)
+    assert changelog_contents(kafka_broker, stream) == reference[3]
     with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
         pos = s.checkpoint.input_position
         # a checkpoint produced but never committed is invisible on Kafka (read_committed);
         # a broker that shows aborted records may expose it: still a consistent commit
         assert pos == 2 or (point == "checkpoint.before_rename" and pos == 3)
-        assert dump(s) == model_after(pos)
+        assert dump_store(s, T.STORE) == reference[pos]
     # after the trim, the whole log (what compaction keeps) is the committed state
-    assert changelog_contents(kafka_broker, stream) == model_after(pos)
+    assert changelog_contents(kafka_broker, stream) == reference[pos]
     with TaskStorage(moved(values, tmp_path, "machine-c")) as s:
-        assert dump(s) == model_after(pos)
-    assert run_child(values, 5, None) == 0
+        assert dump_store(s, T.STORE) == reference[pos]
+    rc, _, err = T.run_child(plan, values, None)
+    assert rc == 0, err
     with TaskStorage(moved(values, tmp_path, "machine-d")) as s:
         assert s.checkpoint.input_position == 5
-        assert dump(s) == model_after(5)
+        assert dump_store(s, T.STORE) == reference[5]
 
 
 def test_broker_killed_during_commit_fails_the_commit(fresh_kafka_broker, tmp_path):

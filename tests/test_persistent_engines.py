@@ -1,13 +1,11 @@
 """The rocksdb and leveldb engines on real database files.
 
 Conformance × every layer combination; restore paths (bulk, tail-only, snapshot past
-the compaction horizon); SIGKILL mid-commit; a crash/reopen state machine; bad input.
+the compaction horizon); SIGKILL mid-commit (tests/test_torture.py); a crash/reopen state machine; bad input.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import shutil
 import subprocess
@@ -338,59 +336,6 @@ def test_local_copy_older_than_compaction_horizon_is_not_used(tmp_path, factory)
         assert s.last_restore["kv"].start_offset == 0  # a full restore, not the stale copy
         expected = {f"k{i:03d}": i for i in range(1, 200, 2)} | {f"n{i:03d}": i for i in range(200)}
         assert _contents(s) == expected  # no deleted key resurrected
-
-
-CHILD = textwrap.dedent(
-    """
-    import json, sys
-    from localstate import Config, TaskStorage
-    config = Config.from_dict(json.loads(sys.argv[1]))
-    with TaskStorage(config) as s:
-        kv = s.store("kv")
-        start = s.checkpoint.input_position if s.checkpoint else 0
-        for n in range(start + 1, 9):
-            for i in range(50):
-                kv.put("k%d" % ((n * 7 + i) % 60), n * 100 + i)
-            kv.delete("k%d" % n)
-            s.commit(input_position=n)
-    """
-)
-
-
-def _model(n: int) -> dict[str, int]:
-    state: dict[str, int] = {}
-    for b in range(1, n + 1):
-        for i in range(50):
-            state[f"k{(b * 7 + i) % 60}"] = b * 100 + i
-        state.pop(f"k{b}", None)
-    return state
-
-
-@pytest.mark.parametrize(
-    ("factory", "point"),
-    [
-        ("rocksdb", "commit.after_changelog_flush"),
-        ("rocksdb", "snapshot.mid"),
-        ("rocksdb", "commit.after_engine_checkpoint"),
-        ("rocksdb", "checkpoint.before_rename"),
-        ("leveldb", "commit.after_changelog_flush"),
-        ("leveldb", "commit.after_engine_checkpoint"),
-        ("leveldb", "checkpoint.before_rename"),
-    ],
-)
-def test_sigkill_mid_commit_then_reopen_equals_last_commit(tmp_path, factory, point):
-    config = _config(tmp_path, factory)
-    values = json.dumps(config.to_dict())
-    env = {**os.environ, "LOCALSTATE_FAULTS": f"{point}=kill@4"}
-    assert subprocess.run([sys.executable, "-c", CHILD, values], env=env).returncode == -9
-    with TaskStorage(config) as s:
-        assert s.checkpoint.input_position == 3
-        assert _contents(s) == _model(3)
-    env.pop("LOCALSTATE_FAULTS")
-    assert subprocess.run([sys.executable, "-c", CHILD, values], env=env).returncode == 0
-    with TaskStorage(config) as s:
-        assert s.checkpoint.input_position == 8
-        assert _contents(s) == _model(8)
 
 
 # -- crash/reopen state machine ---------------------------------------------------------------------

@@ -7,9 +7,6 @@ import logging
 import os
 import random
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -456,88 +453,6 @@ def test_stress_against_a_dict_oracle(tmp_path):
         assert p.documents() == oracle
     finally:
         s.close()
-
-
-# -- SIGKILL in a subprocess ----------------------------------------------------------------------
-CHILD = textwrap.dedent(
-    """
-    import json, sys
-    from localstate import Config, TaskStorage
-    config = Config.from_dict(json.loads(sys.argv[1]))
-    batches = int(sys.argv[2])
-    with TaskStorage(config) as s:
-        p = s.store("profiles")
-        start = s.checkpoint.input_position if s.checkpoint else 0
-        for n in range(start + 1, batches + 1):
-            p.index_all({"u%d" % ((n * 13 + i) % 90): {"name": "user%d batch%d" % (i, n), "age": n} for i in range(40)})
-            p.delete("u%d" % n)
-            p.search("batch%d" % n)  # a lazy tantivy commit inside the commit interval
-            p.index("u%d" % (n + 100), {"name": "late%d" % n, "age": -n})
-            s.commit(input_position=n)
-    """
-)
-
-
-def _model(n: int) -> dict[str, dict]:
-    state: dict[str, dict] = {}
-    for b in range(1, n + 1):
-        for i in range(40):
-            state[f"u{(b * 13 + i) % 90}"] = {"name": f"user{i} batch{b}", "age": b}
-        state.pop(f"u{b}", None)
-        state[f"u{b + 100}"] = {"name": f"late{b}", "age": -b}
-    return state
-
-
-def _reference(tmp_path: Path, docs: dict[str, dict]) -> SearchEngine:
-    ref = _engine(tmp_path / "reference", fields=FIELDS, default_fields="name, bio")
-    ref.index_all(docs)
-    return ref
-
-
-def _answer(engine: SearchEngine, query: str) -> tuple[int, dict]:
-    """Every match with its returned document. Scores are not compared: tantivy's BM25
-    statistics still count deleted documents until their segment is merged."""
-    return engine.count(query), {doc_id: doc for doc_id, _, doc in engine.search(query, limit=200)}
-
-
-QUERIES = ["batch3", "batch4", "user7", "late2 OR late5", "age:[2 TO 4]", "age:[-10 TO 0]", "user1 AND batch2", "*"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "point",
-    ["commit.after_changelog_flush", "snapshot.mid", "commit.after_engine_checkpoint", "checkpoint.before_rename", "restore.mid"],
-)
-def test_sigkill_then_reopen_answers_like_the_committed_reference(tmp_path, point):
-    config = _config(tmp_path)
-    values = json.dumps(config.to_dict())
-    env = {**os.environ, "LOCALSTATE_FAULTS": f"{point}=kill@4" if point != "restore.mid" else ""}
-    batches = 8 if FULL else 5
-    if point == "restore.mid":
-        # crash during the restore of a wiped local copy, then recover
-        assert subprocess.run([sys.executable, "-c", CHILD, values, "3"], env=env).returncode == 0
-        shutil.rmtree(_store_dir(tmp_path))
-        env["LOCALSTATE_FAULTS"] = "restore.mid=kill"
-        expect = 3
-    else:
-        expect = 3
-    assert subprocess.run([sys.executable, "-c", CHILD, values, str(batches)], env=env).returncode == -9
-    with TaskStorage(config) as s:
-        assert s.checkpoint.input_position == expect
-        p = s.store("profiles")
-        p._check()
-        with _reference(tmp_path, _model(expect)) as ref:
-            for q in QUERIES:
-                assert _answer(p, q) == _answer(ref, q), q
-            assert p.documents() == _model(expect)
-    env.pop("LOCALSTATE_FAULTS")
-    assert subprocess.run([sys.executable, "-c", CHILD, values, str(batches)], env=env).returncode == 0
-    with TaskStorage(config) as s:
-        assert s.last_restore["profiles"].records == 0
-        p = s.store("profiles")
-        with _reference(tmp_path / "r2", _model(batches)) as ref:
-            for q in QUERIES:
-                assert _answer(p, q) == _answer(ref, q), q
 
 
 # -- Kafka changelog: restore on another machine and trim of an uncommitted tail ------------------------

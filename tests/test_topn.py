@@ -1,18 +1,12 @@
-"""The ``topn`` engine: API contracts, bad input, restore, stress vs an oracle, SIGKILL crash."""
+"""The ``topn`` engine: API contracts, bad input, restore, stress vs an oracle (SIGKILL crash trials: tests/test_torture.py)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
-import subprocess
-import sys
-import textwrap
 
 import pytest
 from localstate import (
-    Config,
     ConfigError,
     InvalidValueError,
     SerializationError,
@@ -241,73 +235,6 @@ def test_stress_random_operations_match_an_oracle(make_config, size, order):
                 t._check()
     finally:
         s.close()
-
-
-CHILD = textwrap.dedent(
-    """
-    import json, random, sys
-    from localstate import Config, TaskStorage
-    config = Config.from_dict(json.loads(sys.argv[1]))
-    with TaskStorage(config) as s:
-        t = s.store("tr")
-        start = (s.checkpoint.input_position or 0) if s.checkpoint else 0
-        for batch in range(start + 1, int(sys.argv[2]) + 1):
-            rng = random.Random(batch)
-            for _ in range(60):
-                m = f"m{rng.randrange(25)}"
-                r = rng.random()
-                if r < 0.7:
-                    t.offer(m, rng.randrange(1000), {"batch": batch})
-                elif r < 0.85:
-                    t.remove(m)
-                elif len(t):
-                    t.pop()
-            s.commit(input_position=batch)
-    """
-)
-
-
-def reference(batches: int) -> list[tuple]:
-    """The committed state after ``batches`` batches, built with the engine in a fresh
-    store without a changelog (no crash, no restore)."""
-    config = Config.from_dict({
-        "job.name": "ref", "job.state.dir": os.environ["REF_DIR"], "systems.file.path": os.environ["REF_DIR"],
-        **{f"stores.tr.{k}": v for k, v in topn(8).items()}, "stores.tr.changelog": "none",
-    })
-    with TaskStorage(config) as s:
-        t = s.store("tr")
-        for batch in range(1, batches + 1):
-            rng = random.Random(batch)
-            for _ in range(60):
-                m = f"m{rng.randrange(25)}"
-                r = rng.random()
-                if r < 0.7:
-                    t.offer(m, rng.randrange(1000), {"batch": batch})
-                elif r < 0.85:
-                    t.remove(m)
-                elif len(t):
-                    t.pop()
-        return [tuple(e) for e in t.top()]
-
-
-@pytest.mark.slow
-def test_sigkill_between_and_inside_commits_reopen_equals_committed_reference(tmp_path, monkeypatch):
-    monkeypatch.setenv("REF_DIR", str(tmp_path / "ref"))
-    values = {"job.name": "crash", "job.state.dir": str(tmp_path / "state"),
-              "systems.file.path": str(tmp_path / "log"),
-              **{f"stores.tr.{k}": v for k, v in topn(8).items()}, "stores.tr.write.batch.size": 16}
-    points = ["commit.before_changelog_flush", "commit.after_changelog_flush", "checkpoint.before_rename",
-              "changelog.append"]
-    rounds = len(points) * 2 if FULL else len(points)
-    for i in range(rounds):
-        env = dict(os.environ, LOCALSTATE_FAULTS=f"{points[i % len(points)]}=kill@{2 + i % 3}")
-        rc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(values), str(4 * (i + 1))], env=env).returncode
-        assert rc == -9
-        with TaskStorage(Config.from_dict(values)) as s:
-            pos = s.checkpoint.input_position if s.checkpoint else 0
-            t = s.store("tr")
-            t._check()
-            assert [tuple(e) for e in t.top()] == reference(pos)
 
 
 def test_the_docs_example_runs(capsys):

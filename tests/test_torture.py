@@ -45,6 +45,24 @@ def test_crash_trials_kafka_changelog(engine, tmp_path, kafka_broker):
     _assert_clean(report)
 
 
+SNAPSHOTTING = {"rocksdb", "search"}
+"""Engines that take a local snapshot at commit (so pass ``snapshot.mid``)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", FILE_ENGINES)
+def test_named_commit_kills_reopen_equals_the_committed_reference(engine, tmp_path):
+    """Every engine, killed at each step of a commit in turn (each child resuming from
+    what the killed one left): every reopen equals the crash-free reference at its
+    committed position, and the final state and change records equal it too."""
+    points = T.COMMIT_POINTS + (("snapshot.mid",) if engine in SNAPSHOTTING else ())
+    faults = tuple(f"{p}=kill@{2 + i % 3}" for i, p in enumerate(points * (2 if FULL else 1)))
+    result = T.run_trial(T.kill_plan(engine, faults, ops=30), tmp_path)
+    assert result.ok, json.dumps(result.divergence, indent=2, default=str)
+    assert result.crashes == len(faults), "a fault point was not reached"
+    assert all(a <= b for a, b in zip(result.positions, result.positions[1:])), result.positions
+
+
 def test_every_named_point_crashes_and_recovers(tmp_path):
     """Each fault point the file changelog + memory engine pass through really kills the child."""
     points = [p for p in T.CRASH_POINTS if p not in ("snapshot.mid",)]

@@ -73,6 +73,9 @@ __all__ = [
     "adapter_for",
     "torture_engines",
     "plan_trial",
+    "kill_plan",
+    "reference_run",
+    "run_child",
     "run_trial",
     "run_trials",
     "child_main",
@@ -93,6 +96,14 @@ CRASH_POINTS = (
     "restore.mid",
 )
 """Named fault points a trial may kill at (``timer`` kills after a random delay)."""
+COMMIT_POINTS = (
+    "commit.before_changelog_flush",
+    "commit.after_changelog_flush",
+    "commit.after_engine_checkpoint",
+    "checkpoint.before_rename",
+    "changelog.append",
+)
+"""The fault points every commit passes, whatever the engine."""
 CHILD_TIMEOUT_S = 180.0
 _CONTRIB_ENGINES = (
     "localstate.contrib.sqlite_engine:SQLiteEngineFactory",
@@ -245,8 +256,11 @@ class HyperLogLogWorkload(WorkloadAdapter):
     def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
         for _ in range(ops):
             k = f"k{rng.randrange(keys)}"
-            if rng.random() < 0.05:
+            r = rng.random()
+            if r < 0.05:
                 store.delete(k)
+            elif r < 0.2:
+                store.add_all(k, [f"item{rng.randrange(10_000)}" for _ in range(5)])  # the bulk path
             else:
                 store.add(k, f"item{rng.randrange(10_000)}")
 
@@ -291,8 +305,11 @@ class BloomWorkload(WorkloadAdapter):
     def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
         for _ in range(ops):
             k = f"k{rng.randrange(keys)}"
-            if rng.random() < 0.05:
+            r = rng.random()
+            if r < 0.05:
                 store.delete(key=k)
+            elif r < 0.2:
+                store.add_all([f"item{rng.randrange(10_000)}" for _ in range(5)], key=k)  # the bulk path
             else:
                 store.add(f"item{rng.randrange(10_000)}", key=k)
 
@@ -395,6 +412,16 @@ def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops
 
 
 # -- running the workload (reference run and child) ------------------------------------------------
+def kill_plan(engine: str, faults: tuple[str, ...], *, changelog: str = "file", batches: int | None = None,
+              ops: int = 40, keys: int = 30, seed: int = 1) -> TrialPlan:
+    """A trial that crashes exactly at ``faults`` (one child per fault, each resuming
+    from what the one before left), for tests of named crash points. ``batches``
+    defaults to four per fault plus two, so every ``kill@N`` with ``N <= 4`` is reached."""
+    return TrialPlan(seed=seed, engine=engine, changelog=changelog,
+                     batches=batches if batches is not None else 4 * len(faults) + 2, ops=ops, keys=keys,
+                     compact_every=0, retention_ms=86_400_000, faults=tuple(faults))
+
+
 def _batch_rng(seed: int, batch: int) -> random.Random:
     return random.Random(f"work:{seed}:{batch}")
 
@@ -503,6 +530,8 @@ class TrialResult:
     restores: list[float] = field(default_factory=list)
     """Seconds each reopen after a crash took (TaskStorage open incl. restore)."""
     restored_records: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    """The committed input position each child found when it opened the task."""
     divergence: dict[str, Any] | None = None
     seconds: float = 0.0
 
@@ -532,7 +561,7 @@ def _divergence(plan: TrialPlan, stage: str, position: int, expected: Any, actua
     }
 
 
-def _run_child(plan: TrialPlan, values: dict[str, Any], fault: str | None) -> tuple[int | None, list[dict], str]:
+def run_child(plan: TrialPlan, values: dict[str, Any], fault: str | None) -> tuple[int | None, list[dict], str]:
     env = dict(os.environ)
     env.pop("LOCALSTATE_FAULTS", None)
     delay = None
@@ -572,10 +601,11 @@ def run_trial(plan: TrialPlan, workdir: Path, bootstrap: str | None = None) -> T
     values = plan.values(workdir / "crash", bootstrap, "", namespace=uuid.uuid4().hex[:8])
     crashed_before = False
     for fault in (*plan.faults, None):
-        rc, lines, err = _run_child(plan, values, fault)
+        rc, lines, err = run_child(plan, values, fault)
         opened = next((x for x in lines if x.get("event") == "opened"), None)
         if opened is not None:
             pos = opened["position"]
+            result.positions.append(pos)
             if crashed_before:
                 result.restores.append(opened["restore_s"])
                 result.restored_records.append(opened["records"])
