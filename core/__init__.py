@@ -26,14 +26,16 @@ from .errors import (
     FencedError,
     InvalidValueError,
     LocalStateError,
+    ReadOnlyStoreError,
     SerializationError,
     StoreClosedError,
     StoreLockedError,
     UnknownEngineError,
     UnknownSerdeError,
 )
-from .kv import KeyValueIterator, KeyValueStore
+from .kv import CloseableIterator, KeyValueIterator, KeyValueStore
 from .metrics import RestoreProgress, StoreMetrics
+from .reader import StateReader, read_committed
 from .registry import register_engine, register_system
 from .serdes import Serde, get_serde, register_serde
 from .storage import TaskStorage
@@ -44,6 +46,7 @@ __all__ = [
     "ChangeLogger",
     "ChangeRecord",
     "ChangelogError",
+    "CloseableIterator",
     "Checkpoint",
     "Config",
     "ConfigError",
@@ -55,6 +58,7 @@ __all__ = [
     "KeyValueIterator",
     "KeyValueStore",
     "LocalStateError",
+    "ReadOnlyStoreError",
     "RestoreProgress",
     "Serde",
     "SerializationError",
@@ -64,11 +68,13 @@ __all__ = [
     "StoreContext",
     "StoreLockedError",
     "StoreMetrics",
+    "StateReader",
     "StoreSpec",
     "TaskStorage",
     "UnknownEngineError",
     "UnknownSerdeError",
     "get_serde",
+    "read_committed",
     "register_engine",
     "register_serde",
     "register_system",

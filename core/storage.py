@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .changelogger import ChangeLogger, NullChangeLogger
 from .checkpoint import Checkpoint
@@ -48,6 +48,7 @@ from .locking import FileLock, io_error
 from .metrics import RestoreProgress, StoreMetrics
 from .registry import SYSTEMS, did_you_mean, resolve_factory
 from .serdes import get_serde
+from .typed import check_store_types
 
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogPartition, ChangelogSystem
@@ -57,6 +58,8 @@ __all__ = ["TaskStorage", "RestoreListener", "Recovery", "open_system"]
 log = logging.getLogger("localstate")
 
 RestoreListener = Callable[[RestoreProgress], None]
+K = TypeVar("K")
+V = TypeVar("V")
 _REPORT_EVERY_S = 0.5
 
 
@@ -509,10 +512,23 @@ class TaskStorage:
             )
         return entry
 
-    def store(self, name: str) -> Any:
+    @overload
+    def store(self, name: str) -> Any: ...
+    @overload
+    def store(self, name: str, key_type: type[K], value_type: type[V]) -> KeyValueStore[K, V]: ...
+
+    def store(self, name: str, key_type: type | None = None, value_type: type | None = None) -> Any:
         """The store as the task uses it: a layered :class:`KeyValueStore` for KV engines,
-        the engine itself (its own API) for the others."""
-        return self._entry(name).view
+        the engine itself (its own API) for the others.
+
+        With ``key_type`` and ``value_type`` (``storage.store("counts", str, int)``) a type
+        checker sees ``KeyValueStore[str, int]``, and the types are checked now against
+        the store's serdes (:mod:`localstate.typed`)."""
+        entry = self._entry(name)
+        return check_store_types(
+            name, entry.view, get_serde(entry.spec.key_serde), get_serde(entry.spec.msg_serde),
+            key_type, value_type,
+        )
 
     def engine(self, name: str) -> StorageEngine:
         """The raw engine under store ``name`` (for tools and benchmarks)."""

@@ -30,10 +30,17 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import pyarrow as pa
-from localstate import Config, ConfigError, LocalStateError, StoreLockedError, TaskStorage
+from localstate import (
+    Config,
+    ConfigError,
+    KeyValueStore,
+    LocalStateError,
+    StoreLockedError,
+    TaskStorage,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -52,6 +59,9 @@ __all__ = [
     "spark_session",
 ]
 
+K = TypeVar("K")
+V = TypeVar("V")
+
 LOCK_WAIT_S = 60.0
 """How long a task waits for its partition's lock (a killed attempt's Python worker
 may still be exiting when Spark starts the next attempt)."""
@@ -66,9 +76,15 @@ class TaskContext:
     config: Config
     storage: TaskStorage
 
-    def store(self, name: str) -> Any:
-        """The store ``name`` of this task (``storage.store(name)``)."""
-        return self.storage.store(name)
+    @overload
+    def store(self, name: str) -> Any: ...
+    @overload
+    def store(self, name: str, key_type: type[K], value_type: type[V]) -> KeyValueStore[K, V]: ...
+
+    def store(self, name: str, key_type: type | None = None, value_type: type | None = None) -> Any:
+        """The store ``name`` of this task (``storage.store(name)``); with types,
+        ``context.store("counts", str, int)`` is a checked ``KeyValueStore[str, int]``."""
+        return self.storage.store(name, key_type, value_type)  # type: ignore[arg-type]
 
 
 class Emitter:
