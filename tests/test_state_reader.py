@@ -205,3 +205,69 @@ def test_reads_beside_a_writer_that_keeps_committing(tmp_path: Path, factory: st
     finally:
         writer.kill()
         writer.wait()
+
+
+def _write_toml(tmp_path: Path, partitions: int = 2) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f"""
+[job]
+name = "reader"
+partitions = {partitions}
+"state.dir" = "{tmp_path / 'state'}"
+
+[systems.file]
+path = "{tmp_path / 'changelog'}"
+
+[stores.s]
+factory = "rocksdb"
+changelog = "file.reader-s"
+"key.serde" = "string"
+"msg.serde" = "json"
+
+[stores.n]
+factory = "memory"
+changelog = "file.reader-n"
+"key.serde" = "long"
+"msg.serde" = "bytes"
+"""
+    )
+    return path
+
+
+def test_cli_get_and_dump(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from localstate.cli import cli
+
+    toml = _write_toml(tmp_path)
+    config = Config.load(toml)
+    for p in range(2):
+        with TaskStorage(config, p) as storage:
+            storage.store("s").update({f"p{p}-a": {"n": p}, f"p{p}-b": [p]})
+            storage.store("n")[p * 10] = b"\x00raw"
+            storage.commit()
+            storage.store("s")["uncommitted"] = 1
+            storage.store("s").flush()
+    run = CliRunner().invoke
+    ok = run(cli, ["get", "-c", str(toml), "s", "p1-a"])
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.strip() == '{"n": 1}'
+    as_json = run(cli, ["get", "-c", str(toml), "--json", "n", "10"])
+    assert json.loads(as_json.output) == {"partition": 1, "key": 10, "value": {"base64": "AHJhdw=="}}
+    missing = run(cli, ["get", "-c", str(toml), "s", "uncommitted"])
+    assert missing.exit_code == 1 and "not in the committed state" in missing.output
+    bad_key = run(cli, ["get", "-c", str(toml), "n", "ten"])
+    assert bad_key.exit_code == 2 and "key.serde 'long'" in bad_key.output
+    unknown = run(cli, ["get", "-c", str(toml), "sx", "a"])
+    assert unknown.exit_code == 1 and "Did you mean 's'" in unknown.output
+
+    dumped = run(cli, ["dump", "-c", str(toml), "s"])
+    assert dumped.exit_code == 0, dumped.output
+    assert dumped.output.splitlines() == [
+        '0\tp0-a\t{"n": 0}', "0\tp0-b\t[0]", '1\tp1-a\t{"n": 1}', "1\tp1-b\t[1]",
+    ]
+    lines = run(cli, ["dump", "-c", str(toml), "s", "--partition", "1", "--json", "--limit", "1"]).output
+    assert [json.loads(x) for x in lines.splitlines()] == [{"partition": 1, "key": "p1-a", "value": {"n": 1}}]
+    out_of_range = run(cli, ["dump", "-c", str(toml), "s", "--partition", "5"])
+    assert out_of_range.exit_code == 2 and "out of range" in out_of_range.output
+    assert run(cli, ["dump", "-c", str(toml), "s", "--limit", "-1"]).exit_code == 2
