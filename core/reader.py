@@ -51,7 +51,7 @@ from .typed import check_store_types
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogSystem
 
-__all__ = ["StateReader", "read_committed"]
+__all__ = ["StateReader", "read_committed", "sample_committed"]
 
 log = logging.getLogger("localstate")
 
@@ -295,3 +295,33 @@ def read_committed(
             with view.all() as it:
                 for k, v in it:
                     yield p, k, v
+
+
+def sample_committed(config: Config, store: str, limit: int = 100) -> list[tuple[Any, Any]]:
+    """Up to ``limit`` decoded ``(key, value)`` pairs from the start of ``store``'s
+    committed changelog (partition by partition), without building any state: what a
+    schema inference needs. Tombstones are skipped; a pair may be superseded later."""
+    with StateReader(config, 0) as reader:
+        spec = reader._spec(store)
+    key_serde = get_serde(spec.key_serde, store=store)
+    msg_serde = get_serde(spec.msg_serde, store=store)
+    assert spec.changelog is not None
+    system_name, stream = spec.changelog
+    out: list[tuple[Any, Any]] = []
+    for p in range(config.partitions):
+        with StateReader(config, p) as reader:
+            try:
+                committed = reader._committed_offset(spec, reader.checkpoint())
+            except LocalStateError:
+                continue
+            part = reader._system(system_name).open_partition(stream, p, config.partitions, readonly=True)
+            try:
+                for batch, _ in part.read_batches(0, committed):
+                    for k, v in batch:
+                        if v is not None:
+                            out.append((key_serde.decode(k), msg_serde.decode(v)))
+                            if len(out) >= limit:
+                                return out
+            finally:
+                part.close()
+    return out
