@@ -45,7 +45,7 @@ from .faults import fault_point, paused
 from .kv import KeyValueStore
 from .layers import build_store
 from .locking import FileLock, io_error
-from .metrics import RestoreProgress, StoreMetrics
+from .metrics import RestoreProgress, StoreMetrics, TaskMetrics, track, untrack
 from .registry import SYSTEMS, did_you_mean, resolve_factory
 from .serdes import get_serde
 from .typed import check_store_types
@@ -212,6 +212,7 @@ class TaskStorage:
         self._failed: BaseException | None = None
         self.last_restore: dict[str, RestoreProgress] = {}
         """Per store: how the restore at open went (records, bytes, seconds)."""
+        self.task_metrics = TaskMetrics()
         task_dir = config.state_dir / self.job
         try:
             (task_dir / ".locks").mkdir(parents=True, exist_ok=True)
@@ -254,6 +255,7 @@ class TaskStorage:
         except BaseException:
             self._close_all(raise_errors=False)
             raise
+        track(self)
 
     # -- opening and restoring ---------------------------------------------------------------
     def _home_file(self) -> Path:
@@ -491,6 +493,7 @@ class TaskStorage:
         m.records_restored += final.records
         m.bytes_restored += final.bytes
         m.restore_seconds += final.seconds
+        m.restore_latency.observe(final.seconds)
         self.last_restore[name] = final
         if listener is not None:
             listener(final)
@@ -607,27 +610,51 @@ class TaskStorage:
         return version
 
     def _commit(self, input_position: Any, version: int) -> Checkpoint:
+        clock = time.perf_counter
+        started = clock()
         entries = list(self._stores.values())
+        flush_seconds = {}
         for e in entries:
+            t0 = clock()
             if e.view is not e.engine:
                 e.view.flush()
             with engine_phase(e.spec, "prepare_commit"):
                 e.engine.prepare_commit()
+            flush_seconds[e.spec.name] = clock() - t0
         fault_point("commit.before_changelog_flush")
         offsets: dict[str, int] = {}
         for e in entries:
             if e.changelog is not None:
+                t0 = clock()
                 offsets[e.spec.name] = e.logger.flush()
+                flush_seconds[e.spec.name] += clock() - t0
         fault_point("commit.after_changelog_flush")
         for e in entries:
+            t0 = clock()
             with engine_phase(e.spec, "persist"):
                 e.engine.persist(offsets.get(e.spec.name))
+            e.metrics.persist_latency.observe(clock() - t0)
+            e.metrics.flush_latency.observe(flush_seconds[e.spec.name])
             e.metrics.commits += 1
         fault_point("commit.after_engine_checkpoint")
         # Stores not opened this time (dropped from the config for a deploy) keep their
         # offsets: self._offsets carries them forward.
         self._offsets.update(offsets)
-        return self._write_checkpoint(version, input_position)
+        checkpoint = self._write_checkpoint(version, input_position)
+        self.task_metrics.commits += 1
+        self.task_metrics.commit_latency.observe(clock() - started)
+        return checkpoint
+
+    def pending_records(self, name: str) -> int:
+        """Change records of store ``name`` buffered in its change logger (not yet in
+        the changelog)."""
+        return self._entry(name).logger.pending_count()
+
+    def committed_offset(self, name: str) -> int | None:
+        """The changelog offset store ``name``'s last commit covers (None: not logged
+        or never committed)."""
+        self._entry(name)
+        return self._offsets.get(name)
 
     def compact(self) -> dict[str, dict[str, int]]:
         """Compact every store's changelog below the oldest offset any kept checkpoint
@@ -659,6 +686,7 @@ class TaskStorage:
 
     def _close_all(self, raise_errors: bool) -> None:
         self._closed = True
+        untrack(self)
         errors: list[BaseException] = []
         for e in self._stores.values():
             e.logger.discard_pending()
