@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .storage import TaskStorage
 
-__all__ = ["StoreMetrics", "TaskMetrics", "LatencyHistogram", "RestoreProgress", "open_storages"]
+__all__ = ["StoreMetrics", "TaskMetrics", "LatencyHistogram", "RestoreProgress", "open_storages", "COUNTER_FIELDS"]
 
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -76,6 +76,13 @@ class StoreMetrics:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+COUNTER_FIELDS: tuple[str, ...] = (
+    "gets", "hits", "misses", "puts", "deletes", "range_scans", "records_logged", "bytes_logged",
+    "commits", "records_restored", "bytes_restored",
+)
+"""The :class:`StoreMetrics` fields that only grow (exported as counters)."""
 
 
 @dataclass

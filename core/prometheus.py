@@ -47,7 +47,8 @@ STORE_COUNTERS: dict[str, tuple[str, str]] = {
     "records_restored": ("localstate_restore_records", "Change records replayed by restores"),
     "bytes_restored": ("localstate_restore_bytes", "Changelog bytes replayed by restores"),
 }
-"""StoreMetrics field → (metric name without ``_total``, help)."""
+"""StoreMetrics field → (metric name without ``_total``, help); one entry per
+:data:`~localstate.metrics.COUNTER_FIELDS`."""
 
 STORE_HISTOGRAMS: dict[str, tuple[str, str]] = {
     "flush_latency": ("localstate_store_flush_seconds",

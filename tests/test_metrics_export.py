@@ -38,6 +38,13 @@ def _scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str
     return out
 
 
+def test_every_counter_has_a_prometheus_name() -> None:
+    from localstate.metrics import COUNTER_FIELDS
+    from localstate.prometheus import STORE_COUNTERS
+
+    assert tuple(STORE_COUNTERS) == COUNTER_FIELDS
+
+
 def test_histogram_buckets() -> None:
     h = LatencyHistogram()
     for s in (0.0001, 0.0005, 0.003, 100.0):

@@ -96,3 +96,36 @@ def test_state_source_bad_options_are_clear(spark, state_job: Path) -> None:
     with pytest.raises(Exception, match="column 'value' is bigint"):
         (spark.read.format("localstate-state").schema("key string, value long")
          .option("config", str(state_job)).option("store", "profiles").option("flatten", "false").load().collect())
+
+
+def test_streaming_progress_carries_state_metrics(spark, tmp_path: Path) -> None:
+    """Every micro-batch's state metrics (summed over its tasks) sit beside the query's
+    progress, shaped like Spark's stateOperators; and the state source reads the result."""
+    from localstate.contrib.spark import StatefulJob
+    from localstate.contrib.spark.metrics import state_progress
+    from localstate.contrib.spark.sources import register_sources
+    from localstate.testing.spark import KeyCount, key_count_config, key_count_task
+
+    register_sources(spark)
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(f'{{"user_id": "u{i % 5}"}}\n' for i in range(40)))
+    config = key_count_config(tmp_path, partitions=2, engine="rocksdb", name="kcm")
+    job = StatefulJob(config, key_count_task(), key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
+    stream = spark.readStream.format("localstate-jsonl").schema("user_id string").load(str(src))
+    query = job.run_stream(stream, checkpoint_location=str(tmp_path / "ckpt"), trigger={"availableNow": True})
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+    progress = state_progress(job, query)
+    assert progress is not None and progress["numInputRows"] == 40
+    counts = progress["localstateStores"]["counts"]
+    assert counts["numTasks"] == 2
+    assert counts["numRowsUpdated"] == 5  # five distinct users, one put_all entry each
+    assert counts["numRowsTotal"] == 5  # RocksDB's estimate, summed over the partitions
+    assert counts["customMetrics"]["records_logged"] == 5
+    assert counts["customMetrics"]["commits"] == 2
+    assert counts["commitTimeMs"] >= 0
+    job_file = tmp_path / "kcm.properties"
+    job_file.write_text("\n".join(f"{k} = {v}" for k, v in config.to_dict().items()) + "\n")
+    state = spark.read.format("localstate-state").option("config", str(job_file)).option("store", "counts").load()
+    assert {r.key: r.value for r in state.collect()} == {f"u{i}": 8 for i in range(5)}

@@ -62,6 +62,9 @@ __all__ = [
 K = TypeVar("K")
 V = TypeVar("V")
 
+KEPT_BATCH_METRICS = 100
+"""How many micro-batches' state metrics a streaming job keeps on the driver."""
+
 LOCK_WAIT_S = 60.0
 """How long a task waits for its partition's lock (a killed attempt's Python worker
 may still be exiting when Spark starts the next attempt)."""
@@ -181,6 +184,9 @@ class TaskRun:
     batch_id: int | None = None
     """Streaming: the micro-batch id (= commit version); None for a batch run."""
     lock_wait_s: float = LOCK_WAIT_S
+    metrics: Any = None
+    """A Spark accumulator of :class:`~localstate.contrib.spark.metrics.StateMetricsParam`:
+    each task adds its stores' metrics after its commit (None: not gathered)."""
 
 
 EXECUTOR_PLACEHOLDER = "{executor}"
@@ -265,6 +271,10 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
             storage.commit({"rows": done + rows})
         else:
             storage.commit(stream_position(run.batch_id, rows, previous), version=run.batch_id)
+        if run.metrics is not None:
+            from .metrics import task_snapshot
+
+            run.metrics.add(task_snapshot(storage))
     finally:
         try:
             if task is not None:
@@ -352,6 +362,11 @@ class StatefulJob:
         self.num_tasks = n
         self.output_schema = output_schema
         self.lock_wait_s = LOCK_WAIT_S
+        self.metrics_accumulator: Any = None
+        """Set by :meth:`run_stream`: where the tasks add their state metrics."""
+        self.batch_metrics: dict[int, dict[str, Any]] = {}
+        """Per micro-batch id (the last :data:`KEPT_BATCH_METRICS`): the state metrics of
+        its tasks, per store (see :mod:`localstate.contrib.spark.metrics`)."""
 
     def _struct(self) -> StructType:
         return _to_struct(self.output_schema)
@@ -373,7 +388,8 @@ class StatefulJob:
 
         self._check_key(df)
         struct = self._struct()
-        run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s)
+        run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s,
+                      self.metrics_accumulator)
 
         def task_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             return run_partition(run, _spark_partition_id(), batches)

@@ -139,6 +139,20 @@ def committed_batches(config: Config) -> dict[int, int | None]:
         system.close()
 
 
+def _copy(totals: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    return {store: dict(m) for store, m in totals.items()}
+
+
+def _minus(after: dict[str, dict[str, float]], before: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """This batch's part of the accumulator's running sums (gauges such as
+    ``engine_estimated_keys`` are re-reported by each task, so they are per batch too)."""
+    out = {}
+    for store, m in after.items():
+        b = before.get(store, {})
+        out[store] = {k: v - b.get(k, 0) for k, v in m.items()}
+    return out
+
+
 def start(
     job: StatefulJob,
     stream_df: DataFrame,
@@ -155,21 +169,30 @@ def start(
     ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``
     or ``{"processingTime": "2 seconds"}``).
     """
+    from .metrics import StateMetricsParam, batch_progress
+    from .runner import KEPT_BATCH_METRICS
+
     job._check_key(stream_df)  # noqa: SLF001 - same job, fail before starting the query
+    accumulator = stream_df.sparkSession.sparkContext.accumulator({}, StateMetricsParam())
+    job.metrics_accumulator = accumulator
 
     def run_batch(df: DataFrame, batch_id: int) -> None:
+        before = _copy(accumulator.value)
         result = job.transform(df, batch_id=batch_id)
         if output is None:
             result.write.format("noop").mode("overwrite").save()
-            return
-        from pyspark import StorageLevel
+        else:
+            from pyspark import StorageLevel
 
-        result = result.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            result.count()
-            output(result, batch_id)
-        finally:
-            result.unpersist()
+            result = result.persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                result.count()
+                output(result, batch_id)
+            finally:
+                result.unpersist()
+        job.batch_metrics[batch_id] = batch_progress(_minus(accumulator.value, before))
+        for old in sorted(job.batch_metrics)[:-KEPT_BATCH_METRICS]:
+            del job.batch_metrics[old]
 
     writer = stream_df.writeStream.foreachBatch(run_batch).option("checkpointLocation", checkpoint_location)
     writer = writer.queryName(f"localstate-{job.config.job_name}")
