@@ -55,7 +55,8 @@ class LatencyHistogram:
 class StoreMetrics:
     """Counters of one store in one task; every layer and the logger add to them."""
 
-    gets: int = 0
+    gets_counted: int = 0
+    """Point reads counted by the ``metered`` layer (stores without an object cache)."""
     hits: int = 0
     misses: int = 0
     puts: int = 0
@@ -74,8 +75,18 @@ class StoreMetrics:
     restore_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     """One observation per restore at open (0 records included)."""
 
+    cache_counts_gets: bool = False
+    """Set when an object cache counts every point read as a hit or a miss: then the
+    ``metered`` layer does not wrap ``get`` at all (no extra call per read) and
+    :attr:`gets` is ``hits + misses``."""
+
+    @property
+    def gets(self) -> int:
+        """Point reads (``get``, each key of ``get_all``, ``[]``, ``in``)."""
+        return self.gets_counted + (self.hits + self.misses if self.cache_counts_gets else 0)
+
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"gets": self.gets, **asdict(self)}
 
 
 COUNTER_FIELDS: tuple[str, ...] = (
