@@ -87,6 +87,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "kafka": ("localstate.benchmarks.kafka_changelog", "Kafka changelog (tansu broker)"),
     "spark": ("localstate.benchmarks.spark_jobs", "Spark job vs Spark's RocksDB state store"),
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
+    "stateapi": ("localstate.benchmarks.state_api", "state-query read rate; metrics cost on put/get"),
 }
 """``suite name → (module exposing run(quick, repeats), description)``."""
 

@@ -90,8 +90,8 @@ class {cls}Engine(KeyValueEngine):
             raise StoreClosedError(f"store {{self.name!r}} is closed")
         return self._data
 
-    def get(self, key: bytes) -> bytes | None:
-        return self._d().get(key)
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        return self._d().get(key, default)
 
     def put(self, key: bytes, value: bytes) -> None:
         if value is None:

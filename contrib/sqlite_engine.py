@@ -116,9 +116,9 @@ class SQLiteEngine(KeyValueEngine):
             )
 
     # -- KeyValueStore ------------------------------------------------------------------
-    def get(self, key: bytes) -> bytes | None:
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         row = self._conn().execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
-        return None if row is None else row[0]
+        return default if row is None else row[0]
 
     def get_all(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         db = self._conn()

@@ -26,6 +26,7 @@ from .errors import (
     FencedError,
     InvalidValueError,
     LocalStateError,
+    ReadOnlyStoreError,
     SerializationError,
     StoreClosedError,
     StoreLockedError,
@@ -33,8 +34,9 @@ from .errors import (
     UnknownSerdeError,
     UnknownSystemError,
 )
-from .kv import KeyValueIterator, KeyValueStore
+from .kv import CloseableIterator, KeyValueIterator, KeyValueStore
 from .metrics import RestoreProgress, StoreMetrics
+from .reader import StateReader, read_committed
 from .registry import register_engine, register_system
 from .serdes import Serde, get_serde, register_serde
 from .storage import TaskStorage
@@ -45,6 +47,7 @@ __all__ = [
     "ChangeLogger",
     "ChangeRecord",
     "ChangelogError",
+    "CloseableIterator",
     "Checkpoint",
     "Config",
     "ConfigError",
@@ -56,6 +59,7 @@ __all__ = [
     "KeyValueIterator",
     "KeyValueStore",
     "LocalStateError",
+    "ReadOnlyStoreError",
     "RestoreProgress",
     "Serde",
     "SerializationError",
@@ -65,12 +69,14 @@ __all__ = [
     "StoreContext",
     "StoreLockedError",
     "StoreMetrics",
+    "StateReader",
     "StoreSpec",
     "TaskStorage",
     "UnknownEngineError",
     "UnknownSystemError",
     "UnknownSerdeError",
     "get_serde",
+    "read_committed",
     "register_engine",
     "register_serde",
     "register_system",

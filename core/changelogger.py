@@ -44,6 +44,10 @@ class ChangeLogger:
     def enabled(self) -> bool:
         return True
 
+    def pending_count(self) -> int:
+        """Change records buffered here, not yet appended to the changelog."""
+        return len(self._pending)
+
     def log(self, key: bytes, value: bytes | None) -> None:
         """Record that ``key`` now has ``value`` (``None``: deleted)."""
         pending = self._pending
@@ -75,7 +79,10 @@ class ChangeLogger:
         append, size = self.partition.append, self.batch_size
         for start in range(0, len(records), size):
             append(records[start : start + size])
-        self.metrics.records_logged += len(records)
+        m = self.metrics
+        m.records_logged += len(records)
+        # two C-level passes; tombstones (None) have no value bytes
+        m.bytes_logged += sum(map(len, pending)) + sum(map(len, filter(None, pending.values())))
 
     def flush(self) -> int:
         """Append everything pending, make it durable, return the end offset."""

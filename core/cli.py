@@ -7,6 +7,7 @@ and works without the extras.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from pathlib import Path
@@ -274,6 +275,113 @@ def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tupl
         click.echo(f"{len(checks)} store partition(s) checked, {len(bad)} with problems")
     if bad:
         sys.exit(1)
+
+
+def _parse_key(text: str, serde: str, store: str) -> Any:
+    """A key typed on the command line, as the store's key serde wants it."""
+    if serde == "string":
+        return text
+    if serde == "bytes":
+        return text.encode()
+    try:
+        if serde in ("int", "long"):
+            return int(text)
+        value = json.loads(text)
+    except ValueError as e:
+        raise click.BadParameter(
+            f"{text!r} is not a key of store {store!r} (key.serde {serde!r}): {e}", param_hint="KEY"
+        ) from e
+    return tuple(value) if serde == "tuple" and isinstance(value, list) else value
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (bytes, bytearray)):
+        return {"base64": base64.b64encode(bytes(obj)).decode()}
+    return repr(obj)
+
+
+def _show(obj: Any) -> str:
+    return obj if isinstance(obj, str) else json.dumps(obj, default=_json_default, sort_keys=True)
+
+
+def _read_partitions(config: Any, store: str, partition: int | None) -> list[int]:
+    if store not in config.stores:
+        from .registry import did_you_mean
+
+        raise click.ClickException(f"no store named {store!r} in job {config.job_name!r}.{did_you_mean(store, config.stores)}")
+    if partition is None:
+        return list(range(config.partitions))
+    if not 0 <= partition < config.partitions:
+        raise click.BadParameter(f"{partition} is out of range: job.partitions = {config.partitions}", param_hint="--partition")
+    return [partition]
+
+
+@cli.command()
+@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
+@click.option("--partition", "-p", type=int, default=None, help="only this task partition (default: look in all)")
+@click.option("--json", "as_json", is_flag=True, help="print {partition, key, value} as JSON")
+@click.argument("store")
+@click.argument("key")
+def get(config_path: str | None, overrides: tuple[str, ...], partition: int | None, as_json: bool,
+        store: str, key: str) -> None:
+    """Print the committed value of KEY in STORE (exit 1 if absent).
+
+    Reads the state as of each task's last commit, beside the running job (no lock, no
+    writes). KEY is parsed for the store's key serde: text for ``string``, a number
+    for ``int``/``long``, JSON for ``json``/``tuple`` (``'[1, "u"]'``).
+    """
+    from .reader import StateReader
+
+    config = _load_config(config_path, overrides)
+    spec = config.stores.get(store)
+    parts = _read_partitions(config, store, partition)
+    wanted = _parse_key(key, spec.key_serde, store)
+    try:
+        for p in parts:
+            with StateReader(config, p) as reader:
+                value = reader.store(store).get(wanted)
+            if value is not None:
+                if as_json:
+                    click.echo(json.dumps({"partition": p, "key": wanted, "value": value}, default=_json_default))
+                else:
+                    click.echo(_show(value))
+                return
+    except LocalStateError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"key {wanted!r} is not in the committed state of store {store!r} (partitions {parts})", err=True)
+    sys.exit(1)
+
+
+@cli.command()
+@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
+@click.option("--partition", "-p", type=int, default=None, help="only this task partition (default: all)")
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=None, help="stop after N records")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per line: {partition, key, value}")
+@click.argument("store")
+def dump(config_path: str | None, overrides: tuple[str, ...], partition: int | None, limit: int | None,
+         as_json: bool, store: str) -> None:
+    """Print the committed state of STORE: ``partition<TAB>key<TAB>value`` lines in key
+    order per partition, or JSON lines. Reads beside the running job (no lock, no writes)."""
+    from .reader import read_committed
+
+    config = _load_config(config_path, overrides)
+    parts = _read_partitions(config, store, partition)
+    if limit == 0:
+        return
+    n = 0
+    try:
+        for p, k, v in read_committed(config, store, parts):
+            if as_json:
+                click.echo(json.dumps({"partition": p, "key": k, "value": v}, default=_json_default))
+            else:
+                click.echo(f"{p}\t{_show(k)}\t{_show(v)}")
+            n += 1
+            if limit is not None and n >= limit:
+                break
+    except LocalStateError as e:
+        raise click.ClickException(str(e)) from e
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -127,6 +127,12 @@ class StorageEngine(ABC):
         if offset is not None:
             self.checkpoint(offset)
 
+    def stats(self) -> dict[str, float]:
+        """Engine gauges exported with the store's metrics (``localstate_engine_<name>``,
+        docs/metrics.md): e.g. RocksDB's estimated keys and block-cache hit ratio.
+        Must be cheap (read at every scrape). Default: none."""
+        return {}
+
     def wipe(self) -> None:
         """Drop all local state (used before a full rebuild). Default: unsupported."""
         raise NotImplementedError(f"{type(self).__name__} cannot wipe its local state")

@@ -17,6 +17,7 @@ __all__ = [
     "CorruptionError",
     "ChangelogError",
     "StoreLockedError",
+    "ReadOnlyStoreError",
     "FencedError",
     "EngineError",
     "InvalidValueError",
@@ -65,6 +66,10 @@ class ChangelogError(LocalStateError):
 
 class StoreLockedError(LocalStateError):
     """Another process (or another open TaskStorage) holds the store or partition."""
+
+
+class ReadOnlyStoreError(LocalStateError):
+    """A write to a store opened read-only (state read from outside its job)."""
 
 
 class FencedError(ChangelogError):

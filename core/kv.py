@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from abc import abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from operator import itemgetter
+from typing import Any, Generic, TypeVar, overload
 
 from .errors import InvalidValueError, StoreClosedError
 
-__all__ = ["KeyValueStore", "KeyValueIterator", "prefix_upper_bound"]
+__all__ = ["KeyValueStore", "KeyValueIterator", "CloseableIterator", "prefix_upper_bound"]
 
 K = TypeVar("K")
 V = TypeVar("V")
+T = TypeVar("T")
+U = TypeVar("U")
+D = TypeVar("D")
+
+_MISSING: Any = object()
+_CLEAR_CHUNK = 10_000
 
 
 def prefix_upper_bound(prefix: bytes) -> bytes | None:
@@ -33,39 +40,41 @@ def prefix_upper_bound(prefix: bytes) -> bytes | None:
     return None
 
 
-class KeyValueIterator(Generic[K, V]):
-    """An iterator of ``(key, value)`` pairs that must be closed.
+class CloseableIterator(Generic[T]):
+    """An iterator that holds engine resources and must be closed.
 
-    Use it as a context manager (``with store.range(a, b) as it: ...``) or call
+    Use it as a context manager (``with store.keys() as keys: ...``) or call
     :meth:`close`. Iterating a closed iterator raises :class:`StoreClosedError`.
     Closing is idempotent. ``on_close`` callbacks release engine resources (for
-    example a RocksDB iterator that would otherwise keep the DB lock).
+    example a RocksDB iterator that would otherwise keep the DB lock). An iterator
+    that is dropped unclosed is closed when it is garbage-collected — a safety net,
+    not a contract: close it.
     """
 
     __slots__ = ("_it", "_closed", "_on_close", "_what")
 
     def __init__(
         self,
-        items: Iterable[tuple[K, V]],
-        on_close: Any = None,
+        items: Iterable[T],
+        on_close: Callable[[], object] | None = None,
         what: str = "iterator",
     ) -> None:
-        self._it: Iterator[tuple[K, V]] = iter(items)
+        self._it: Iterator[T] = iter(items)
         self._closed = False
         self._on_close = on_close
         self._what = what
 
-    def __iter__(self) -> KeyValueIterator[K, V]:
+    def __iter__(self) -> CloseableIterator[T]:
         return self
 
-    def __next__(self) -> tuple[K, V]:
+    def __next__(self) -> T:
         if self._closed:
             raise StoreClosedError(f"{self._what} is closed; open a new range()/all() iterator")
         return next(self._it)
 
-    def map(self, fn: Any) -> KeyValueIterator[Any, Any]:
-        """A new iterator applying ``fn`` to each pair; closing it closes this one."""
-        return KeyValueIterator(map(fn, self), on_close=self.close, what=self._what)
+    def map(self, fn: Callable[[T], U]) -> CloseableIterator[U]:
+        """A new iterator applying ``fn`` to each item; closing it closes this one."""
+        return CloseableIterator(map(fn, self), on_close=self.close, what=self._what)
 
     @property
     def closed(self) -> bool:
@@ -80,7 +89,7 @@ class KeyValueIterator(Generic[K, V]):
         if cb is not None:
             cb()
 
-    def __enter__(self) -> KeyValueIterator[K, V]:
+    def __enter__(self) -> CloseableIterator[T]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -93,19 +102,48 @@ class KeyValueIterator(Generic[K, V]):
             pass
 
 
-class KeyValueStore(ABC, Generic[K, V]):
-    """A mutable, ordered key-value store.
+class KeyValueIterator(CloseableIterator[tuple[K, V]], Generic[K, V]):
+    """A :class:`CloseableIterator` of ``(key, value)`` pairs (what ``range``,
+    ``prefix``, ``all`` and ``items`` return)."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> KeyValueIterator[K, V]:
+        return self
+
+    def __enter__(self) -> KeyValueIterator[K, V]:
+        return self
+
+    def map(self, fn: Callable[[tuple[K, V]], Any]) -> KeyValueIterator[Any, Any]:
+        """A new iterator applying ``fn`` to each pair; closing it closes this one."""
+        return KeyValueIterator(map(fn, self), on_close=self.close, what=self._what)
+
+
+class KeyValueStore(MutableMapping[K, V], Generic[K, V]):
+    """A mutable, ordered key-value store; a :class:`collections.abc.MutableMapping`.
 
     Contract (shared by engines, which speak ``bytes``, and by every layer):
 
-    * ``get(key)`` returns the value or ``None`` when the key is absent.
+    * ``get(key, default=None)`` returns the value, or ``default`` when the key is
+      absent. Engines must accept ``default``; the layers never pass it down.
     * ``put(key, None)`` is an error (:class:`InvalidValueError`): use ``delete``.
+      ``None`` is never a stored value, so ``get(key) is None`` means "absent".
     * ``delete(key)`` of an absent key is not an error.
     * ``range(start, stop)`` yields pairs with ``start <= key < stop`` compared on the
       **encoded key bytes**, in ascending encoded order; ``None`` bounds are open.
     * ``prefix(p)`` yields the pairs whose encoded key starts with the encoding of ``p``.
-    * iterators are :class:`KeyValueIterator` and must be closed.
+    * iterators are :class:`CloseableIterator` (pairs: :class:`KeyValueIterator`) and
+      must be closed: ``range``/``prefix``/``all`` and the mapping views ``keys()``,
+      ``values()``, ``items()`` and ``iter(store)`` alike.
     * after ``close()`` (idempotent) every operation raises :class:`StoreClosedError`.
+
+    The mapping protocol (``store[k]``, ``len``, ``in``, ``setdefault``, ``pop``,
+    ``popitem``, ``update``, ``clear``, ``keys``/``values``/``items``) is built on the
+    methods above, so every engine and layer has it. Where a store differs from a
+    ``dict`` (see docs/state-api.md): ``keys()``/``values()``/``items()`` return
+    closeable iterators in ascending encoded-key order, not views; ``len()`` is exact
+    but may scan (``approximate_len()`` is the cheap estimate); ``==`` is identity
+    (compare ``dict(store)``); ``bool(store)`` looks at one key only.
 
     Bulk methods have looping defaults; engines override them with native batches
     and the layers with one pass per batch (one serde pass, one engine batch, one
@@ -115,9 +153,16 @@ class KeyValueStore(ABC, Generic[K, V]):
 
     name: str = "store"
 
+    @overload
+    def get(self, key: K) -> V | None: ...
+    @overload
+    def get(self, key: K, default: V) -> V: ...
+    @overload
+    def get(self, key: K, default: D) -> V | D: ...
+
     @abstractmethod
-    def get(self, key: K) -> V | None:
-        """The value stored under ``key``, or ``None``."""
+    def get(self, key: K, default: Any = None) -> Any:
+        """The value stored under ``key``, or ``default`` (``None``) when it is absent."""
 
     @abstractmethod
     def put(self, key: K, value: V) -> None:
@@ -178,7 +223,7 @@ class KeyValueStore(ABC, Generic[K, V]):
         for k in keys:
             delete(k)
 
-    # -- mapping dunders -----------------------------------------------------------
+    # -- the mapping protocol --------------------------------------------------------
     def __getitem__(self, key: K) -> V:
         v = self.get(key)
         if v is None:
@@ -189,16 +234,125 @@ class KeyValueStore(ABC, Generic[K, V]):
         self.put(key, value)
 
     def __delitem__(self, key: K) -> None:
+        """Remove ``key``. Unlike ``dict``, an absent key is not a ``KeyError`` (one
+        write, no read first: the same as :meth:`delete`)."""
         self.delete(key)
 
     def __contains__(self, key: object) -> bool:
         return self.get(key) is not None  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        """The exact number of keys. O(1) where the engine counts (memory), else one
+        scan of the store (RocksDB, LevelDB): use :meth:`approximate_len` for a cheap
+        estimate."""
+        with self.all() as it:
+            return sum(1 for _ in it)
+
+    def approximate_len(self) -> int:
+        """A cheap estimate of ``len(self)``; exact unless the engine says otherwise
+        (RocksDB: ``rocksdb.estimate-num-keys``, which counts overwritten and deleted
+        keys until compaction)."""
+        return len(self)
+
+    def __bool__(self) -> bool:
+        """True when the store holds at least one key (reads one key, not all)."""
+        with self.all() as it:
+            return next(it, None) is not None
+
+    def __iter__(self) -> CloseableIterator[K]:  # type: ignore[override]
+        """The keys in ascending encoded order, as a closeable iterator: prefer
+        ``with store.keys() as keys:`` so the engine iterator is released at once."""
+        return self.keys()
+
+    def keys(self) -> CloseableIterator[K]:  # type: ignore[override]
+        """The keys in ascending encoded order; a closeable iterator, not a view."""
+        return self.all().map(_first)
+
+    def values(self) -> CloseableIterator[V]:  # type: ignore[override]
+        """The values in ascending encoded-key order; a closeable iterator, not a view."""
+        return self.all().map(_second)
+
+    def items(self) -> KeyValueIterator[K, V]:  # type: ignore[override]
+        """The ``(key, value)`` pairs in ascending encoded-key order (same as :meth:`all`)."""
+        return self.all()
+
+    def setdefault(self, key: K, default: V) -> V:  # type: ignore[override]
+        """The value under ``key``; if absent, store ``default`` and return it
+        (``default`` is required: ``None`` cannot be stored)."""
+        v = self.get(key)
+        if v is None:
+            self.put(key, default)
+            return default
+        return v
+
+    @overload
+    def pop(self, key: K) -> V: ...
+    @overload
+    def pop(self, key: K, default: V) -> V: ...
+    @overload
+    def pop(self, key: K, default: D) -> V | D: ...
+
+    def pop(self, key: K, default: Any = _MISSING) -> Any:
+        """Remove ``key`` and return its value; ``default`` if absent (``KeyError``
+        when no default is given)."""
+        v = self.get(key)
+        if v is None:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        self.delete(key)
+        return v
+
+    def popitem(self) -> tuple[K, V]:
+        """Remove and return the pair with the **smallest** encoded key (a ``dict``
+        pops the last inserted); ``KeyError`` when empty."""
+        with self.all() as it:
+            pair = next(it, None)
+        if pair is None:
+            raise KeyError(f"popitem(): store {self.name!r} is empty")
+        self.delete(pair[0])
+        return pair
+
+    def update(self, other: Any = (), /, **kwargs: V) -> None:  # type: ignore[override]
+        """Write every pair of ``other`` (a mapping, an object with ``keys()``, or an
+        iterable of pairs) and of ``kwargs`` in one :meth:`put_all` each: a ``None``
+        value rejects the whole batch before anything is written."""
+        if isinstance(other, Mapping):
+            entries: Any = other
+        elif hasattr(other, "keys"):
+            entries = [(k, other[k]) for k in other.keys()]
+        else:
+            entries = list(other)
+        self.put_all(entries)
+        if kwargs:
+            self.put_all(kwargs)  # type: ignore[arg-type]
+
+    def clear(self) -> None:
+        """Delete every key (in batches of ``delete_all``; each delete is logged)."""
+        chunk: list[K] = []
+        with self.keys() as keys:
+            for k in keys:
+                chunk.append(k)
+                if len(chunk) >= _CLEAR_CHUNK:
+                    self.delete_all(chunk)
+                    chunk = []
+        if chunk:
+            self.delete_all(chunk)
+
+    # A store is a handle on a resource (like a file), compared by identity: comparing
+    # contents would scan both stores; compare ``dict(store)`` for that.
+    __eq__ = object.__eq__  # type: ignore[assignment]
+    __hash__ = object.__hash__  # type: ignore[assignment]
 
     def __enter__(self) -> KeyValueStore[K, V]:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 
 def reject_none(store: str, key: object, value: object) -> None:

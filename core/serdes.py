@@ -51,6 +51,10 @@ class Serde:
     order_preserving: bool = False
     encode_many: Callable[[list[Any]], list[bytes]] | None = None
     decode_many: Callable[[list[bytes]], list[Any]] | None = None
+    python_type: type | None = None
+    """The Python type ``decode`` returns, when there is exactly one (``string``: ``str``);
+    ``None`` for serdes of many types (``json``, ``msgpack``, ``pickle``). Typed store
+    accessors (``storage.store(name, str, int)``) check against it."""
 
 
 def _all_of_type(items: list[Any], cls: type) -> bool:
@@ -177,7 +181,7 @@ def _fixed_int(width: int) -> Serde:
     def decode_many(items: list[bytes]) -> list[int]:
         return list(map(sub, map(itemgetter(0), map(unpack, items)), repeat(bias)))
 
-    return Serde("int" if width == 4 else "long", encode, decode, True, encode_many, decode_many)
+    return Serde("int" if width == 4 else "long", encode, decode, True, encode_many, decode_many, int)
 
 
 # -- tuple: an order-preserving composite encoding -----------------------------------
@@ -369,13 +373,13 @@ def _mapped(fn: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
 
 
 for _serde in (
-    Serde("bytes", _identity_bytes, bytes, True, _identity_bytes_many, _mapped(bytes)),
-    Serde("string", _str_encode, bytes.decode, True, _str_encode_many, _str_decode_many),
+    Serde("bytes", _identity_bytes, bytes, True, _identity_bytes_many, _mapped(bytes), bytes),
+    Serde("string", _str_encode, bytes.decode, True, _str_encode_many, _str_decode_many, str),
     Serde("json", _json_encode, _json_loads, False, _json_encode_many, _mapped(_json_loads)),
     Serde("msgpack", _msgpack_encode, _msgpack_decode, False, _msgpack_encode_many, _msgpack_decode_many),
     _fixed_int(4),
     _fixed_int(8),
-    Serde("tuple", _tuple_encode, _tuple_decode, True, _tuple_encode_many, _mapped(_tuple_decode)),
+    Serde("tuple", _tuple_encode, _tuple_decode, True, _tuple_encode_many, _mapped(_tuple_decode), tuple),
     Serde("pickle", _pickle_encode, pickle.loads, False, _mapped(_pickle_encode), _mapped(pickle.loads)),
 ):
     SERDES.register(_serde.name, _serde, origin="built-in")

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .changelogger import ChangeLogger, NullChangeLogger
 from .checkpoint import Checkpoint
@@ -46,10 +46,11 @@ from .kv import KeyValueStore
 from .layers import build_store
 from .layout import home_path, store_dir, task_lock
 from .locking import io_error, remove_tree
-from .metrics import RestoreProgress, StoreMetrics
+from .metrics import RestoreProgress, StoreMetrics, TaskMetrics, track, untrack
 from .records import ChangeRecord
 from .registry import SYSTEMS, did_you_mean, resolve_factory
 from .serdes import get_serde
+from .typed import check_store_types
 
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogPartition, ChangelogSystem
@@ -59,6 +60,8 @@ __all__ = ["TaskStorage", "RestoreListener", "Recovery", "open_system"]
 log = logging.getLogger("localstate")
 
 RestoreListener = Callable[[RestoreProgress], None]
+K = TypeVar("K")
+V = TypeVar("V")
 _REPORT_EVERY_S = 0.5
 
 
@@ -213,6 +216,7 @@ class TaskStorage:
         self._failed: BaseException | None = None
         self.last_restore: dict[str, RestoreProgress] = {}
         """Per store: how the restore at open went (records, bytes, seconds)."""
+        self.task_metrics = TaskMetrics()
         self._lock = task_lock(config, partition, lock_wait_s)
         if discard_local:
             self._discard_local_copies()
@@ -249,6 +253,7 @@ class TaskStorage:
         except BaseException:
             self._close_all(raise_errors=False)
             raise
+        track(self)
 
     # -- opening and restoring ---------------------------------------------------------------
     def _home_file(self) -> Path:
@@ -497,6 +502,7 @@ class TaskStorage:
         m.records_restored += final.records
         m.bytes_restored += final.bytes
         m.restore_seconds += final.seconds
+        m.restore_latency.observe(final.seconds)
         self.last_restore[name] = final
         if listener is not None:
             listener(final)
@@ -518,10 +524,23 @@ class TaskStorage:
             )
         return entry
 
-    def store(self, name: str) -> Any:
+    @overload
+    def store(self, name: str) -> Any: ...
+    @overload
+    def store(self, name: str, key_type: type[K], value_type: type[V]) -> KeyValueStore[K, V]: ...
+
+    def store(self, name: str, key_type: type | None = None, value_type: type | None = None) -> Any:
         """The store as the task uses it: a layered :class:`KeyValueStore` for KV engines,
-        the engine itself (its own API) for the others."""
-        return self._entry(name).view
+        the engine itself (its own API) for the others.
+
+        With ``key_type`` and ``value_type`` (``storage.store("counts", str, int)``) a type
+        checker sees ``KeyValueStore[str, int]``, and the types are checked now against
+        the store's serdes (:mod:`localstate.typed`)."""
+        entry = self._entry(name)
+        return check_store_types(
+            name, entry.view, get_serde(entry.spec.key_serde), get_serde(entry.spec.msg_serde),
+            key_type, value_type,
+        )
 
     def engine(self, name: str) -> StorageEngine:
         """The raw engine under store ``name`` (for tools and benchmarks)."""
@@ -600,27 +619,51 @@ class TaskStorage:
         return version
 
     def _commit(self, input_position: Any, version: int) -> Checkpoint:
+        clock = time.perf_counter
+        started = clock()
         entries = list(self._stores.values())
+        flush_seconds = {}
         for e in entries:
+            t0 = clock()
             if e.view is not e.engine:
                 e.view.flush()
             with engine_phase(e.spec, "prepare_commit"):
                 e.engine.prepare_commit()
+            flush_seconds[e.spec.name] = clock() - t0
         fault_point("commit.before_changelog_flush")
         offsets: dict[str, int] = {}
         for e in entries:
             if e.changelog is not None:
+                t0 = clock()
                 offsets[e.spec.name] = e.logger.flush()
+                flush_seconds[e.spec.name] += clock() - t0
         fault_point("commit.after_changelog_flush")
         for e in entries:
+            t0 = clock()
             with engine_phase(e.spec, "persist"):
                 e.engine.persist(offsets.get(e.spec.name))
+            e.metrics.persist_latency.observe(clock() - t0)
+            e.metrics.flush_latency.observe(flush_seconds[e.spec.name])
             e.metrics.commits += 1
         fault_point("commit.after_engine_checkpoint")
         # Stores not opened this time (dropped from the config for a deploy) keep their
         # offsets: self._offsets carries them forward.
         self._offsets.update(offsets)
-        return self._write_checkpoint(version, input_position)
+        checkpoint = self._write_checkpoint(version, input_position)
+        self.task_metrics.commits += 1
+        self.task_metrics.commit_latency.observe(clock() - started)
+        return checkpoint
+
+    def pending_records(self, name: str) -> int:
+        """Change records of store ``name`` buffered in its change logger (not yet in
+        the changelog)."""
+        return self._entry(name).logger.pending_count()
+
+    def committed_offset(self, name: str) -> int | None:
+        """The changelog offset store ``name``'s last commit covers (None: not logged
+        or never committed)."""
+        self._entry(name)
+        return self._offsets.get(name)
 
     def compact(self) -> dict[str, dict[str, int]]:
         """Compact every store's changelog below the oldest offset any kept checkpoint
@@ -652,6 +695,7 @@ class TaskStorage:
 
     def _close_all(self, raise_errors: bool) -> None:
         self._closed = True
+        untrack(self)
         errors: list[BaseException] = []
         for e in self._stores.values():
             e.logger.discard_pending()

@@ -240,11 +240,12 @@ class LevelDBEngine(KeyValueEngine):
         return None if raw is None else int(raw)
 
     # -- KeyValueStore --------------------------------------------------------------------------
-    def get(self, key: bytes) -> bytes | None:
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         if self._data is None:
             self._d()
         try:
-            return self._get(key)
+            v = self._get(key)
+            return default if v is None else v
         except Exception as e:
             explain_bad_key(self.name, key)
             raise self._translate(e, "get") from e

@@ -44,8 +44,8 @@ class MemoryEngine(KeyValueEngine):
         return d
 
     # -- KeyValueStore ------------------------------------------------------------------
-    def get(self, key: bytes) -> bytes | None:
-        return self._d().get(key)
+    def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
+        return self._d().get(key, default)
 
     def get_all(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
         d = self._d()
@@ -149,6 +149,9 @@ class MemoryEngine(KeyValueEngine):
 
     def __len__(self) -> int:
         return len(self._d())
+
+    def stats(self) -> dict[str, float]:
+        return {"estimated_keys": float(len(self._d()))}
 
 
 class MemoryEngineFactory(StorageEngineFactory):

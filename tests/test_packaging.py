@@ -34,3 +34,4 @@ def test_wheel_contains_every_module(tmp_path):
     missing = sorted(expected_modules() - names)
     assert not missing, f"modules missing from the wheel (add their package to pyproject.toml): {missing}"
     assert any(n.endswith("entry_points.txt") for n in names)
+    assert "localstate/py.typed" in names, "type checkers read the package only with its py.typed marker"

@@ -58,7 +58,7 @@ __all__ = [
 KV_PLACEHOLDER = "kv"
 """``stores.<s>.factory`` value in a task's ``STORES`` meaning "the run's KV engine"."""
 
-JOBS: dict[str, type[StreamTask]] = {
+JOBS: dict[str, Any] = {  # type[StreamTask] plus the class attributes above: no such type in Python
     task.NAME: task
     for task in (PageViewsPerHour, ProfileSettingsJoin, PageViewEnrich, AdClickJoin, TrendingPages,
                  DistinctViewers, ProfileSearch)

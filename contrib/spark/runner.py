@@ -30,10 +30,10 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import pyarrow as pa
-from localstate import Config, ConfigError, LocalStateError, TaskStorage
+from localstate import Config, ConfigError, KeyValueStore, LocalStateError, TaskStorage
 
 from .streaming import commit_version, next_version, open_version
 
@@ -54,6 +54,12 @@ __all__ = [
     "spark_session",
 ]
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+KEPT_BATCH_METRICS = 100
+"""How many micro-batches' state metrics a streaming job keeps on the driver."""
+
 LOCK_WAIT_S = 60.0
 """How long a task waits for its partition's lock (a killed attempt's Python worker
 may still be exiting when Spark starts the next attempt)."""
@@ -68,9 +74,15 @@ class TaskContext:
     config: Config
     storage: TaskStorage
 
-    def store(self, name: str) -> Any:
-        """The store ``name`` of this task (``storage.store(name)``)."""
-        return self.storage.store(name)
+    @overload
+    def store(self, name: str) -> Any: ...
+    @overload
+    def store(self, name: str, key_type: type[K], value_type: type[V]) -> KeyValueStore[K, V]: ...
+
+    def store(self, name: str, key_type: type | None = None, value_type: type | None = None) -> Any:
+        """The store ``name`` of this task (``storage.store(name)``); with types,
+        ``context.store("counts", str, int)`` is a checked ``KeyValueStore[str, int]``."""
+        return self.storage.store(name, key_type, value_type)  # type: ignore[arg-type]
 
 
 class Emitter:
@@ -167,6 +179,9 @@ class TaskRun:
     batch_id: int | None = None
     """Streaming: the micro-batch id (= commit version); None for a batch run."""
     lock_wait_s: float = LOCK_WAIT_S
+    metrics: Any = None
+    """A Spark accumulator of :class:`~localstate.contrib.spark.metrics.StateMetricsParam`:
+    each task adds its stores' metrics after its commit (None: not gathered)."""
 
 
 EXECUTOR_PLACEHOLDER = "{executor}"
@@ -227,6 +242,10 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
         task.window(emit)
         yield from emit.drain()
         commit_version(storage, run.batch_id, rows)
+        if run.metrics is not None:
+            from .metrics import task_snapshot
+
+            run.metrics.add(task_snapshot(storage))
     finally:
         try:
             if task is not None:
@@ -294,6 +313,11 @@ class StatefulJob:
         self.num_tasks = n
         self.output_schema = output_schema
         self.lock_wait_s = LOCK_WAIT_S
+        self.metrics_accumulator: Any = None
+        """Set by :meth:`run_stream`: where the tasks add their state metrics."""
+        self.batch_metrics: dict[int, dict[str, Any]] = {}
+        """Per micro-batch id (the last :data:`KEPT_BATCH_METRICS`): the state metrics of
+        its tasks, per store (see :mod:`localstate.contrib.spark.metrics`)."""
 
     def _struct(self) -> StructType:
         return _to_struct(self.output_schema)
@@ -316,7 +340,8 @@ class StatefulJob:
 
         self.check_input(df)
         struct = self._struct()
-        run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s)
+        run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s,
+                      self.metrics_accumulator)
 
         def task_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             return run_partition(run, _spark_partition_id(), batches)
@@ -359,21 +384,29 @@ class StatefulJob:
         ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``
         or ``{"processingTime": "2 seconds"}``).
         """
+        from .metrics import StateMetricsParam, batch_progress, metrics_delta
+
         self.check_input(stream_df)
+        accumulator = stream_df.sparkSession.sparkContext.accumulator({}, StateMetricsParam())
+        self.metrics_accumulator = accumulator
 
         def run_batch(df: DataFrame, batch_id: int) -> None:
+            before = metrics_delta(accumulator.value, {})
             result = self.transform(df, batch_id=batch_id)
             if output is None:
                 result.write.format("noop").mode("overwrite").save()
-                return
-            from pyspark import StorageLevel
+            else:
+                from pyspark import StorageLevel
 
-            result = result.persist(StorageLevel.MEMORY_AND_DISK)
-            try:
-                result.count()
-                output(result, batch_id)
-            finally:
-                result.unpersist()
+                result = result.persist(StorageLevel.MEMORY_AND_DISK)
+                try:
+                    result.count()
+                    output(result, batch_id)
+                finally:
+                    result.unpersist()
+            self.batch_metrics[batch_id] = batch_progress(metrics_delta(accumulator.value, before))
+            for old in sorted(self.batch_metrics)[:-KEPT_BATCH_METRICS]:
+                del self.batch_metrics[old]
 
         writer = stream_df.writeStream.foreachBatch(run_batch).option("checkpointLocation", checkpoint_location)
         writer = writer.queryName(f"localstate-{self.config.job_name}")

@@ -76,8 +76,11 @@ _KAFKA_RANGE = 500_000
 
 
 def register_sources(spark: SparkSession) -> None:
-    """Register ``localstate-kafka``, ``localstate-jsonl`` and ``localstate-changelog``."""
-    for source in (KafkaSource, JsonLinesSource, ChangelogSource):
+    """Register ``localstate-kafka``, ``localstate-jsonl``, ``localstate-changelog`` and
+    ``localstate-state`` (:mod:`localstate.contrib.spark.state_source`)."""
+    from .state_source import StateSource
+
+    for source in (KafkaSource, JsonLinesSource, ChangelogSource, StateSource):
         spark.dataSource.register(source)
 
 

@@ -15,6 +15,7 @@ from .cached import CachedStore
 from .forwarding import ForwardingStore
 from .logged import LoggedStore
 from .metered import MeteredStore
+from .readonly import ReadOnlyStore
 from .serialized import SerializedStore
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "SerializedStore",
     "CachedStore",
     "MeteredStore",
+    "ReadOnlyStore",
 ]
 
 

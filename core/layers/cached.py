@@ -452,6 +452,16 @@ class CachedStore(ForwardingStore):
         self._flush_dirty()
         self.inner.flush()
 
+    def __len__(self) -> int:
+        self._check_open()
+        self._flush_dirty()  # the count below must see the cache's writes and deletes
+        return len(self.inner)
+
+    def approximate_len(self) -> int:
+        self._check_open()
+        self._flush_dirty()
+        return self.inner.approximate_len()
+
     def close(self) -> None:
         if self._closed:
             return

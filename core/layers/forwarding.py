@@ -32,8 +32,9 @@ class ForwardingStore(KeyValueStore[Any, Any]):
             if getattr(cls, method) is getattr(ForwardingStore, method):
                 setattr(self, method, getattr(inner, method))
 
-    def get(self, key: Any) -> Any:
-        return self.inner.get(key)
+    def get(self, key: Any, default: Any = None) -> Any:
+        v = self.inner.get(key)
+        return default if v is None else v
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         return self.inner.get_all(keys)
@@ -67,6 +68,12 @@ class ForwardingStore(KeyValueStore[Any, Any]):
 
     def __contains__(self, key: object) -> bool:
         return self.get(key) is not None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def approximate_len(self) -> int:
+        return self.inner.approximate_len()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r})"

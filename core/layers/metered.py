@@ -13,33 +13,39 @@ __all__ = ["MeteredStore"]
 
 
 class MeteredStore(ForwardingStore):
-    """Counts gets (with hits/misses when no cache below counts them), puts, deletes, scans."""
+    """Counts puts, deletes, scans and — when no object cache below counts them — gets
+    with their hits and misses (with a cache, reads bypass this layer: see
+    :attr:`StoreMetrics.cache_counts_gets`)."""
 
     def __init__(self, inner: KeyValueStore[Any, Any], metrics: StoreMetrics, count_hits: bool) -> None:
         super().__init__(inner)
         self.metrics = metrics
         self._count_hits = count_hits
+        if not count_hits:
+            # The cache below counts every read as a hit or a miss, which is the read
+            # count: reads go straight to it, without a call through this layer.
+            metrics.cache_counts_gets = True
+            self.get = inner.get  # type: ignore[method-assign]
+            self.get_all = inner.get_all  # type: ignore[method-assign]
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value under ``key``, else ``default`` (like ``dict.get``)."""
         v = self.inner.get(key)
         m = self.metrics
-        m.gets += 1
-        if self._count_hits:
-            if v is None:
-                m.misses += 1
-            else:
-                m.hits += 1
-        return default if v is None else v
+        m.gets_counted += 1
+        if v is None:
+            m.misses += 1
+            return default
+        m.hits += 1
+        return v
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         keys = keys if isinstance(keys, list) else list(keys)
         out = self.inner.get_all(keys)
         m = self.metrics
-        m.gets += len(keys)
-        if self._count_hits:
-            m.hits += len(out)
-            m.misses += len(keys) - len(out)
+        m.gets_counted += len(keys)
+        m.hits += len(out)
+        m.misses += len(keys) - len(out)
         return out
 
     def put(self, key: Any, value: Any) -> None:

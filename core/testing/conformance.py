@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +127,91 @@ class KeyValueStoreConformance:
         del store[b"k"]
         with pytest.raises(KeyError):
             store[b"k"]
+
+    # -- the mapping protocol (MutableMapping) ------------------------------------------
+    def test_is_a_mutable_mapping(self, store: KeyValueStore) -> None:
+        assert isinstance(store, MutableMapping)
+
+    def test_get_with_default(self, store: KeyValueStore) -> None:
+        assert store.get(b"absent", b"dflt") == b"dflt"
+        store.put(b"a", b"1")
+        assert store.get(b"a", b"dflt") == b"1"
+        store.put(b"e", b"")
+        assert store.get(b"e", b"dflt") == b"", "an empty value is a value, not absent"
+
+    def test_setdefault(self, store: KeyValueStore) -> None:
+        assert store.setdefault(b"a", b"1") == b"1"
+        assert store.setdefault(b"a", b"2") == b"1"
+        assert store[b"a"] == b"1"
+        with pytest.raises(InvalidValueError):
+            store.setdefault(b"b", None)
+        assert b"b" not in store
+
+    def test_pop(self, store: KeyValueStore) -> None:
+        store.put(b"a", b"1")
+        assert store.pop(b"a") == b"1"
+        assert b"a" not in store
+        assert store.pop(b"a", b"gone") == b"gone"
+        assert store.pop(b"a", None) is None
+        with pytest.raises(KeyError):
+            store.pop(b"a")
+
+    def test_popitem_takes_the_smallest_key(self, store: KeyValueStore) -> None:
+        with pytest.raises(KeyError):
+            store.popitem()
+        store.update({b"b": b"2", b"a": b"1"})
+        assert store.popitem() == (b"a", b"1")
+        assert store.popitem() == (b"b", b"2")
+        assert len(store) == 0
+
+    def test_len_bool_and_approximate_len(self, store: KeyValueStore) -> None:
+        assert len(store) == 0 and not store
+        store.put_all([(b"k%02d" % i, b"v") for i in range(20)])
+        store.delete(b"k05")
+        store.put(b"k03", b"again")
+        assert len(store) == 19 and store
+        assert store.approximate_len() >= 0
+        store.clear()
+        assert len(store) == 0 and not store
+
+    def test_keys_values_items_iter_are_ordered_and_closeable(self, store: KeyValueStore) -> None:
+        data = {b"c": b"3", b"a": b"1", b"b": b"2"}
+        store.update(data)
+        with store.keys() as keys:
+            assert list(keys) == [b"a", b"b", b"c"]
+        with store.values() as values:
+            assert list(values) == [b"1", b"2", b"3"]
+        with store.items() as items:
+            assert list(items) == sorted(data.items())
+        it = iter(store)
+        assert next(it) == b"a"
+        it.close()
+        it.close()
+        assert it.closed
+        with pytest.raises(StoreClosedError):
+            next(it)
+        assert dict(store) == data
+        assert sorted(store) == sorted(data)
+
+    def test_update_forms_and_none_rejects_the_batch(self, store: KeyValueStore) -> None:
+        store.update({b"a": b"1"})
+        store.update([(b"b", b"2")])
+        store.update(dict.fromkeys([b"c"], b"3"))
+        assert dict(store) == {b"a": b"1", b"b": b"2", b"c": b"3"}
+        with pytest.raises(InvalidValueError):
+            store.update([(b"d", b"4"), (b"a", None)])
+        assert dict(store) == {b"a": b"1", b"b": b"2", b"c": b"3"}
+
+    def test_del_of_an_absent_key_is_not_an_error(self, store: KeyValueStore) -> None:
+        del store[b"never"]
+        assert b"never" not in store
+
+    def test_identity_equality(self, store: KeyValueStore) -> None:
+        store.put(b"a", b"1")
+        assert store == store
+        assert store != {b"a": b"1"}
+        assert dict(store) == {b"a": b"1"}
+        assert hash(store) == hash(store)
 
     def test_empty_value_is_a_value(self, store: KeyValueStore) -> None:
         store.put(b"e", b"")
@@ -295,7 +380,9 @@ class KeyValueStoreConformance:
         store.put(b"a", b"1")
         store.close()
         store.close()
-        for op in (lambda: store.get(b"a"), lambda: store.put(b"a", b"2"), lambda: store.all()):
+        for op in (lambda: store.get(b"a"), lambda: store.put(b"a", b"2"), lambda: store.all(),
+                   lambda: len(store), lambda: store.keys(), lambda: store.pop(b"a", None),
+                   lambda: store.setdefault(b"a", b"1"), lambda: store.update({b"a": b"1"})):
             with pytest.raises(StoreClosedError):
                 op()
 

@@ -1,0 +1,172 @@
+"""Issue 16's figures: the state-query read rate and what metrics cost the put/get path.
+
+**State query.** A task commits ``records`` keys (16-byte keys, 100-byte JSON string
+values) and stays open with its lock held, as a running job does. Timed, in records/s:
+
+* ``state query (StateReader)``: ``StateReader(config).store(s)`` and a full scan —
+  checkpoint, changelog replay ``[0, C)`` into memory, decode (what ``localstate dump``
+  and the ``localstate-state`` Spark source do per partition);
+* ``normal open + scan`` (baseline, same run): the task closed, ``TaskStorage(config)``
+  opened over its local copy (no restore needed) and ``store.all()`` scanned — what a
+  stopped job's owner could do instead. ``ratio`` = reader rate / normal-open rate.
+
+**Metrics overhead.** The same store stack with and without the ``metered`` layer
+(``build_store(..., metered=False)``), memory engine, serdes and object cache on:
+``put`` and ``get`` of ``records`` keys, ops/s; ``ratio`` = metered / unmetered rate
+(1.0 = free). The counters are plain integer increments; histograms and the exporter
+work once per commit or scrape, not per operation.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from localstate import Config, StateReader, TaskStorage
+from localstate.engines.memory import MemoryEngine
+from localstate.layers import build_store
+from localstate.metrics import StoreMetrics
+from localstate.registry import available
+from localstate.serdes import get_serde
+
+from .runner import error_row, make_row
+
+__all__ = ["run"]
+
+FULL_RECORDS = 200_000
+QUICK_RECORDS = 5_000
+ENGINES = ("memory", "rocksdb")
+
+
+def _config(root: Path, engine: str) -> Config:
+    return Config.from_dict({
+        "job.name": "query",
+        "job.state.dir": str(root / "state"),
+        "systems.file.path": str(root / "changelog"),
+        "stores.s.factory": engine,
+        "stores.s.changelog": "file.query-s",
+        "stores.s.key.serde": "string",
+        "stores.s.msg.serde": "json",
+        "stores.s.object.cache.size": 0,
+        "stores.s.write.batch.size": 10_000,
+    })
+
+
+def _fill(config: Config, records: int) -> None:
+    value = "v" * 100
+    with TaskStorage(config) as s:
+        kv = s.store("s")
+        for start in range(0, records, 10_000):
+            kv.put_all([("key%013d" % i, value) for i in range(start, min(records, start + 10_000))])
+        s.commit()
+
+
+def _scan_count(store: Any) -> int:
+    with store.all() as it:
+        return sum(1 for _ in it)
+
+
+def _reader_seconds(config: Config, records: int) -> float:
+    t0 = time.perf_counter()
+    with StateReader(config) as reader:
+        n = _scan_count(reader.store("s"))
+    elapsed = time.perf_counter() - t0
+    assert n == records, (n, records)
+    return elapsed
+
+
+def _open_seconds(config: Config, records: int) -> float:
+    t0 = time.perf_counter()
+    with TaskStorage(config) as s:
+        n = _scan_count(s.store("s"))
+    elapsed = time.perf_counter() - t0
+    assert n == records, (n, records)
+    return elapsed
+
+
+def _state_query(engine: str, records: int, repeats: int, root: Path) -> list[dict[str, Any]]:
+    config = _config(root, engine)
+    _fill(config, records)
+    params = {"records": records, "value_bytes": 100}
+    with TaskStorage(config):  # the running task: lock held while the reader reads
+        _reader_seconds(config, records)  # warm-up
+        reader_runs = [records / _reader_seconds(config, records) for _ in range(repeats)]
+    _open_seconds(config, records)
+    open_runs = [records / _open_seconds(config, records) for _ in range(repeats)]
+    query = make_row("state query (StateReader)", engine, params, "records/s", reader_runs,
+                     baseline="normal open + scan",
+                     notes="beside the open task: checkpoint + changelog replay into memory + decode + scan")
+    base = make_row("normal open + scan", engine, params, "records/s", open_runs,
+                    notes="task stopped: TaskStorage over its local copy (no restore) + scan")
+    query["ratio"] = query["median"] / base["median"] if base["median"] else None
+    return [query, base]
+
+
+def _stack(metered: bool) -> Any:
+    return build_store(
+        MemoryEngine("bench"), name="bench", key_serde=get_serde("string"), msg_serde=get_serde("json"),
+        cache_size=10_000, batch_size=1_000, metrics=StoreMetrics(), metered=metered,
+    )
+
+
+def _op_rate(metered: bool, op: str, keys: list[str]) -> float:
+    store = _stack(metered)
+    try:
+        value = {"n": 1}
+        if op == "get":
+            store.put_all([(k, value) for k in keys])
+            get = store.get
+            t0 = time.perf_counter()
+            for k in keys:
+                get(k)
+        else:
+            put = store.put
+            t0 = time.perf_counter()
+            for k in keys:
+                put(k, value)
+        return len(keys) / (time.perf_counter() - t0)
+    finally:
+        store.close()
+
+
+def _metrics_overhead(records: int, repeats: int) -> list[dict[str, Any]]:
+    keys = ["key%013d" % i for i in range(records)]
+    rows = []
+    params = {"records": records, "engine_layers": "serialized+cached (10k)"}
+    for op in ("put", "get"):
+        runs: dict[bool, list[float]] = {True: [], False: []}
+        for metered in (True, False):
+            _op_rate(metered, op, keys)  # warm-up
+        for _ in range(repeats):  # interleaved, so load changes hit both alike
+            for metered in (True, False):
+                runs[metered].append(_op_rate(metered, op, keys))
+        on = make_row(f"{op} with metrics", "memory", params, "ops/s", runs[True], baseline=f"{op} without metrics",
+                      notes="metered layer on (the default stack)")
+        off = make_row(f"{op} without metrics", "memory", params, "ops/s", runs[False],
+                       notes="build_store(metered=False)")
+        on["ratio"] = on["median"] / off["median"] if off["median"] else None
+        rows += [on, off]
+    return rows
+
+
+def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
+    """State-query rows for every installed engine of :data:`ENGINES`, then the metrics rows."""
+    records = QUICK_RECORDS if quick else FULL_RECORDS
+    installed = available()
+    rows: list[dict[str, Any]] = []
+    for engine in ENGINES:
+        if not installed.get(engine, {}).get("installed"):
+            continue
+        root = Path(tempfile.mkdtemp(prefix="localstate-query-"))
+        try:
+            rows += _state_query(engine, records, repeats, root)
+        except Exception as e:  # one engine's failure is a cell, not the end of the suite
+            rows.append(error_row("state query (StateReader)", engine, {"records": records}, "records/s",
+                                  f"{type(e).__name__}: {e}"))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    rows += _metrics_overhead(records * 2, repeats)
+    return rows

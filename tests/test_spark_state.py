@@ -1,0 +1,131 @@
+"""Spark: the ``localstate-state`` data source on a real local session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from localstate import Config, TaskStorage
+
+pytestmark = pytest.mark.spark
+
+
+def _job(tmp_path: Path) -> Path:
+    path = tmp_path / "job.properties"
+    path.write_text(
+        "\n".join([
+            "job.name = st",
+            "job.partitions = 2",
+            f"job.state.dir = {tmp_path / 'state'}",
+            f"systems.file.path = {tmp_path / 'changelog'}",
+            "stores.counts.factory = rocksdb",
+            "stores.counts.changelog = file.st-counts",
+            "stores.counts.key.serde = string",
+            "stores.counts.msg.serde = long",
+            "stores.profiles.factory = memory",
+            "stores.profiles.changelog = file.st-profiles",
+            "stores.profiles.key.serde = tuple",
+            "stores.profiles.msg.serde = json",
+            "stores.scratch.factory = memory",
+            "stores.scratch.changelog = none",
+        ])
+        + "\n"
+    )
+    return path
+
+
+@pytest.fixture
+def state_job(tmp_path: Path) -> Path:
+    path = _job(tmp_path)
+    config = Config.load(path)
+    for p in range(2):
+        with TaskStorage(config, p) as storage:
+            storage.store("counts").update({f"u{p}{i}": p * 100 + i for i in range(3)})
+            storage.store("profiles").update({(p, f"user{i}"): {"age": 20 + i, "city": f"c{p}", "tags": [i]}
+                                              for i in range(2)})
+            storage.commit()
+            storage.store("counts")["u00"] = -1  # not committed
+            storage.store("counts").flush()
+    return path
+
+
+def test_state_source_reads_decoded_committed_state(spark, state_job: Path) -> None:
+    from localstate.contrib.spark.sources import register_sources
+
+    register_sources(spark)
+    counts = spark.read.format("localstate-state").option("config", str(state_job)).option("store", "counts").load()
+    assert counts.schema.simpleString() == "struct<partition:int,key:string,value:bigint>"
+    assert sorted(tuple(r) for r in counts.collect()) == [
+        (0, "u00", 0), (0, "u01", 1), (0, "u02", 2), (1, "u10", 100), (1, "u11", 101), (1, "u12", 102),
+    ]
+    profiles = spark.read.format("localstate-state").option("config", str(state_job)).option("store", "profiles").load()
+    assert profiles.schema.simpleString() == (
+        "struct<partition:int,key_0:bigint,key_1:string,age:bigint,city:string,tags:string>"
+    )
+    rows = sorted(tuple(r) for r in profiles.where("age > 20").collect())
+    assert rows == [(0, 0, "user1", 21, "c0", "[1]"), (1, 1, "user1", 21, "c1", "[1]")]
+    whole = (spark.read.format("localstate-state").option("config", str(state_job)).option("store", "profiles")
+             .option("flatten", "false").option("partitions", "1").load())
+    assert [tuple(r) for r in whole.orderBy("key").collect()][0] == (
+        1, '[1, "user0"]', '{"age": 20, "city": "c1", "tags": [0]}'
+    )
+    typed = (spark.read.format("localstate-state").schema("key string, value double")
+             .option("config", str(state_job)).option("store", "counts").load())
+    assert sorted(r.value for r in typed.collect())[:2] == [0.0, 1.0]
+
+
+def test_state_source_bad_options_are_clear(spark, state_job: Path) -> None:
+    from localstate.contrib.spark.sources import register_sources
+
+    register_sources(spark)
+
+    def load(**options: str):
+        reader = spark.read.format("localstate-state")
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return reader.load().collect()
+
+    with pytest.raises(Exception, match="needs options 'config'"):
+        load(store="counts")
+    with pytest.raises(Exception, match="no store named 'count'"):
+        load(config=str(state_job), store="count")
+    with pytest.raises(Exception, match="no changelog"):
+        load(config=str(state_job), store="scratch")
+    with pytest.raises(Exception, match=r"partitions \[7\] out of range"):
+        load(config=str(state_job), store="counts", partitions="0,7")
+    with pytest.raises(Exception, match="column 'value' is bigint"):
+        (spark.read.format("localstate-state").schema("key string, value long")
+         .option("config", str(state_job)).option("store", "profiles").option("flatten", "false").load().collect())
+
+
+def test_streaming_progress_carries_state_metrics(spark, tmp_path: Path) -> None:
+    """Every micro-batch's state metrics (summed over its tasks) sit beside the query's
+    progress, shaped like Spark's stateOperators; and the state source reads the result."""
+    from localstate.contrib.spark import StatefulJob
+    from localstate.contrib.spark.metrics import state_progress
+    from localstate.contrib.spark.sources import register_sources
+    from localstate.testing.spark import KeyCount, key_count_config, key_count_task
+
+    register_sources(spark)
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "a.jsonl").write_text("".join(f'{{"user_id": "u{i % 5}"}}\n' for i in range(40)))
+    config = key_count_config(tmp_path, partitions=2, engine="rocksdb", name="kcm")
+    job = StatefulJob(config, key_count_task(), key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
+    stream = spark.readStream.format("localstate-jsonl").schema("user_id string").load(str(src))
+    query = job.run_stream(stream, checkpoint_location=str(tmp_path / "ckpt"), trigger={"availableNow": True})
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+    progress = state_progress(job, query)
+    assert progress is not None and progress["numInputRows"] == 40
+    counts = progress["localstateStores"]["counts"]
+    assert counts["numTasks"] == 2
+    assert counts["numRowsUpdated"] == 5  # five distinct users, one put_all entry each
+    assert counts["numRowsTotal"] == 5  # RocksDB's estimate, summed over the partitions
+    assert counts["customMetrics"]["records_logged"] == 5
+    assert counts["customMetrics"]["commits"] == 2
+    assert counts["commitTimeMs"] >= 0
+    job_file = tmp_path / "kcm.properties"
+    job_file.write_text("\n".join(f"{k} = {v}" for k, v in config.to_dict().items()) + "\n")
+    state = spark.read.format("localstate-state").option("config", str(job_file)).option("store", "counts").load()
+    assert {r.key: r.value for r in state.collect()} == {f"u{i}": 8 for i in range(5)}

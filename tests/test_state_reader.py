@@ -1,0 +1,273 @@
+"""StateReader: the committed state of a task, read beside the running job.
+
+Real engines, real file changelog, a real writer process committing while the
+reader reads; a SIGKILL between the changelog flush and the checkpoint write
+(fault point) leaves exactly the on-disk state of "a commit in progress".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from localstate import (
+    Config,
+    ConfigError,
+    LocalStateError,
+    ReadOnlyStoreError,
+    StateReader,
+    StoreClosedError,
+    TaskStorage,
+    read_committed,
+)
+
+KEYS = 100
+
+
+def _config(tmp_path: Path, factory: str = "memory", partitions: int = 1, **extra: str) -> Config:
+    values = {
+        "job.name": "reader",
+        "job.partitions": partitions,
+        "job.state.dir": str(tmp_path / "state"),
+        "systems.file.path": str(tmp_path / "changelog"),
+        "stores.s.factory": factory,
+        "stores.s.changelog": "file.reader-s",
+        "stores.s.key.serde": "string",
+        "stores.s.msg.serde": "json",
+        "stores.local.factory": "memory",
+        "stores.local.changelog": "none",
+    }
+    values.update(extra)
+    return Config.from_dict(values)
+
+
+def _tree_digest(*roots: Path) -> dict[str, str]:
+    """Path → sha256 of every file (and every directory name) under ``roots``."""
+    out: dict[str, str] = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            for d in dirnames:
+                out[os.path.join(dirpath, d)] = "dir"
+            for f in filenames:
+                p = os.path.join(dirpath, f)
+                out[p] = hashlib.sha256(Path(p).read_bytes()).hexdigest()
+    return out
+
+
+@pytest.mark.parametrize("factory", ["memory", "rocksdb", "leveldb"])
+def test_reader_sees_exactly_the_last_commit_beside_an_open_writer(tmp_path: Path, factory: str) -> None:
+    config = _config(tmp_path, factory)
+    with TaskStorage(config, 0) as storage:
+        s = storage.store("s", str, object)
+        s.update({"a": 1, "b": {"n": 2}, "c": [3]})
+        storage.commit()
+        s["a"] = 100  # after the commit: not committed
+        del s["c"]
+        s["d"] = 4
+        storage.store("s").flush()  # even flushed into the engine and the changelog
+        with StateReader(config, 0) as reader:  # the writer holds its lock: the reader takes none
+            view = reader.store("s", str, object)
+            assert dict(view) == {"a": 1, "b": {"n": 2}, "c": [3]}
+            assert view.get("d", "absent") == "absent"
+            assert len(view) == 3
+            with view.keys() as keys:
+                assert list(keys) == ["a", "b", "c"]
+            assert reader.loaded_versions == {"s": 1}
+            assert reader.stores == ["s"]
+            with pytest.raises(ReadOnlyStoreError, match="'s' is read-only"):
+                view["x"] = 1
+            with pytest.raises(ReadOnlyStoreError):
+                view.update({"x": 1})
+            with pytest.raises(ReadOnlyStoreError):
+                view.pop("a")
+        storage.commit()
+    with StateReader(config, 0) as reader:
+        assert dict(reader.store("s")) == {"a": 100, "b": {"n": 2}, "d": 4}
+
+
+def test_reading_changes_nothing_on_disk(tmp_path: Path) -> None:
+    config = _config(tmp_path, "rocksdb")
+    with TaskStorage(config, 0) as storage:
+        storage.store("s").update({f"k{i}": i for i in range(50)})
+        storage.commit()
+        storage.store("s")["late"] = 1
+        storage.store("s").flush()
+        storage.changelog("s").flush()  # an uncommitted tail on disk
+    before = _tree_digest(tmp_path / "state", tmp_path / "changelog")
+    with StateReader(config, 0) as reader:
+        assert len(reader.store("s")) == 50
+        with pytest.raises(LocalStateError):
+            reader.store("nope")
+    assert list(read_committed(config, "s"))[:2] == [(0, "k0", 0), (0, "k1", 1)]
+    assert _tree_digest(tmp_path / "state", tmp_path / "changelog") == before
+
+
+def test_bad_requests_are_clear_errors(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    with StateReader(config, 0) as reader:
+        with pytest.raises(LocalStateError, match="no committed state"):
+            reader.store("s")
+    with TaskStorage(config, 0) as storage:
+        storage.store("s")["a"] = 1
+        storage.commit()
+    with StateReader(config, 0) as reader:
+        with pytest.raises(LocalStateError, match="no store named 'ss'.*Did you mean 's'"):
+            reader.store("ss")
+        with pytest.raises(ConfigError, match="no changelog"):
+            reader.store("local")
+        with pytest.raises(ConfigError, match="key.serde = 'string' gives str"):
+            reader.store("s", int, object)
+    reader.close()
+    with pytest.raises(StoreClosedError):
+        reader.store("s")
+    with pytest.raises(LocalStateError, match="out of range"):
+        StateReader(config, 3)
+    with pytest.raises(Exception, match="partition must be an int"):
+        StateReader(config, 0.0)  # type: ignore[arg-type]
+    added = config.with_overrides({"stores.new.factory": "memory", "stores.new.changelog": "file.reader-new"})
+    with StateReader(added, 0) as reader:
+        with pytest.raises(LocalStateError, match="added after the last commit"):
+            reader.store("new")
+
+
+def test_a_commit_cut_short_is_not_seen(tmp_path: Path) -> None:
+    """SIGKILL after the changelog flush, before the checkpoint: the on-disk state of a
+    commit in progress. The reader sees the commit before it."""
+    config = _config(tmp_path)
+    with TaskStorage(config, 0) as storage:
+        storage.store("s").update({"a": 1})
+        storage.commit()
+    script = (
+        "import json, sys\nfrom localstate import Config, TaskStorage\n"
+        "c = Config.from_dict(json.loads(sys.argv[1]))\n"
+        "with TaskStorage(c, 0) as st:\n"
+        "    st.store('s').update({'a': 2, 'b': 2})\n"
+        "    st.commit()\n"
+    )
+    env = dict(os.environ, LOCALSTATE_FAULTS="commit.after_changelog_flush=kill")
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(config.to_dict())], env=env, timeout=60)
+    assert proc.returncode == -9
+    with StateReader(config, 0) as reader:
+        assert dict(reader.store("s")) == {"a": 1}
+        assert reader.loaded_versions == {"s": 1}
+
+
+_WRITER = """
+import json, sys
+from localstate import Config, TaskStorage
+config = Config.from_dict(json.loads(sys.argv[1]))
+keys = int(sys.argv[2])
+with TaskStorage(config, 0) as storage:
+    s = storage.store("s")
+    i = 0
+    while True:
+        s.put_all([(f"k{j:03d}", i) for j in range(keys)])
+        s["version"] = i
+        storage.commit()
+        if i % 7 == 0:
+            storage.compact()
+        if i == 0:
+            print("committed", flush=True)
+        i += 1
+"""
+
+
+@pytest.mark.parametrize("factory", ["memory", "rocksdb"])
+def test_reads_beside_a_writer_that_keeps_committing(tmp_path: Path, factory: str) -> None:
+    """Every read is one whole commit: all keys hold the same iteration number, which
+    is the commit version - 1 the reader reports."""
+    config = _config(tmp_path, factory, **{"systems.file.segment.bytes": "4096"})
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, json.dumps(config.to_dict()), str(KEYS)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "committed"
+        versions = set()
+        deadline = time.monotonic() + 4
+        reads = 0
+        while time.monotonic() < deadline:
+            with StateReader(config, 0) as reader:
+                state = dict(reader.store("s"))
+                version = reader.loaded_versions["s"]
+            reads += 1
+            assert len(state) == KEYS + 1
+            assert set(state.values()) == {state["version"]}, f"a read mixed commits: {set(state.values())}"
+            assert version == state["version"] + 1
+            versions.add(version)
+        assert writer.poll() is None, "the writer died"
+        assert reads >= 5 and len(versions) >= 3, (reads, versions)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def _write_toml(tmp_path: Path, partitions: int = 2) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f"""
+[job]
+name = "reader"
+partitions = {partitions}
+"state.dir" = "{tmp_path / 'state'}"
+
+[systems.file]
+path = "{tmp_path / 'changelog'}"
+
+[stores.s]
+factory = "rocksdb"
+changelog = "file.reader-s"
+"key.serde" = "string"
+"msg.serde" = "json"
+
+[stores.n]
+factory = "memory"
+changelog = "file.reader-n"
+"key.serde" = "long"
+"msg.serde" = "bytes"
+"""
+    )
+    return path
+
+
+def test_cli_get_and_dump(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from localstate.cli import cli
+
+    toml = _write_toml(tmp_path)
+    config = Config.load(toml)
+    for p in range(2):
+        with TaskStorage(config, p) as storage:
+            storage.store("s").update({f"p{p}-a": {"n": p}, f"p{p}-b": [p]})
+            storage.store("n")[p * 10] = b"\x00raw"
+            storage.commit()
+            storage.store("s")["uncommitted"] = 1
+            storage.store("s").flush()
+    run = CliRunner().invoke
+    ok = run(cli, ["get", "-c", str(toml), "s", "p1-a"])
+    assert ok.exit_code == 0, ok.output
+    assert ok.output.strip() == '{"n": 1}'
+    as_json = run(cli, ["get", "-c", str(toml), "--json", "n", "10"])
+    assert json.loads(as_json.output) == {"partition": 1, "key": 10, "value": {"base64": "AHJhdw=="}}
+    missing = run(cli, ["get", "-c", str(toml), "s", "uncommitted"])
+    assert missing.exit_code == 1 and "not in the committed state" in missing.output
+    bad_key = run(cli, ["get", "-c", str(toml), "n", "ten"])
+    assert bad_key.exit_code == 2 and "key.serde 'long'" in bad_key.output
+    unknown = run(cli, ["get", "-c", str(toml), "sx", "a"])
+    assert unknown.exit_code == 1 and "Did you mean 's'" in unknown.output
+
+    dumped = run(cli, ["dump", "-c", str(toml), "s"])
+    assert dumped.exit_code == 0, dumped.output
+    assert dumped.output.splitlines() == [
+        '0\tp0-a\t{"n": 0}', "0\tp0-b\t[0]", '1\tp1-a\t{"n": 1}', "1\tp1-b\t[1]",
+    ]
+    lines = run(cli, ["dump", "-c", str(toml), "s", "--partition", "1", "--json", "--limit", "1"]).output
+    assert [json.loads(x) for x in lines.splitlines()] == [{"partition": 1, "key": "p1-a", "value": {"n": 1}}]
+    out_of_range = run(cli, ["dump", "-c", str(toml), "s", "--partition", "5"])
+    assert out_of_range.exit_code == 2 and "out of range" in out_of_range.output
+    assert run(cli, ["dump", "-c", str(toml), "s", "--limit", "-1"]).exit_code == 2
