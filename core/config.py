@@ -227,9 +227,12 @@ class Config:
         opt_prefix = factory.options_prefix
         base: dict[str, Any] = {}
         engine_raw: dict[str, Any] = {}
+        ttl_raw: dict[str, Any] = {}
         for key, value in keys.items():
             if key in STORE_KEYS:
                 base[key] = value
+            elif key.startswith("ttl."):
+                ttl_raw[key[4:]] = value
             elif opt_prefix and key.startswith(opt_prefix + "."):
                 engine_raw[key[len(opt_prefix) + 1:]] = value
             else:
@@ -260,6 +263,7 @@ class Config:
                 f"Raise the cache size to at least {batch} or lower the batch size."
             )
         changelog = _parse_changelog(vals["changelog"], name, self._job["job.name"], default_system)
+        ttl = _parse_ttl(name, ttl_raw, factory, str(keys["factory"]))
         return StoreSpec(
             name=name,
             factory=str(keys["factory"]),
@@ -269,6 +273,7 @@ class Config:
             changelog=changelog,
             object_cache_size=cache,
             write_batch_size=batch,
+            ttl=ttl,
             raw=dict(keys),
         )
 
@@ -291,6 +296,37 @@ class Config:
         if validate is not None:
             validate(name, keys)
         return dict(keys)
+
+
+def _parse_ttl(store: str, raw: dict[str, Any], factory: Any, engine: str) -> Any:
+    """``stores.<s>.ttl.*`` → a TtlPolicy; refused for engines that are not key-value stores."""
+    from .layers.ttl import TtlPolicy
+
+    policy = TtlPolicy.parse(store, raw)
+    if policy is not None and engine_kind(factory) == "other":
+        raise ConfigError(
+            f"stores.{store}.ttl.ms: engine {engine!r} is not a key-value store and has no TTL. "
+            "TTL expires whole entries; a sketch (hyperloglog, bloom) cannot forget one item it has "
+            "merged, and top-N and search keep their own data model (expire their entries with a "
+            "timer and remove()/delete). Remove the ttl.* keys, or use a key-value engine "
+            "(memory, rocksdb, leveldb)."
+        )
+    return policy
+
+
+def engine_kind(factory: Any) -> str:
+    """``"kv"``, ``"other"`` or ``"unknown"``: what ``factory.create`` is declared to return."""
+    import typing
+
+    from .kv import KeyValueStore
+
+    try:
+        ret = typing.get_type_hints(type(factory).create).get("return")
+    except Exception:
+        return "unknown"
+    if not isinstance(ret, type):
+        return "unknown"
+    return "kv" if issubclass(ret, KeyValueStore) else "other"
 
 
 def _engine_keys(factory: Any) -> list[str]:
