@@ -120,7 +120,11 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ValueError("expected a string")
             return str(value)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{key} = {value!r}: {e} ({getattr(tp, '__name__', tp)})") from None
+        hint = ""
+        if isinstance(value, str) and re.search(r"\s[#!]", value):
+            hint = (" (a .properties file has no trailing comments: '#' starts a comment only at the "
+                    "start of a line, as in Java; put the comment on a line of its own)")
+        raise ConfigError(f"{key} = {value!r}: {e} ({getattr(tp, '__name__', tp)}){hint}") from None
     return value
 
 
