@@ -551,9 +551,8 @@ class TaskStorage:
             self.event_time = ts
         return self.event_time
 
-    def _event_clock(self) -> int:
-        # Before any event time is known nothing has expired in event time.
-        return self.event_time if self.event_time is not None else -(1 << 62)
+    def _event_clock(self) -> int | None:
+        return self.event_time
 
     # -- the task's view ---------------------------------------------------------------------------
     def _entry(self, name: str) -> _OpenStore:

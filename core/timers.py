@@ -14,9 +14,11 @@ a timer deleted by firing and the output of that firing belong to the same commi
 so after a crash a timer fires again only if the commit that fired it never happened.
 
 Record key: one domain byte, the timestamp as 8 big-endian bytes biased by ``2**63``
-(byte order = numeric order, negatives included), then the key in the order-preserving
-``tuple`` encoding. A scan of ``[domain, domain + ts]`` therefore yields the due timers
-in ``(ts, key)`` order. Registering the same ``(key, ts)`` twice keeps one timer
+(byte order = numeric order, negatives included), then the key: a type tag and its
+bytes (``s`` + UTF-8 for ``str``, ``i`` + 8 biased big-endian bytes for ``int``, ``b`` +
+the bytes for ``bytes``, ``t`` + the order-preserving ``tuple`` encoding of ``(key,)``
+for anything else). A scan of ``[domain, domain + ts]`` therefore yields the due timers
+in ``(ts, key)`` order (keys of one type in their natural order; types grouped by tag). Registering the same ``(key, ts)`` twice keeps one timer
 (Flink's semantics); a timer at or before the current time fires at the next
 :meth:`Timers.fire` — the next time the clock is checked — as in Flink.
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 from .errors import ConfigError, InvalidValueError
 from .kv import KeyValueStore
-from .serdes import decoder_of_many, encoder_of_many, get_serde
+from .serdes import get_serde
 
 __all__ = ["Timers", "EVENT_TIME", "PROCESSING_TIME", "check_timer_store"]
 
@@ -39,8 +41,42 @@ _BIAS = 1 << 63
 _MARK = b"\x01"
 _FETCH = 4096
 _TUPLE = get_serde("tuple")
-_encode_keys = encoder_of_many(_TUPLE)
-_decode_keys = decoder_of_many(_TUPLE)
+_STR, _INT, _BYTES, _OTHER = b"s", b"i", b"b", b"t"
+
+
+def _encode_key(key: Any) -> bytes:
+    cls = type(key)
+    if cls is str:
+        return _STR + key.encode()
+    if cls is int and -_BIAS <= key < _BIAS:
+        return _INT + (key + _BIAS).to_bytes(8, "big")
+    if cls is bytes:
+        return _BYTES + key
+    return _OTHER + _TUPLE.encode((key,))
+
+
+def _encode_keys(keys: list[Any]) -> list[bytes]:
+    if set(map(type, keys)) <= {str}:
+        return [_STR + k.encode() for k in keys]
+    return [_encode_key(k) for k in keys]
+
+
+def _decode_key(data: bytes) -> Any:
+    tag = data[:1]
+    if tag == _STR:
+        return data[1:].decode()
+    if tag == _INT:
+        return int.from_bytes(data[1:], "big") - _BIAS
+    if tag == _BYTES:
+        return data[1:]
+    return _TUPLE.decode(data[1:])[0]
+
+
+def _decode_keys(record_keys: list[bytes]) -> list[Any]:
+    """The keys of timer record keys (after the domain byte and the timestamp)."""
+    if {k[9] for k in record_keys} == {_STR[0]}:
+        return [k[10:].decode() for k in record_keys]
+    return [_decode_key(k[9:]) for k in record_keys]
 
 
 def check_timer_store(name: str, spec: Any) -> None:
@@ -80,8 +116,8 @@ class Timers:
 
     def _encode(self, key: Any, ts: int) -> bytes:
         try:
-            return self.domain + (ts + _BIAS).to_bytes(8, "big") + _TUPLE.encode((key,))
-        except TypeError as e:
+            return self.domain + (ts + _BIAS).to_bytes(8, "big") + _encode_key(key)
+        except (TypeError, ValueError) as e:
             raise InvalidValueError(f"timer key {key!r} cannot be stored: {e}") from None
 
     def register(self, key: Any, ts: int) -> None:
@@ -98,8 +134,8 @@ class Timers:
         if len(keys) != len(stamps):
             raise InvalidValueError(f"register_all: {len(keys)} keys but {len(stamps)} timestamps")
         try:
-            encoded = _encode_keys([(k,) for k in keys])
-        except TypeError as e:
+            encoded = _encode_keys(keys)
+        except (TypeError, ValueError) as e:
             raise InvalidValueError(f"a timer key cannot be stored: {e}") from None
         d = self.domain
         self.store.put_all([(d + (t + _BIAS).to_bytes(8, "big") + k, _MARK) for k, t in zip(encoded, stamps)])
@@ -161,10 +197,10 @@ class Timers:
                 return fired
             self.store.delete_all(due)
             stamps = [int.from_bytes(k[1:9], "big") - _BIAS for k in due]
-            keys = [t[0] for t in _decode_keys([k[9:] for k in due])]
+            keys = _decode_keys(due)
             on_timers(keys, stamps)
             fired += len(due)
 
 
 def _decode(record_key: bytes) -> tuple[Any, int]:
-    return _TUPLE.decode(record_key[9:])[0], int.from_bytes(record_key[1:9], "big") - _BIAS
+    return _decode_key(record_key[9:]), int.from_bytes(record_key[1:9], "big") - _BIAS

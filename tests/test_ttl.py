@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from localstate import ConfigError, TaskStorage
+from localstate import ConfigError, InvalidValueError, TaskStorage
 from localstate.layers import TtlStore
 from localstate.storage import Recovery
 
@@ -179,3 +179,19 @@ def test_ttl_units_and_put_none(make_config):
     with TaskStorage(config) as st:
         with pytest.raises(Exception, match="use delete"):
             st.store("s").put(b"k", None)
+
+
+def test_event_time_ttl_write_before_any_event_time_is_an_error(make_config):
+    with TaskStorage(make_config(s=ttl_store())) as st:
+        s = st.store("s")
+        with pytest.raises(InvalidValueError, match="no event time yet"):
+            s["a"] = 1
+        assert s.get("a") is None and list(s.all()) == []  # nothing was written
+        st.advance_event_time(10)
+        s["a"] = 1
+        assert s["a"] == 1
+
+
+def test_ttl_too_large_is_refused(make_config):
+    with pytest.raises(ConfigError, match="must be <="):
+        make_config(s={"factory": "memory", "ttl.ms": 1 << 60})

@@ -36,13 +36,14 @@ serde), and *checked* in this layer, above the object cache — the cache holds
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidValueError
 from ..kv import KeyValueIterator, KeyValueStore, reject_none
 from ..serdes import Serde, decoder_of_many, encoder_of_many
 from .forwarding import ForwardingStore
@@ -50,7 +51,10 @@ from .forwarding import ForwardingStore
 __all__ = ["TtlPolicy", "TtlStore", "ttl_serde", "wall_clock_ms", "EXPIRY_BYTES"]
 
 EXPIRY_BYTES = 8
-_MAX_EXPIRY = (1 << 63) - 1
+_EXPIRY = struct.Struct(">q")  # signed: an event-time expiry may be before the epoch
+MAX_TTL_MS = 1 << 53
+"""The largest ``ttl.ms`` (about 285,000 years): expiries stay far inside 64 bits."""
+_NOTHING_EXPIRED = -(1 << 63)
 
 
 def wall_clock_ms() -> int:
@@ -97,6 +101,8 @@ class TtlPolicy:
         ms = values.get("ms")
         if ms is not None and ms <= 0:
             errors.append(f"{pre}.ms = {raw['ms']!r}: must be > 0 (leave it unset for entries that never expire)")
+        elif ms is not None and ms > MAX_TTL_MS:
+            errors.append(f"{pre}.ms = {raw['ms']!r}: must be <= {MAX_TTL_MS} (leave it unset for no expiry)")
         batch = values.get("cleanup_batch")
         if batch is not None and batch < 0:
             errors.append(f"{pre}.cleanup.batch = {batch}: must be >= 0 (0: only entries a read found expired)")
@@ -109,21 +115,21 @@ def ttl_serde(inner: Serde) -> Serde:
     """The value serde of a TTL store: ``(expiry_ms, value)`` ↔ 8-byte expiry + ``inner`` bytes."""
     encode, decode = inner.encode, inner.decode
     encode_many, decode_many = encoder_of_many(inner), decoder_of_many(inner)
-    from_bytes = int.from_bytes
+    pack, unpack_from = _EXPIRY.pack, _EXPIRY.unpack_from
 
     def enc(pair: tuple[int, Any]) -> bytes:
-        return pair[0].to_bytes(EXPIRY_BYTES, "big") + encode(pair[1])
+        return pack(pair[0]) + encode(pair[1])
 
     def dec(data: bytes) -> tuple[int, Any]:
-        return from_bytes(data[:EXPIRY_BYTES], "big"), decode(data[EXPIRY_BYTES:])
+        return unpack_from(data)[0], decode(data[EXPIRY_BYTES:])
 
     def enc_many(pairs: list[tuple[int, Any]]) -> list[bytes]:
         encoded = encode_many([p[1] for p in pairs])
-        return [p[0].to_bytes(EXPIRY_BYTES, "big") + b for p, b in zip(pairs, encoded)]
+        return [pack(p[0]) + b for p, b in zip(pairs, encoded)]
 
     def dec_many(items: list[bytes]) -> list[tuple[int, Any]]:
         values = decode_many([b[EXPIRY_BYTES:] for b in items])
-        return [(from_bytes(b[:EXPIRY_BYTES], "big"), v) for b, v in zip(items, values)]
+        return [(unpack_from(b)[0], v) for b, v in zip(items, values)]
 
     return Serde(f"ttl+{inner.name}", enc, dec, False, enc_many, dec_many)
 
@@ -131,16 +137,19 @@ def ttl_serde(inner: Serde) -> Serde:
 class TtlStore(ForwardingStore):
     """Wraps a store of ``(expiry_ms, value)`` pairs; the task sees plain values.
 
-    ``now`` is the clock (processing or event time, ms). Complexity: one clock read and
-    one comparison per read entry; ``flush()`` examines at most ``cleanup_batch`` entries
-    plus those reads found expired.
+    ``now`` is the clock (processing or event time, ms); it returns ``None`` while the
+    time is unknown (event time before the task's first event): then nothing has
+    expired, and a write is an error (its expiry would be meaningless). Complexity: one
+    clock read and one comparison per read entry; ``flush()`` examines at most
+    ``cleanup_batch`` entries plus those reads found expired.
     """
 
-    def __init__(self, inner: KeyValueStore[Any, Any], policy: TtlPolicy, now: Callable[[], int],
+    def __init__(self, inner: KeyValueStore[Any, Any], policy: TtlPolicy, now: Callable[[], int | None],
                  name: str | None = None) -> None:
         super().__init__(inner, name)
         self.policy = policy
-        self.now = now
+        self.clock = now
+        self._get, self._put = inner.get, inner.put
         self._ttl = policy.ms
         self._refresh = policy.update == "on-read-and-write"
         self._seen_expired: set[Any] = set()
@@ -149,8 +158,20 @@ class TtlStore(ForwardingStore):
         self.expired_deleted = 0
         """Entries the sweeps have deleted (tombstones logged) since open."""
 
+    def now(self) -> int:
+        """The clock for reads: ``now`` in ms, or a time before everything when unknown."""
+        t = self.clock()
+        return _NOTHING_EXPIRED if t is None else t
+
     def _expiry(self) -> int:
-        return min(self.now() + self._ttl, _MAX_EXPIRY)
+        t = self.clock()
+        if t is None:
+            raise InvalidValueError(
+                f"store {self.name!r} has stores.{self.name}.ttl.time = event, but the task has no event time yet: "
+                "advance it first (TaskStorage.advance_event_time(ts); the Spark runner does it from "
+                "StreamTask.event_time_column after each input batch)"
+            )
+        return t + self._ttl
 
     def _note_expired(self, key: Any) -> None:
         # Found expired by a read: the next sweep deletes it (unhashable keys, possible
@@ -162,15 +183,14 @@ class TtlStore(ForwardingStore):
 
     # -- reads: never return an expired entry --------------------------------------------------
     def get(self, key: Any) -> Any:
-        pair = self.inner.get(key)
+        pair = self._get(key)
         if pair is None:
             return None
-        now = self.now()
-        if pair[0] <= now:
+        if pair[0] <= self.now():
             self._note_expired(key)
             return None
         if self._refresh:
-            self.inner.put(key, (min(now + self._ttl, _MAX_EXPIRY), pair[1]))
+            self._put(key, (self._expiry(), pair[1]))
         return pair[1]
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
@@ -183,7 +203,7 @@ class TtlStore(ForwardingStore):
             else:
                 out[k] = v
         if self._refresh and out:
-            expiry = min(now + self._ttl, _MAX_EXPIRY)
+            expiry = self._expiry()
             self.inner.put_all([(k, (expiry, v)) for k, v in out.items()])
         return out
 
@@ -213,7 +233,7 @@ class TtlStore(ForwardingStore):
     def put(self, key: Any, value: Any) -> None:
         if value is None:
             reject_none(self.name, key, value)
-        self.inner.put(key, (self._expiry(), value))
+        self._put(key, (self._expiry(), value))
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
         items = entries.items() if isinstance(entries, Mapping) else entries
