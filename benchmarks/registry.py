@@ -87,6 +87,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "kafka": ("localstate.benchmarks.kafka_changelog", "Kafka changelog (tansu broker)"),
     "spark": ("localstate.benchmarks.spark_jobs", "Spark job vs Spark's RocksDB state store"),
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
+    "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),
 }
 """``suite name → (module exposing run(quick, repeats), description)``."""
 
