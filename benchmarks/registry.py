@@ -88,6 +88,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "spark": ("localstate.benchmarks.spark_jobs", "Spark job vs Spark's RocksDB state store"),
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
     "stateapi": ("localstate.benchmarks.state_api", "state-query read rate; metrics cost on put/get"),
+    "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),
 }
 """``suite name → (module exposing run(quick, repeats), description)``."""
 

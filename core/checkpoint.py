@@ -38,6 +38,8 @@ class Checkpoint:
     epoch: int = 0
     written_at: float = field(default_factory=time.time)
     stores: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    event_time: int | None = None
+    """The task's event-time clock (its watermark, ms) at this commit; ``None`` if never advanced."""
 
     @property
     def committed(self) -> bool:
@@ -45,8 +47,10 @@ class Checkpoint:
         return self.version >= 0
 
     def to_bytes(self) -> bytes:
+        extra = {} if self.event_time is None else {"event_time": self.event_time}
         body = json.dumps(
             {
+                **extra,
                 "format": _FORMAT,
                 "version": self.version,
                 "input_position": self.input_position,
@@ -77,6 +81,7 @@ class Checkpoint:
                 epoch=int(d.get("epoch", 0)),
                 written_at=float(d.get("written_at", 0.0)),
                 stores={str(k): {str(a): str(b) for a, b in v.items()} for k, v in d.get("stores", {}).items()},
+                event_time=None if d.get("event_time") is None else int(d["event_time"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptionError(f"{where} is corrupt ({e}); {len(data)} bytes") from e

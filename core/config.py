@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -73,28 +74,38 @@ class Config:
 
     @classmethod
     def from_properties(cls, path: str | Path) -> Config:
-        """From a Java-style ``.properties`` file (``key = value``, ``#`` comments)."""
+        """From a ``.properties`` file, read with Java's semantics (``java.util.Properties``,
+        via the ``javaproperties`` library): ``key = value``, ``key: value`` or ``key value``;
+        ``#``/``!`` start a comment only at the start of a line (``a = x # y`` is the
+        value ``x # y``); ``\\`` escapes (``\\n``, ``\\uXXXX``, ``\\=``, ``\\ ``) in keys
+        and values; a line ending in an odd number of backslashes continues on the next
+        (its leading whitespace dropped); a later duplicate key wins. The file is UTF-8
+        (Java 9+ reads ``.properties`` resource bundles as UTF-8 too)."""
+        import javaproperties
+
         p = Path(path)
         try:
             text = p.read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"cannot read config file {p}: {e.strerror}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {p} is not UTF-8 text ({e})") from e
         values: dict[str, str] = {}
-        pending = ""
-        for lineno, raw in enumerate(text.splitlines(), 1):
-            line = pending + raw.strip()
-            pending = ""
-            if not line or line[0] in "#!":
-                continue
-            if line.endswith("\\"):
-                pending = line[:-1]
-                continue
-            m = re.match(r"^([^=:\s]+)\s*[=:\s]\s*(.*)$", line)
-            if not m:
-                raise ConfigError(f"{p}:{lineno}: expected 'key = value', got {raw!r}")
-            value = re.sub(r"\s+#.*$", "", m.group(2)).strip()
-            values[m.group(1)] = value
-        return cls(values)
+        lineno = 1
+        try:
+            for element in javaproperties.parse(text):
+                key = getattr(element, "key", None)
+                if key is not None:
+                    if not key.strip():
+                        raise ConfigError(f"{p}:{lineno}: expected 'key = value', got {element.source.rstrip()!r}")
+                    values[key] = element.value
+                lineno += element.source.count("\n")
+        except ValueError as e:  # a malformed \\uXXXX escape
+            raise ConfigError(f"{p}:{lineno}: {e}") from e
+        try:
+            return cls(values)
+        except ConfigError as e:
+            raise type(e)(f"{p}: {e}") from e
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Config:
@@ -162,25 +173,50 @@ class Config:
 
     # -- validation -----------------------------------------------------------------------
     def _validate(self) -> None:
+        """Check everything; every problem found is reported in one :class:`ConfigError`
+        (one line each), not only the first."""
+        problems: list[ConfigError] = []
+
+        @contextmanager
+        def collect() -> Iterator[None]:
+            try:
+                yield
+            except ConfigError as e:
+                problems.append(e)
+
+        self._validate_into(collect)
+        if len(problems) == 1:
+            raise problems[0]
+        if problems:
+            raise ConfigError(
+                f"{len(problems)} problems in the config:\n" + "\n".join(f"  - {e}" for e in problems)
+            )
+
+    def _validate_into(self, collect: Callable[[], Any]) -> None:
         v = self._values
         self._job: dict[str, Any] = {}
         for key in v:
-            if key.startswith("job.") and key not in JOB_KEYS:
-                raise ConfigError(f"unknown config key {key!r}.{did_you_mean(key, JOB_KEYS)}")
-            if not key.startswith(_VALIDATED_PREFIXES) and "." not in key:
-                raise ConfigError(
-                    f"config key {key!r} has no section; expected job.*, stores.<name>.* or systems.<name>.*"
-                )
+            with collect():
+                if key.startswith("job.") and key not in JOB_KEYS:
+                    raise ConfigError(f"unknown config key {key!r}.{did_you_mean(key, JOB_KEYS)}")
+                if not key.startswith(_VALIDATED_PREFIXES) and "." not in key:
+                    raise ConfigError(
+                        f"config key {key!r} has no section; expected job.*, stores.<name>.* or systems.<name>.*"
+                    )
         for key, (tp, default) in JOB_KEYS.items():
-            self._job[key] = coerce(v[key], tp, key) if key in v else default
-        if not self._job["job.name"]:
-            raise ConfigError("missing required config key 'job.name' (e.g. job.name = pageviews)")
-        if not _NAME.match(self._job["job.name"]):
-            raise ConfigError(
-                f"job.name = {self._job['job.name']!r}: use letters, digits, '_' and '-' only"
-            )
-        if self._job["job.partitions"] < 1:
-            raise ConfigError(f"job.partitions = {self._job['job.partitions']}: must be >= 1")
+            self._job[key] = default
+            with collect():
+                self._job[key] = coerce(v[key], tp, key) if key in v else default
+        with collect():
+            if not self._job["job.name"]:
+                raise ConfigError("missing required config key 'job.name' (e.g. job.name = pageviews)")
+            if not _NAME.match(self._job["job.name"]):
+                raise ConfigError(
+                    f"job.name = {self._job['job.name']!r}: use letters, digits, '_' and '-' only"
+                )
+        with collect():
+            if self._job["job.partitions"] < 1:
+                raise ConfigError(f"job.partitions = {self._job['job.partitions']}: must be >= 1")
 
         store_keys: dict[str, dict[str, Any]] = {}
         system_keys: dict[str, dict[str, Any]] = {}
@@ -188,13 +224,15 @@ class Config:
             for section, into in (("stores.", store_keys), ("systems.", system_keys)):
                 if key.startswith(section):
                     name, _, rest = key[len(section):].partition(".")
-                    if not name or not rest:
-                        raise ConfigError(f"config key {key!r} should be {section}<name>.<option>")
-                    into.setdefault(name, {})[rest] = value
+                    with collect():
+                        if not name or not rest:
+                            raise ConfigError(f"config key {key!r} should be {section}<name>.<option>")
+                        into.setdefault(name, {})[rest] = value
 
         default_system = self._job["job.changelog.system"]
         for name, keys in store_keys.items():
-            self.stores[name] = self._store_spec(name, keys, default_system)
+            with collect():
+                self.stores[name] = self._store_spec(name, keys, default_system)
 
         used_systems = {s.changelog[0] for s in self.stores.values() if s.changelog}
         if self._job["job.checkpoint.system"] is None:
@@ -202,7 +240,8 @@ class Config:
             self._job["job.checkpoint.system"] = firsts[0] if firsts else default_system
         used_systems.add(self._job["job.checkpoint.system"])
         for name in sorted(set(system_keys) | used_systems):
-            self.systems[name] = self._system_options(name, system_keys.get(name, {}))
+            with collect():
+                self.systems[name] = self._system_options(name, system_keys.get(name, {}))
 
     def _store_spec(self, name: str, keys: dict[str, Any], default_system: str) -> StoreSpec:
         pre = f"stores.{name}"
@@ -219,19 +258,30 @@ class Config:
         opt_prefix = factory.options_prefix
         base: dict[str, Any] = {}
         engine_raw: dict[str, Any] = {}
+        ttl_raw: dict[str, Any] = {}
+        errors: list[str] = []
         for key, value in keys.items():
             if key in STORE_KEYS:
                 base[key] = value
+            elif key.startswith("ttl."):
+                ttl_raw[key[4:]] = value
             elif opt_prefix and key.startswith(opt_prefix + "."):
                 engine_raw[key[len(opt_prefix) + 1:]] = value
             else:
-                valid = list(STORE_KEYS) + ([f"{opt_prefix}.<option>"] if opt_prefix else [])
-                hint = did_you_mean(key, list(STORE_KEYS) + _engine_keys(factory))
-                raise ConfigError(
+                valid = list(STORE_KEYS) + ["ttl.ms"] + ([f"{opt_prefix}.<option>"] if opt_prefix else [])
+                hint = did_you_mean(key, list(STORE_KEYS) + ["ttl.ms"] + _engine_keys(factory))
+                errors.append(
                     f"unknown config key '{pre}.{key}' for store {name!r}.{hint}"
                     + ("" if "Did you mean" in hint else f" Valid keys: {', '.join(valid)}.")
                 )
-        vals = {k: coerce(base[k], tp, f"{pre}.{k}") if k in base else d for k, (tp, d) in STORE_KEYS.items()}
+        vals: dict[str, Any] = {}
+        for k, (tp, d) in STORE_KEYS.items():
+            try:
+                vals[k] = coerce(base[k], tp, f"{pre}.{k}") if k in base else d
+            except ConfigError as e:
+                errors.append(str(e))
+        if errors:
+            raise ConfigError("\n  - ".join(errors))
         options = None
         if factory.options_type is not None:
             options = parse_options(factory.options_type, engine_raw, f"{pre}.{opt_prefix}")
@@ -252,6 +302,7 @@ class Config:
                 f"Raise the cache size to at least {batch} or lower the batch size."
             )
         changelog = _parse_changelog(vals["changelog"], name, self._job["job.name"], default_system)
+        ttl = _parse_ttl(name, ttl_raw, factory, str(keys["factory"]))
         return StoreSpec(
             name=name,
             factory=str(keys["factory"]),
@@ -261,6 +312,7 @@ class Config:
             changelog=changelog,
             object_cache_size=cache,
             write_batch_size=batch,
+            ttl=ttl,
             raw=dict(keys),
         )
 
@@ -286,6 +338,37 @@ class Config:
         if validate is not None:
             validate(name, keys)
         return dict(keys)
+
+
+def _parse_ttl(store: str, raw: dict[str, Any], factory: Any, engine: str) -> Any:
+    """``stores.<s>.ttl.*`` → a TtlPolicy; refused for engines that are not key-value stores."""
+    from .layers.ttl import TtlPolicy
+
+    policy = TtlPolicy.parse(store, raw)
+    if policy is not None and engine_kind(factory) == "other":
+        raise ConfigError(
+            f"stores.{store}.ttl.ms: engine {engine!r} is not a key-value store and has no TTL. "
+            "TTL expires whole entries; a sketch (hyperloglog, bloom) cannot forget one item it has "
+            "merged, and top-N and search keep their own data model (expire their entries with a "
+            "timer and remove()/delete). Remove the ttl.* keys, or use a key-value engine "
+            "(memory, rocksdb, leveldb)."
+        )
+    return policy
+
+
+def engine_kind(factory: Any) -> str:
+    """``"kv"``, ``"other"`` or ``"unknown"``: what ``factory.create`` is declared to return."""
+    import typing
+
+    from .kv import KeyValueStore
+
+    try:
+        ret = typing.get_type_hints(type(factory).create).get("return")
+    except Exception:
+        return "unknown"
+    if not isinstance(ret, type):
+        return "unknown"
+    return "kv" if issubclass(ret, KeyValueStore) else "other"
 
 
 def _engine_keys(factory: Any) -> list[str]:

@@ -160,6 +160,8 @@ class StoreSpec:
     """``(system, stream)`` or ``None`` when the store is not logged."""
     object_cache_size: int = 1000
     write_batch_size: int = 500
+    ttl: Any = None
+    """The store's :class:`~localstate.layers.TtlPolicy` (``stores.<s>.ttl.*``), or ``None``."""
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """Every ``stores.<name>.*`` key with the prefix removed, as given."""
 

@@ -44,6 +44,7 @@ from .errors import (
 from .faults import fault_point, paused
 from .kv import KeyValueStore
 from .layers import build_store
+from .layers.ttl import wall_clock_ms
 from .layout import home_path, store_dir, task_lock
 from .locking import io_error, remove_tree
 from .metrics import RestoreProgress, StoreMetrics, TaskMetrics, track, untrack
@@ -124,11 +125,34 @@ def task_partition(partition: Any) -> int:
     )
 
 
+PLAIN_VALUES = "plain"
+TTL_VALUES = "ttl-expiry-v1"
+
+
 def _store_meta(spec: StoreSpec) -> dict[str, str]:
     meta = {"factory": spec.factory, "key.serde": spec.key_serde, "msg.serde": spec.msg_serde}
     if spec.changelog is not None:
         meta["changelog"] = ".".join(spec.changelog)
+    if spec.ttl is not None:
+        meta["value.format"] = TTL_VALUES  # absent means PLAIN_VALUES (checkpoints from before TTL)
     return meta
+
+
+def _value_format_change(spec: StoreSpec, before: dict[str, str] | None, meta: dict[str, str]) -> str | None:
+    """A message when TTL was added to or removed from a committed store: its records carry
+    (or lack) the 8-byte expiry prefix, so the new config would misread every value."""
+    if before is None:
+        return None
+    was, now = before.get("value.format", PLAIN_VALUES), meta.get("value.format", PLAIN_VALUES)
+    if was == now:
+        return None
+    what = "added to" if now == TTL_VALUES else "removed from"
+    return (
+        f"stores.{spec.name}.ttl.ms was {what} store {spec.name!r}, which was committed with value format "
+        f"{was!r} (now {now!r}): TTL stores keep an expiry with every value, so its stored records would "
+        "be misread. Nothing was changed. Set the config back; or start the store over with "
+        f"`localstate restore --reset {spec.name}`; or copy the data into a new store with the new setting."
+    )
 
 
 def check_input_position(value: Any, path: str = "input_position") -> None:
@@ -241,6 +265,9 @@ class TaskStorage:
             self._committed: Checkpoint | None = ckpt
             self._checkpoint = ckpt if ckpt is not None and ckpt.committed else None
             self.epoch = (ckpt.epoch if ckpt else 0) + 1
+            self.event_time: int | None = ckpt.event_time if ckpt else None
+            """The task's event-time clock (watermark, ms): advanced by :meth:`advance_event_time`,
+            committed with the checkpoint, used by ``ttl.time = event`` stores and event-time timers."""
             self._offsets: dict[str, int] = dict(ckpt.offsets) if ckpt else {}
             self._meta: dict[str, dict[str, str]] = {k: dict(v) for k, v in ckpt.stores.items()} if ckpt else {}
             for spec in config.stores.values():
@@ -327,6 +354,9 @@ class TaskStorage:
         before = self._meta.get(spec.name)
         if before == meta:
             return
+        format_change = _value_format_change(spec, before, meta)
+        if format_change is not None and spec.name not in self._recovery.reset:
+            raise ConfigError(format_change)  # --accept-config-change cannot help: records differ
         self._register = True
         self._meta[spec.name] = meta
         changed = {k: (before[k], v) for k, v in meta.items() if before is not None and k in before and before[k] != v}
@@ -426,6 +456,14 @@ class TaskStorage:
                 f"store {spec.name!r}: factory {spec.factory!r} returned {type(engine).__name__}, "
                 "which is not a localstate.StorageEngine; create() must return a StorageEngine subclass"
             )
+        if spec.ttl is not None and not isinstance(engine, KeyValueStore):
+            engine.close()
+            if changelog is not None:
+                changelog.close()
+            raise ConfigError(
+                f"stores.{spec.name}.ttl.ms: engine {spec.factory!r} is not a key-value store and has no TTL; "
+                "remove the ttl.* keys or use a key-value engine"
+            )
         entry = _OpenStore(spec, engine, engine, logger, changelog, metrics, directory)
         self._stores[spec.name] = entry
         if changelog is not None:
@@ -443,6 +481,8 @@ class TaskStorage:
                 cache_size=spec.object_cache_size,
                 batch_size=spec.write_batch_size,
                 metrics=metrics,
+                ttl=spec.ttl,
+                clock=self._event_clock if spec.ttl is not None and spec.ttl.time == "event" else wall_clock_ms,
             )
 
     def _restore(self, entry: _OpenStore, committed: int) -> RestoreProgress:
@@ -513,6 +553,22 @@ class TaskStorage:
             )
         return final
 
+    # -- time -----------------------------------------------------------------------------------------
+    def advance_event_time(self, timestamp_ms: int) -> int:
+        """Move the task's event-time clock forward to ``timestamp_ms`` (never back) and
+        return it. Committed with the checkpoint, so a restore resumes at the committed time."""
+        if not isinstance(timestamp_ms, numbers.Integral) or isinstance(timestamp_ms, bool):
+            raise InvalidValueError(
+                f"event time must be an int (ms since the epoch), got {timestamp_ms!r} ({type(timestamp_ms).__name__})"
+            )
+        ts = int(timestamp_ms)
+        if self.event_time is None or ts > self.event_time:
+            self.event_time = ts
+        return self.event_time
+
+    def _event_clock(self) -> int | None:
+        return self.event_time
+
     # -- the task's view ---------------------------------------------------------------------------
     def _entry(self, name: str) -> _OpenStore:
         if self._closed:
@@ -569,6 +625,7 @@ class TaskStorage:
             offsets=dict(self._offsets),
             epoch=self.epoch,
             stores={k: dict(v) for k, v in self._meta.items()},
+            event_time=self.event_time,
         )
         self._checkpoints.write(self.job, self.partition, ckpt)
         self._committed = ckpt

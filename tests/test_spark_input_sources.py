@@ -110,7 +110,7 @@ def test_jsonl_bad_input_names_the_path_and_the_fix(sources: Any, tmp_path: Path
     (d / "x.jsonl").write_text('{"n": 1}\n{"n": oops}\n')
     with pytest.raises(Exception) as e:
         sources.read.format("localstate-jsonl").schema("n long").load(str(d)).collect()
-    assert "x.jsonl" in _error_text(e) and "are not JSON lines" in _error_text(e)
+    assert "x.jsonl:2" in _error_text(e) and "malformed record" in _error_text(e)
 
 
 # -- the file changelog -------------------------------------------------------------------------------

@@ -29,11 +29,13 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import pyarrow as pa
 from localstate import Config, ConfigError, KeyValueStore, LocalStateError, TaskStorage
+from localstate.layers.ttl import wall_clock_ms
+from localstate.timers import EVENT_TIME, PROCESSING_TIME, Timers, check_timer_store
 
 from .streaming import commit_version, next_version, open_version
 
@@ -65,6 +67,9 @@ LOCK_WAIT_S = 60.0
 may still be exiting when Spark starts the next attempt)."""
 
 
+_EARLIEST = -(1 << 62)
+
+
 @dataclass
 class TaskContext:
     """What :meth:`StreamTask.init` gets: the task's partition and its open stores."""
@@ -73,6 +78,9 @@ class TaskContext:
     partitions: int
     config: Config
     storage: TaskStorage
+    timer_store: str = "timers"
+    """The store that keeps this task's timers (:attr:`StreamTask.timer_store`)."""
+    _timers: dict[bytes, Timers] = field(default_factory=dict, init=False, repr=False)
 
     @overload
     def store(self, name: str) -> Any: ...
@@ -83,6 +91,82 @@ class TaskContext:
         """The store ``name`` of this task (``storage.store(name)``); with types,
         ``context.store("counts", str, int)`` is a checked ``KeyValueStore[str, int]``."""
         return self.storage.store(name, key_type, value_type)  # type: ignore[arg-type]
+
+    @property
+    def watermark(self) -> int | None:
+        """The task's event-time clock (ms), committed with its state; None before any event."""
+        return self.storage.event_time
+
+    @property
+    def timers(self) -> Timers:
+        """Event-time timers: ``register(key, ts)`` fires ``on_timer(key, ts, emit)`` once the
+        watermark reaches ``ts`` (see :mod:`localstate.timers`)."""
+        return self._domain(EVENT_TIME)
+
+    @property
+    def processing_timers(self) -> Timers:
+        """Processing-time timers: fire once the wall clock (ms since the epoch) reaches ``ts``."""
+        return self._domain(PROCESSING_TIME)
+
+    def _domain(self, domain: bytes) -> Timers:
+        timers = self._timers.get(domain)
+        if timers is None:
+            name = self.timer_store
+            spec = self.config.stores.get(name)
+            if spec is None:
+                raise ConfigError(
+                    f"job {self.config.job_name!r}: timers are kept in the store {name!r}, which the config "
+                    f"does not declare; add stores.{name}.factory = memory (or rocksdb) with the default "
+                    "bytes serdes"
+                )
+            check_timer_store(name, spec)
+            now = wall_clock_ms if domain == PROCESSING_TIME else self._event_now
+            timers = self._timers[domain] = Timers(self.storage.store(name), domain, now)
+        return timers
+
+    def _event_now(self) -> int:
+        t = self.storage.event_time
+        return _EARLIEST if t is None else t
+
+    def fire_timers(self, task: StreamTask, emit: Emitter) -> int:
+        """Fire the due timers of both domains into ``task`` (the runner calls this after
+        each input batch and before ``window``). Returns how many fired."""
+        if self.timer_store not in self.config.stores:
+            return 0
+        fired = 0
+        batched = type(task).on_timers is not StreamTask.on_timers
+        for domain in (EVENT_TIME, PROCESSING_TIME):
+            timers = self._domain(domain)
+            if batched:
+                fired += timers.fire_batch(lambda keys, stamps: task.on_timers(keys, stamps, emit))
+            else:
+                fired += timers.fire(lambda key, ts: task.on_timer(key, ts, emit))
+        return fired
+
+    def observe_event_time(self, task: StreamTask, batch: pa.RecordBatch) -> None:
+        """Advance the watermark to ``max(task.event_time_column) - task.watermark_delay_ms``."""
+        column = task.event_time_column
+        if column is None or batch.num_rows == 0:
+            return
+        import pyarrow.compute as pc
+
+        try:
+            values = batch.column(column)
+        except KeyError:
+            raise ConfigError(
+                f"{type(task).__name__}.event_time_column = {column!r} is not an input column "
+                f"(columns: {', '.join(batch.schema.names)})"
+            ) from None
+        if pa.types.is_timestamp(values.type):
+            values = pc.cast(values, pa.timestamp("ms", tz=values.type.tz)).cast(pa.int64())
+        elif not pa.types.is_integer(values.type):
+            raise ConfigError(
+                f"{type(task).__name__}.event_time_column {column!r} has type {values.type}; "
+                "use a timestamp or an integer column of epoch milliseconds"
+            )
+        latest = pc.max(values).as_py()
+        if latest is not None:
+            self.storage.advance_event_time(int(latest) - task.watermark_delay_ms)
 
 
 class Emitter:
@@ -161,6 +245,26 @@ class StreamTask:
         """Handle one input row (a dict keyed by column name)."""
         raise NotImplementedError(f"{type(self).__name__} must implement process() or process_batch()")
 
+    timer_store: str = "timers"
+    """The store (``bytes`` serdes) that keeps the task's timers, when it uses any."""
+    event_time_column: str | None = None
+    """An input column of event times (timestamp, or int epoch ms): after each input batch
+    the watermark moves to its maximum minus :attr:`watermark_delay_ms` and due
+    event-time timers fire."""
+    watermark_delay_ms: int = 0
+    """How far behind the latest event time the watermark stays (out-of-orderness bound)."""
+
+    def on_timer(self, key: Any, ts: int, emit: Emitter) -> None:
+        """A timer registered with ``context.timers``/``context.processing_timers`` fired."""
+        raise NotImplementedError(f"{type(self).__name__} registered timers but does not implement on_timer()")
+
+    def on_timers(self, keys: list[Any], timestamps: list[int], emit: Emitter) -> None:
+        """Vectorised :meth:`on_timer`: override to take due timers in chunks (in
+        ``(ts, key)`` order per chunk); default: :meth:`on_timer` per timer."""
+        on_timer = self.on_timer
+        for key, ts in zip(keys, timestamps):
+            on_timer(key, ts, emit)
+
     def window(self, emit: Emitter) -> None:
         """Called at every window/commit boundary: after the partition's last batch of a
         run (batch job) or micro-batch (streaming), before the commit."""
@@ -232,13 +336,17 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
     try:
         emit = Emitter(run.output_schema)
         task = run.task()
-        task.init(TaskContext(partition, config.partitions, config, storage))
+        context = TaskContext(partition, config.partitions, config, storage, task.timer_store)
+        task.init(context)
         rows = 0
         process_batch = task.process_batch
         for batch in batches:
             rows += batch.num_rows
             process_batch(batch, emit)
+            context.observe_event_time(task, batch)
+            context.fire_timers(task, emit)
             yield from emit.drain()
+        context.fire_timers(task, emit)
         task.window(emit)
         yield from emit.drain()
         commit_version(storage, run.batch_id, rows)

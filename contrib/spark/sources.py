@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from localstate import ChangelogError, ConfigError, InvalidValueError
+from localstate import ChangelogError, ConfigError
+from localstate.options import parse_size_bytes
 from pyspark.sql.datasource import (
     CaseInsensitiveDict,
     DataSource,
@@ -54,6 +55,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
+
+from .json_policy import JsonPolicy, read_json_records
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -111,6 +114,16 @@ def _int_option(options: Mapping[str, str], name: str, source: str, default: int
         return int(value)
     except ValueError:
         raise ConfigError(f"data source {source!r}: option {name!r} = {value!r} is not an integer") from None
+
+
+def _size_option(options: Mapping[str, str], name: str, source: str) -> int | None:
+    value = options.get(name)
+    if value is None:
+        return None
+    try:
+        return parse_size_bytes(value, name)
+    except ConfigError as e:
+        raise ConfigError(f"data source {source!r}: option {e}") from None
 
 
 @dataclass
@@ -217,6 +230,7 @@ class _KafkaReader:
         self.timeout = float(options.get("timeout.s", "30"))
         self.schema = schema
         self.json = options.get("format", "raw") == "json"
+        self.policy = JsonPolicy.from_options(options, KafkaSource.name())
 
     def _consumer(self) -> Any:
         from confluent_kafka import Consumer
@@ -284,21 +298,13 @@ class _KafkaReader:
 
     def _batch(self, partition: int, keys: list, values: list, offsets: list, stamps: list) -> pa.RecordBatch:
         if self.json:
-            from pyarrow import json as pajson
 
             schema = _arrow_schema(self.schema)
-            data = b"\n".join(v for v in values if v is not None)
-            try:
-                table = pajson.read_json(
-                    io.BytesIO(data),
-                    parse_options=pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
-                )
-            except pa.ArrowInvalid as e:
-                raise InvalidValueError(
-                    f"localstate-kafka: topic {self.topic!r} partition {partition} offsets "
-                    f"[{offsets[0]}, {offsets[-1]}]: values are not JSON objects of schema {schema} ({e}); "
-                    "fix the producer, or read with format=raw and parse the bytes yourself"
-                ) from e
+            present = [(o, v) for o, v in zip(offsets, values) if v is not None]
+            table = read_json_records(
+                [v for _, v in present], schema, self.policy,
+                lambda i: f"topic {self.topic!r} partition {partition} offset {present[i][0]}", KafkaSource.name(),
+            )
             return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema)
         n = len(offsets)
         return pa.RecordBatch.from_arrays(
@@ -392,7 +398,8 @@ class KafkaSource(DataSource):
     ``startingOffsets`` (``earliest`` (default), ``latest`` or JSON
     ``{"<partition>": offset}``), ``endingOffsets`` (batch only: ``latest`` or JSON),
     ``maxOffsetsPerTrigger`` (streaming), ``format`` (``raw`` (default) or ``json``:
-    parse values into the given ``schema``), ``timeout.s``, and ``kafka.<key>`` for
+    parse values into the given ``schema``, with ``mode`` = ``FAILFAST`` (default) /
+    ``PERMISSIVE`` / ``DROPMALFORMED`` for bad values, as ``localstate-jsonl``), ``timeout.s``, and ``kafka.<key>`` for
     any consumer setting. Reads with ``isolation.level=read_committed``.
     """
 
@@ -463,9 +470,16 @@ def _split_at_newlines(path: Path, start: int, stop: int) -> list[tuple[int, int
 
 
 class _JsonLinesReader(DataSourceReader):
-    def __init__(self, root: Path, schema: StructType) -> None:
+    def __init__(self, root: Path, schema: StructType, options: Mapping[str, str] | None = None) -> None:
+        options = _options(options or {})
         self.root = root
         self.schema = schema
+        self.policy = JsonPolicy.from_options(options, JsonLinesSource.name())
+        self.max_files = _int_option(options, "maxFilesPerTrigger", JsonLinesSource.name(), None)
+        self.max_bytes = _size_option(options, "maxBytesPerTrigger", JsonLinesSource.name())
+        for name, value in (("maxFilesPerTrigger", self.max_files), ("maxBytesPerTrigger", self.max_bytes)):
+            if value is not None and value < 1:
+                raise ConfigError(f"data source {JsonLinesSource.name()!r}: option {name} = {value}: must be >= 1")
 
     def ends(self) -> dict[str, dict[str, int]]:
         return {"files": {p.name: _complete_size(p) for p in _jsonl_files(self.root)}}
@@ -484,7 +498,6 @@ class _JsonLinesReader(DataSourceReader):
         return self.plan({}, self.ends())
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from pyarrow import json as pajson
 
         assert isinstance(partition, _Range)
         path = self.root / partition.part if self.root.is_dir() else self.root
@@ -494,20 +507,42 @@ class _JsonLinesReader(DataSourceReader):
         if not data.strip():
             return
         schema = _arrow_schema(self.schema)
-        try:
-            table = pajson.read_json(
-                io.BytesIO(data),
-                read_options=pajson.ReadOptions(block_size=8 << 20),
-                parse_options=pajson.ParseOptions(
-                    explicit_schema=schema, unexpected_field_behavior="ignore", newlines_in_values=False
-                ),
-            )
-        except pa.ArrowInvalid as e:
-            raise InvalidValueError(
-                f"localstate-jsonl: {path} bytes [{partition.start}, {partition.stop}) are not JSON lines of "
-                f"schema {schema}: {e}"
-            ) from e
+
+        def locate(i: int) -> str:
+            with open(path, "rb") as f:
+                before = f.read(partition.start).count(b"\n")
+            return f"{path}:{before + i + 1}"
+
+        table = read_json_records(data, schema, self.policy, locate, JsonLinesSource.name())
         yield from table.select(schema.names).cast(schema).to_batches()
+
+    def limit(self, start: dict, end: dict) -> dict:
+        """``end`` cut to at most ``maxFilesPerTrigger`` files with new data and about
+        ``maxBytesPerTrigger`` new bytes (cut after a whole line; at least one line, so a
+        stream always moves), in file name order."""
+        if self.max_files is None and self.max_bytes is None:
+            return end
+        done = start.get("files", {})
+        files = dict(done)
+        budget, taken = self.max_bytes, 0
+        for name, stop in sorted(end.get("files", {}).items()):
+            begin = int(done.get(name, 0))
+            if stop <= begin:
+                files[name] = stop
+                continue
+            if self.max_files is not None and taken >= self.max_files or budget is not None and budget <= 0:
+                break
+            taken += 1
+            if budget is not None and stop - begin > budget:
+                path = self.root / name if self.root.is_dir() else self.root
+                with open(path, "rb") as f:
+                    f.seek(begin + budget - 1)
+                    rest = f.readline()  # up to the end of the line the budget falls in
+                stop = min(stop, begin + budget - 1 + len(rest))
+            files[name] = stop
+            if budget is not None:
+                budget -= stop - begin
+        return {"files": files}
 
 
 class _JsonLinesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -529,7 +564,7 @@ class _JsonLinesStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow
         done = start.get("files", {})
         for name, pos in done.items():  # never move backwards (a file that was truncated)
             end["files"][name] = max(int(pos), end["files"].get(name, 0))
-        return end
+        return self.reader.limit(start, end)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         return self.reader.plan(start, end)
@@ -548,6 +583,11 @@ class JsonLinesSource(DataSource):
     streaming reader; a partial last line waits until it is complete. Give the schema
     (``.schema("ts long, user_id string")``); without one it is inferred from the first
     64 KiB of the first file.
+
+    Options: ``mode`` (``FAILFAST`` (default), ``PERMISSIVE``, ``DROPMALFORMED``; see
+    :mod:`localstate.contrib.spark.json_policy`), ``columnNameOfCorruptRecord``,
+    ``maxFilesPerTrigger`` and ``maxBytesPerTrigger`` (streaming: new files / new bytes per
+    micro-batch, bytes with units such as ``64MB``; a batch ends after a whole line).
     """
 
     @classmethod
@@ -572,10 +612,10 @@ class JsonLinesSource(DataSource):
         return from_arrow_schema(pajson.read_json(io.BytesIO(head)).schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return _JsonLinesReader(self._root(), schema)
+        return _JsonLinesReader(self._root(), schema, self.options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return _JsonLinesStreamReader(_JsonLinesReader(self._root(), schema))
+        return _JsonLinesStreamReader(_JsonLinesReader(self._root(), schema, self.options))
 
 
 # -- localstate's file changelog -----------------------------------------------------------------------

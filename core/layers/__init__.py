@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..changelogger import ChangeLogger
@@ -17,6 +18,7 @@ from .logged import LoggedStore
 from .metered import MeteredStore
 from .readonly import ReadOnlyStore
 from .serialized import SerializedStore
+from .ttl import TtlPolicy, TtlStore, ttl_serde, wall_clock_ms
 
 __all__ = [
     "build_store",
@@ -29,6 +31,8 @@ __all__ = [
     "CachedStore",
     "MeteredStore",
     "ReadOnlyStore",
+    "TtlStore",
+    "TtlPolicy",
 ]
 
 
@@ -71,15 +75,26 @@ def build_store(
     batch_size: int = 500,
     metrics: StoreMetrics | None = None,
     metered: bool = True,
+    ttl: TtlPolicy | None = None,
+    clock: Callable[[], int] = wall_clock_ms,
 ) -> KeyValueStore[Any, Any]:
-    """The store a task sees: ``metered(cached(serialized(logged(engine))))``.
+    """The store a task sees: ``metered(ttl(cached(serialized(logged(engine)))))``.
 
     Each layer is present only when asked for: no logger → no logging layer, no serdes
-    → bytes in and out, ``cache_size == 0`` → no cache, ``metered=False`` → no counters.
+    → bytes in and out, ``cache_size == 0`` → no cache, ``metered=False`` → no counters,
+    no ``ttl`` → no expiry (with one, the value serde is wrapped by :func:`ttl_serde`
+    so the expiry is stored and logged with the value, and ``clock`` gives "now" in ms).
     """
     metrics = metrics or StoreMetrics()
     engine.name = name
+    if ttl is not None:
+        from ..serdes import get_serde
+
+        msg_serde = ttl_serde(msg_serde or get_serde("bytes"))
+        key_serde = key_serde or get_serde("bytes")
     serialized = maybe_serializing(maybe_logging(engine, logger), key_serde, msg_serde, name)
     codec = serialized if isinstance(serialized, SerializedStore) else None
     store = maybe_caching(serialized, cache_size, batch_size, name, metrics, codec)
+    if ttl is not None:
+        store = TtlStore(store, ttl, clock, name)
     return MeteredStore(store, metrics, count_hits=cache_size <= 0) if metered else store

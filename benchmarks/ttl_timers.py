@@ -1,0 +1,154 @@
+"""What TTL and timers cost (issue 16): TTL put/get vs the same store without TTL, and
+timers registered and fired per second.
+
+Rows (each ratio measured in the same run, against the row named in ``baseline``):
+
+* ``ttl put`` / ``ttl get``: ``records`` puts (then gets of random present keys) through
+  ``TaskStorage.store()`` (json values, string keys, object cache of 10% of the keys),
+  with ``stores.s.ttl.ms = 24h`` and without; ``ratio`` = TTL rate / plain rate (the
+  target is TTL costing at most 1.2×, i.e. ratio >= 0.83). One commit at the end of the
+  puts is timed with them (it runs the commit-time sweep).
+Times are CPU seconds of this process (``time.process_time``, all its threads, RocksDB's
+included): the machine these figures come from is shared, and wall time there measures
+the other tenants more than this code.
+
+* ``timers register batch`` / ``timers fire batch``: ``Timers.register_all`` of
+  ``records`` timers, then ``Timers.fire_batch`` of all of them (the batch path; target
+  >= 500k timers/s each); ``timers register`` / ``timers fire``: one call per timer
+  (``register`` and ``fire`` with a per-timer callback).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from localstate import Config, TaskStorage
+from localstate.timers import EVENT_TIME, Timers
+
+from .runner import make_row
+
+__all__ = ["run"]
+
+FULL_RECORDS = 200_000
+QUICK_RECORDS = 20_000
+
+
+def _config(root: Path, engine: str, records: int, ttl: bool) -> Config:
+    values: dict[str, Any] = {
+        "job.name": "ttl-bench",
+        "job.state.dir": str(root / "state"),
+        "systems.file.path": str(root / "changelog"),
+        "stores.s.factory": engine,
+        "stores.s.key.serde": "string",
+        "stores.s.msg.serde": "json",
+        "stores.s.object.cache.size": max(1000, records // 10),
+        "stores.s.write.batch.size": 1000,
+        "stores.timers.factory": engine,
+        "stores.timers.object.cache.size": 0,
+    }
+    if ttl:
+        values["stores.s.ttl.ms"] = "24h"
+    return Config.from_dict(values)
+
+
+def _ttl_trial(engine: str, records: int, ttl: bool) -> tuple[float, float]:
+    """(puts/s, gets/s) of one fresh task."""
+    root = Path(tempfile.mkdtemp(prefix="ls-ttl-bench-"))
+    try:
+        keys = [f"user-{i:08d}" for i in range(records)]
+        value = {"views": 1, "page": "/index"}
+        reads = random.Random(1).choices(keys, k=records)
+        with TaskStorage(_config(root, engine, records, ttl)) as st:
+            store = st.store("s")
+            put = store.put
+            t0 = time.process_time()
+            for k in keys:
+                put(k, value)
+            st.commit()
+            t1 = time.process_time()
+            get = store.get
+            for k in reads:
+                get(k)
+            t2 = time.process_time()
+        return records / (t1 - t0), records / (t2 - t1)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _timer_trial(engine: str, records: int, batched: bool) -> tuple[float, float]:
+    """(registered/s, fired/s) of ``records`` timers."""
+    root = Path(tempfile.mkdtemp(prefix="ls-timer-bench-"))
+    try:
+        keys = [f"user-{i:08d}" for i in range(records)]
+        stamps = random.Random(2).choices(range(1_000_000), k=records)
+        with TaskStorage(_config(root, engine, records, False)) as st:
+            timers = Timers(st.store("timers"), EVENT_TIME, lambda: 1 << 40)
+            fired = 0
+
+            def on_timers(ks: list[Any], ts: list[int]) -> None:
+                nonlocal fired
+                fired += len(ks)
+
+            def on_timer(k: Any, ts: int) -> None:
+                nonlocal fired
+                fired += 1
+
+            t0 = time.process_time()
+            if batched:
+                timers.register_all(keys, stamps)
+            else:
+                register = timers.register
+                for k, ts in zip(keys, stamps):
+                    register(k, ts)
+            t1 = time.process_time()
+            if batched:
+                timers.fire_batch(on_timers)
+            else:
+                timers.fire(on_timer)
+            t2 = time.process_time()
+            if fired != records:
+                raise AssertionError(f"{fired} of {records} timers fired")
+        return records / (t1 - t0), records / (t2 - t1)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(quick: bool = False, repeats: int = 5, engines: tuple[str, ...] = ("memory", "rocksdb")) -> list[dict[str, Any]]:
+    records = QUICK_RECORDS if quick else FULL_RECORDS
+    params = {"records": records}
+    rows: list[dict[str, Any]] = []
+    for engine in engines:
+        runs: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        _ttl_trial(engine, min(records, 5000), True)  # warm-up
+        for _ in range(repeats):
+            for ttl in (False, True):  # interleaved, so load changes hit both alike
+                runs[ttl].append(_ttl_trial(engine, records, ttl))
+        for i, op in enumerate(("put", "get")):
+            plain = [r[i] for r in runs[False]]
+            with_ttl = [r[i] for r in runs[True]]
+            rows.append(make_row(f"ttl {op}", f"{engine} (no ttl)", params, "ops/s", plain))
+            row = make_row(f"ttl {op}", engine, params, "ops/s", with_ttl, baseline=f"{engine} (no ttl)",
+                           notes="stores.s.ttl.ms = 24h; ratio = TTL rate / plain rate (target >= 0.83)")
+            row["ratio"] = statistics.median(with_ttl) / statistics.median(plain)
+            rows.append(row)
+        for batched in (True, False):
+            timer_runs = [_timer_trial(engine, records, batched) for _ in range(repeats)]
+            suffix = " batch" if batched else ""
+            for i, op in enumerate(("register", "fire")):
+                rows.append(make_row(f"timers {op}{suffix}", engine, params, "timers/s", [r[i] for r in timer_runs],
+                                     notes="target >= 500k/s on the batch path" if batched else "one call per timer"))
+    return rows
+
+
+if __name__ == "__main__":  # pragma: no cover - a quick look from a shell
+    import json
+    import sys
+
+    for r in run(quick="--quick" in sys.argv, repeats=3):
+        print(json.dumps({k: r[k] for k in ("workload", "engine", "median", "unit", "ratio")}))

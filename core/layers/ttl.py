@@ -1,0 +1,279 @@
+"""The ``ttl`` layer: entries that expire a fixed time after they were written.
+
+Configured per key-value store with ``stores.<s>.ttl.ms`` (see :class:`TtlPolicy`).
+The semantics follow Flink's ``StateTtlConfig``:
+
+* **update type** ``OnCreateAndWrite`` (default, ``ttl.update = on-create-and-write``):
+  a ``put`` sets the expiry to ``now + ttl``; reads leave it. ``OnReadAndWrite``
+  (``on-read-and-write``) also moves it on a ``get``/``get_all`` hit, which writes the
+  entry again (one changelog record per read key, as Flink's backend write); scans
+  do not refresh.
+* **visibility** ``NeverReturnExpired``: an entry is invisible to every read
+  (``get``, ``get_all``, ``range``, ``prefix``, ``all``, ``in``) from the moment
+  ``now >= expiry`` — a lazy check on read, so nothing depends on the sweep having run.
+  Flink's ``ReturnExpiredIfNotCleanedUp`` is not offered: it makes a result depend on
+  when a sweep happened to run.
+* **cleanup**: expired entries are deleted by a bounded *incremental* sweep at each
+  commit (Flink's ``cleanupIncrementally``): up to ``ttl.cleanup.batch`` entries are
+  examined from a cursor that walks the key space and wraps around, plus every entry
+  a read found expired since the last commit. Deletes go down the same stack as a
+  user's ``delete``, so they are **logged as tombstones**: a restore never brings an
+  expired entry back and the changelog compacts it away.
+* **time**: processing time (wall clock, ms since the epoch) by default; with
+  ``ttl.time = event`` the task's event-time clock (its watermark, committed with the
+  checkpoint — Kafka Streams' "stream time" for window retention).
+
+The expiry is part of the stored and logged value: the value bytes are an 8-byte
+big-endian expiry (ms) followed by the value's own serde encoding (:func:`ttl_serde`).
+So a store restored after its entries expired while the task was down hides them at
+once, and adding or removing TTL changes the stored format: :class:`TaskStorage`
+records it in the checkpoint and refuses to open a store whose format changed.
+
+Layer placement: the expiry is *encoded* below the serialized layer (a wrapping
+serde), and *checked* in this layer, above the object cache — the cache holds
+``(expiry, value)`` pairs, so a cache hit is checked like an engine read.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Literal
+
+from ..errors import ConfigError, InvalidValueError
+from ..kv import KeyValueIterator, KeyValueStore, reject_none
+from ..serdes import Serde, decoder_of_many, encoder_of_many
+from .forwarding import ForwardingStore
+
+__all__ = ["TtlPolicy", "TtlStore", "ttl_serde", "wall_clock_ms", "EXPIRY_BYTES"]
+
+EXPIRY_BYTES = 8
+_EXPIRY = struct.Struct(">q")  # signed: an event-time expiry may be before the epoch
+MAX_TTL_MS = 1 << 53
+"""The largest ``ttl.ms`` (about 285,000 years): expiries stay far inside 64 bits."""
+_NOTHING_EXPIRED = -(1 << 63)
+
+
+def wall_clock_ms() -> int:
+    """Processing time: milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class TtlPolicy:
+    """The parsed ``stores.<s>.ttl.*`` keys of one store."""
+
+    ms: int
+    time: Literal["processing", "event"] = "processing"
+    update: Literal["on-create-and-write", "on-read-and-write"] = "on-create-and-write"
+    cleanup_batch: int = 1000
+
+    @classmethod
+    def parse(cls, store: str, raw: Mapping[str, Any]) -> TtlPolicy | None:
+        """From the store's ``ttl.*`` keys (relative names); ``None`` when ``ttl.ms`` is unset.
+
+        Every problem is reported (a list of messages in one :class:`ConfigError`).
+        """
+        from ..options import coerce
+
+        pre = f"stores.{store}.ttl"
+        known = {"ms", "time", "update", "cleanup.batch"}
+        errors = [f"unknown config key {pre}.{k} (valid: {', '.join(f'{pre}.{n}' for n in sorted(known))})"
+                  for k in raw if k not in known]
+        if "ms" not in raw:
+            if raw and not errors:
+                errors.append(f"{pre}.* is set but {pre}.ms is not: set {pre}.ms (e.g. {pre}.ms = 24h)")
+            if errors:
+                raise ConfigError("; ".join(errors))
+            return None
+        values: dict[str, Any] = {}
+        for key, field, tp in (("ms", "ms", int), ("time", "time", Literal["processing", "event"]),
+                               ("update", "update", Literal["on-create-and-write", "on-read-and-write"]),
+                               ("cleanup.batch", "cleanup_batch", int)):
+            if key in raw:
+                try:
+                    values[field] = coerce(raw[key], tp, f"{pre}.{key}")
+                except ConfigError as e:
+                    errors.append(str(e))
+        ms = values.get("ms")
+        if ms is not None and ms <= 0:
+            errors.append(f"{pre}.ms = {raw['ms']!r}: must be > 0 (leave it unset for entries that never expire)")
+        elif ms is not None and ms > MAX_TTL_MS:
+            errors.append(f"{pre}.ms = {raw['ms']!r}: must be <= {MAX_TTL_MS} (leave it unset for no expiry)")
+        batch = values.get("cleanup_batch")
+        if batch is not None and batch < 0:
+            errors.append(f"{pre}.cleanup.batch = {batch}: must be >= 0 (0: only entries a read found expired)")
+        if errors:
+            raise ConfigError("; ".join(errors))
+        return cls(**values)
+
+
+def ttl_serde(inner: Serde) -> Serde:
+    """The value serde of a TTL store: ``(expiry_ms, value)`` ↔ 8-byte expiry + ``inner`` bytes."""
+    encode, decode = inner.encode, inner.decode
+    encode_many, decode_many = encoder_of_many(inner), decoder_of_many(inner)
+    pack, unpack_from = _EXPIRY.pack, _EXPIRY.unpack_from
+
+    def enc(pair: tuple[int, Any]) -> bytes:
+        return pack(pair[0]) + encode(pair[1])
+
+    def dec(data: bytes) -> tuple[int, Any]:
+        return unpack_from(data)[0], decode(data[EXPIRY_BYTES:])
+
+    def enc_many(pairs: list[tuple[int, Any]]) -> list[bytes]:
+        encoded = encode_many([p[1] for p in pairs])
+        return [pack(p[0]) + b for p, b in zip(pairs, encoded)]
+
+    def dec_many(items: list[bytes]) -> list[tuple[int, Any]]:
+        values = decode_many([b[EXPIRY_BYTES:] for b in items])
+        return [(unpack_from(b)[0], v) for b, v in zip(items, values)]
+
+    return Serde(f"ttl+{inner.name}", enc, dec, False, enc_many, dec_many)
+
+
+class TtlStore(ForwardingStore):
+    """Wraps a store of ``(expiry_ms, value)`` pairs; the task sees plain values.
+
+    ``now`` is the clock (processing or event time, ms); it returns ``None`` while the
+    time is unknown (event time before the task's first event): then nothing has
+    expired, and a write is an error (its expiry would be meaningless). Complexity: one
+    clock read and one comparison per read entry; ``flush()`` examines at most
+    ``cleanup_batch`` entries plus those reads found expired.
+    """
+
+    def __init__(self, inner: KeyValueStore[Any, Any], policy: TtlPolicy, now: Callable[[], int | None],
+                 name: str | None = None) -> None:
+        super().__init__(inner, name)
+        self.policy = policy
+        self.clock = now
+        self._get, self._put = inner.get, inner.put
+        self._ttl = policy.ms
+        self._refresh = policy.update == "on-read-and-write"
+        self._seen_expired: set[Any] = set()
+        self._cursor: Any = None
+        """Where the next incremental sweep starts (a key; ``None``: from the first key)."""
+        self.expired_deleted = 0
+        """Entries the sweeps have deleted (tombstones logged) since open."""
+
+    def now(self) -> int:
+        """The clock for reads: ``now`` in ms, or a time before everything when unknown."""
+        t = self.clock()
+        return _NOTHING_EXPIRED if t is None else t
+
+    def _expiry(self) -> int:
+        t = self.clock()
+        if t is None:
+            raise InvalidValueError(
+                f"store {self.name!r} has stores.{self.name}.ttl.time = event, but the task has no event time yet: "
+                "advance it first (TaskStorage.advance_event_time(ts); the Spark runner does it from "
+                "StreamTask.event_time_column after each input batch)"
+            )
+        return t + self._ttl
+
+    def _note_expired(self, key: Any) -> None:
+        # Found expired by a read: the next sweep deletes it (unhashable keys, possible
+        # with a json key serde, are left to the incremental sweep).
+        try:
+            self._seen_expired.add(key)
+        except TypeError:
+            pass
+
+    # -- reads: never return an expired entry --------------------------------------------------
+    def get(self, key: Any) -> Any:
+        pair = self._get(key)
+        if pair is None:
+            return None
+        if pair[0] <= self.now():
+            self._note_expired(key)
+            return None
+        if self._refresh:
+            self._put(key, (self._expiry(), pair[1]))
+        return pair[1]
+
+    def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
+        found = self.inner.get_all(keys)
+        now = self.now()
+        out = {}
+        for k, (expiry, v) in found.items():
+            if expiry <= now:
+                self._note_expired(k)
+            else:
+                out[k] = v
+        if self._refresh and out:
+            expiry = self._expiry()
+            self.inner.put_all([(k, (expiry, v)) for k, v in out.items()])
+        return out
+
+    def _live(self, it: KeyValueIterator[Any, Any]) -> KeyValueIterator[Any, Any]:
+        now = self.now()
+        note = self._note_expired
+
+        def live() -> Iterator[tuple[Any, Any]]:
+            for k, (expiry, v) in it:
+                if expiry <= now:
+                    note(k)
+                else:
+                    yield k, v
+
+        return KeyValueIterator(live(), on_close=it.close, what=f"store {self.name!r} iterator")
+
+    def range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
+        return self._live(self.inner.range(start, stop))
+
+    def prefix(self, prefix: Any) -> KeyValueIterator[Any, Any]:
+        return self._live(self.inner.prefix(prefix))
+
+    def all(self) -> KeyValueIterator[Any, Any]:
+        return self._live(self.inner.all())
+
+    # -- writes: stamp the expiry -----------------------------------------------------------------
+    def put(self, key: Any, value: Any) -> None:
+        if value is None:
+            reject_none(self.name, key, value)
+        self._put(key, (self._expiry(), value))
+
+    def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
+        items = entries.items() if isinstance(entries, Mapping) else entries
+        expiry = self._expiry()
+        pairs = []
+        for k, v in items:
+            if v is None:
+                reject_none(self.name, k, v)
+            pairs.append((k, (expiry, v)))
+        self.inner.put_all(pairs)
+
+    # -- cleanup -----------------------------------------------------------------------------------
+    def sweep(self, limit: int | None = None) -> int:
+        """Delete (and so log tombstones for) expired entries: those reads found since the
+        last sweep, and up to ``limit`` (default ``ttl.cleanup.batch``) more examined from
+        the cursor. Returns how many were deleted."""
+        limit = self.policy.cleanup_batch if limit is None else limit
+        now = self.now()
+        doomed: list[Any] = []
+        if self._seen_expired:
+            seen, self._seen_expired = list(self._seen_expired), set()
+            found = self.inner.get_all(seen)
+            doomed.extend(k for k, (expiry, _) in found.items() if expiry <= now)
+        if limit > 0:
+            cursor = self._cursor
+            with self.inner.range(cursor, None) as it:
+                examined = list(islice(it, limit + (cursor is not None)))
+            if cursor is not None and examined and examined[0][0] == cursor:
+                examined = examined[1:]  # range() is inclusive of its start: the last key seen before
+            elif cursor is not None:
+                examined = examined[:limit]
+            doomed.extend(k for k, (expiry, _) in examined if expiry <= now)
+            self._cursor = examined[-1][0] if len(examined) >= limit else None  # None: wrap around
+        if doomed:
+            doomed = list(dict.fromkeys(doomed))
+            self.inner.delete_all(doomed)
+            self.expired_deleted += len(doomed)
+        return len(doomed)
+
+    def flush(self) -> None:
+        """Sweep (commit-time cleanup), then push buffered writes down."""
+        self.sweep()
+        self.inner.flush()

@@ -1,0 +1,20 @@
+"""The ttl suite runs end to end at a tiny size and yields well-formed rows with ratios."""
+
+from __future__ import annotations
+
+from localstate.benchmarks import ttl_timers
+from localstate.benchmarks.registry import SUITES
+from localstate.benchmarks.runner import normalize_row
+
+
+def test_ttl_suite_rows(monkeypatch):
+    monkeypatch.setattr(ttl_timers, "QUICK_RECORDS", 2000)
+    rows = [normalize_row(r, "ttl") for r in ttl_timers.run(quick=True, repeats=1, engines=("memory",))]
+    by = {(r["workload"], r["engine"]): r for r in rows}
+    for op in ("put", "get"):
+        ttl, plain = by[(f"ttl {op}", "memory")], by[(f"ttl {op}", "memory (no ttl)")]
+        assert ttl["baseline"] == "memory (no ttl)" and ttl["ratio"] == ttl["median"] / plain["median"]
+    assert all(r["error"] is None for r in rows)
+    for name in ("timers register batch", "timers fire batch", "timers register", "timers fire"):
+        assert by[(name, "memory")]["median"] > 0 and by[(name, "memory")]["unit"] == "timers/s"
+    assert SUITES["ttl"][0] == "localstate.benchmarks.ttl_timers"

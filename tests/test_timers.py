@@ -1,0 +1,187 @@
+"""Timers (localstate.timers) and their use in StreamTask: order, persistence, bad input."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from localstate import ConfigError, InvalidValueError, TaskStorage
+from localstate.contrib.spark.runner import Emitter, StreamTask, TaskContext, TaskRun, run_partition
+from localstate.timers import EVENT_TIME, PROCESSING_TIME, Timers
+
+TIMERS = {"factory": "memory", "object.cache.size": 64, "write.batch.size": 16}
+
+
+def event_timers(st: TaskStorage) -> Timers:
+    return Timers(st.store("timers"), EVENT_TIME, lambda: st.event_time or 0)
+
+
+def test_timers_fire_in_timestamp_then_key_order_once(make_config):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        t = event_timers(st)
+        for key, ts in [("b", 5), ("a", 5), ("z", -3), (("x", 1), 10), ("a", 5), (7, 1)]:
+            t.register(key, ts)
+        assert t.pending() == [("z", -3), (7, 1), ("a", 5), ("b", 5), (("x", 1), 10)]  # ("a", 5) once
+        t.delete("b", 5)
+        t.delete("never", 99)  # not an error
+        fired: list[tuple[Any, int]] = []
+        assert t.fire(lambda k, ts: fired.append((k, ts)), up_to=5) == 3
+        assert fired == [("z", -3), (7, 1), ("a", 5)]
+        assert t.fire(lambda k, ts: fired.append((k, ts)), up_to=5) == 0  # fired timers are gone
+        assert t.pending() == [(("x", 1), 10)]
+
+
+def test_a_timer_in_the_past_fires_at_the_next_advance_in_order(make_config):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        st.advance_event_time(100)
+        t = event_timers(st)
+        t.register("late", 50)  # already passed: fires at the next fire(), as in Flink
+        fired: list[tuple[Any, int]] = []
+
+        def on_timer(key: Any, ts: int) -> None:
+            fired.append((key, ts))
+            if key == "late":
+                t.register("chained", 60)  # registered while firing, already due: fires in this call
+                t.register("future", 500)
+
+        t.register("on-time", 100)
+        assert t.fire(on_timer) == 3
+        assert fired == [("late", 50), ("chained", 60), ("on-time", 100)]
+        assert t.pending() == [("future", 500)]
+
+
+def test_event_and_processing_timers_are_separate(make_config):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        ev = event_timers(st)
+        pt = Timers(st.store("timers"), PROCESSING_TIME, lambda: time.time_ns() // 1_000_000)
+        ev.register("k", 10)
+        pt.register("k", 10)
+        assert ev.pending() == [("k", 10)] and pt.pending() == [("k", 10)]
+        assert pt.fire(lambda k, ts: None) == 1  # wall clock is far past 10
+        assert ev.pending() == [("k", 10)] and pt.pending() == []
+
+
+def test_timers_are_committed_and_restored_with_the_state(make_config):
+    config = make_config(timers=TIMERS)
+    with TaskStorage(config) as st:
+        t = event_timers(st)
+        t.register_all([f"k{i}" for i in range(100)], range(100))
+        st.advance_event_time(9)
+        assert t.fire(lambda k, ts: None) == 10
+        st.commit()
+        t.register("uncommitted", 1)
+        assert t.fire(lambda k, ts: None, up_to=50) == 42  # k10..k50 and "uncommitted", never committed
+        st.store("timers").flush()
+    with TaskStorage(config) as st:
+        t = event_timers(st)
+        assert st.event_time == 9
+        assert t.pending()[:2] == [("k10", 10), ("k11", 11)] and len(t.pending()) == 90
+        assert ("uncommitted", 1) not in t.pending()
+
+
+def test_fire_batch_gives_chunks_in_order(make_config):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        t = event_timers(st)
+        t.register_all(range(1000, 0, -1), range(1000, 0, -1))
+        seen: list[int] = []
+        assert t.fire_batch(lambda keys, stamps: seen.extend(stamps), up_to=700, chunk=128) == 700
+        assert seen == list(range(1, 701))
+
+
+@pytest.mark.parametrize("ts", [1.5, "10", True, None, 1 << 64])
+def test_bad_timestamps_are_errors_that_change_nothing(make_config, ts):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        t = event_timers(st)
+        with pytest.raises(InvalidValueError, match="timestamp must be an int"):
+            t.register("k", ts)
+        with pytest.raises(InvalidValueError):
+            t.register_all(["k"], [ts])
+        assert t.pending() == []
+
+
+def test_bad_keys_and_mismatched_batches(make_config):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        t = event_timers(st)
+        with pytest.raises(InvalidValueError, match="timer key"):
+            t.register({"a": 1}, 5)
+        with pytest.raises(InvalidValueError, match="2 keys but 1 timestamps"):
+            t.register_all(["a", "b"], [1])
+        assert t.pending() == []
+
+
+# -- in a StreamTask (the runner's partition loop, driven without Spark) ------------------------------
+class SessionEnd(StreamTask):
+    """Emits (user, last_seen) once a user has been quiet for 100 ms of event time."""
+
+    event_time_column = "ts"
+    OUTPUT = pa.schema([("user", pa.string()), ("ended_at", pa.int64())])
+
+    def init(self, context: TaskContext) -> None:
+        self.last = context.store("last")
+        self.timers = context.timers
+
+    def process(self, record: dict[str, Any], emit: Emitter) -> None:
+        user, ts = record["user"], record["ts"]
+        previous = self.last.get(user)
+        if previous is not None:
+            self.timers.delete(user, previous + 100)
+        self.last[user] = ts
+        self.timers.register(user, ts + 100)
+
+    def on_timer(self, key: Any, ts: int, emit: Emitter) -> None:
+        emit({"user": key, "ended_at": ts})
+        self.last.delete(key)
+
+
+def run(config: Any, rows: list[tuple[str, int]], task: type[StreamTask] = SessionEnd) -> list[tuple[str, int]]:
+    batch = pa.record_batch({"user": [u for u, _ in rows], "ts": pa.array([t for _, t in rows], pa.int64())})
+    out = pa.Table.from_batches(list(run_partition(TaskRun(config, task, SessionEnd.OUTPUT), 0, iter([batch]))),
+                                schema=SessionEnd.OUTPUT)
+    return list(zip(out["user"].to_pylist(), out["ended_at"].to_pylist()))
+
+
+def stores(make_config: Any, **extra: Any) -> Any:
+    return make_config(timers=TIMERS, last={"factory": "memory", "key.serde": "string", "msg.serde": "json"},
+                       **extra)
+
+
+def test_stream_task_timers_fire_when_the_watermark_passes_them(make_config):
+    config = stores(make_config)
+    assert run(config, [("a", 0), ("b", 50), ("a", 120)]) == []  # watermark 120: a's 100 was deleted
+    # next run: watermark 400 passes b@150 and a@220, in timestamp order
+    assert run(config, [("c", 400)]) == [("b", 150), ("a", 220)]
+    assert run(config, [("c", 450)]) == []  # nothing fires twice across runs
+    with TaskStorage(config) as st:
+        assert st.event_time == 450
+        assert st.store("last").get("a") is None and st.store("last")["c"] == 450
+
+
+def test_stream_task_without_a_timers_store_is_told_how_to_add_one(make_config):
+    config = make_config(last={"factory": "memory", "key.serde": "string", "msg.serde": "json"})
+    with pytest.raises(ConfigError, match="stores.timers.factory"):
+        run(config, [("a", 0)])
+
+
+def test_timers_store_with_serdes_is_refused(make_config):
+    config = make_config(timers={"factory": "memory", "key.serde": "string"},
+                         last={"factory": "memory", "key.serde": "string", "msg.serde": "json"})
+    with pytest.raises(ConfigError, match="key.serde = bytes"):
+        run(config, [("a", 0)])
+
+
+def test_event_time_column_must_exist_and_be_a_time(make_config):
+    class Wrong(SessionEnd):
+        event_time_column = "user"
+
+    with pytest.raises(ConfigError, match="timestamp or an integer column"):
+        run(stores(make_config), [("a", 0)], Wrong)
+
+
+def test_a_task_that_registers_timers_but_has_no_on_timer(make_config):
+    class NoCallback(SessionEnd):
+        on_timer = StreamTask.on_timer  # type: ignore[assignment]
+
+    with pytest.raises(NotImplementedError, match="on_timer"):
+        run(stores(make_config), [("a", 0), ("b", 500)], NoCallback)
