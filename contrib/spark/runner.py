@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from localstate import Config, ConfigError, LocalStateError, StoreLockedError, TaskStorage
 
+from .compat import RUNNER_PYSPARK, require_pyspark
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
@@ -355,6 +357,7 @@ class StatefulJob:
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
+        require_pyspark(RUNNER_PYSPARK, "the localstate Spark runner")
         self._check_key(df)
         struct = self._struct()
         run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s)
@@ -427,6 +430,7 @@ def spark_session(master: str = "local[*]", app_name: str = "localstate", **conf
     override the defaults. For ``local-cluster[n,c,m]`` it waits (up to 120 s) until
     all ``n`` executors have registered.
     """
+    require_pyspark(RUNNER_PYSPARK, "the localstate Spark runner")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
