@@ -10,12 +10,17 @@ of keeping a second copy that would drift.
 from __future__ import annotations
 
 import shutil
-import tomllib
+import sys
 from pathlib import Path
 from typing import Any
 
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
