@@ -261,7 +261,7 @@ def _start_broker(stack: contextlib.ExitStack) -> str:
     except Exception as e:
         raise click.UsageError(
             f"--changelog kafka without --kafka-bootstrap starts a local tansu broker, which failed: {e}. "
-            "Install 'localstate[kafka]' or pass --kafka-bootstrap HOST:PORT"
+            "Install 'localstate[kafka,test]' (the test extra has the tansu broker) or pass --kafka-bootstrap HOST:PORT"
         ) from e
     click.echo(f"started a tansu broker on {broker.bootstrap} for --changelog kafka", err=True)
     return broker.bootstrap

@@ -13,6 +13,7 @@ from collections import Counter
 import pytest
 from localstate import LocalStateError
 from localstate.contrib.spark import StatefulJob
+from localstate.contrib.spark.compat import dataframe_to_arrow
 from localstate.contrib.spark.streaming import committed_batches
 from localstate.testing.spark import KeyCount, key_count_config, key_count_task, read_counts
 
@@ -66,10 +67,10 @@ def test_an_unfinished_run_is_named_and_repeating_it_completes_it_once(spark, tm
 
     job = _job(config)
     run = TaskRun(config, job.task, to_arrow_schema(_parse_datatype_string(KeyCount.OUTPUT_SCHEMA)), 1, 10.0)
-    parts = df2.repartition(4, "user_id").toArrow()
+    parts = dataframe_to_arrow(df2.repartition(4, "user_id"))
     from pyspark.sql.functions import spark_partition_id
 
-    with_pid = df2.repartition(4, "user_id").withColumn("pid", spark_partition_id()).toArrow()
+    with_pid = dataframe_to_arrow(df2.repartition(4, "user_id").withColumn("pid", spark_partition_id()))
     assert parts.num_rows == with_pid.num_rows
     for p in (0, 1):
         rows = with_pid.filter(with_pid.column("pid").to_numpy() == p).drop(["pid"])

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from localstate import Config, ConfigError, LocalStateError, TaskStorage
 from localstate.contrib.spark import Emitter, StatefulJob, StreamTask, TaskContext
+from localstate.contrib.spark.compat import dataframe_from_arrow, dataframe_to_arrow
 from localstate.contrib.spark.runner import TaskRun, run_partition
 from localstate.testing.spark import KeyCount, key_count_config, key_count_task, read_counts
 
@@ -33,7 +34,7 @@ def test_batch_run_counts_equal_exact_and_output_has_schema(spark: Any, tmp_path
     config = key_count_config(tmp_path, partitions=3)
     table = events(20_000, 500)
     job = StatefulJob(config, key_count_task(), key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
-    out = job.run(spark.createDataFrame(table)).toArrow()
+    out = dataframe_to_arrow(job.run(dataframe_from_arrow(spark, table)))
     assert out.schema.names == ["key", "count"]
     assert dict(zip(out["key"].to_pylist(), out["count"].to_pylist())) == exact(table)
     assert read_counts(config) == exact(table)
@@ -57,8 +58,8 @@ def test_per_record_path_equals_arrow_path_and_runs_continue_from_state(spark: A
         config = key_count_config(tmp_path / str(per_record), partitions=2, engine="rocksdb")
         job = StatefulJob(config, key_count_task(per_record=per_record), key="user_id",
                           output_schema=KeyCount.OUTPUT_SCHEMA)
-        job.run(spark.createDataFrame(first)).toArrow()
-        job.run(spark.createDataFrame(second)).toArrow()
+        dataframe_to_arrow(job.run(dataframe_from_arrow(spark, first)))
+        dataframe_to_arrow(job.run(dataframe_from_arrow(spark, second)))
         results.append(read_counts(config))
     both = Counter(exact(first)) + Counter(exact(second))
     assert results[0] == results[1] == dict(both)
@@ -69,9 +70,9 @@ def test_state_loss_restores_from_changelog_before_the_next_run(spark: Any, tmp_
     config = key_count_config(tmp_path, partitions=2, engine="rocksdb")
     job = StatefulJob(config, key_count_task(), key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
     a, b = events(5_000, 200, seed=4), events(5_000, 200, seed=5)
-    job.run(spark.createDataFrame(a)).toArrow()
+    dataframe_to_arrow(job.run(dataframe_from_arrow(spark, a)))
     shutil.rmtree(config.state_dir)
-    out = job.run(spark.createDataFrame(b)).toArrow()
+    out = dataframe_to_arrow(job.run(dataframe_from_arrow(spark, b)))
     total = dict(Counter(exact(a)) + Counter(exact(b)))
     assert dict(zip(out["key"].to_pylist(), out["count"].to_pylist())) == {k: total[k] for k in exact(b)}
     assert read_counts(config) == total
@@ -136,7 +137,7 @@ def test_bad_job_definitions_are_rejected_up_front(spark: Any, tmp_path: Path) -
         StatefulJob(config, dict, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="localstate.Config"):
         StatefulJob({"job.name": "x"}, task, key="user_id", output_schema="a long")  # type: ignore[arg-type]
-    df = spark.createDataFrame(events(10, 2))
+    df = dataframe_from_arrow(spark, events(10, 2))
     with pytest.raises(ConfigError, match="key column 'user' is not in the input"):
         StatefulJob(config, task, key="user", output_schema=KeyCount.OUTPUT_SCHEMA).run(df)
     with pytest.raises(ConfigError, match="not a valid Spark DDL schema"):

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from localstate import LocalStateError, TaskStorage
 from localstate.contrib.spark import StatefulJob
+from localstate.contrib.spark.compat import dataframe_to_arrow
 from localstate.contrib.spark.streaming import committed_batches, prepare_version, stream_position
 from localstate.testing.spark import KeyCount, key_count_config, key_count_task, read_counts
 
@@ -35,7 +36,7 @@ def _input(spark: Any, users: list[str]) -> Any:
 
 
 def _run(job: StatefulJob, df: Any, batch_id: int) -> dict[str, int]:
-    rows = job.transform(df, batch_id=batch_id).toArrow().to_pylist()
+    rows = dataframe_to_arrow(job.transform(df, batch_id=batch_id)).to_pylist()
     return {r["key"]: r["count"] for r in rows}
 
 

@@ -33,6 +33,7 @@ from localstate import Config, KeyValueStore, LocalStateError, RestoreProgress, 
 from localstate.layout import job_dir
 from localstate.registry import resolve_factory
 
+from .compat import dataframe_from_arrow, dataframe_to_arrow
 from .job_engines import DistinctViewers, ProfileSearch, TrendingPages, merge_top, search_profiles
 from .job_joins import AdClickJoin, PageViewEnrich, ProfileSettingsJoin
 from .job_windowed import PageViewsPerHour
@@ -140,9 +141,9 @@ def run_example(
     config = config or job_config(task, root, partitions=partitions, engine=engine)
     table = task.input_table(workload)
     t0 = time.perf_counter()
-    df = spark.createDataFrame(table)
+    df = dataframe_from_arrow(spark, table)
     job = StatefulJob(config, task, key=task.KEY, output_schema=task.OUTPUT_SCHEMA)
-    output = job.run(df).toArrow()
+    output = dataframe_to_arrow(job.run(df))
     return JobRun(task, config, output, table.num_rows, time.perf_counter() - t0)
 
 

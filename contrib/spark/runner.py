@@ -39,6 +39,8 @@ from localstate.timers import EVENT_TIME, PROCESSING_TIME, Timers, check_timer_s
 
 from .streaming import commit_version, next_version, open_version
 
+from .compat import RUNNER_PYSPARK, require_pyspark
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
@@ -446,7 +448,12 @@ class StatefulJob:
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
+<<<<<<< HEAD
         self.check_input(df)
+=======
+        require_pyspark(RUNNER_PYSPARK, "the localstate Spark runner")
+        self._check_key(df)
+>>>>>>> docsite
         struct = self._struct()
         run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s,
                       self.metrics_accumulator)
@@ -535,6 +542,7 @@ def spark_session(master: str = "local[*]", app_name: str = "localstate", **conf
     override the defaults. For ``local-cluster[n,c,m]`` it waits (up to 120 s) until
     all ``n`` executors have registered.
     """
+    require_pyspark(RUNNER_PYSPARK, "the localstate Spark runner")
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

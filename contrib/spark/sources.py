@@ -39,22 +39,33 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+<<<<<<< HEAD
 from localstate import ChangelogError, ConfigError
 from localstate.options import parse_size_bytes
 from pyspark.sql.datasource import (
+=======
+from localstate import ChangelogError, ConfigError, InvalidValueError
+
+from .compat import SOURCES_PYSPARK, require_pyspark
+
+# Before the imports below fail with a bare ImportError on an older Spark.
+require_pyspark(SOURCES_PYSPARK, "the localstate Spark data sources (localstate-kafka, -jsonl, -changelog)")
+
+from pyspark.sql.datasource import (  # noqa: E402
+>>>>>>> docsite
     CaseInsensitiveDict,
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.streaming.datasource import (
+from pyspark.sql.streaming.datasource import (  # noqa: E402
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructType  # noqa: E402
 
 from .json_policy import JsonPolicy, read_json_records
 

