@@ -27,7 +27,7 @@ from rich.table import Table
 
 from .runner import ROW_KEYS
 
-__all__ = ["render_table", "write_json", "write_charts", "write_markdown", "markdown_table", "format_value", "SCHEMA_VERSION"]
+__all__ = ["render_table", "render_summary", "summary_rows", "RATIO_NOTE", "write_json", "write_charts", "write_markdown", "markdown_table", "format_value", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 _RATE_UNITS = ("ops/s", "records/s", "commits/s", "delta records/s", "docs/s", "queries/s", "adds/s", "updates/s")
@@ -52,10 +52,7 @@ def format_value(x: float | None, unit: str = "") -> str:
 
 def render_table(rows: list[dict[str, Any]], console: Console | None = None, title: str = "localstate bench") -> None:
     """Print one table row per result, grouped by workload; errors in red."""
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=max(console.width, 180))
+    console = console or _console()
     table = Table(title=title, show_lines=False, header_style="bold")
     for col, justify in (("workload", "left"), ("engine", "left"), ("unit", "left"), ("median", "right"),
                          ("min", "right"), ("max", "right"), ("vs", "left"), ("ratio", "right"),
@@ -76,6 +73,109 @@ def render_table(rows: list[dict[str, Any]], console: Console | None = None, tit
             f"[red]{escape(err)}[/red]" if err else f"[dim]{escape(_short(r.get('notes') or ''))}[/dim]",
         )
     console.print(table)
+
+
+RATIO_NOTE = (
+    "×N = localstate's figure / its baseline's (the 'vs' column of the full table: the raw library, "
+    "or the reference named there), measured in the same run. For rates (…/s) above 1 is faster and "
+    "below 1 slower; for times (s) and sizes (bytes) above 1 is slower or bigger. <engine>/direct is "
+    "the engine driven without the store layers (serdes, object cache, changelog): the gap between it "
+    "and <engine> is what those layers cost."
+)
+"""How to read a ratio; printed under the summary and written into results.md."""
+
+
+def _cell(r: dict[str, Any], *, with_engine: bool = False) -> str:
+    if r.get("error"):
+        text = "error"
+    else:
+        text = format_value(r["median"], r["unit"])
+        if r.get("ratio") is not None:
+            text += f" ×{r['ratio']:.2f}"
+    return f"{r['engine']} {text}" if with_engine else text
+
+
+def summary_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, ...]], list[tuple[str, ...]]]:
+    """The compact summary: ``(engine columns, generic rows, area rows)``.
+
+    Generic rows are one per workload (its first unit, so MB/s twins of records/s rows
+    are left to the full table), a cell per localstate engine; figures of other targets
+    (raw libraries, the changelog alone) go in the last cell. Area rows are one per
+    suite and workload that compares localstate with a raw library, engines inline.
+    """
+    generic = [r for r in rows if (r.get("suite") or "generic") == "generic"]
+    engines = list(dict.fromkeys(r["engine"] for r in generic if r.get("baseline")))
+    by_workload: dict[str, dict[str, Any]] = {}
+    units: dict[str, str] = {}
+    for r in generic:
+        unit = units.setdefault(r["workload"], r["unit"])
+        if r["unit"] == unit:
+            by_workload.setdefault(r["workload"], {}).setdefault(r["engine"], r)
+    generic_out = []
+    for workload, cells in by_workload.items():
+        others = [_cell(r, with_engine=True) for e, r in cells.items() if e not in engines and not r.get("baseline")]
+        if not any(e in cells for e in engines) and not others:
+            continue
+        generic_out.append((f"{workload} [{units[workload]}]",
+                            *(_cell(cells[e]) if e in cells else "" for e in engines),
+                            ", ".join(others) if not any(e in cells for e in engines) else ""))
+    area: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    area_units: dict[tuple[str, str], str] = {}
+    for r in rows:
+        suite = r.get("suite") or "generic"
+        if suite == "generic" or (r.get("ratio") is None and not r.get("error")):
+            continue
+        key = (suite, r["workload"])
+        if area_units.setdefault(key, r["unit"]) == r["unit"]:
+            area.setdefault(key, []).append(r)
+    area_out = [(suite, f"{workload} [{area_units[(suite, workload)]}]",
+                 ", ".join(f"{_cell(r, with_engine=True)}" + (f" vs {r['baseline']}" if r.get("baseline") else "")
+                           for r in cells))
+                for (suite, workload), cells in area.items()]
+    return engines, generic_out, area_out
+
+
+def render_summary(rows: list[dict[str, Any]], console: Console | None = None,
+                   title: str = "localstate bench") -> None:
+    """Print the compact summary (engine × workload, ratios explained), not every row."""
+    console = console or _console()
+    engines, generic, area = summary_rows(rows)
+    if generic:
+        table = Table(title=escape(title), header_style="bold", title_justify="left")
+        table.add_column("workload [unit]")
+        for e in engines:
+            table.add_column(escape(e), justify="right")
+        table.add_column("other", justify="left")
+        for row in generic:
+            table.add_row(*(escape(c) for c in row))
+        console.print(table)
+    if area:
+        table = Table(title=escape(f"{title}: area suites"), header_style="bold",
+                      title_justify="left")
+        for col in ("suite", "workload [unit]", "localstate: median ×ratio vs baseline"):
+            table.add_column(col)
+        last = None
+        for suite, workload, cells in area:
+            if last is not None and suite != last:
+                table.add_section()
+            table.add_row(escape(suite if suite != last else ""), escape(workload), escape(cells))
+            last = suite
+        console.print(table)
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        table = Table(title="failed cells", header_style="bold red", title_justify="left")
+        for col in ("suite", "workload", "engine", "error"):
+            table.add_column(col, overflow="fold")
+        for r in failed:
+            table.add_row(*(escape(str(r.get(k) or "generic" if k == "suite" else r.get(k) or ""))
+                            for k in ("suite", "workload", "engine")), f"[red]{escape(_short(r['error'], 200))}[/red]")
+        console.print(table)
+    console.print(escape(RATIO_NOTE), style="dim")
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 180))
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -124,7 +224,7 @@ def write_markdown(path: Path, rows: list[dict[str, Any]], *, machine: dict[str,
             f"Started {started}, took {seconds:.0f} s.  \n"
             f"Machine: {_machine_line(machine)}.  \n"
         )
-    text = head + f"Libraries: {libs}.\n\n" + markdown_table(rows)
+    text = head + f"Libraries: {libs}.\n\n{RATIO_NOTE}\n\n" + markdown_table(rows)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path

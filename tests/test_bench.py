@@ -168,7 +168,7 @@ def test_suites_that_are_missing_fail_or_return_junk_become_error_cells(monkeypa
         (["--engine", "memory", "--records", str(10**12)], "GB of"),
         (["--engine", "memory", "--value-size", str(10**9), "--records", "100000"], "Lower --records"),
         (["--engine", "memory", "--cache-size", "10", "--batch-size", "100"], "--cache-size 10 is smaller"),
-        (["--engine", "memory", "--key-size", "2"], "--key-size = 2"),
+        (["--engine", "memory", "--key-size", "2"], "'--key-size': 2 is not in the range x>=4"),
         (["--engine", "memory", "--option", "nonsense"], "expected KEY=VALUE"),
         (["--engine", "memory", "--option", "rocksdb.block.cache.size.bytes=1"], "unknown config key"),
     ],

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
+    "require_pyspark",
     "Emitter",
     "StatefulJob",
     "StreamTask",
@@ -418,6 +419,17 @@ class StatefulJob:
 _LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,")
 
 
+def require_pyspark() -> None:
+    """Raise :class:`LocalStateError` naming the extra to install when PySpark cannot be
+    imported (this module itself needs only pyarrow, so the gap shows only here)."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as e:
+        raise LocalStateError(
+            f"PySpark is not installed ({e}). Install it with: pip install 'localstate[spark]'"
+        ) from e
+
+
 def spark_session(master: str = "local[*]", app_name: str = "localstate", **conf: Any) -> SparkSession:
     """A SparkSession for localstate jobs, with sane local defaults.
 
@@ -427,6 +439,7 @@ def spark_session(master: str = "local[*]", app_name: str = "localstate", **conf
     override the defaults. For ``local-cluster[n,c,m]`` it waits (up to 120 s) until
     all ``n`` executors have registered.
     """
+    require_pyspark()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
