@@ -36,7 +36,7 @@ from .runner import (
     suite_rows,
 )
 
-__all__ = ["bench", "run_bench", "DEFAULT_ENGINES", "QUICK_SUITES"]
+__all__ = ["bench", "run_bench", "selected_suites", "DEFAULT_ENGINES", "QUICK_SUITES"]
 
 QUICK_SUITES = ("generic", "core", "kv", "special", "search", "reliability")
 """What --quick runs when no --suite is named: the suites that need no broker or JVM."""
@@ -47,6 +47,16 @@ DEFAULT_ENGINES = ("memory", "rocksdb", "leveldb")
 
 def default_engines() -> list[str]:
     return [e for e in DEFAULT_ENGINES if ENGINES.installed(e)[0]]
+
+
+def selected_suites(spec: str | None, *, quick: bool, generic_only: bool) -> list[str]:
+    """The suites to run: those named in ``spec``; else ``generic`` when engines or
+    workloads were named, the in-process :data:`QUICK_SUITES` with --quick, or all."""
+    if spec is None and generic_only:
+        spec = GENERIC_SUITE
+    elif spec is None and quick:
+        spec = ",".join(QUICK_SUITES)
+    return get_suites(spec)
 
 
 def run_bench(
@@ -180,11 +190,7 @@ def bench(
         _list_everything()
         return
     try:
-        if suite is None and (engines or workloads):
-            suite = GENERIC_SUITE
-        elif suite is None and quick:
-            suite = ",".join(QUICK_SUITES)
-        suites = get_suites(suite)
+        suites = selected_suites(suite, quick=quick, generic_only=bool(engines or workloads))
         if workloads:
             get_workloads(list(workloads))
         selected = list(engines) or default_engines()

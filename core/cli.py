@@ -378,7 +378,8 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
             with TaskStorage(config, p, restore_listener=listener, recovery=recovery) as storage:
                 for name, ev in storage.last_restore.items():
                     if ev.records == 0:
-                        line = f"{name}[{p}]: up to date at offset {ev.stop_offset} (nothing to replay)"
+                        line = (f"{name}[{p}]: local copy kept, already at offset {ev.stop_offset} "
+                                "(nothing to replay; --wipe rebuilds it from the changelog)")
                     else:
                         line = (f"{name}[{p}]: {ev.records:,} records, {ev.bytes / 1e6:.1f} MB in {ev.seconds:.2f}s "
                                 f"({ev.records_per_second:,.0f} records/s) up to offset {ev.stop_offset}")

@@ -132,7 +132,7 @@ def test_restore_keeps_local_files_by_default_and_wipe_says_what_it_deletes(tmp_
     before = sorted(p.name for p in rk_dir.iterdir())
     kept = CliRunner().invoke(cli, ["restore", "-c", str(props)], env=WIDE)
     assert kept.exit_code == 0, kept.output
-    assert "deleting" not in kept.output and "rk[0]: up to date at offset 300" in kept.output
+    assert "deleting" not in kept.output and "rk[0]: local copy kept, already at offset 300" in kept.output
     assert sorted(p.name for p in rk_dir.iterdir()) == before
     wiped = CliRunner().invoke(cli, ["restore", "-c", str(props), "--wipe"], env=WIDE)
     assert wiped.exit_code == 0, wiped.output
