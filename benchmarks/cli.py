@@ -68,21 +68,24 @@ def run_bench(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Run the selected suites and return every row (error cells included)."""
+    from localstate.terminal import quiet_stderr
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .workloads import run_generic
 
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
+    # the kafka and spark suites start a broker and a JVM that write to fd 2 under the bar
     with Progress(
         TextColumn("[bold]{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         disable=not progress, transient=True, console=None,
-    ) as bar:
+    ) as bar, quiet_stderr(progress, "the benchmark's broker, JVM or libraries"):
         task = bar.add_task("starting", total=len(suites))
 
         def step(desc: str) -> None:
             """Advance the bar; without a terminal, log a line per step to stderr instead."""
-            bar.update(task, description=desc)
+            bar.update(task, description=escape(desc))
             if not progress:
                 done, total = bar.tasks[0].completed, bar.tasks[0].total
                 click.echo(f"[{time.perf_counter() - t0:7.1f}s {done:.0f}/{total:.0f}] {desc}", err=True)

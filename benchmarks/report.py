@@ -68,9 +68,9 @@ def render_table(rows: list[dict[str, Any]], console: Console | None = None, tit
         err = r.get("error")
         ratio = r.get("ratio")
         table.add_row(
-            r["workload"], r["engine"], r["unit"],
+            escape(r["workload"]), escape(r["engine"]), escape(r["unit"]),
             format_value(r["median"], r["unit"]), format_value(r["min"], r["unit"]), format_value(r["max"], r["unit"]),
-            r.get("baseline") or "",
+            escape(r.get("baseline") or ""),
             f"{ratio:.2f}x" if ratio is not None else "",
             f"[red]{escape(err)}[/red]" if err else f"[dim]{escape(_short(r.get('notes') or ''))}[/dim]",
         )

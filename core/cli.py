@@ -131,6 +131,15 @@ def _load_config(path: str | None, overrides: tuple[str, ...]) -> Any:
     return Config.from_dict(values)
 
 
+def _partitions(config: Any, chosen: tuple[int, ...]) -> tuple[int, ...]:
+    """``-p`` values checked against ``job.partitions`` before anything is touched (all when none)."""
+    bad = sorted(p for p in chosen if p >= config.partitions)
+    if bad:
+        raise click.BadParameter(f"{bad} out of range: job.partitions = {config.partitions}, so 0..{config.partitions - 1}",
+                                 param_hint="--partition")
+    return tuple(dict.fromkeys(chosen)) or tuple(range(config.partitions))
+
+
 def _console() -> Any:
     from .terminal import make_console
 
@@ -263,21 +272,36 @@ def _escape(value: Any) -> str:
     return escape(str(value))
 
 
-def _wipe(config: Any, partition: int, console: Any) -> None:
-    """``restore --wipe``: delete the partition's local store files, saying which, and
-    refuse while a task holds the partition (deleting under a live task loses writes)."""
+def _wipe(config: Any, partition: int, console: Any, recovering: bool) -> None:
+    """``restore --wipe``: delete the partition's local store files, saying which.
+
+    Refuses while a task holds the partition (deleting under a live task loses its
+    writes), and when a quick ``verify`` finds the changelog cannot rebuild what would
+    be deleted (then the local files may be the only good copy) unless a recovery
+    option says how to proceed.
+    """
     import shutil
 
     from .inspect import lock_holder
+    from .verify import verify_job
 
     holder = lock_holder(config.state_dir / config.job_name / ".locks" / f"partition-{partition}.lock")
     if holder is not None:
         raise click.ClickException(
             f"task {config.job_name}/partition {partition} is open in pid {holder}; stop it before --wipe"
         )
+    if not recovering:
+        problems = [f"{c.store}[{c.partition}]: {problem}" for c in verify_job(config, [partition], deep=False)
+                    for problem in c.problems]
+        if problems:
+            raise click.ClickException(
+                "not wiping: the changelog could not rebuild what --wipe would delete, so the local files may "
+                "be the only good copy. " + " ".join(problems) + " (see `localstate verify`; a recovery option "
+                "such as --accept-log-end STORE says how to proceed)"
+            )
     for name in config.stores:
         d = config.state_dir / config.job_name / name / str(partition)
-        if d.exists():
+        if d.is_dir() and any(d.iterdir()):  # engines that keep no local files have nothing to delete
             console.print(f"--wipe: deleting local files of {_escape(name)}[{partition}] in {_escape(d)}")
             shutil.rmtree(d)
 
@@ -356,14 +380,14 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
                                      param_hint="--store")
         config = config.__class__({k: v for k, v in config.to_dict().items()
                                    if not k.startswith("stores.") or k.split(".")[1] in stores})
-    parts = partitions or tuple(range(config.partitions))
+    parts = _partitions(config, partitions)
     console = _console()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
                   TimeElapsedColumn(), console=console) as progress, \
             quiet_stderr(console.is_terminal, "the changelog client"):
         for p in parts:
             if wipe:
-                _wipe(config, p, progress.console)
+                _wipe(config, p, progress.console, recovering=bool(recovery))
             bars: dict[str, Any] = {}
 
             def listener(ev: Any, p: int = p, bars: dict[str, Any] = bars) -> None:
@@ -401,7 +425,7 @@ def compact(config_path: str | None, overrides: tuple[str, ...], partitions: tup
     config = _load_config(config_path, overrides)
     rows: list[tuple[Any, ...]] = []
     idle: list[str] = []
-    for p in partitions or range(config.partitions):
+    for p in _partitions(config, partitions):
         with TaskStorage(config, p) as storage:
             for store, stats in storage.compact().items():
                 if not stats.get("segments"):
@@ -437,7 +461,7 @@ def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tupl
     from .verify import verify_job
 
     config = _load_config(config_path, overrides)
-    checks = verify_job(config, list(partitions) or None, deep=not quick)
+    checks = verify_job(config, list(_partitions(config, partitions)), deep=not quick)
     bad = [c for c in checks if not c.ok]
     if as_json:
         click.echo(json.dumps([c.to_dict() for c in checks], indent=2))

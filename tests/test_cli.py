@@ -335,3 +335,27 @@ def test_quiet_stderr_parks_fd2_writes_and_shows_them_only_on_failure():
     assert "after success" in proc.stderr
     assert "the test written to stderr while the progress display ran" in proc.stderr
     assert "the cause of the failure" in proc.stderr
+
+
+def test_wipe_refuses_when_the_changelog_could_not_rebuild_what_it_deletes(tmp_path):
+    props = _rocks_props(tmp_path)
+    _fill_rounds(props, 2)
+    rk_dir = tmp_path / "state" / "clijob" / "rk" / "0"
+    files = sorted(p.name for p in rk_dir.iterdir())
+    # the operator damage of RELIABILITY.md: a changelog segment deleted by hand
+    for seg in (tmp_path / "changelog" / "clijob-rk" / "0").glob("*.log"):
+        seg.unlink()
+    result = CliRunner().invoke(cli, ["restore", "-c", str(props), "--wipe"], env=WIDE)
+    assert result.exit_code == 1, result.output
+    assert "not wiping" in result.output and "rk[0]" in result.output
+    assert sorted(p.name for p in rk_dir.iterdir()) == files  # the possibly last good copy is still there
+
+
+def test_partitions_out_of_range_are_refused_before_anything_is_touched(tmp_path):
+    props = _rocks_props(tmp_path)
+    _fill_rounds(props, 1)
+    for command in ("restore", "compact", "verify"):
+        result = CliRunner().invoke(cli, [command, "-c", str(props), "-p", "3"])
+        assert result.exit_code == 2, result.output
+        assert "[3] out of range: job.partitions = 1" in result.output
+    assert not (tmp_path / "state" / "clijob" / "counts" / "3").exists()
