@@ -238,7 +238,7 @@ def inspect(path: Path, as_json: bool) -> None:
         rows = report["checkpoints"]
         columns, values = _with_root(
             ("job", "partition", "version", "input position", "offsets", "written"), rows,
-            [(c["job"], c["partition"], c.get("version", ""), json.dumps(c.get("input_position")),
+            [(c["job"], c["partition"], c.get("version", ""), _clip(json.dumps(c.get("input_position"))),
               json.dumps(c["offsets"]) if "offsets" in c else f"unreadable: {c.get('error', '')}",
               _when(c.get("written_at"))) for c in rows])
         console.print(_table(f"task checkpoints under {path}", columns, values))
@@ -260,6 +260,11 @@ def inspect(path: Path, as_json: bool) -> None:
         console.print(_table(f"local stores under {path}", columns, values))
     if not any(report.values()):
         console.print(f"nothing localstate recognises under {_escape(path)}")
+
+
+def _clip(text: str, limit: int = 48) -> str:
+    """A long value cut for a table cell (``--json`` has it whole)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _count(value: Any) -> str:
@@ -384,7 +389,7 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
     console = _console()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
                   TimeElapsedColumn(), console=console) as progress, \
-            quiet_stderr(console.is_terminal, "the changelog client"):
+            quiet_stderr(console.is_terminal, "restore", show_after=True):
         for p in parts:
             if wipe:
                 _wipe(config, p, progress.console, recovering=bool(recovery))

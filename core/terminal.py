@@ -34,14 +34,16 @@ def make_console() -> Any:
 
 
 @contextmanager
-def quiet_stderr(enabled: bool = True, what: str = "output") -> Iterator[Path | None]:
+def quiet_stderr(enabled: bool = True, what: str = "output", *, show_after: bool = False) -> Iterator[Path | None]:
     """Send file descriptor 2 to a temporary file for the duration of the block.
 
     Child processes started inside the block (Spark's JVM) inherit the file, so their
     later writes stay out of the terminal too. If the block raises, the last
     :data:`STDERR_TAIL_LINES` lines are copied to the real stderr under a header naming
-    ``what``; on success they are dropped. ``enabled=False`` (output is not a terminal,
-    so nothing is redrawn and the lines belong in the log) changes nothing.
+    ``what``; on success they are dropped, unless ``show_after`` (the lines are worth
+    reading, e.g. a restore's warnings: shown once the display has stopped).
+    ``enabled=False`` (output is not a terminal, so nothing is redrawn and the lines
+    belong in the log) changes nothing.
     """
     if not enabled:
         yield None
@@ -65,7 +67,7 @@ def quiet_stderr(enabled: bool = True, what: str = "output") -> Iterator[Path | 
             lines = Path(name).read_text(errors="replace").splitlines()
         finally:
             os.unlink(name)
-        if failed and any(line.strip() for line in lines):
+        if (failed or show_after) and any(line.strip() for line in lines):
             tail = lines[-STDERR_TAIL_LINES:]
             skipped = f" (last {len(tail)} of {len(lines)} lines)" if len(tail) < len(lines) else ""
             sys.stderr.write(f"--- {what} written to stderr while the progress display ran{skipped} ---\n")

@@ -328,6 +328,9 @@ def test_quiet_stderr_parks_fd2_writes_and_shows_them_only_on_failure():
                 raise RuntimeError("boom")
         except RuntimeError:
             pass
+        with quiet_stderr(True, "the restore", show_after=True):
+            os.write(2, b"a warning worth reading\\n")
+        print("end", file=sys.stderr)
     """
     proc = _cli_subprocess(code)
     assert proc.returncode == 0, proc.stderr
@@ -335,6 +338,8 @@ def test_quiet_stderr_parks_fd2_writes_and_shows_them_only_on_failure():
     assert "after success" in proc.stderr
     assert "the test written to stderr while the progress display ran" in proc.stderr
     assert "the cause of the failure" in proc.stderr
+    # show_after: shown once the display is gone, before what follows it
+    assert proc.stderr.index("a warning worth reading") < proc.stderr.index("end")
 
 
 def test_wipe_refuses_when_the_changelog_could_not_rebuild_what_it_deletes(tmp_path):
