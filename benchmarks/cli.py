@@ -2,7 +2,7 @@
 
 Examples::
 
-    localstate bench --quick                                  # everything, tiny sizes
+    localstate bench --quick                                  # in-process suites, tiny sizes (~15 s)
     localstate bench --suite generic --engine rocksdb --engine leveldb --records 1000000
     localstate bench --suite generic --engine mypkg.engines:MyFactory --workload random_get_hit
     localstate bench --suite core,kv,special --out benchmarks/results
@@ -36,7 +36,10 @@ from .runner import (
     suite_rows,
 )
 
-__all__ = ["bench", "run_bench", "DEFAULT_ENGINES"]
+__all__ = ["bench", "run_bench", "selected_suites", "DEFAULT_ENGINES", "QUICK_SUITES"]
+
+QUICK_SUITES = ("generic", "core", "kv", "special", "search", "reliability")
+"""What --quick runs when no --suite is named: the suites that need no broker or JVM."""
 
 DEFAULT_ENGINES = ("memory", "rocksdb", "leveldb")
 """The key-value engines the generic suite covers when no --engine is given (if installed)."""
@@ -44,6 +47,16 @@ DEFAULT_ENGINES = ("memory", "rocksdb", "leveldb")
 
 def default_engines() -> list[str]:
     return [e for e in DEFAULT_ENGINES if ENGINES.installed(e)[0]]
+
+
+def selected_suites(spec: str | None, *, quick: bool, generic_only: bool) -> list[str]:
+    """The suites to run: those named in ``spec``; else ``generic`` when engines or
+    workloads were named, the in-process :data:`QUICK_SUITES` with --quick, or all."""
+    if spec is None and generic_only:
+        spec = GENERIC_SUITE
+    elif spec is None and quick:
+        spec = ",".join(QUICK_SUITES)
+    return get_suites(spec)
 
 
 def run_bench(
@@ -55,21 +68,24 @@ def run_bench(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Run the selected suites and return every row (error cells included)."""
+    from localstate.terminal import quiet_stderr
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .workloads import run_generic
 
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
+    # the kafka and spark suites start a broker and a JVM that write to fd 2 under the bar
     with Progress(
         TextColumn("[bold]{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         disable=not progress, transient=True, console=None,
-    ) as bar:
+    ) as bar, quiet_stderr(progress, "the benchmark's broker, JVM or libraries"):
         task = bar.add_task("starting", total=len(suites))
 
         def step(desc: str) -> None:
             """Advance the bar; without a terminal, log a line per step to stderr instead."""
-            bar.update(task, description=desc)
+            bar.update(task, description=escape(desc))
             if not progress:
                 done, total = bar.tasks[0].completed, bar.tasks[0].total
                 click.echo(f"[{time.perf_counter() - t0:7.1f}s {done:.0f}/{total:.0f}] {desc}", err=True)
@@ -118,26 +134,34 @@ def _parse_options(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 @click.command(name="bench")
 @click.option("--suite", "suite", default=None, metavar="NAMES",
-              help=f"comma-separated suites: all (default), {', '.join(SUITES)}; "
-                   "with --engine/--workload the default is 'generic'")
+              help=f"comma-separated suites: all, {', '.join(SUITES)} [default: all; with --quick the "
+                   "in-process ones; with --engine/--workload generic]")
 @click.option("--engine", "engines", multiple=True, metavar="NAME",
               help="engine for the generic suite (repeatable): registered name, entry point or "
                    f"package.module:Factory [default: {', '.join(DEFAULT_ENGINES)} if installed]")
 @click.option("--workload", "workloads", multiple=True, metavar="NAME", help="generic workload (repeatable) [default: all]")
-@click.option("--records", type=int, default=None, help=f"records per trial [default: 100000; {QUICK_RECORDS} with --quick]")
-@click.option("--key-size", type=int, default=16, show_default=True, help="key bytes")
-@click.option("--value-size", type=int, default=100, show_default=True, help="value bytes")
+@click.option("--records", type=click.IntRange(min=1), default=None,
+              help=f"records per trial [default: 100000; {QUICK_RECORDS} with --quick]")
+@click.option("--key-size", type=click.IntRange(min=4), default=16, show_default=True, help="key bytes")
+@click.option("--value-size", type=click.IntRange(min=1), default=100, show_default=True, help="value bytes")
 @click.option("--distribution", type=click.Choice(DISTRIBUTIONS), default="uniform", show_default=True,
               help="key order of random puts and gets")
-@click.option("--cache-size", type=int, default=1000, show_default=True, help="object cache entries per store (0 = off)")
-@click.option("--batch-size", type=int, default=500, show_default=True, help="write.batch.size and put_all/get_all batch")
+@click.option("--cache-size", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="object cache entries per store (0 = off)")
+@click.option("--batch-size", type=click.IntRange(min=1), default=500, show_default=True,
+              help="write.batch.size and put_all/get_all batch")
 @click.option("--changelog", type=click.Choice(CHANGELOGS), default="file", show_default=True,
               help="changelog of the localstate stores")
 @click.option("--kafka-bootstrap", default=None, metavar="HOST:PORT", help="broker for --changelog kafka")
 @click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
               help="extra stores.<s>.KEY for every localstate store (e.g. rocksdb.block.cache.size.bytes=...)")
-@click.option("--repeats", type=int, default=None, help="timed runs after one warm-up [default: 5; 2 with --quick]")
-@click.option("--quick", is_flag=True, help="tiny sizes, for CI (seconds)")
+@click.option("--repeats", type=click.IntRange(min=1), default=None,
+              help="timed runs after one warm-up [default: 5; 2 with --quick]")
+@click.option("--quick", is_flag=True,
+              help=f"tiny sizes and the in-process suites only ({', '.join(QUICK_SUITES)}): about 15 s on "
+                   "2 cores; name kafka or spark in --suite to add them (a broker, a JVM: slower)")
+@click.option("--table", "full_table", is_flag=True,
+              help="print every row (the full table) instead of the engine × workload summary")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="write results.json, results.md and PNG charts here")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -150,20 +174,26 @@ def bench(
     suite: str | None, engines: tuple[str, ...], workloads: tuple[str, ...], records: int | None,
     key_size: int, value_size: int, distribution: str, cache_size: int, batch_size: int,
     changelog: str, kafka_bootstrap: str | None, options: tuple[str, ...], repeats: int | None,
-    quick: bool, out: Path | None, workdir: Path | None, strict: bool, merge: bool, list_: bool,
+    quick: bool, full_table: bool, out: Path | None, workdir: Path | None, strict: bool, merge: bool,
+    list_: bool,
 ) -> None:
     """Benchmark engines: generic key-value workloads and the per-area suites.
 
     Each cell is a warm-up then the median of --repeats runs, with the raw library
-    (dict, rocksdict, plyvel) measured in the same run as the baseline.
+    (dict, rocksdict, plyvel) measured in the same run as the baseline. Prints a
+    summary, engine × workload with each figure's ratio to its baseline (for rates
+    above 1 is faster, for seconds above 1 is slower); --table prints every row and
+    --out writes them all (results.json, results.md, charts).
+
+    Engines appear twice: <engine> is the full store (serdes, object cache,
+    changelog), <engine>/direct the engine alone, so the difference is what the
+    store layers cost.
     """
     if list_:
         _list_everything()
         return
     try:
-        if suite is None and (engines or workloads):
-            suite = GENERIC_SUITE
-        suites = get_suites(suite)
+        suites = selected_suites(suite, quick=quick, generic_only=bool(engines or workloads))
         if workloads:
             get_workloads(list(workloads))
         selected = list(engines) or default_engines()
@@ -191,7 +221,7 @@ def bench(
     with contextlib.ExitStack() as stack:
         if changelog == "kafka" and not kafka_bootstrap and GENERIC_SUITE in suites:
             params = replace(params, kafka_bootstrap=_start_broker(stack))
-        _run_and_report(suites, selected, workloads, params, out, strict, merge)
+        _run_and_report(suites, selected, workloads, params, out, strict, merge, full_table)
 
 
 def _command_line() -> str:
@@ -268,7 +298,7 @@ def _start_broker(stack: contextlib.ExitStack) -> str:
 
 
 def _run_and_report(suites: list[str], selected: list[str], workloads: tuple[str, ...], params: BenchParams,
-                    out: Path | None, strict: bool, merge: bool = False) -> None:
+                    out: Path | None, strict: bool, merge: bool = False, full_table: bool = False) -> None:
     command = _command_line()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
     machine = machine_info()
@@ -277,9 +307,15 @@ def _run_and_report(suites: list[str], selected: list[str], workloads: tuple[str
     seconds = time.perf_counter() - t0
     machine["peak_rss_bytes"] = peak_rss_bytes()
 
-    from .report import render_table, write_charts, write_json, write_markdown
+    from .report import render_summary, render_table, write_charts, write_json, write_markdown
 
-    render_table(rows, title=f"localstate bench ({', '.join(suites)}) on {machine['cores']} cores, {seconds:.0f}s")
+    title = f"localstate bench ({', '.join(suites)}) on {machine['cores']} cores, {seconds:.0f}s"
+    if full_table:
+        render_table(rows, title=title)
+    else:
+        render_summary(rows, title=title)
+        if out is None:
+            click.echo(f"{len(rows)} rows: --table prints them all, --out DIR writes them (results.md, JSON, charts)")
     meta = {**params.public(), "suites": suites, "engines": selected, "repeats": params.repeats,
             "quick": params.quick}
     for r in rows:
@@ -297,6 +333,6 @@ def _run_and_report(suites: list[str], selected: list[str], workloads: tuple[str
         click.echo(f"wrote {path}, results.md" + "".join(f", {c.name}" for c in charts))
     failed = [r for r in rows if r.get("error")]
     if failed:
-        click.echo(f"{len(failed)} cell(s) failed; see the error column", err=True)
+        click.echo(f"{len(failed)} cell(s) failed; see 'failed cells' (or the error column of --table)", err=True)
         if strict:
             sys.exit(1)

@@ -252,7 +252,7 @@ def _update_rows(n: int, repeats: int) -> list[dict[str, Any]]:
     for engine, raw_name in (("rocksdb", "rocksdict"), ("leveldb", "plyvel")):
         rows.append(make_row("kv_update_all", engine, params, "events/s", _timed(lambda e=engine: stack(e), repeats),
                              baseline=raw_name, notes=f"get_all + put_all per batch of {batch} events, a commit "
-                             "per batch; target (Spark, issue 6): >= 1M events/s per core of state work"))
+                             "per batch; target for Spark jobs: >= 1M events/s per core of state work"))
         rows.append(make_row("kv_update_all", raw_name, params, "events/s",
                              _timed(lambda r=raw_name: raw(r), repeats),
                              notes=f"raw {raw_name}: multi-get and write batch of the encoded records per batch"))

@@ -80,7 +80,7 @@ FOOTPRINT = "footprint"
 """Pseudo-workload: on-disk bytes, RSS and peak RSS per engine after a load (own process)."""
 SUITES: dict[str, tuple[str, str]] = {
     GENERIC_SUITE: ("", "generic key-value workloads over every selected engine and baseline"),
-    "core": ("localstate.benchmarks.core_figures", "issue 2: memory engine + file changelog, 1M puts and restore"),
+    "core": ("localstate.benchmarks.core_figures", "memory engine + file changelog: the core write and restore path"),
     "kv": ("localstate.benchmarks.kv_engines", "rocksdb / leveldb engine figures"),
     "special": ("localstate.benchmarks.special_engines", "topn / hyperloglog / bloom engines"),
     "search": ("localstate.benchmarks.search_engine", "full-text (tantivy) engine"),

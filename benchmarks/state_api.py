@@ -60,7 +60,7 @@ def _fill(config: Config, records: int) -> None:
     with TaskStorage(config) as s:
         kv = s.store("s")
         for start in range(0, records, 10_000):
-            kv.put_all([("key%013d" % i, value) for i in range(start, min(records, start + 10_000))])
+            kv.put_all([(f"key{i:013d}", value) for i in range(start, min(records, start + 10_000))])
         s.commit()
 
 
@@ -133,7 +133,7 @@ def _op_rate(metered: bool, op: str, keys: list[str]) -> float:
 
 
 def _metrics_overhead(records: int, repeats: int) -> list[dict[str, Any]]:
-    keys = ["key%013d" % i for i in range(records)]
+    keys = [f"key{i:013d}" for i in range(records)]
     rows = []
     params = {"records": records, "engine_layers": "serialized+cached (10k)"}
     for op in ("put", "get"):

@@ -55,7 +55,7 @@ def measure(engine: str, commits: int, puts: int, records: int, opens: int) -> d
         with TaskStorage(config) as s:
             store = s.store("s")
             n = 0
-            for _c in range(commits):
+            for _commit in range(commits):
                 for _ in range(puts):
                     store.put(f"k{n % records:08d}", {"n": n})
                     n += 1

@@ -524,7 +524,7 @@ def get_all(target: Target, params: BenchParams) -> Trial:
 
 @workload("range_scan", unit="records/s", read_only=True)
 def range_scan(target: Target, params: BenchParams) -> Trial:
-    """Short scans of --scan-length records from random start keys (half-open ranges)."""
+    """Short scans of 100 records each from random start keys (half-open ranges)."""
     ds = dataset(params)
     n_scans = max(1, params.records // params.scan_length)
     rng = random.Random(params.seed)

@@ -20,12 +20,53 @@ from .errors import LocalStateError
 __all__ = ["main", "cli"]
 
 LAZY_COMMANDS = {
-    "bench": ("localstate.benchmarks.cli:bench", "run the benchmark suite"),
-    "torture": ("localstate.testing.torture:torture", "crash trials: kill a task at random points, verify no loss"),
-    "demo": ("localstate.contrib.spark.demo:demo", "the demo pipeline on local Spark"),
-    "new-engine": ("localstate.contrib.scaffold:new_engine", "write a ready-to-fill engine plug-in package"),
-    "run": ("localstate.contrib.spark.jobs:run_job", "run one of the example jobs"),
+    "bench": ("localstate.benchmarks.cli:bench", "Benchmark engines and changelogs (--quick: about 15 s)."),
+    "torture": ("localstate.testing.torture:torture", "Crash trials: kill a task at random points, verify no loss."),
+    "demo": ("localstate.contrib.spark.demo:demo", "The demo: example jobs on local Spark, machine loss, restore."),
+    "new-engine": ("localstate.contrib.scaffold:new_engine", "Write a ready-to-fill engine plug-in package."),
+    "run": ("localstate.contrib.spark.jobs:run_job", "Run one of the example jobs on local Spark."),
 }
+"""``name → ("module:command", short help)``: imported only when the command runs.
+Short helps are sentences, like the docstrings of the core commands."""
+
+
+def extra_for_module(module: str | None) -> str:
+    """The ``localstate[extra]`` that installs ``module`` (from the package's own
+    requirements, so pyproject.toml stays the one list), or ``all`` when none does."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    if module:
+        top = module.split(".")[0].lower().replace("_", "-")
+        try:
+            reqs = requires("localstate") or []
+        except PackageNotFoundError:
+            reqs = []
+        for req in reqs:
+            name, _, marker = req.partition(";")
+            dist = name.strip().split("[")[0]
+            for sep in "<>=!~ ":
+                dist = dist.split(sep)[0]
+            if dist.lower().replace("_", "-") == top and "extra ==" in marker:
+                extra = marker.split("extra ==")[1].strip().strip("'\"")
+                if extra not in ("all", "dev"):
+                    return extra
+    return "all"
+
+
+def _unavailable(name: str, help_text: str, error: ImportError | AttributeError) -> click.Command:
+    """A stand-in for a lazy command whose extra is missing: any arguments, one clear message."""
+    module = getattr(error, "name", None)
+    why = f"it needs the module {module!r}, which is not installed" if module else str(error)
+
+    @click.command(name=name, help=help_text, add_help_option=False,
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def unavailable() -> None:
+        raise click.ClickException(
+            f"'localstate {name}' is unavailable: {why}. Install it with: "
+            f"pip install 'localstate[{extra_for_module(module)}]'"
+        )
+
+    return unavailable
 
 
 class _LazyGroup(click.Group):
@@ -42,16 +83,15 @@ class _LazyGroup(click.Group):
         try:
             return import_path(path)
         except (ImportError, AttributeError) as e:
-            reason = str(e)
+            return _unavailable(name, help_text, e)
 
-            @click.command(name=name, help=help_text)
-            def unavailable() -> None:
-                raise click.ClickException(
-                    f"'localstate {name}' is unavailable: {reason}. Install everything with: "
-                    "pip install 'localstate[all]'"
-                )
-
-            return unavailable
+    def invoke(self, ctx: click.Context) -> Any:
+        """Every command's LocalStateError (a bad config, a damaged file) becomes click's
+        one-line ``Error: ...`` with exit code 1, never a traceback."""
+        try:
+            return super().invoke(ctx)
+        except LocalStateError as e:
+            raise click.ClickException(str(e)) from e
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = []
@@ -61,7 +101,7 @@ class _LazyGroup(click.Group):
             else:
                 cmd = super().get_command(ctx, name)
                 if cmd is not None:
-                    rows.append((name, cmd.get_short_help_str(60)))
+                    rows.append((name, cmd.get_short_help_str(90)))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -70,6 +110,10 @@ class _LazyGroup(click.Group):
 @click.version_option(package_name="localstate")
 def cli() -> None:
     """localstate: local, fault-tolerant state for stream tasks."""
+
+
+PARTITION = click.IntRange(min=0)
+"""Task partition numbers (``-p``): counted from 0."""
 
 
 def _load_config(path: str | None, overrides: tuple[str, ...]) -> Any:
@@ -83,7 +127,24 @@ def _load_config(path: str | None, overrides: tuple[str, ...]) -> Any:
         if not eq:
             raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
         values[key.strip()] = value.strip()
+    if not path and "job.name" not in values:
+        raise click.UsageError("no job config: pass -c job.toml (or a .properties file)")
     return Config.from_dict(values)
+
+
+def _partitions(config: Any, chosen: tuple[int, ...]) -> tuple[int, ...]:
+    """``-p`` values checked against ``job.partitions`` before anything is touched (all when none)."""
+    bad = sorted(p for p in chosen if p >= config.partitions)
+    if bad:
+        raise click.BadParameter(f"{bad} out of range: job.partitions = {config.partitions}, so 0..{config.partitions - 1}",
+                                 param_hint="--partition")
+    return tuple(dict.fromkeys(chosen)) or tuple(range(config.partitions))
+
+
+def _console() -> Any:
+    from .terminal import make_console
+
+    return make_console()
 
 
 @cli.command()
@@ -96,7 +157,7 @@ def engines(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
-    from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="storage engines")
@@ -113,8 +174,50 @@ def engines(as_json: bool) -> None:
                 note = str(e)
         else:
             note = row["hint"]
-        table.add_row(name, "yes" if row["installed"] else "no", row["origin"], note)
-    Console().print(table)
+        table.add_row(escape(name), "yes" if row["installed"] else "no", escape(row["origin"]), escape(note))
+    _console().print(table)
+
+
+def _when(epoch: Any) -> str:
+    """A checkpoint's ``written_at`` (seconds since the epoch) as local time and age."""
+    import datetime as dt
+
+    if not isinstance(epoch, (int, float)) or epoch <= 0:
+        return ""
+    at = dt.datetime.fromtimestamp(epoch).astimezone()
+    age = max(0.0, dt.datetime.now().astimezone().timestamp() - epoch)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if age >= size:
+            ago = f"{age / size:.0f} {unit} ago"
+            break
+    else:
+        ago = f"{age:.0f} s ago"
+    return f"{at:%Y-%m-%d %H:%M:%S %Z} ({ago})"
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> Any:
+    """A rich table whose cells are escaped text (paths and names may contain '[')."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=escape(title))
+    for col in columns:
+        table.add_column(col, justify="right" if col in _NUMERIC_COLUMNS else "left")
+    for row in rows:
+        table.add_row(*(escape("" if v is None else str(v)) for v in row))
+    return table
+
+
+_NUMERIC_COLUMNS = frozenset({"partition", "version", "segments", "end offset", "records", "bytes", "files",
+                              "before", "after", "removed", "tombstones dropped"})
+
+
+def _with_root(columns: tuple[str, ...], rows: list[dict[str, Any]], values: list[tuple[Any, ...]]
+               ) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """Prefix a ``root`` column when the rows come from more than one root directory."""
+    if len({r.get("root") for r in rows}) < 2:
+        return columns, values
+    return ("root", *columns), [(r.get("root"), *v) for r, v in zip(rows, values)]
 
 
 @cli.command()
@@ -131,43 +234,115 @@ def inspect(path: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
         return
-    from rich.console import Console
-    from rich.table import Table
+    console = _console()
+    if report["checkpoints"]:
+        rows = report["checkpoints"]
+        columns, values = _with_root(
+            ("job", "partition", "version", "input position", "offsets", "written"), rows,
+            [(c["job"], c["partition"], c.get("version", ""), _clip(json.dumps(c.get("input_position"))),
+              json.dumps(c["offsets"]) if "offsets" in c else f"unreadable: {c.get('error', '')}",
+              _when(c.get("written_at"))) for c in rows])
+        console.print(_table(f"task checkpoints under {path}", columns, values))
+    if report["partitions"]:
+        rows = report["partitions"]
+        columns, values = _with_root(
+            ("stream", "partition", "segments", "end offset", "records", "bytes", "tombstone horizon", "locked by"),
+            rows,
+            [(p["stream"], p["partition"], p["segments"], p["end_offset"], _count(p["records"]),
+              f"{p['bytes']:,}", p["tombstone_horizon"], p.get("locked_by") or "") for p in rows])
+        console.print(_table(f"changelog partitions under {path}", columns, values))
+    if report["stores"]:
+        rows = report["stores"]
+        columns, values = _with_root(
+            ("job", "store", "partition", "local files"), rows,
+            [(s["job"], s["store"], s["partition"],
+              f"{s['files']:,} files, {s['bytes']:,} bytes" if s["files"] else "in memory (no local files)")
+             for s in rows])
+        console.print(_table(f"local stores under {path}", columns, values))
+    if not any(report.values()):
+        console.print(f"nothing localstate recognises under {_escape(path)}")
 
-    console = Console()
-    if report.get("checkpoints"):
-        t = Table(title=f"task checkpoints under {path}")
-        for col in ("job", "partition", "version", "input position", "offsets", "written"):
-            t.add_column(col)
-        for c in report["checkpoints"]:
-            t.add_row(c["job"], str(c["partition"]), str(c.get("version", "")), json.dumps(c.get("input_position")),
-                      json.dumps(c.get("offsets", c.get("error", ""))), str(c.get("written_at", "")))
-        console.print(t)
-    if report.get("partitions"):
-        t = Table(title=f"changelog partitions under {path}")
-        for col in ("stream", "partition", "segments", "end offset", "records", "bytes", "horizon", "locked by"):
-            t.add_column(col)
-        for p in report["partitions"]:
-            t.add_row(p["stream"], str(p["partition"]), str(p["segments"]), str(p["end_offset"]),
-                      str(p["records"]), f"{p['bytes']:,}", str(p["tombstone_horizon"]), str(p.get("locked_by") or ""))
-        console.print(t)
-    if report.get("stores"):
-        t = Table(title=f"local stores under {path}")
-        for col in ("job", "store", "partition", "files", "bytes"):
-            t.add_column(col)
-        for s in report["stores"]:
-            t.add_row(s["job"], s["store"], str(s["partition"]), str(s["files"]), f"{s['bytes']:,}")
-        console.print(t)
-    if not any(report.get(k) for k in ("checkpoints", "partitions", "stores")):
-        console.print(f"nothing localstate recognises under {path}")
+
+def _clip(text: str, limit: int = 48) -> str:
+    """A long value cut for a table cell (``--json`` has it whole)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _count(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def _escape(value: Any) -> str:
+    from rich.markup import escape
+
+    return escape(str(value))
+
+
+def _check_wipe(config: Any, partition: int, console: Any, recovering: bool) -> None:
+    """``restore --wipe``: say which local store files will be deleted, after checking
+    that the changelog can rebuild them (else the local files may be the only good
+    copy) unless a recovery option says how to proceed. The deletion itself happens
+    under the task lock when the task opens (``TaskStorage(discard_local=True)``), so
+    it never runs beside a live task."""
+    from .inspect import lock_holder
+    from .layout import lock_path, store_dir
+    from .verify import verify_job
+
+    holder = lock_holder(lock_path(config, partition))  # the friendly early word; the lock is the guard
+    if holder is not None:
+        raise click.ClickException(
+            f"task {config.job_name}/partition {partition} is open in pid {holder}; stop it before --wipe"
+        )
+    if not recovering:
+        problems = [f"{c.store}[{c.partition}]: {problem}" for c in verify_job(config, [partition], deep=False)
+                    for problem in c.problems]
+        if problems:
+            raise click.ClickException(
+                "not wiping: the changelog could not rebuild what --wipe would delete, so the local files may "
+                "be the only good copy. " + " ".join(problems) + " (see `localstate verify`; a recovery option "
+                "such as --accept-log-end STORE says how to proceed)"
+            )
+    for name in config.stores:
+        d = store_dir(config, name, partition)
+        if d.is_dir() and any(d.iterdir()):  # engines that keep no local files have nothing to delete
+            console.print(f"--wipe: deleting local files of {_escape(name)}[{partition}] in {_escape(d)}")
+
+
+def _restore_total(config: Any, store: str, partition: int, start: int, stop: int) -> int:
+    """Records a restore of ``store`` replays from ``[start, stop)``: counted in a file
+    changelog (after compaction far fewer than the offsets); other systems cannot count
+    without a second read, so their bar is sized by offsets and completes when done."""
+    from localstate.changelog.file import FileChangelogSystem
+
+    from .inspect import count_records
+    from .registry import SYSTEMS
+    from .storage import open_system
+
+    spec = config.stores[store]
+    if spec.changelog is None:
+        return stop - start
+    system_name, stream = spec.changelog
+    if SYSTEMS.get(str(config.systems[system_name].get("type", system_name))) is not FileChangelogSystem:
+        return stop - start
+    system = open_system(config, system_name)
+    try:
+        part = system.open_partition(stream, partition, config.partitions, readonly=True)
+        try:
+            return count_records(part, start, stop)
+        finally:
+            part.close()
+    finally:
+        system.close()
 
 
 @cli.command()
 @click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", "partitions", type=int, multiple=True, help="task partition(s); default all")
-@click.option("--store", "stores", multiple=True, help="only these stores (default all)")
-@click.option("--wipe/--no-wipe", default=True, help="delete local store files first (full rebuild)")
+@click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, help="task partition(s) [default: all]")
+@click.option("--store", "stores", multiple=True, help="only these stores [default: all]")
+@click.option("--wipe", is_flag=True,
+              help="DELETE the local store files first and rebuild them from the changelog; off by default, "
+                   "which keeps them and replays only what they miss")
 @click.option("--accept-log-end", "accept_log_end", multiple=True, metavar="STORE",
               help="take STORE's changelog, up to its last readable record, as committed (a lost checkpoint, "
                    "damaged committed records)")
@@ -180,15 +355,21 @@ def inspect(path: Path, as_json: bool) -> None:
 def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...],
             stores: tuple[str, ...], wipe: bool, accept_log_end: tuple[str, ...], reset: tuple[str, ...],
             use_previous_checkpoint: bool, accept_config_change: tuple[str, ...]) -> None:
-    """Rebuild stores from their changelog to the last commit (with a progress bar).
+    """Bring stores up to the last commit from their changelog (with a progress bar).
+
+    Deletes nothing unless --wipe is given: local store files are kept and only the
+    records they miss are replayed (engines that keep no local files replay all).
+    --wipe deletes them first, a full rebuild, and says so for each store; it refuses
+    while a task has the partition open.
 
     The recovery options are explicit answers to errors that opening a task raises
     instead of guessing (RELIABILITY.md, "operator damage"); each is written into the
     task checkpoint, so the next open needs no option.
     """
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .storage import Recovery, TaskStorage
+    from .terminal import quiet_stderr
 
     recovery = Recovery(accept_log_end=frozenset(accept_log_end), reset=frozenset(reset),
                         use_previous_checkpoint=use_previous_checkpoint,
@@ -197,54 +378,79 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
     if stores:
         unknown = set(stores) - set(config.stores)
         if unknown:
-            raise click.BadParameter(f"unknown store(s) {sorted(unknown)}; the config has {sorted(config.stores)}")
+            raise click.BadParameter(f"unknown store(s) {sorted(unknown)}; the config has {sorted(config.stores)}",
+                                     param_hint="--store")
         config = config.__class__({k: v for k, v in config.to_dict().items()
                                    if not k.startswith("stores.") or k.split(".")[1] in stores})
-    parts = partitions or tuple(range(config.partitions))
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,} records"),
-                  TimeElapsedColumn()) as progress:
+    parts = _partitions(config, partitions)
+    console = _console()
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
+                  TimeElapsedColumn(), console=console) as progress, \
+            quiet_stderr(console.is_terminal, "restore", show_after=True):
         for p in parts:
+            if wipe:
+                _check_wipe(config, p, progress.console, recovering=bool(recovery))
             bars: dict[str, Any] = {}
 
             def listener(ev: Any, p: int = p, bars: dict[str, Any] = bars) -> None:
                 if ev.store not in bars:
-                    bars[ev.store] = progress.add_task(f"{ev.store}[{p}]", total=max(1, ev.stop_offset - ev.start_offset))
-                progress.update(bars[ev.store], completed=ev.records)
+                    total = _restore_total(config, ev.store, p, ev.start_offset, ev.stop_offset)
+                    bars[ev.store] = progress.add_task(_escape(f"{ev.store}[{p}]"), total=max(1, total))
+                if ev.done:  # the final count is the truth even where the total was an offset estimate
+                    progress.update(bars[ev.store], completed=ev.records, total=ev.records)
+                else:
+                    progress.update(bars[ev.store], completed=ev.records)
 
-            try:
-                with TaskStorage(config, p, restore_listener=listener, recovery=recovery,
-                                 discard_local=wipe) as storage:
-                    for name, ev in storage.last_restore.items():
-                        progress.console.print(
-                            f"{name}[{p}]: {ev.records:,} records, {ev.bytes / 1e6:.1f} MB in {ev.seconds:.2f}s "
-                            f"({ev.records_per_second:,.0f} records/s) up to offset {ev.stop_offset}"
-                        )
-            except LocalStateError as e:
-                raise click.ClickException(str(e)) from e
+            with TaskStorage(config, p, restore_listener=listener, recovery=recovery,
+                             discard_local=wipe) as storage:
+                for name, ev in storage.last_restore.items():
+                    if ev.records == 0:
+                        line = (f"{name}[{p}]: local copy kept, already at offset {ev.stop_offset} "
+                                "(nothing to replay; --wipe rebuilds it from the changelog)")
+                    else:
+                        line = (f"{name}[{p}]: {ev.records:,} records, {ev.bytes / 1e6:.1f} MB in {ev.seconds:.2f}s "
+                                f"({ev.records_per_second:,.0f} records/s) up to offset {ev.stop_offset}")
+                    progress.console.print(_escape(line))
 
 
 @cli.command()
 @click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", "partitions", type=int, multiple=True, help="task partition(s); default all")
+@click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, help="task partition(s) [default: all]")
 def compact(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...]) -> None:
-    """Compact changelogs below each task's committed offset (the task must be stopped)."""
+    """Compact changelogs below each task's committed offset (the task must be stopped).
+
+    Only closed segments are compacted: the active one, which the task appends to, is
+    left alone, so a young changelog with one segment has nothing to compact yet.
+    """
     from .storage import TaskStorage
 
     config = _load_config(config_path, overrides)
-    for p in partitions or range(config.partitions):
-        try:
-            with TaskStorage(config, p) as storage:
-                for store, stats in storage.compact().items():
-                    click.echo(f"{store}[{p}]: {stats}")
-        except LocalStateError as e:
-            raise click.ClickException(str(e)) from e
+    rows: list[tuple[Any, ...]] = []
+    idle: list[str] = []
+    for p in _partitions(config, partitions):
+        with TaskStorage(config, p) as storage:
+            for store, stats in storage.compact().items():
+                if not stats.get("segments"):
+                    idle.append(f"{store}[{p}]")
+                    continue
+                before, after = stats.get("records_before", 0), stats.get("records_after", 0)
+                rows.append((store, p, stats["segments"], f"{before:,}", f"{after:,}", f"{before - after:,}",
+                             f"{stats.get('tombstones_dropped', 0):,}"))
+    console = _console()
+    if rows:
+        console.print(_table("changelog compaction", ("store", "partition", "segments", "before", "after", "removed",
+                                                      "tombstones dropped"), rows))
+    if idle:
+        console.print(_escape(f"nothing to compact (only the active segment): {', '.join(idle)}"))
+    if not rows and not idle:
+        console.print("nothing to compact: no store of this job has a changelog")
 
 
 @cli.command()
 @click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", "partitions", type=int, multiple=True, help="task partition(s); default all")
+@click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, help="task partition(s) [default: all]")
 @click.option("--quick", is_flag=True, help="check checkpoints and log ends only, not every record batch")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...], quick: bool,
@@ -258,10 +464,7 @@ def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tupl
     from .verify import verify_job
 
     config = _load_config(config_path, overrides)
-    try:
-        checks = verify_job(config, list(partitions) or None, deep=not quick)
-    except LocalStateError as e:
-        raise click.ClickException(str(e)) from e
+    checks = verify_job(config, list(_partitions(config, partitions)), deep=not quick)
     bad = [c for c in checks if not c.ok]
     if as_json:
         click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
@@ -319,7 +522,7 @@ def _read_partitions(config: Any, store: str, partition: int | None) -> list[int
 @cli.command()
 @click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", type=int, default=None, help="only this task partition (default: look in all)")
+@click.option("--partition", "-p", type=PARTITION, default=None, help="only this task partition [default: look in all]")
 @click.option("--json", "as_json", is_flag=True, help="print {partition, key, value} as JSON")
 @click.argument("store")
 @click.argument("key")
@@ -356,7 +559,7 @@ def get(config_path: str | None, overrides: tuple[str, ...], partition: int | No
 @cli.command()
 @click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", type=int, default=None, help="only this task partition (default: all)")
+@click.option("--partition", "-p", type=PARTITION, default=None, help="only this task partition [default: all]")
 @click.option("--limit", "-n", type=click.IntRange(min=0), default=None, help="stop after N records")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line: {partition, key, value}")
 @click.argument("store")
@@ -385,9 +588,9 @@ def dump(config_path: str | None, overrides: tuple[str, ...], partition: int | N
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Entry point; turns LocalStateError into a one-line message and exit code 1."""
+    """Entry point (``localstate`` and ``python -m localstate``); errors are one line and exit code 1."""
     try:
         return cli.main(args=argv, prog_name="localstate", standalone_mode=True)
-    except LocalStateError as e:  # pragma: no cover - click handles most
-        click.echo(f"error: {e}", err=True)
+    except LocalStateError as e:  # pragma: no cover - the group's invoke() converts those it sees
+        click.echo(f"Error: {e}", err=True)
         sys.exit(1)

@@ -12,7 +12,7 @@ from .checkpoint import Checkpoint
 from .errors import LocalStateError
 from .layout import LOCKS
 
-__all__ = ["inspect_path", "lock_holder"]
+__all__ = ["inspect_path", "lock_holder", "count_records"]
 
 
 def lock_holder(lock: Path) -> str | None:
@@ -56,14 +56,57 @@ def _dir_size(path: Path) -> tuple[int, int]:
     return files, size
 
 
+def count_records(part: Any, start: int = 0, stop: int | None = None) -> int:
+    """Records a file changelog partition holds at offsets ``[start, stop)``.
+
+    After compaction this is far fewer than ``stop - start`` (compacted batches keep
+    their offset span but only the surviving records), which is why a progress bar
+    sized by offsets stalls. Reads batch headers only, decoding just the compacted
+    batches, whose offsets are sparse; stops at a torn tail, past which nothing is read.
+    """
+    from localstate.changelog.format import FLAG_COMPACTED, decode_payload, walk
+
+    stop = part.end_offset() if stop is None else stop
+    total = 0
+    for base, next_offset, seg in part.segments():
+        if next_offset <= start or base >= stop:
+            continue
+        data = seg.read_bytes()
+        for h, _pos in walk(data):
+            if h is None:
+                break
+            if h.next_offset <= start or h.base_offset >= stop:
+                continue
+            if h.flags & FLAG_COMPACTED:
+                _records, offsets = decode_payload(data, h, str(seg))
+                total += sum(1 for o in offsets or () if start <= o < stop)
+            else:
+                total += min(h.next_offset, stop) - max(h.base_offset, start)
+    return total
+
+
+def _root(path: Path, holder: Path) -> str:
+    """``holder`` relative to the inspected ``path`` ("." for the path itself)."""
+    try:
+        return str(holder.relative_to(path)) or "."
+    except ValueError:
+        return str(holder)
+
+
 def inspect_path(path: Path) -> dict[str, Any]:
-    """``{"checkpoints": [...], "partitions": [...], "stores": [...]}`` found under ``path``."""
+    """``{"checkpoints": [...], "partitions": [...], "stores": [...]}`` found under ``path``.
+
+    Each row's ``root`` is the directory holding it, relative to ``path``: the checkpoint
+    or changelog root (``systems.file.path``) or the state dir (``job.state.dir``), so
+    several jobs' roots under one directory can be told apart.
+    """
     from localstate.changelog.file import FileChangelogPartition
 
     report: dict[str, list[dict[str, Any]]] = {"checkpoints": [], "partitions": [], "stores": []}
     path = Path(path)
     for ck in sorted(path.glob("**/_checkpoints/*/partition-*.ckpt")):
-        row: dict[str, Any] = {"job": ck.parent.name, "partition": int(ck.stem.split("-")[1]), "path": str(ck)}
+        row: dict[str, Any] = {"job": ck.parent.name, "partition": int(ck.stem.split("-")[1]), "path": str(ck),
+                               "root": _root(path, ck.parents[2])}
         try:
             c = Checkpoint.from_bytes(_read_live(ck), where=str(ck))
             row.update(version=c.version, input_position=c.input_position, offsets=dict(c.offsets),
@@ -77,12 +120,12 @@ def inspect_path(path: Path) -> dict[str, Any]:
         sdir = meta.parent
         for pdir in sorted((d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)):
             row = {"stream": sdir.name, "partition": int(pdir.name), "path": str(pdir),
-                   "locked_by": lock_holder(pdir / ".lock")}
+                   "root": _root(path, sdir.parent), "locked_by": lock_holder(pdir / ".lock")}
             try:
                 part = FileChangelogPartition(pdir, readonly=True)
                 try:
                     segs = part.segments()
-                    records = sum(1 for _ in part.read_with_offsets(0, part.end_offset()))
+                    records = count_records(part)
                     row.update(segments=len(segs), end_offset=part.end_offset(), records=records,
                                bytes=part.size_bytes(), tombstone_horizon=part.min_valid_snapshot_offset())
                 finally:
@@ -96,5 +139,6 @@ def inspect_path(path: Path) -> dict[str, Any]:
             for pdir in sorted(d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()):
                 files, size = _dir_size(pdir)
                 report["stores"].append({"job": jobdir.name, "store": sdir.name, "partition": int(pdir.name),
-                                         "files": files, "bytes": size, "path": str(pdir)})
+                                         "files": files, "bytes": size, "path": str(pdir),
+                                         "root": _root(path, jobdir.parent)})
     return report

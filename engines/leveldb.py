@@ -180,7 +180,7 @@ class LevelDBEngine(KeyValueEngine):
         if isinstance(e, plyvel.CorruptionError) or msg.startswith("Corruption"):
             return CorruptionError(
                 f"{where} is corrupt ({msg}) while trying to {action}. Its state can be rebuilt from the "
-                "changelog: run `localstate restore` (it wipes the local copy), or delete "
+                "changelog: run `localstate restore --wipe` (it deletes the local copy first), or delete "
                 f"{self.directory} and reopen the task"
             )
         if isinstance(e, plyvel.IOError) and "lock" in msg.lower():

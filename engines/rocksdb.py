@@ -252,7 +252,7 @@ class RocksDBEngine(KeyValueEngine):
         if msg.startswith("Corruption"):
             return CorruptionError(
                 f"{where} is corrupt ({msg}) while trying to {action}. Its state can be rebuilt from "
-                "the changelog: run `localstate restore` (it wipes the local copy), or delete "
+                "the changelog: run `localstate restore --wipe` (it deletes the local copy first), or delete "
                 f"{self.directory} and reopen the task"
             )
         if msg.startswith("Invalid argument") and ("comparator" in msg or "raw" in msg):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -168,7 +169,7 @@ def test_suites_that_are_missing_fail_or_return_junk_become_error_cells(monkeypa
         (["--engine", "memory", "--records", str(10**12)], "GB of"),
         (["--engine", "memory", "--value-size", str(10**9), "--records", "100000"], "Lower --records"),
         (["--engine", "memory", "--cache-size", "10", "--batch-size", "100"], "--cache-size 10 is smaller"),
-        (["--engine", "memory", "--key-size", "2"], "--key-size = 2"),
+        (["--engine", "memory", "--key-size", "2"], "'--key-size': 2 is not in the range x>=4"),
         (["--engine", "memory", "--option", "nonsense"], "expected KEY=VALUE"),
         (["--engine", "memory", "--option", "rocksdb.block.cache.size.bytes=1"], "unknown config key"),
     ],
@@ -292,3 +293,69 @@ def test_area_suites_run_quick_through_the_cli_without_error_cells(tmp_path: Pat
     assert {r["suite"] for r in rows} == set(suites)
     for row in rows:
         _check_row(row)
+
+
+# -- readable output: the summary, the help, the charts ----------------------------------------
+RESULTS = Path(__file__).parent.parent / "benchmarks" / "results" / "results.json"
+
+
+def _committed_rows() -> list[dict]:
+    import json
+
+    rows = json.loads(RESULTS.read_text())["rows"]
+    for r in rows:  # error cells are stored with null figures
+        for k in ("median", "min", "max"):
+            if r.get(k) is None:
+                r[k] = float("nan")
+    return rows
+
+
+def test_quick_runs_only_the_in_process_suites_unless_told_otherwise() -> None:
+    from localstate.benchmarks.cli import QUICK_SUITES, selected_suites
+
+    assert selected_suites(None, quick=True, generic_only=False) == list(QUICK_SUITES)
+    assert not {"kafka", "spark"} & set(QUICK_SUITES)
+    assert selected_suites("kafka", quick=True, generic_only=False) == ["kafka"]
+    assert selected_suites(None, quick=True, generic_only=True) == ["generic"]
+    assert "spark" in selected_suites(None, quick=False, generic_only=False)
+
+
+def test_summary_is_compact_explains_ratios_and_keeps_every_engine() -> None:
+    import io
+
+    from localstate.benchmarks.report import render_summary, summary_rows
+    from rich.console import Console
+
+    rows = _committed_rows()
+    engines, generic, area = summary_rows(rows)
+    assert engines == ["memory", "memory/direct", "rocksdb", "rocksdb/direct", "leveldb", "leveldb/direct"]
+    buf = io.StringIO()
+    render_summary(rows, Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert len(text.splitlines()) < 100 < len(rows)  # the full table is one line per row (and more)
+    assert "above 1 is faster" in text and "above 1 is slower" in text and "<engine>/direct" in text
+    for e in ("memory", "rocksdb", "leveldb", "dict", "rocksdict", "plyvel", "tantivy", "hyperloglog"):
+        assert e in text, e
+    kafka = [cells for suite, _w, cells in area if suite == "kafka"]
+    assert kafka and all("partitions=4" in c for c in kafka if c.count("localstate kafka") > 1)
+
+
+def test_help_and_list_have_no_phantom_options_or_issue_numbers() -> None:
+    for args in (["bench", "--help"], ["bench", "--list"]):
+        text = CliRunner().invoke(cli, args).output
+        assert "--scan-length" not in text and not re.search(r"\bissue \d", text, re.I), text
+    help_text = " ".join(CliRunner().invoke(cli, ["bench", "--help"]).output.split())
+    assert "about 15 s" in help_text and "<engine>/direct the engine alone" in help_text
+
+
+def test_charts_from_the_committed_results_fit_and_label_every_bar(tmp_path: Path) -> None:
+    import matplotlib.image as mpimg
+    from localstate.benchmarks.report import with_variants, write_charts
+
+    rows = _committed_rows()
+    for chart in write_charts(tmp_path, rows):
+        height, width = mpimg.imread(chart).shape[:2]
+        assert width <= 1400 and height <= 2400, (chart.name, width, height)
+    restore = [r for r in rows if "restore" in r["workload"] and r["unit"] == "records/s" and not r.get("error")]
+    labels = [text for text, _r in with_variants(restore, lambda r: f"{r['suite']} · {r['workload']} · {r['engine']}")]
+    assert len(labels) == len(set(labels))  # the two kafka.restore runs differ by partitions

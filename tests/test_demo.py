@@ -64,6 +64,15 @@ def test_run_job_prints_the_result_table(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "Ad clicks ⋈ impressions" in result.output and "output rows" in result.output
+    assert f"state in {tmp_path / 'r'}" in " ".join(result.output.split())
+
+
+def test_run_job_without_dir_does_not_point_at_the_removed_temporary_state() -> None:
+    result = CliRunner().invoke(cli, ["run", "pageviews-hourly", "--events", "1500", "--partitions", "2"],
+                                catch_exceptions=False, env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "state in " not in result.output
+    assert "state was in a temporary directory, removed now (pass --dir to keep it)" in result.output
 
 
 def test_run_job_unknown_name_suggests_the_right_one() -> None:

@@ -476,8 +476,14 @@ def test_localstate_restore_rebuilds_a_corrupt_store(tmp_path, factory):
             s.engine("kv")._raw.compact_range()
     _corrupt_tables(_store_dir(tmp_path), (".sst", ".ldb"))
     sets = [arg for k, v in config.to_dict().items() for arg in ("--set", f"{k}={v}")]
-    result = CliRunner().invoke(cli, ["restore", *sets])
+    # Without --wipe restore deletes nothing (it replays only what a local copy misses, and
+    # a damaged table is found when read); it says how to rebuild the copy.
+    kept = CliRunner().invoke(cli, ["restore", *sets], env={"COLUMNS": "300"})
+    assert kept.exit_code == 0, kept.output
+    assert "local copy kept" in kept.output and "--wipe rebuilds it from the changelog" in kept.output
+    result = CliRunner().invoke(cli, ["restore", "--wipe", *sets])
     assert result.exit_code == 0, result.output
+    assert "--wipe: deleting local files of kv[0]" in result.output
     with TaskStorage(config) as s:
         assert len(_contents(s)) == 5000
 

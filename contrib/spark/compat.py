@@ -60,9 +60,15 @@ def pyspark_version() -> tuple[int, int]:
     return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
-def require_pyspark(minimum: tuple[int, int], part: str) -> None:
-    """Raise :class:`PySparkVersionError` unless PySpark ``>= minimum`` is installed."""
-    installed = pyspark_version()
+def require_pyspark(minimum: tuple[int, int] = RUNNER_PYSPARK, part: str = "the localstate Spark runner") -> None:
+    """Raise :class:`PySparkVersionError` unless PySpark ``>= minimum`` is installed; when
+    it is not installed at all, the error names the extra to install."""
+    try:
+        installed = pyspark_version()
+    except ImportError as e:
+        raise PySparkVersionError(
+            f"{part} needs PySpark, which is not installed ({e}). Install it with: pip install 'localstate[spark]'"
+        ) from e
     if installed < minimum:
         import pyspark
 

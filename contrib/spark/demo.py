@@ -22,6 +22,7 @@ from typing import Any
 import click
 from localstate import Config, LocalStateError, RestoreProgress
 from localstate.storage import open_system
+from localstate.terminal import quiet_stderr
 
 from .jobs import (
     JOBS,
@@ -74,6 +75,7 @@ def run_demo(
     console: Any = None,
 ) -> bool:
     """Run the whole demo under ``root``; True when every restored store matched."""
+    from rich.markup import escape
     from rich.table import Table
 
     from .runner import spark_session
@@ -82,10 +84,10 @@ def run_demo(
     if engine is None:
         engine, why = default_kv_engine()
         if why:
-            console.print(f"[yellow]note:[/] RocksDB is not available ({why}); the demo uses the memory engine")
+            console.print(f"[yellow]note:[/] RocksDB is not available ({escape(why)}); the demo uses the memory engine")
     console.rule("[bold]localstate demo")
-    console.print(f"state and changelog under {root}; engine [bold]{engine}[/], {partitions} tasks per job, "
-                  f"Spark {master}")
+    console.print(f"state and changelog under {escape(str(root))}; engine [bold]{escape(engine)}[/], "
+                  f"{partitions} tasks per job, Spark {escape(master)}")
 
     with console.status(f"generating {events:,} page views and the profiles, settings and ads around them"):
         workload = generate(events, seed=seed)
@@ -96,7 +98,7 @@ def run_demo(
         sizes.add_row(name, f"{n:,}")
     console.print(sizes)
 
-    with console.status(f"starting Spark ({master}) and its Python workers"):
+    with console.status(f"starting Spark ({escape(master)}) and its Python workers"):
         t0 = time.perf_counter()
         spark = spark_session(master, app_name="localstate-demo")
         # Warm-up: the first Python task of a session pays for the workers' start, which
@@ -127,8 +129,8 @@ def run_demo(
     with console.status("snapshotting every store of every task"):
         before = {name: snapshot_state(config) for name, config in configs.items()}
     console.rule("[bold]machine loss")
-    console.print(f"deleting all local state under {root / 'state'}; the changelog and task checkpoints "
-                  f"under {root / 'changelog'} survive")
+    console.print(f"deleting all local state under {escape(str(root / 'state'))}; the changelog and task "
+                  f"checkpoints under {escape(str(root / 'changelog'))} survive")
 
     total = sum(committed_records(c) for c in configs.values())
     reports = {}
@@ -170,28 +172,35 @@ def run_demo(
                       "its committed state")
     else:
         bad = [n for n, r in reports.items() if r.snapshot != before[n]]
-        console.print(f"[bold red]FAIL[/]: restored state differs from the original in {', '.join(bad)}")
+        console.print(f"[bold red]FAIL[/]: restored state differs from the original in {escape(', '.join(bad))}")
     return ok_all
 
 
 @click.command("demo")
-@click.option("--events", default=100_000, show_default=True, help="page views in the synthetic workload")
-@click.option("--partitions", default=4, show_default=True, help="tasks per job (= changelog partitions)")
-@click.option("--engine", default=None, help="key-value engine (default rocksdb, else memory)")
+@click.option("--events", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="page views in the synthetic workload")
+@click.option("--partitions", type=click.IntRange(min=1), default=4, show_default=True,
+              help="tasks per job (= changelog partitions)")
+@click.option("--engine", default=None, help="key-value engine [default: rocksdb, else memory]")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="keep state and changelog here (must be empty or absent); default a temp dir, removed after")
+              help="keep state and changelog here (must be empty or absent) [default: a temporary directory, "
+                   "removed after]")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master")
-@click.option("--seed", default=7, show_default=True, help="workload seed")
+@click.option("--seed", type=int, default=7, show_default=True, help="workload seed")
 def demo(events: int, partitions: int, engine: str | None, directory: Path | None, master: str, seed: int) -> None:
     """The demo pipeline: example jobs on local Spark, machine loss, restore, verify."""
-    if events < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--events")
+    from .compat import require_pyspark
+
+    require_pyspark()  # before any work: name the missing extra, not a later ImportError
     if directory is not None and directory.exists() and any(directory.iterdir()):
         raise click.BadParameter(f"{directory} is not empty; pass a new directory", param_hint="--dir")
     root = directory if directory is not None else Path(tempfile.mkdtemp(prefix="localstate-demo-"))
+    console = make_console()
     try:
-        ok = run_demo(events=events, partitions=partitions, root=root.resolve(), engine=engine,
-                      master=master, seed=seed)
+        # Spark's JVM (started inside, so it inherits the quiet stderr) writes around the progress bars
+        with quiet_stderr(console.is_terminal, "Spark"):
+            ok = run_demo(events=events, partitions=partitions, root=root.resolve(), engine=engine,
+                          master=master, seed=seed, console=console)
     except LocalStateError as e:
         raise click.ClickException(str(e)) from e
     finally:

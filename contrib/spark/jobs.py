@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 from localstate import Config, KeyValueStore, LocalStateError, RestoreProgress, TaskStorage
 from localstate.layout import job_dir
 from localstate.registry import resolve_factory
+from localstate.terminal import make_console, quiet_stderr
 
 from .compat import dataframe_from_arrow, dataframe_to_arrow
 from .job_engines import DistinctViewers, ProfileSearch, TrendingPages, merge_top, search_profiles
@@ -364,46 +365,48 @@ def summarize(task: type[StreamTask], output: pa.Table, k: int = 8, config: Conf
 _NUMERIC = frozenset({"views", "users", "impressions", "clicks", "viewers", "rank", "score", "CTR"})
 
 
-def make_console() -> Any:
-    """A rich console; at least 120 columns wide when output is not a terminal (logs, CI)."""
-    from rich.console import Console
-
-    console = Console()
-    return console if console.is_terminal else Console(width=max(console.width, 120))
 
 
 def print_summary(console: Any, summary: Summary) -> None:
     """Print a :class:`Summary` as a rich table."""
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=summary.title, caption=summary.caption, title_justify="left", caption_justify="left")
+    table = Table(title=escape(summary.title), caption=escape(summary.caption or "") or None,
+                  title_justify="left", caption_justify="left")
     for i, col in enumerate(summary.columns):
-        table.add_column(col, justify="right" if col in _NUMERIC else "left", no_wrap=i == 0)
-    for row in summary.rows:
-        table.add_row(*(f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v) for v in row))
+        table.add_column(escape(col), justify="right" if col in _NUMERIC else "left", no_wrap=i == 0)
+    for row in summary.rows:  # cells are data (page names, search text): never rich markup
+        table.add_row(*(f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else escape(str(v)) for v in row))
     console.print(table)
 
 
 # -- the CLI -------------------------------------------------------------------------------------
 @click.command("run")
 @click.argument("job_name", metavar="JOB")
-@click.option("--events", default=100_000, show_default=True, help="page views in the synthetic workload")
-@click.option("--partitions", default=4, show_default=True, help="tasks (= changelog partitions)")
-@click.option("--engine", default=None, help="key-value engine for the stores (default rocksdb, else memory)")
+@click.option("--events", type=click.IntRange(min=1), default=100_000, show_default=True,
+              help="page views in the synthetic workload")
+@click.option("--partitions", type=click.IntRange(min=1), default=4, show_default=True,
+              help="tasks (= changelog partitions)")
+@click.option("--engine", default=None, help="key-value engine for the stores [default: rocksdb, else memory]")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="keep state and changelog here; running again adds the workload to the kept state "
-                   "(use another --seed for new data); default a temp dir")
+                   "(use another --seed for new data) [default: a temporary directory, removed after]")
 @click.option("--master", default="local[*]", show_default=True, help="Spark master")
-@click.option("--rows", default=10, show_default=True, help="rows in the result table")
-@click.option("--seed", default=7, show_default=True, help="workload seed")
+@click.option("--rows", type=click.IntRange(min=0), default=10, show_default=True, help="rows in the result table")
+@click.option("--seed", type=int, default=7, show_default=True, help="workload seed")
 def run_job(job_name: str, events: int, partitions: int, engine: str | None, directory: Path | None,
             master: str, rows: int, seed: int) -> None:
     """Run one example job on Spark over a synthetic workload and print its result.
 
     JOB is one of the names ``localstate run --help`` lists below.
     """
+    from rich.markup import escape
+
+    from .compat import require_pyspark
     from .runner import spark_session
 
+    require_pyspark()  # before any work: name the missing extra, not a later ImportError
     task = JOBS.get(job_name)
     if task is None:
         from localstate.registry import did_you_mean
@@ -413,22 +416,26 @@ def run_job(job_name: str, events: int, partitions: int, engine: str | None, dir
     if engine is None:
         engine, why = default_kv_engine()
         if why:
-            console.print(f"[yellow]note:[/] RocksDB is not available ({why}); using the memory engine")
+            console.print(f"[yellow]note:[/] RocksDB is not available ({escape(why)}); using the memory engine")
     tmp = None
     if directory is None:
         tmp = tempfile.mkdtemp(prefix=f"localstate-{job_name}-")
         directory = Path(tmp)
     try:
-        with console.status("generating the workload"):
-            workload = generate(events, seed=seed)
-        with console.status(f"starting Spark ({master})"):
-            spark = spark_session(master, app_name=f"localstate-{job_name}")
-        with console.status(f"running {job_name} with {partitions} tasks on {engine}"):
-            result = run_example(task, spark, workload, directory, partitions=partitions, engine=engine)
+        # Spark's JVM (started here, so it inherits the quiet stderr) writes around the spinners
+        with quiet_stderr(console.is_terminal, "Spark"):
+            with console.status("generating the workload"):
+                workload = generate(events, seed=seed)
+            with console.status(f"starting Spark ({escape(master)})"):
+                spark = spark_session(master, app_name=f"localstate-{job_name}")
+            with console.status(escape(f"running {job_name} with {partitions} tasks on {engine}")):
+                result = run_example(task, spark, workload, directory, partitions=partitions, engine=engine)
         print_summary(console, summarize(task, result.output, rows, result.config))
+        where = (f"state in {escape(str(directory))}" if tmp is None else
+                 "state was in a temporary directory, removed now (pass --dir to keep it)")
         console.print(
             f"{job_name}: {result.input_rows:,} input rows → {result.output.num_rows:,} output rows in "
-            f"{result.seconds:.1f}s ({result.events_per_second:,.0f} rows/s incl. Spark); state in {directory}"
+            f"{result.seconds:.1f}s ({result.events_per_second:,.0f} rows/s incl. Spark); {where}"
         )
     except LocalStateError as e:
         raise click.ClickException(str(e)) from e

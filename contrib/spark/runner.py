@@ -37,9 +37,8 @@ from localstate import Config, ConfigError, KeyValueStore, LocalStateError, Task
 from localstate.layers.ttl import wall_clock_ms
 from localstate.timers import EVENT_TIME, PROCESSING_TIME, Timers, check_timer_store
 
-from .streaming import commit_version, next_version, open_version
-
 from .compat import RUNNER_PYSPARK, require_pyspark
+from .streaming import commit_version, next_version, open_version
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -47,6 +46,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = [
+    "require_pyspark",
     "Emitter",
     "StatefulJob",
     "StreamTask",
@@ -448,12 +448,8 @@ class StatefulJob:
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
-<<<<<<< HEAD
-        self.check_input(df)
-=======
         require_pyspark(RUNNER_PYSPARK, "the localstate Spark runner")
-        self._check_key(df)
->>>>>>> docsite
+        self.check_input(df)
         struct = self._struct()
         run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s,
                       self.metrics_accumulator)

@@ -39,12 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-<<<<<<< HEAD
 from localstate import ChangelogError, ConfigError
 from localstate.options import parse_size_bytes
-from pyspark.sql.datasource import (
-=======
-from localstate import ChangelogError, ConfigError, InvalidValueError
 
 from .compat import SOURCES_PYSPARK, require_pyspark
 
@@ -52,7 +48,6 @@ from .compat import SOURCES_PYSPARK, require_pyspark
 require_pyspark(SOURCES_PYSPARK, "the localstate Spark data sources (localstate-kafka, -jsonl, -changelog)")
 
 from pyspark.sql.datasource import (  # noqa: E402
->>>>>>> docsite
     CaseInsensitiveDict,
     DataSource,
     DataSourceReader,
@@ -67,7 +62,7 @@ from pyspark.sql.streaming.datasource import (  # noqa: E402
 )
 from pyspark.sql.types import StructType  # noqa: E402
 
-from .json_policy import JsonPolicy, read_json_records
+from .json_policy import JsonPolicy, read_json_records  # noqa: E402
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -99,6 +99,8 @@ class Workload:
 
 
 def _ids(prefix: str, numbers: np.ndarray, width: int) -> pa.Array:
+    if numbers.size == 0:  # np.char.zfill fails on an empty array (tiny workloads: --events 10)
+        return pa.array([], pa.string())
     return pa.array(np.char.add(prefix, np.char.zfill(numbers.astype(str), width)).tolist(), pa.string())
 
 
@@ -213,7 +215,7 @@ def generate(
     imp_rows = np.sort(rng.choice(events, max(1, events // 4), replace=False))
     n_imp = imp_rows.size
     i_ts = v_ts[imp_rows] + rng.integers(0, 3, n_imp)
-    i_ids = np.char.add("imp-", np.char.zfill(np.arange(n_imp).astype(str), 8))
+    i_ids = np.array([f"imp-{i:08d}" for i in range(n_imp)], dtype=str)
     i_ad = rng.integers(1, 60, n_imp)
     impressions = pa.table({
         "impression_id": pa.array(i_ids.tolist(), pa.string()),

@@ -55,7 +55,7 @@ import click
 from localstate.config import Config
 from localstate.errors import ConfigError
 from localstate.kv import KeyValueStore
-from localstate.registry import available
+from localstate.registry import available, did_you_mean
 from localstate.storage import TaskStorage
 
 __all__ = [
@@ -736,12 +736,12 @@ def _slug(engine: str) -> str:
 @click.option("--changelog", "changelogs", multiple=True, default=("file",), show_default=True,
               type=click.Choice(["file", "kafka", "all"]), help="changelog system(s)")
 @click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True, help="trials per engine × changelog")
-@click.option("--seed", type=int, default=None, help="first trial seed (default: random, printed)")
+@click.option("--seed", type=int, default=None, help="first trial seed [default: random, printed]")
 @click.option("--batches", type=click.IntRange(min=2), default=12, show_default=True, help="input batches (commits) per trial")
 @click.option("--ops", type=click.IntRange(min=1), default=40, show_default=True, help="operations per batch")
-@click.option("--bootstrap", default=None, help="Kafka brokers for kafka trials (default: start a tansu broker)")
+@click.option("--bootstrap", default=None, help="Kafka brokers for kafka trials [default: start a tansu broker]")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="where trials run (default: a temp dir; diverged trials are kept)")
+              help="where trials run [default: a temporary directory; diverged trials are kept]")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="write the summaries and divergences here")
 @click.option("--fail-fast/--no-fail-fast", default=False, help="stop an engine's trials at the first divergence")
@@ -763,10 +763,11 @@ def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, 
     for name in names:
         if ":" not in name:
             row = available().get(name)
-            if row is None or not row["installed"]:
-                raise click.BadParameter(
-                    f"engine {name!r} is not installed: {row['hint'] if row else 'unknown engine'}",
-                    param_hint="--engine")
+            if row is None:
+                raise click.BadParameter(f"unknown engine {name!r}.{did_you_mean(name, available())}",
+                                         param_hint="--engine")
+            if not row["installed"]:
+                raise click.BadParameter(f"engine {name!r} is not installed: {row['hint']}", param_hint="--engine")
     click.echo(f"torture: engines={names} changelogs={systems} trials={trials} seed={seed}")
     summaries = []
     failed = False
