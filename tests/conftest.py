@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from localstate import Config
 
-pytest_plugins = ["localstate.testing.kafka", "localstate.testing.spark"]
+pytest_plugins = ["localstate.testing.kafka", "localstate.testing.spark", "localstate.testing.s3"]
 
 FULL = os.environ.get("LOCALSTATE_FULL") == "1"
 """CI runs shortened forms of the soak/crash tests; LOCALSTATE_FULL=1 runs the full ones."""
