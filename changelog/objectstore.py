@@ -665,6 +665,10 @@ def _slice(batches: Iterator[tuple[BatchHeader, list[ChangeRecord], list[int] | 
            start: int, stop: int) -> Iterator[tuple[list[ChangeRecord], int]]:
     """The records of ``batches`` with offsets in ``[start, stop)``, with each batch's size."""
     for h, records, offsets in batches:
+        if h.next_offset <= start:
+            continue
+        if h.base_offset >= stop:
+            return
         nbytes = HEADER_SIZE + h.payload_len
         base = h.base_offset
         if offsets is None:
