@@ -859,19 +859,23 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         key = f"{stream}/stream.json"
         body = json.dumps({"partitions": partitions}).encode()
         try:
-            self.store.put(key, body, create=True)
-        except (AlreadyExistsError, PreconditionError, FileExistsError):
-            data = self.store.get(key)
+            data = self.store.get(key)  # a GET first: it costs a twelfth of a PUT on S3
+        except (NotFoundError, FileNotFoundError):
             try:
-                have = int(json.loads(data)["partitions"])
-            except (ValueError, KeyError, TypeError) as e:
-                raise CorruptionError(f"{self.store.where(key)} is corrupt ({e}); nothing was changed") from e
-            if have != partitions:
-                raise ChangelogError(
-                    f"changelog stream {stream!r} at {self.store.where(stream)} has {have} partitions but the "
-                    f"job has job.partitions = {partitions}; state is partitioned by task, so the counts must "
-                    "match. Set job.partitions back, or use a new changelog stream."
-                ) from None
+                self.store.put(key, body, create=True)
+                data = body
+            except (AlreadyExistsError, PreconditionError, FileExistsError):
+                data = self.store.get(key)  # another task of the job created it meanwhile
+        try:
+            have = int(json.loads(data)["partitions"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(f"{self.store.where(key)} is corrupt ({e}); nothing was changed") from e
+        if have != partitions:
+            raise ChangelogError(
+                f"changelog stream {stream!r} at {self.store.where(stream)} has {have} partitions but the "
+                f"job has job.partitions = {partitions}; state is partitioned by task, so the counts must "
+                "match. Set job.partitions back, or use a new changelog stream."
+            )
         self._streams[stream] = partitions
 
     def open_partition(self, stream: str, partition: int, partitions: int, *,
