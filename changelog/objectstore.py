@@ -12,6 +12,7 @@ Configuration (``systems.<name>.*``)::
     systems.s3.retry.backoff.ms = 100             # first backoff; doubles, full jitter, capped at 5 s
     systems.s3.rollup.objects = 16                # roll this many objects of one level into one
     systems.s3.rollup.bytes = 67108864            # ... unless the result would be larger
+    systems.s3.snapshot.every = 10                # upload the engine's local snapshot every N commits
 
 Layout under ``path`` (object stores have no append, so nothing is ever modified)::
 
@@ -20,6 +21,9 @@ Layout under ``path`` (object stores have no append, so nothing is ever modified
     <stream>/<p>/log/<start:020d>-<end:020d>-<epoch:010d>.lsb
                                                   record batches (changelog/format.py) of
                                                   offsets [start, end), written by ``epoch``
+    <stream>/<p>/sst/<epoch:010d>-<file>          immutable snapshot files (RocksDB SSTs), shared
+    <stream>/<p>/snapshots/<offset:020d>-<epoch:010d>.json
+                                                  a snapshot at a committed offset: its files
     _checkpoints/<job>/partition-<p>/<seq:020d>   checkpoints and claims, If-None-Match
 
 **The log.** Records appended between flushes are encoded into one local buffer and
@@ -49,6 +53,16 @@ fails, as the Kafka backend's does. A retried create that finds the object is ch
 against a token unique to the writer, so a lost response is not mistaken for fencing.
 The latest and the previous checkpoint are kept; older ones are deleted.
 
+**Snapshots.** For an engine with local snapshots (``snapshots()`` and
+``snapshot_path(offset)``, e.g. RocksDB), every ``snapshot.every`` commits the snapshot at
+the just committed offset is uploaded after the checkpoint: each immutable file once
+(later snapshots refer to it), the small metadata files inside the manifest. A task on a
+new machine downloads the newest snapshot at or below its committed offset (files
+checked by size and CRC32) and replays only the tail. Snapshots are an optimization: a
+missing or damaged one is skipped with a warning naming its key, and the changelog
+replay covers the difference. Manifests past the committed offset are deleted with the
+uncommitted tail, so a snapshot of records that were never committed is never used.
+
 **Errors.** Every request runs with a timeout and is retried with exponential backoff
 and full jitter on server errors (500, 503 SlowDown), dropped connections and
 timeouts, ``retries`` times at most; then :class:`ChangelogError` names the URL
@@ -59,17 +73,22 @@ anything is changed.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import os
 import random
 import re
+import shutil
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from localstate.checkpoint import Checkpoint
@@ -121,6 +140,8 @@ _CLAIM_MAGIC = b"LSCLAIM1\n"
 _TOKEN_LEN = 32
 _MAX_BACKOFF_S = 5.0
 _PREFETCH = 8  # objects fetched ahead during restore
+_MANIFEST_NAME = re.compile(r"^(\d{20})-(\d{10})\.json$")
+_SHARED_SUFFIXES = (".sst", ".blob")  # immutable snapshot files: uploaded once, shared
 
 
 @dataclass(frozen=True)
@@ -134,6 +155,7 @@ class ObjectStoreSettings:
     retry_backoff_ms: int = 100
     rollup_objects: int = 16
     rollup_bytes: int = 64 * 1024 * 1024
+    snapshot_every: int = 10
     config: dict[str, str] = field(default_factory=dict)
     client: dict[str, Any] = field(default_factory=dict)
 
@@ -172,6 +194,7 @@ class ObjectStoreSettings:
             retry_backoff_ms=num("retry.backoff.ms", cls.retry_backoff_ms, 0),
             rollup_objects=num("rollup.objects", cls.rollup_objects, 2),
             rollup_bytes=num("rollup.bytes", cls.rollup_bytes, 4096),
+            snapshot_every=num("snapshot.every", cls.snapshot_every, 0),
             config=config,
             client=client,
         )
@@ -359,6 +382,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._chain: list[ObjectName] = []
         self._others: list[ObjectName] = []  # listed objects not on the chain
         self._written: list[_Written] = []
+        self._commits_since_snapshot = 0
+        self._remote_files: dict[str, dict[str, Any]] = {}  # local file name -> {key, size, crc32}
         self._load()
         if not readonly:
             seen = max((o.epoch for o in (*self._chain, *self._others)), default=0)
@@ -543,6 +568,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         if c > self._end:
             raise self.missing_committed(c)
         self._buffer.clear()
+        # manifests first: a snapshot of records about to be discarded must never be used
+        self.store.delete([f"{self.prefix}/snapshots/{n}" for (off, _), n in self._manifests() if off > c])
         doomed = [o for o in (*self._chain, *self._others) if o.start >= c]
         keep = [o for o in self._chain if o.start < c]
         if keep and keep[-1].end > c:
@@ -580,6 +607,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             empty = ObjectName(0, end, self.epoch)
             self.store.put(self._key(empty), encode_batch(0, [], offsets=[], span=end))
             old = [o for o in (*self._chain, *self._others) if o != empty]
+            self.store.delete([f"{self.prefix}/snapshots/{n}" for _, n in self._manifests()])
             self.store.delete([self._key(o) for o in old])
             self._chain, self._others, self._written = [empty], [], []
         return end
@@ -630,6 +658,133 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._chain[: len(head)] = [merged]
         self._written = [w for w in self._written if w.name.start >= end]
         return stats
+
+    # -- snapshots -------------------------------------------------------------------------
+    def _manifests(self) -> list[tuple[tuple[int, int], str]]:
+        """``((offset, epoch), name)`` of the snapshot manifests, oldest first."""
+        out = []
+        for name, _ in self.store.list(f"{self.prefix}/snapshots"):
+            m = _MANIFEST_NAME.match(name)
+            if m is not None:
+                out.append(((int(m.group(1)), int(m.group(2))), name))
+        return sorted(out)
+
+    def upload_snapshot(self, engine: Any, offset: int) -> bool:
+        """After a commit at ``offset``: upload the engine's snapshot at ``offset`` if
+        ``snapshot.every`` commits passed since the last upload. True if uploaded."""
+        every = self.system.settings.snapshot_every
+        if self.readonly or not every or not hasattr(engine, "snapshots"):
+            return False
+        self._commits_since_snapshot += 1
+        if self._commits_since_snapshot < every:
+            return False
+        local = dict(engine.snapshots())
+        if offset not in local:
+            return False
+        directory: Path = local[offset]
+        if not self._remote_files:
+            self._learn_remote_files(directory)
+        files: dict[str, dict[str, Any]] = {}
+        inline: dict[str, str] = {}
+        for f in sorted(directory.iterdir()):
+            if f.suffix not in _SHARED_SUFFIXES:
+                inline[f.name] = base64.b64encode(f.read_bytes()).decode()
+                continue
+            known = self._remote_files.get(f.name)
+            if known is None or known["size"] != f.stat().st_size:
+                data = f.read_bytes()
+                known = {"key": f"{self.prefix}/sst/{self.epoch:010d}-{f.name}", "size": len(data),
+                         "crc32": zlib.crc32(data)}
+                self.store.put(known["key"], data)
+                self._remote_files[f.name] = known
+            files[f.name] = known
+        manifest = {"format": 1, "offset": offset, "epoch": self.epoch, "files": files, "inline": inline}
+        name = f"{offset:020d}-{self.epoch:010d}.json"
+        self.store.put(f"{self.prefix}/snapshots/{name}", json.dumps(manifest).encode())
+        self._commits_since_snapshot = 0
+        self._drop_old_snapshots(keep=name)
+        return True
+
+    def _learn_remote_files(self, directory: Path) -> None:
+        """Reuse the files the newest remote snapshot already holds (same name, size and
+        CRC32 as the local file), so a restarted task does not upload them again."""
+        manifests = self._manifests()
+        if not manifests:
+            return
+        manifest = self._read_manifest(manifests[-1][1])
+        for fname, meta in (manifest or {}).get("files", {}).items():
+            local = directory / fname
+            if local.is_file() and local.stat().st_size == meta["size"] and zlib.crc32(local.read_bytes()) == meta["crc32"]:
+                self._remote_files[fname] = meta
+
+    def _read_manifest(self, name: str) -> dict[str, Any] | None:
+        key = f"{self.prefix}/snapshots/{name}"
+        try:
+            manifest = json.loads(self.store.get(key))
+            if manifest.get("format") != 1 or not isinstance(manifest.get("files"), dict):
+                raise ValueError("not a snapshot manifest")
+            return manifest
+        except (NotFoundError, FileNotFoundError, ValueError, ChangelogError) as e:
+            log.warning("snapshot manifest %s is unusable (%s); it is skipped", self.store.where(key), e)
+            return None
+
+    def _drop_old_snapshots(self, keep: str) -> None:
+        """Keep the two newest manifests; delete older ones and the files only they use."""
+        manifests = [n for _, n in self._manifests()]
+        if keep not in manifests:
+            return
+        kept, dropped = manifests[-2:], manifests[:-2]
+        if not dropped:
+            return
+        in_use = set()
+        for name in kept:
+            in_use |= {m["key"] for m in (self._read_manifest(name) or {"files": {}})["files"].values()}
+        garbage = set()
+        for name in dropped:
+            garbage |= {m["key"] for m in (self._read_manifest(name) or {"files": {}})["files"].values()}
+        try:
+            self.store.delete([f"{self.prefix}/snapshots/{n}" for n in dropped])
+            self.store.delete(sorted(garbage - in_use))
+        except ChangelogError as e:
+            log.warning("%s: old snapshots not deleted (%s)", self.describe(), e)
+
+    def fetch_snapshot(self, engine: Any, committed: int, min_valid: int) -> int | None:
+        """Before a restore: download the newest remote snapshot at ``min_valid <= L <=
+        committed`` that is newer than every local one into ``engine.snapshot_path(L)``;
+        returns ``L``, or None if none was needed or usable (the replay covers it)."""
+        if not (hasattr(engine, "snapshots") and hasattr(engine, "snapshot_path")):
+            return None
+        local_best = max((o for o, _ in engine.snapshots() if min_valid <= o <= committed), default=-1)
+        candidates = [(key, n) for key, n in self._manifests() if local_best < key[0] <= committed and key[0] >= min_valid]
+        for (offset, _epoch), name in reversed(candidates):
+            manifest = self._read_manifest(name)
+            if manifest is None or manifest.get("offset") != offset:
+                continue
+            target: Path = engine.snapshot_path(offset)
+            tmp = target.with_name(f".fetch-{target.name}")
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                items = list(manifest["files"].items())
+                with ThreadPoolExecutor(max_workers=_PREFETCH) as pool:
+                    for (fname, meta), data in zip(items, pool.map(lambda it: self.store.get(it[1]["key"]), items)):
+                        if len(data) != meta["size"] or zlib.crc32(data) != meta["crc32"]:
+                            raise CorruptionError(f"{self.store.where(meta['key'])} does not match its size/CRC32 "
+                                                  f"in snapshot manifest {name}")
+                        (tmp / fname).write_bytes(data)
+                for fname, b64 in manifest.get("inline", {}).items():
+                    (tmp / fname).write_bytes(base64.b64decode(b64))
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(tmp, target)
+            except (CorruptionError, ChangelogError, NotFoundError, FileNotFoundError, ValueError, KeyError) as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                log.warning("%s: snapshot %s cannot be used (%s); trying an older one or replaying the changelog",
+                            self.describe(), name, _first_line(e))
+                continue
+            self._remote_files = {f: dict(m) for f, m in manifest["files"].items()}
+            log.info("%s: downloaded the snapshot at offset %d (%d files)", self.describe(), offset, len(items))
+            return offset
+        return None
 
     def close(self) -> None:
         """Release the partition (idempotent). Does not flush: buffered records were never
@@ -836,7 +991,7 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
     """Changelog streams and task checkpoints as immutable objects in one bucket prefix."""
 
     options_keys = ("path", "timeout.ms", "retries", "retry.backoff.ms", "rollup.objects", "rollup.bytes",
-                    "config.*", "client.*")
+                    "snapshot.every", "config.*", "client.*")
 
     @classmethod
     def validate_options(cls, name: str, options: Mapping[str, Any]) -> None:

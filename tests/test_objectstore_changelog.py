@@ -492,3 +492,89 @@ def test_checkpoint_round_trip_through_the_store_api(where):
     got = make_system(where).checkpoints().read("j", 0, fence=False)
     assert got.input_position == {"a": 1} and got.offsets == {"kv": 3}
 
+
+
+# -- RocksDB snapshots kept in the object store --------------------------------------------
+needs_rocksdb = pytest.mark.skipif(not ENGINES.installed("rocksdb")[0], reason="rocksdb not installed")
+
+
+def _rocksdb_job(tmp_path: Path, where: dict[str, Any], commits: int, every: int) -> dict[str, Any]:
+    values = store_values(tmp_path, where, "rocksdb", **{"systems.s3.snapshot.every": every})
+    with TaskStorage(Config.from_dict(values)) as s:
+        kv = s.store("kv")
+        for batch in range(1, commits + 1):
+            for i in range(20):
+                kv.put(f"k{(batch * 7 + i) % 50}", batch)
+            kv.delete(f"k{batch % 50}")
+            s.commit(input_position=batch)
+    return values
+
+
+def _model(commits: int) -> dict[str, int]:
+    state: dict[str, int] = {}
+    for batch in range(1, commits + 1):
+        for i in range(20):
+            state[f"k{(batch * 7 + i) % 50}"] = batch
+        state.pop(f"k{batch % 50}", None)
+    return state
+
+
+@needs_rocksdb
+def test_snapshot_files_are_uploaded_once_and_shared(where, tmp_path):
+    values = _rocksdb_job(tmp_path, where, commits=3, every=1)  # 3 snapshots, the newest 2 kept
+    system, prefix, _ = _log_keys(values)
+    snap_prefix = prefix.rsplit("/", 1)[0]
+    manifests = sorted(n for n, _ in system.store.list(f"{snap_prefix}/snapshots"))
+    assert len(manifests) == 2
+    older = json.loads(system.store.get(f"{snap_prefix}/snapshots/{manifests[0]}"))["files"]
+    newer = json.loads(system.store.get(f"{snap_prefix}/snapshots/{manifests[1]}"))["files"]
+    assert set(older) & set(newer), "an SST file of both snapshots"
+    for name in set(older) & set(newer):
+        assert older[name]["key"] == newer[name]["key"]
+    # exactly the files the kept snapshots use are stored (the first snapshot's own are gone)
+    ssts = {f"{snap_prefix}/sst/{n}" for n, _ in system.store.list(f"{snap_prefix}/sst")}
+    assert ssts == {m["key"] for m in (*older.values(), *newer.values())}
+
+
+@needs_rocksdb
+def test_a_moved_task_downloads_the_newest_snapshot_and_replays_only_the_tail(where, tmp_path):
+    values = _rocksdb_job(tmp_path, where, commits=5, every=2)  # snapshots at commits 2 and 4
+    system, prefix, _ = _log_keys(values)
+    snap_prefix = prefix.rsplit("/", 1)[0]
+    newest = sorted(n for n, _ in system.store.list(f"{snap_prefix}/snapshots"))[-1]
+    with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
+        progress = s.last_restore["kv"]
+        assert progress.start_offset == int(newest[:20]) > 0  # replayed from the snapshot on
+        assert progress.records == 20 + 1  # only the last commit's records
+        assert dump(s) == _model(5)
+
+
+@needs_rocksdb
+def test_a_damaged_remote_snapshot_falls_back_to_an_older_one_or_the_changelog(where, tmp_path):
+    values = _rocksdb_job(tmp_path, where, commits=7, every=3)
+    system, prefix, _ = _log_keys(values)
+    snap_prefix = prefix.rsplit("/", 1)[0]
+    newest = sorted(n for n, _ in system.store.list(f"{snap_prefix}/snapshots"))[-1]
+    files = json.loads(system.store.get(f"{snap_prefix}/snapshots/{newest}"))["files"]
+    system.store.put(sorted(m["key"] for m in files.values())[-1], b"not an sst file")
+    with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
+        assert s.last_restore["kv"].start_offset < int(newest[:20])  # the damaged one was not used
+        assert dump(s) == _model(7)
+
+
+@needs_rocksdb
+def test_snapshots_past_the_committed_offset_are_deleted_with_the_tail(where, tmp_path):
+    values = _rocksdb_job(tmp_path, where, commits=6, every=3)
+    from localstate.storage import Recovery
+
+    # going back one commit makes the snapshot at commit 6 describe records that are
+    # no longer committed: it must go with the tail, never be used later
+    with TaskStorage(moved(values, tmp_path, "machine-b"), recovery=Recovery(use_previous_checkpoint=True)) as s:
+        assert s.checkpoint.input_position == 5
+        committed = s.checkpoint.offsets["kv"]
+    system, prefix, _ = _log_keys(values)
+    snap_prefix = prefix.rsplit("/", 1)[0]
+    offsets = [int(n[:20]) for n, _ in system.store.list(f"{snap_prefix}/snapshots")]
+    assert offsets and max(offsets) <= committed
+    with TaskStorage(moved(values, tmp_path, "machine-c")) as s:
+        assert dump(s) == _model(5)
