@@ -698,6 +698,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                 self.store.put(known["key"], data)
                 self._remote_files[f.name] = known
             files[f.name] = known
+        fault_point("objectstore.snapshot.before_manifest")
         manifest = {"format": 1, "offset": offset, "epoch": self.epoch, "files": files, "inline": inline}
         name = f"{offset:020d}-{self.epoch:010d}.json"
         self.store.put(f"{self.prefix}/snapshots/{name}", json.dumps(manifest).encode())
@@ -755,6 +756,9 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         if not (hasattr(engine, "snapshots") and hasattr(engine, "snapshot_path")):
             return None
         local_best = max((o for o, _ in engine.snapshots() if min_valid <= o <= committed), default=-1)
+        parent = Path(engine.snapshot_path(0)).parent
+        for leftover in parent.glob(".fetch-*") if parent.is_dir() else ():
+            shutil.rmtree(leftover, ignore_errors=True)  # a download a crash interrupted
         candidates = [(key, n) for key, n in self._manifests() if local_best < key[0] <= committed and key[0] >= min_valid]
         for (offset, _epoch), name in reversed(candidates):
             manifest = self._read_manifest(name)

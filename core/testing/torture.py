@@ -94,7 +94,7 @@ CRASH_POINTS = (
 )
 """Named fault points a trial may kill at (``timer`` kills after a random delay)."""
 OBJECTSTORE_POINTS = ("objectstore.after_put", "objectstore.rollup.after_put",
-                      "objectstore.discard_tail.before_delete")
+                      "objectstore.discard_tail.before_delete", "objectstore.snapshot.before_manifest")
 """Extra fault points of objectstore trials (after an upload, a roll-up, inside the tail cut)."""
 TORTURE_BUCKET = "localstate-torture"
 CHILD_TIMEOUT_S = 180.0
@@ -376,8 +376,9 @@ class TrialPlan:
                            "systems.kafka.checkpoint.topic": f"localstate-torture-checkpoints-{job}"})
         if system == "objectstore":
             # ``bootstrap`` is the S3 endpoint here (a bucket TORTURE_BUCKET on it), or a
-            # file:// directory when none is given; rollup.objects = 3 makes roll-ups frequent
-            values.update({"systems.objectstore.rollup.objects": 3, "systems.objectstore.retries": 3,
+            # file:// directory when none is given; roll-ups and snapshot uploads made frequent
+            values.update({"systems.objectstore.rollup.objects": 3, "systems.objectstore.snapshot.every": 2,
+                           "systems.objectstore.retries": 3,
                            "systems.objectstore.timeout.ms": 10000})
             if bootstrap:
                 from localstate.testing.s3 import objectstore_options
