@@ -17,7 +17,6 @@ Configuration (``systems.<name>.*``)::
 Layout under ``path`` (object stores have no append, so nothing is ever modified)::
 
     <stream>/stream.json                          {"partitions": N}, created once
-    <stream>/<p>/writers/<epoch:010d>             writer claims, created with If-None-Match
     <stream>/<p>/log/<start:020d>-<end:020d>-<epoch:010d>.lsb
                                                   record batches (changelog/format.py) of
                                                   offsets [start, end), written by ``epoch``
@@ -30,8 +29,8 @@ Layout under ``path`` (object stores have no append, so nothing is ever modified
 uploaded as one object at :meth:`ObjectStoreChangelogPartition.flush`, which returns
 only after the PUT succeeded. The log is the *chain* of objects from offset 0: at each
 offset the object starting there with the highest writer epoch (then the largest end)
-is taken, and the chain goes on at its end. Each instance of a task claims a new epoch
-when it opens a partition for writing, so an object a zombie instance uploads after a
+is taken, and the chain goes on at its end. A writer's epoch is its task instance's
+claim in the checkpoint sequence (below), so an object a zombie instance uploads after a
 newer one took over never enters the chain where the newer one wrote; objects past the
 committed offset are deleted by :meth:`~ObjectStoreChangelogPartition.discard_tail`
 and a zombie's late upload past it is overridden by the newer epoch.
@@ -331,27 +330,6 @@ class _Store:
         self._retry("delete", keys[0], op)
 
 
-def _claim_next(store: _Store, prefix: str, body: bytes, floor: int = 0) -> int:
-    """Create ``prefix/<n>`` for the smallest ``n`` above every existing one (and ``floor``):
-    the If-None-Match create makes the claim exclusive between concurrent claimers."""
-    for _ in range(100):
-        have = [int(n) for n, _ in store.list(prefix) if n.isdigit()]
-        n = max([floor - 1, *have]) + 1
-        key = f"{prefix}/{n:010d}"
-        try:
-            store.put(key, body, create=True)
-            return n
-        except (AlreadyExistsError, PreconditionError, FileExistsError):
-            try:
-                if store.get(key) == body:  # our own create, retried after a lost response
-                    return n
-            except (NotFoundError, FileNotFoundError):
-                pass
-            continue
-    raise ChangelogError(f"object store: could not claim a new writer number under {store.where(prefix)}/ "
-                         "(100 concurrent claims lost); is a task being started in a loop?")
-
-
 @dataclass
 class _Written:
     """An object of the chain this writer uploaded (level 0 = one flush)."""
@@ -386,10 +364,18 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._remote_files: dict[str, dict[str, Any]] = {}  # local file name -> {key, size, crc32}
         self._load()
         if not readonly:
-            seen = max((o.epoch for o in (*self._chain, *self._others)), default=0)
-            token = uuid.uuid4().hex.encode()
-            self.epoch = _claim_next(self.store, f"{self.prefix}/writers", token, floor=seen + 1)
-            self._delete_older_claims()
+            # The writer epoch is the task instance's claim in its checkpoint sequence: one
+            # order for both, so the instance whose objects win the chain is the one whose
+            # claim fenced the other's commits.
+            self.epoch = system.checkpoints().claim(system.job, partition)
+            newest = max((o for o in (*self._chain, *self._others)), key=lambda o: o.epoch, default=None)
+            if newest is not None and newest.epoch >= self.epoch:
+                raise ChangelogError(
+                    f"{self.describe()}: object {self.store.where(self._key(newest))} was written by writer "
+                    f"epoch {newest.epoch}, not older than this task instance's claim {self.epoch} (under "
+                    f"{self.store.where(system.checkpoints().prefix(system.job, partition))}/): is another job "
+                    "writing to this changelog stream? Nothing was changed. Give each job its own streams"
+                )
         self._end = self._chain[-1].end if self._chain else 0
         self._buffer_start = self._end
 
@@ -405,10 +391,6 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                 )
             objects.append(parsed)
         self._chain, self._others = _chain_of(objects)
-
-    def _delete_older_claims(self) -> None:
-        names = [n for n, _ in self.store.list(f"{self.prefix}/writers") if n.isdigit() and int(n) < self.epoch]
-        self.store.delete([f"{self.prefix}/writers/{n}" for n in names])
 
     def _key(self, o: ObjectName) -> str:
         return f"{self.log_prefix}/{o.name}"
@@ -853,15 +835,17 @@ class ObjectStoreCheckpointStore(CheckpointStore):
         self.store = system.store
         self._token = uuid.uuid4().hex.encode()
         self._next: dict[tuple[str, int], int] = {}
+        self._claimed: dict[tuple[str, int], int] = {}
         # per task: sequence numbers known to exist -> is it a checkpoint (False: a claim)
         self._known: dict[tuple[str, int], dict[int, bool | None]] = {}
         self._lock = threading.Lock()
 
-    def _prefix(self, job: str, partition: int) -> str:
+    def prefix(self, job: str, partition: int) -> str:
+        """Where the task's checkpoints and claims live (relative to the system's URL)."""
         return f"_checkpoints/{job}/partition-{partition}"
 
     def _list(self, job: str, partition: int) -> list[int]:
-        prefix = self._prefix(job, partition)
+        prefix = self.prefix(job, partition)
         seqs = []
         for name, _ in self.store.list(prefix):
             if not name.isdigit():
@@ -872,7 +856,7 @@ class ObjectStoreCheckpointStore(CheckpointStore):
 
     def _load(self, job: str, partition: int, seq: int) -> Checkpoint | None:
         """The checkpoint numbered ``seq``; None for a claim."""
-        key = f"{self._prefix(job, partition)}/{seq:020d}"
+        key = f"{self.prefix(job, partition)}/{seq:020d}"
         data = self.store.get(key)
         where = f"checkpoint {self.store.where(key)}"
         if data.startswith(_CLAIM_MAGIC):
@@ -902,7 +886,7 @@ class ObjectStoreCheckpointStore(CheckpointStore):
                     "back one commit with `localstate restore --use-previous-checkpoint`; or decide each "
                     "store's state with `localstate restore --accept-log-end STORE` or `--reset STORE`"
                 ) from e
-        raise ChangelogError(f"checkpoints under {self.store.where(self._prefix(job, partition))}/ kept "
+        raise ChangelogError(f"checkpoints under {self.store.where(self.prefix(job, partition))}/ kept "
                              "changing while being read; is another instance of the task running?")
 
     def read(self, job: str, partition: int, *, fence: bool = True) -> Checkpoint | None:
@@ -911,21 +895,33 @@ class ObjectStoreCheckpointStore(CheckpointStore):
         with self._lock:
             while True:
                 seqs, found = self._recent(job, partition, 1)
-                if not fence:
-                    break
-                n = (seqs[-1] if seqs else -1) + 1
-                try:
-                    self.store.put(f"{self._prefix(job, partition)}/{n:020d}", _CLAIM_MAGIC + self._token,
-                                   create=True)
-                except (AlreadyExistsError, PreconditionError, FileExistsError):
-                    continue  # another instance committed or claimed meanwhile: read again
-                known: dict[int, bool | None] = dict.fromkeys(seqs)
-                known.update({seq: True for seq, _ in found})
-                known[n] = False
-                self._known[(job, partition)] = known
-                self._next[(job, partition)] = n + 1
-                break
-            return found[0][1] if found else None
+                if not fence or self._claim_after(job, partition, seqs, found):
+                    return found[0][1] if found else None
+
+    def claim(self, job: str, partition: int) -> int:
+        """This instance's claim in the task's checkpoint sequence (made now if :meth:`read`
+        did not): the writer epoch of the task's changelog objects."""
+        task = (job, partition)
+        with self._lock:
+            while task not in self._claimed:
+                self._claim_after(job, partition, self._list(job, partition), [])
+            return self._claimed[task]
+
+    def _claim_after(self, job: str, partition: int, seqs: list[int], found: list[tuple[int, Checkpoint]]) -> bool:
+        """Create a claim after the newest number in ``seqs``; False if another instance
+        took that number meanwhile (the caller reads again)."""
+        n = (seqs[-1] if seqs else -1) + 1
+        try:
+            self.store.put(f"{self.prefix(job, partition)}/{n:020d}", _CLAIM_MAGIC + self._token, create=True)
+        except (AlreadyExistsError, PreconditionError, FileExistsError):
+            return False
+        known: dict[int, bool | None] = dict.fromkeys(seqs)
+        known.update({seq: True for seq, _ in found})
+        known[n] = False
+        self._known[(job, partition)] = known
+        self._next[(job, partition)] = n + 1
+        self._claimed[(job, partition)] = n
+        return True
 
     def previous(self, job: str, partition: int) -> Checkpoint | None:
         _, found = self._recent(job, partition, 2)
@@ -935,7 +931,7 @@ class ObjectStoreCheckpointStore(CheckpointStore):
         """Create the next checkpoint object; :class:`FencedError` if a newer instance of the
         task took the number (the commit did not happen)."""
         task = (job, partition)
-        prefix = self._prefix(job, partition)
+        prefix = self.prefix(job, partition)
         with self._lock:
             if task not in self._next:
                 # a writer that never read (no fencing claim): append after what exists
@@ -981,7 +977,7 @@ class ObjectStoreCheckpointStore(CheckpointStore):
         if previous is None:
             return
         doomed = [s for s in known if s < previous]
-        prefix = self._prefix(job, partition)
+        prefix = self.prefix(job, partition)
         try:
             self.store.delete([f"{prefix}/{s:020d}" for s in doomed])
         except ChangelogError as e:

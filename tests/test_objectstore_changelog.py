@@ -129,6 +129,39 @@ def test_discard_tail_and_a_zombie_upload_never_enter_the_chain(where):
     b.close()
 
 
+def test_writer_epochs_follow_the_checkpoint_claims_not_the_open_order(where):
+    """Two instances of one task racing: A claims first, B second (B fences A), but A
+    opens its partition last. B's objects must still win the chain, and A cannot commit."""
+    a_sys, b_sys = make_system(where), make_system(where)
+    a_sys.checkpoints().read("job", 0)
+    b_sys.checkpoints().read("job", 0)
+    pb = b_sys.open_partition("st", 0, 1)
+    pa = a_sys.open_partition("st", 0, 1)
+    assert pb.epoch > pa.epoch
+    pb.append(recs(0, 3, b"b"))
+    pb.flush()
+    pa.append(recs(0, 5, b"a"))
+    pa.flush()  # the zombie's upload of the same offsets, after B's
+    with pytest.raises(FencedError, match="newer instance"):
+        a_sys.checkpoints().write("job", 0, Checkpoint(version=1, input_position=None, offsets={"st": 5}))
+    b_sys.checkpoints().write("job", 0, Checkpoint(version=1, input_position=None, offsets={"st": 3}))
+    reader = make_system(where).open_partition("st", 0, 1, readonly=True)
+    assert list(reader.read(0, 3)) == recs(0, 3, b"b")
+
+
+def test_a_second_job_writing_to_the_same_stream_is_refused(where):
+    p = make_system(where, "job-one").open_partition("shared", 0, 1)
+    p.append(recs(0, 2))
+    p.flush()
+    for _ in range(3):  # job-one's claims run ahead of job-two's
+        make_system(where, "job-one").open_partition("shared", 0, 1).close()
+    p2 = make_system(where, "job-one").open_partition("shared", 0, 1)
+    p2.append(recs(2, 4))
+    p2.flush()
+    with pytest.raises(ChangelogError, match="is another job writing to this changelog stream"):
+        make_system(where, "job-two").open_partition("shared", 0, 1)
+
+
 def test_discard_tail_past_the_end_is_corruption_naming_the_location(where):
     p = make_system(where).open_partition("st", 0, 1)
     p.append(recs(0, 3))
