@@ -13,11 +13,7 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
-import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +27,8 @@ from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, ConfigError, CorruptionError, FencedError
 from localstate.registry import ENGINES
 from localstate.testing.s3 import FaultProxy, MotoServer, objectstore_options
+
+from .test_crash_core import model_after, run_child  # the crash workload, one home
 
 pytestmark = pytest.mark.s3
 
@@ -439,49 +437,6 @@ def test_a_connection_dropped_mid_upload_fails_or_retries_never_a_partial_object
 
 
 # -- SIGKILL inside the commit -------------------------------------------------------------
-CHILD = textwrap.dedent(
-    """
-    import json, random, sys
-    from localstate import Config, TaskStorage
-    config = Config.from_dict(json.loads(sys.argv[1]))
-    commits = int(sys.argv[2])
-    with TaskStorage(config) as s:
-        store = s.store("kv")
-        start = (s.checkpoint.input_position or 0) if s.checkpoint else 0
-        for batch in range(start + 1, commits + 1):
-            rng = random.Random(batch)
-            for _ in range(60):
-                k = "k%d" % rng.randrange(40)
-                if rng.random() < 0.2:
-                    store.delete(k)
-                else:
-                    store.put(k, batch * 1000 + rng.randrange(1000))
-            s.commit(input_position=batch)
-    """
-)
-
-
-def model_after(batches: int) -> dict[str, int]:
-    state: dict[str, int] = {}
-    for batch in range(1, batches + 1):
-        rng = random.Random(batch)
-        for _ in range(60):
-            k = f"k{rng.randrange(40)}"
-            if rng.random() < 0.2:
-                state.pop(k, None)
-            else:
-                state[k] = batch * 1000 + rng.randrange(1000)
-    return state
-
-
-def run_child(values: dict, commits: int, faults: str | None) -> int:
-    env = {k: v for k, v in os.environ.items() if k != "LOCALSTATE_FAULTS"}
-    if faults:
-        env["LOCALSTATE_FAULTS"] = faults
-    return subprocess.run([sys.executable, "-c", CHILD, json.dumps(values), str(commits)], env=env,
-                          timeout=120).returncode
-
-
 @pytest.mark.parametrize("point", ["commit.after_changelog_flush", "checkpoint.before_rename",
                                    "objectstore.rollup.after_put"])
 def test_sigkill_inside_the_commit_restores_the_last_commit(where, tmp_path, point):
