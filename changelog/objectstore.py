@@ -83,8 +83,9 @@ import threading
 import time
 import uuid
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -138,7 +139,8 @@ _CKPT_MAGIC = b"LSCKPT1\n"
 _CLAIM_MAGIC = b"LSCLAIM1\n"
 _TOKEN_LEN = 32
 _MAX_BACKOFF_S = 5.0
-_PREFETCH = 8  # objects fetched ahead during restore
+_PREFETCH = 8  # objects fetched ahead during restore ...
+_PREFETCH_BYTES = 64 * 1024 * 1024  # ... and at most this many bytes of them (beyond the first)
 _MANIFEST_NAME = re.compile(r"^(\d{20})-(\d{10})\.json$")
 _SHARED_SUFFIXES = (".sst", ".blob")  # immutable snapshot files: uploaded once, shared
 
@@ -294,7 +296,13 @@ class _Store:
                 obstore.put(self.store, key, data, mode="create")
             else:
                 obstore.put(self.store, key, data)
-        self._retry("write", key, op)
+        try:
+            self._retry("write", key, op)
+        except (NotFoundError, FileNotFoundError) as e:  # a PUT finds no bucket / container
+            raise ChangelogError(
+                f"object store: could not write {self.where(key)}: {_first_line(e)}. Does the bucket exist? "
+                f"(systems.{self.settings.name}.path = {self.url}); nothing from this operation counts as done"
+            ) from e
         self.bytes_put += len(data)
 
     def get(self, key: str) -> bytes:
@@ -359,6 +367,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self.epoch = 0
         self._chain: list[ObjectName] = []
         self._others: list[ObjectName] = []  # listed objects not on the chain
+        self._sizes: dict[ObjectName, int] = {}
         self._written: list[_Written] = []
         self._commits_since_snapshot = 0
         self._remote_files: dict[str, dict[str, Any]] = {}  # local file name -> {key, size, crc32}
@@ -382,7 +391,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
     # -- the chain -----------------------------------------------------------------------
     def _load(self) -> None:
         objects: list[ObjectName] = []
-        for name, _size in self.store.list(self.log_prefix):
+        for name, size in self.store.list(self.log_prefix):
             parsed = ObjectName.parse(name)
             if parsed is None:
                 raise CorruptionError(
@@ -390,6 +399,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                     f"{self.describe()}; nothing was changed. Move it away"
                 )
             objects.append(parsed)
+            self._sizes[parsed] = size
         self._chain, self._others = _chain_of(objects)
 
     def _key(self, o: ObjectName) -> str:
@@ -430,6 +440,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._buffer.clear()
         self._buffer_start = self._end
         self._chain.append(name)
+        self._sizes[name] = len(data)
         self._written.append(_Written(name, len(data), 0, data))
         self._roll_up()
         return self._end
@@ -457,6 +468,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             # parts are garbage from here on, so a failed delete only leaves garbage
             i = self._chain.index(group[0].name)
             self._chain[i:i + n] = [merged]
+            self._sizes[merged] = len(data)
             self._written[-n:] = [_Written(merged, len(data), level + 1, None)]
             try:
                 self.store.delete([self._key(w.name) for w in group])
@@ -507,13 +519,22 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             return
         wanted = [o for o in self._chain if o.end > start and o.start < stop]
         buffered = stop > self._buffer_start and bool(self._buffer)
+        # fetch ahead (a GET's latency dominates small objects), bounded in count and bytes
         with ThreadPoolExecutor(max_workers=_PREFETCH) as pool:
-            futures = [pool.submit(self._get, o) for o in wanted[:_PREFETCH]]
-            for i, o in enumerate(wanted):
-                data = futures[i].result()
-                if i + _PREFETCH < len(wanted):
-                    futures.append(pool.submit(self._get, wanted[i + _PREFETCH]))
-                futures[i] = None  # type: ignore[call-overload]  # free the bytes
+            pending: deque[tuple[ObjectName, Future[bytes]]] = deque()
+            inflight = 0
+            todo = iter(wanted)
+            upcoming = next(todo, None)
+            while pending or upcoming is not None:
+                while upcoming is not None and len(pending) < _PREFETCH and (
+                    not pending or inflight + self._sizes.get(upcoming, 0) <= _PREFETCH_BYTES
+                ):
+                    pending.append((upcoming, pool.submit(self._get, upcoming)))
+                    inflight += self._sizes.get(upcoming, 0)
+                    upcoming = next(todo, None)
+                o, future = pending.popleft()
+                data = future.result()
+                inflight -= self._sizes.get(o, 0)
                 yield from _slice(self._decode(o, data), start, stop)
         if buffered:
             tail = ObjectName(self._buffer_start, self._end, self.epoch)
@@ -568,6 +589,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                                            span=min(h.span, c - h.base_offset), timestamp_ms=h.timestamp_ms)
             replaced = ObjectName(cut.start, c, self.epoch)
             self.store.put(self._key(replaced), bytes(prefix))
+            self._sizes[replaced] = len(prefix)
             keep[-1] = replaced
             doomed.append(cut)
         fault_point("objectstore.discard_tail.before_delete")
@@ -635,6 +657,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         data = encode_batch(0, [(k, v) for _, k, v in survivors], offsets=[o for o, _, _ in survivors], span=end)
         merged = ObjectName(0, end, self.epoch)
         self.store.put(self._key(merged), data)
+        self._sizes[merged] = len(data)
         fault_point("compaction.before_rename")
         self.store.delete([self._key(o) for o in head if o != merged])
         self._chain[: len(head)] = [merged]

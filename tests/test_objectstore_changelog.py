@@ -400,9 +400,33 @@ def test_server_errors_past_the_retries_fail_the_commit_and_nothing_counts(proxi
     with pytest.raises(ChangelogError, match=r"could not write s3://.*after 3 attempt.*SlowDown|503"):
         s.commit(input_position=2)
     s.close()
-    proxy._fail.clear()
+    proxy.clear()
     with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
         assert s.checkpoint.input_position == 1 and dump(s) == {"a": 1}
+
+
+def test_checkpoint_put_failing_after_the_changelog_upload_commits_nothing(proxied, tmp_path):
+    """The changelog object reached the store, the checkpoint did not: the commit fails,
+    and the next instance restores the last commit and discards the uploaded tail."""
+    proxy, opts = proxied
+    values = store_values(tmp_path, opts)
+    s = TaskStorage(Config.from_dict(values))
+    s.store("kv").put("a", 1)
+    s.commit(input_position=1)
+    s.store("kv").put("a", 2)
+    proxy.fail(10, 500, method="PUT", path_contains="_checkpoints")
+    with pytest.raises(ChangelogError, match=r"could not write s3://.*/_checkpoints/"):
+        s.commit(input_position=2)
+    s.close()
+    proxy.clear()
+    log_puts = [p for m, p, st in proxy.seen if m == "PUT" and "/log/" in p and st == 200]
+    assert len(log_puts) == 2, "the second changelog object was uploaded"
+    with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
+        assert s.checkpoint.input_position == 1 and dump(s) == {"a": 1}
+        s.store("kv").put("b", 3)
+        s.commit(input_position=2)
+    with TaskStorage(moved(values, tmp_path, "machine-c")) as s:
+        assert dump(s) == {"a": 1, "b": 3}
 
 
 def test_a_slow_endpoint_times_out_and_a_retried_checkpoint_create_is_not_mistaken_for_fencing(proxied, tmp_path):
@@ -470,6 +494,21 @@ def test_bad_config_names_the_key(tmp_path, keys, match):
               **keys}
     with pytest.raises(ConfigError, match=match):
         Config.from_dict(values)
+
+
+def test_a_missing_bucket_is_an_error_naming_it(s3_server, tmp_path):
+    opts = objectstore_options(s3_server.endpoint, "no-such-bucket-here", **{**FAST, "retries": 0})
+    with pytest.raises(ChangelogError, match="no-such-bucket-here"):
+        TaskStorage(Config.from_dict(store_values(tmp_path, opts)))
+
+
+def test_an_unexpected_object_in_the_log_is_an_error_naming_it_and_nothing_changes(where, tmp_path):
+    values = _committed_job(tmp_path, where)
+    system, prefix, names = _log_keys(values)
+    system.store.put(f"{prefix}/notes.txt", b"an operator's note")
+    with pytest.raises(CorruptionError, match=r"unexpected object .*log/notes\.txt"):
+        TaskStorage(moved(values, tmp_path, "machine-b"))
+    assert sorted(n for n, _ in system.store.list(prefix)) == sorted([*names, "notes.txt"])
 
 
 def test_checkpoint_round_trip_through_the_store_api(where):

@@ -143,8 +143,8 @@ def objectstore_options(endpoint: str, bucket: str, prefix: str = "changelog", *
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 in front of moto that injects faults (a test double).
 
-    ``fail(n, status)`` answers the next ``n`` requests (matching ``method`` if given)
-    with ``status`` (503 is answered as S3's SlowDown); ``delay_s`` delays every answer;
+    ``fail(n, status)`` answers the next ``n`` requests (matching ``method`` and a
+    ``path_contains`` substring if given) with ``status`` (503 is answered as S3's SlowDown); ``delay_s`` delays every answer;
     ``cut_upload(n)`` reads half the body of the next ``n`` PUTs, forwards that half to
     moto as the whole object, and drops the connection without answering.
     """
@@ -153,7 +153,7 @@ class FaultProxy:
         self.upstream = upstream.removeprefix("http://")
         self.port = free_port()
         self.delay_s = 0.0
-        self._fail: list[tuple[int, str | None]] = []
+        self._fail: list[tuple[int, str | None, str]] = []
         self._cut = 0
         self.seen: list[tuple[str, str, int]] = []  # (method, path, status answered)
         self._lock = threading.Lock()
@@ -178,18 +178,24 @@ class FaultProxy:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def fail(self, n: int, status: int = 503, method: str | None = None) -> None:
+    def fail(self, n: int, status: int = 503, method: str | None = None, path_contains: str = "") -> None:
         with self._lock:
-            self._fail.extend([(status, method)] * n)
+            self._fail.extend([(status, method, path_contains)] * n)
+
+    def clear(self) -> None:
+        """Drop the faults not injected yet."""
+        with self._lock:
+            self._fail.clear()
+            self._cut = 0
 
     def cut_upload(self, n: int = 1) -> None:
         with self._lock:
             self._cut += n
 
-    def _take_fault(self, method: str) -> int | None:
+    def _take_fault(self, method: str, path: str) -> int | None:
         with self._lock:
-            for i, (status, m) in enumerate(self._fail):
-                if m is None or m == method:
+            for i, (status, m, part) in enumerate(self._fail):
+                if (m is None or m == method) and part in path:
                     del self._fail[i]
                     return status
         return None
@@ -210,7 +216,7 @@ class FaultProxy:
             h.connection.shutdown(2)
             return
         body = h.rfile.read(length) if length else b""
-        status = self._take_fault(h.command)
+        status = self._take_fault(h.command, h.path)
         if status is not None:
             code = "SlowDown" if status == 503 else "InternalError"
             payload = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
