@@ -85,6 +85,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "special": ("localstate.benchmarks.special_engines", "topn / hyperloglog / bloom engines"),
     "search": ("localstate.benchmarks.search_engine", "full-text (tantivy) engine"),
     "kafka": ("localstate.benchmarks.kafka_changelog", "Kafka changelog (tansu broker)"),
+    "objectstore": ("localstate.benchmarks.objectstore_changelog", "objectstore changelog (moto S3) vs file"),
     "spark": ("localstate.benchmarks.spark_jobs", "Spark job vs Spark's RocksDB state store"),
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
     "stateapi": ("localstate.benchmarks.state_api", "state-query read rate; metrics cost on put/get"),

@@ -230,6 +230,10 @@ SYSTEMS.register("file", "localstate.changelog.file:FileChangelogSystem", origin
 SYSTEMS.register(
     "kafka", "localstate.changelog.kafka:KafkaChangelogSystem", extra="kafka", origin="built-in"
 )
+SYSTEMS.register(
+    "objectstore", "localstate.changelog.objectstore:ObjectStoreChangelogSystem", extra="objectstore",
+    origin="built-in",
+)
 
 
 def register_engine(name: str, factory: Any, clobber: bool = False) -> None:

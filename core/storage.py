@@ -490,6 +490,11 @@ class TaskStorage:
         assert changelog is not None
         name = entry.spec.name
         min_valid = changelog.min_valid_snapshot_offset()
+        fetch = getattr(changelog, "fetch_snapshot", None)
+        if fetch is not None:
+            # a changelog that keeps engine snapshots remotely (objectstore) puts the newest
+            # usable one among the local snapshots; the engine then picks it like its own
+            fetch(entry.engine, committed, min_valid)
         with engine_phase(entry.spec, "prepare_restore"):
             start = entry.engine.prepare_restore(committed, min_valid)
         if not (0 <= start <= committed) or (start and start < min_valid):
@@ -709,7 +714,22 @@ class TaskStorage:
         checkpoint = self._write_checkpoint(version, input_position)
         self.task_metrics.commits += 1
         self.task_metrics.commit_latency.observe(clock() - started)
+        self._upload_snapshots(entries, offsets)
         return checkpoint
+
+    def _upload_snapshots(self, entries: list[_OpenStore], offsets: dict[str, int]) -> None:
+        """After the commit point: changelogs that keep engine snapshots remotely
+        (objectstore) upload the snapshot at the committed offset. Only an optimization of
+        later restores, so a failure is logged and the commit stands."""
+        for e in entries:
+            upload = getattr(e.changelog, "upload_snapshot", None)
+            if upload is None or e.spec.name not in offsets:
+                continue
+            try:
+                upload(e.engine, offsets[e.spec.name])
+            except (LocalStateError, OSError) as err:
+                log.warning("store %r partition %d: snapshot upload failed (%s); restores replay more of "
+                            "the changelog until the next one", e.spec.name, self.partition, err)
 
     def pending_records(self, name: str) -> int:
         """Change records of store ``name`` buffered in its change logger (not yet in

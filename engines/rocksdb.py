@@ -597,6 +597,16 @@ class RocksDBEngine(KeyValueEngine):
         out.sort()
         return out
 
+    def snapshots(self) -> list[tuple[int, Path]]:
+        """Completed local snapshots as ``(offset, directory)``, oldest first: what a
+        changelog that keeps snapshots remotely (``objectstore``) uploads."""
+        return self._snapshots()
+
+    def snapshot_path(self, offset: int) -> Path:
+        """The directory of the snapshot at ``offset`` (a downloaded snapshot is put there,
+        complete, and then used like a local one)."""
+        return self.snapshot_dir / f"{offset:020d}"
+
     def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
         """Rebuild ``db/`` from the newest snapshot at ``min_valid <= L <= C``; return ``L``.
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from localstate import Config
 
-pytest_plugins = ["localstate.testing.kafka", "localstate.testing.spark"]
+pytest_plugins = ["localstate.testing.kafka", "localstate.testing.spark", "localstate.testing.s3"]
 
 
 

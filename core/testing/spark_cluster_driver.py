@@ -45,6 +45,9 @@ EVENTS_KEY = "testing.events.dir"
 SLEEP_KEY = "testing.task.sleep.s"
 COMMIT_SLEEP_KEY = "testing.commit.sleep.s"
 JOB_NAME = "cluster"
+OBJECTSTORE_ENV = "LOCALSTATE_CLUSTER_OBJECTSTORE"
+"""``{"endpoint": URL, "bucket": NAME}`` (JSON): keep the changelog and checkpoints on that
+S3 endpoint (objectstore system, prefix = the job root's name) instead of the file changelog."""
 
 
 def cluster_config(
@@ -57,12 +60,25 @@ def cluster_config(
     task ends), so a test can kill its executor in either window."""
     root = Path(root)
     base = key_count_config(root, partitions=partitions, engine="rocksdb", name=JOB_NAME)
-    return base.with_overrides({
+    overrides: dict[str, Any] = {
         "job.state.dir": str(root / "state" / "{executor}"),
         EVENTS_KEY: str(root / "events"),
         SLEEP_KEY: task_sleep_s,
         COMMIT_SLEEP_KEY: commit_sleep_s,
-    })
+    }
+    where = os.environ.get(OBJECTSTORE_ENV)
+    if where:
+        from localstate.testing.s3 import objectstore_options
+
+        s3 = json.loads(where)
+        overrides.update({
+            "job.changelog.system": "s3",
+            "job.checkpoint.system": "s3",
+            "stores.counts.changelog": f"s3.{JOB_NAME}-counts",
+            # no snapshot uploads: a moved task must restore from the changelog itself
+            **objectstore_options(s3["endpoint"], s3["bucket"], root.name, **{"snapshot.every": 0}),
+        })
+    return base.with_overrides(overrides)
 
 
 def event_batch(event: dict[str, Any]) -> int:

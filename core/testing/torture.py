@@ -104,6 +104,10 @@ COMMIT_POINTS = (
     "changelog.append",
 )
 """The fault points every commit passes, whatever the engine."""
+OBJECTSTORE_POINTS = ("objectstore.after_put", "objectstore.rollup.after_put",
+                      "objectstore.discard_tail.before_delete", "objectstore.snapshot.before_manifest")
+"""Extra fault points of objectstore trials (after an upload, a roll-up, inside the tail cut)."""
+TORTURE_BUCKET = "localstate-torture"
 CHILD_TIMEOUT_S = 180.0
 _CONTRIB_ENGINES = (
     "localstate.contrib.sqlite_engine:SQLiteEngineFactory",
@@ -387,6 +391,18 @@ class TrialPlan:
             # running side by side from waiting on each other's kills.
             values.update({"systems.kafka.bootstrap.servers": bootstrap, "systems.kafka.timeout.ms": 10000,
                            "systems.kafka.checkpoint.topic": f"localstate-torture-checkpoints-{job}"})
+        if system == "objectstore":
+            # ``bootstrap`` is the S3 endpoint here (a bucket TORTURE_BUCKET on it), or a
+            # file:// directory when none is given; roll-ups and snapshot uploads made frequent
+            values.update({"systems.objectstore.rollup.objects": 3, "systems.objectstore.snapshot.every": 2,
+                           "systems.objectstore.retries": 3,
+                           "systems.objectstore.timeout.ms": 10000})
+            if bootstrap:
+                from localstate.testing.s3 import objectstore_options
+
+                values.update(objectstore_options(bootstrap, TORTURE_BUCKET, job, system="objectstore"))
+            else:
+                values["systems.objectstore.path"] = f"file://{root.resolve()}/objects"
         for k, v in adapter_for(self.engine).store_options.items():
             values[f"stores.{STORE}.{k}"] = v
         return values
@@ -400,6 +416,8 @@ def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops
     faults = []
     for r in range(rounds):
         points = [p for p in CRASH_POINTS if r > 0 or p != "restore.mid"]
+        if changelog == "objectstore":
+            points += OBJECTSTORE_POINTS
         if rng.random() < 0.3:
             faults.append(f"timer:{rng.uniform(0.0, 1.0):.3f}")
         else:
@@ -677,6 +695,26 @@ class TortureReport:
 
 
 @contextmanager
+def _s3_endpoint(endpoint: str | None) -> Iterator[str]:
+    """The S3 endpoint of objectstore trials (a moto server started here if none is given),
+    with the bucket TORTURE_BUCKET on it."""
+    from localstate.testing.s3 import MotoServer
+
+    if endpoint:
+        server = MotoServer(int(endpoint.rstrip("/").rsplit(":", 1)[1]))  # not started: a client only
+        try:
+            server.create_bucket(TORTURE_BUCKET)
+        except Exception as e:  # the bucket exists from an earlier run
+            if "BucketAlready" not in str(e):
+                raise
+        yield endpoint
+        return
+    with MotoServer() as server:
+        server.create_bucket(TORTURE_BUCKET)
+        yield server.endpoint
+
+
+@contextmanager
 def _kafka_bootstrap(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
@@ -734,12 +772,15 @@ def _slug(engine: str) -> str:
 @click.option("--engine", "engines", multiple=True, default=("memory",), show_default=True,
               help="engine name or module:Factory; 'all' = every installed engine + contrib examples")
 @click.option("--changelog", "changelogs", multiple=True, default=("file",), show_default=True,
-              type=click.Choice(["file", "kafka", "all"]), help="changelog system(s)")
+              type=click.Choice(["file", "kafka", "objectstore", "all"]), help="changelog system(s)")
 @click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True, help="trials per engine × changelog")
 @click.option("--seed", type=int, default=None, help="first trial seed [default: random, printed]")
 @click.option("--batches", type=click.IntRange(min=2), default=12, show_default=True, help="input batches (commits) per trial")
 @click.option("--ops", type=click.IntRange(min=1), default=40, show_default=True, help="operations per batch")
 @click.option("--bootstrap", default=None, help="Kafka brokers for kafka trials [default: start a tansu broker]")
+@click.option("--s3-endpoint", default=None,
+              help="S3 endpoint (http://host:port) for objectstore trials [default: start a moto server]; "
+                   "'file' runs them on file:// directories")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="where trials run [default: a temporary directory; diverged trials are kept]")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -749,8 +790,8 @@ def _slug(engine: str) -> str:
               help="fsync the file changelog (a SIGKILL loses no page cache, so trials do not need it)")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="trials run in parallel")
 def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, seed: int | None, batches: int,
-            ops: int, bootstrap: str | None, workdir: Path | None, json_out: Path | None, fail_fast: bool,
-            fsync: bool, jobs: int) -> None:
+            ops: int, bootstrap: str | None, s3_endpoint: str | None, workdir: Path | None,
+            json_out: Path | None, fail_fast: bool, fsync: bool, jobs: int) -> None:
     """Crash trials: SIGKILL a task at random moments and named fault points, reopen,
     replay input from the checkpoint, and compare with a crash-free run.
 
@@ -759,7 +800,7 @@ def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, 
     if seed is None:
         seed = random.SystemRandom().randrange(1, 1_000_000)
     names = torture_engines() if "all" in engines else list(engines)
-    systems = ["file", "kafka"] if "all" in changelogs else list(dict.fromkeys(changelogs))
+    systems = ["file", "kafka", "objectstore"] if "all" in changelogs else list(dict.fromkeys(changelogs))
     for name in names:
         if ":" not in name:
             row = available().get(name)
@@ -777,11 +818,14 @@ def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, 
 
     kafka = _kafka_bootstrap(bootstrap) if "kafka" in systems else None
     brokers = kafka.__enter__() if kafka is not None else None
+    s3 = _s3_endpoint(s3_endpoint) if "objectstore" in systems and s3_endpoint != "file" else None
+    servers = {"kafka": brokers, "objectstore": s3.__enter__() if s3 is not None else None}
     try:
         for system in systems:
             for name in names:
                 click.echo(f"{name} x {system}: ", nl=False)
-                report = run_trials(name, system, trials, seed, batches=batches, ops=ops, bootstrap=brokers,
+                report = run_trials(name, system, trials, seed, batches=batches, ops=ops,
+                                    bootstrap=servers.get(system),
                                     workdir=workdir, fail_fast=fail_fast, fsync=fsync, jobs=jobs, progress=tick)
                 s = report.summary()
                 summaries.append(s)
@@ -798,6 +842,8 @@ def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, 
     finally:
         if kafka is not None:
             kafka.__exit__(None, None, None)
+        if s3 is not None:
+            s3.__exit__(None, None, None)
     if json_out is not None:
         json_out.write_text(json.dumps({"seed": seed, "trials": trials, "summaries": summaries}, indent=2,
                                        default=str))

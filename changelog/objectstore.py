@@ -1,0 +1,1083 @@
+"""``objectstore``: the changelog and the task checkpoints as immutable objects (obstore).
+
+Configuration (``systems.<name>.*``)::
+
+    systems.s3.type = objectstore
+    systems.s3.path = s3://bucket/prefix          # s3://, gs://, az://, file:///abs/dir, memory:///
+    systems.s3.config.endpoint = http://127.0.0.1:9000   # pass-through store config (obstore keys)
+    systems.s3.config.region = us-east-1
+    systems.s3.client.allow_http = true           # pass-through client options
+    systems.s3.timeout.ms = 30000                 # per request
+    systems.s3.retries = 5                        # attempts after the first (5xx, SlowDown, timeouts)
+    systems.s3.retry.backoff.ms = 100             # first backoff; doubles, full jitter, capped at 5 s
+    systems.s3.rollup.objects = 16                # roll this many objects of one level into one
+    systems.s3.rollup.bytes = 67108864            # ... unless the result would be larger
+    systems.s3.snapshot.every = 10                # upload the engine's local snapshot every N commits
+
+Layout under ``path`` (object stores have no append, so nothing is ever modified)::
+
+    <stream>/stream.json                          {"partitions": N}, created once
+    <stream>/<p>/log/<start:020d>-<end:020d>-<epoch:010d>.lsb
+                                                  record batches (changelog/format.py) of
+                                                  offsets [start, end), written by ``epoch``
+    <stream>/<p>/sst/<epoch:010d>-<file>          immutable snapshot files (RocksDB SSTs), shared
+    <stream>/<p>/snapshots/<offset:020d>-<epoch:010d>.json
+                                                  a snapshot at a committed offset: its files
+    _checkpoints/<job>/partition-<p>/<seq:020d>   checkpoints and claims, If-None-Match
+
+**The log.** Records appended between flushes are encoded into one local buffer and
+uploaded as one object at :meth:`ObjectStoreChangelogPartition.flush`, which returns
+only after the PUT succeeded. The log is the *chain* of objects from offset 0: at each
+offset the object starting there with the highest writer epoch (then the largest end)
+is taken, and the chain goes on at its end. A writer's epoch is its task instance's
+claim in the checkpoint sequence (below), so an object a zombie instance uploads after a
+newer one took over never enters the chain where the newer one wrote; objects past the
+committed offset are deleted by :meth:`~ObjectStoreChangelogPartition.discard_tail`
+and a zombie's late upload past it is overridden by the newer epoch.
+
+**Roll-up.** Every ``rollup.objects`` objects of one level this writer uploaded are
+rewritten as one object of the next level (levels are tiers: a record is rewritten
+about log_N(rollup.bytes / commit size) times) and the small ones deleted. A roll-up
+only concatenates batches, so every offset stays reconstructible; until the deletes
+are done the larger object wins the chain (same epoch, larger end).
+:meth:`~ObjectStoreChangelogPartition.compact` keeps the latest record per key below
+the offset both kept checkpoints have passed; it keeps tombstones, so every local
+snapshot stays usable (``min_valid_snapshot_offset`` is 0).
+
+**Checkpoints and fencing.** Checkpoint objects have increasing sequence numbers and
+are only ever *created* (``If-None-Match: *``). A task instance that reads its
+checkpoint to restore claims the next number with a claim object; a zombie instance
+then tries to create a number that exists and gets :class:`FencedError` — its commit
+fails, as the Kafka backend's does. A retried create that finds the object is checked
+against a token unique to the writer, so a lost response is not mistaken for fencing.
+The latest and the previous checkpoint are kept; older ones are deleted.
+
+**Snapshots.** For an engine with local snapshots (``snapshots()`` and
+``snapshot_path(offset)``, e.g. RocksDB), every ``snapshot.every`` commits the snapshot at
+the just committed offset is uploaded after the checkpoint: each immutable file once
+(later snapshots refer to it), the small metadata files inside the manifest. A task on a
+new machine downloads the newest snapshot at or below its committed offset (files
+checked by size and CRC32) and replays only the tail. Snapshots are an optimization: a
+missing or damaged one is skipped with a warning naming its key, and the changelog
+replay covers the difference. Manifests past the committed offset are deleted with the
+uncommitted tail, so a snapshot of records that were never committed is never used.
+
+**Errors.** Every request runs with a timeout and is retried with exponential backoff
+and full jitter on server errors (500, 503 SlowDown), dropped connections and
+timeouts, ``retries`` times at most; then :class:`ChangelogError` names the URL
+(bucket and key) and nothing counts as committed. A missing or corrupt object below
+the committed offset is :class:`CorruptionError` naming bucket and key, raised before
+anything is changed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import threading
+import time
+import uuid
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from localstate.checkpoint import Checkpoint
+from localstate.engine import ChangeRecord
+from localstate.errors import (
+    ChangelogError,
+    ConfigError,
+    CorruptionError,
+    FencedError,
+    LocalStateError,
+    StoreLockedError,
+)
+from localstate.faults import fault_point
+from localstate.options import coerce
+
+from .base import ChangelogPartition, ChangelogSystem, CheckpointStore, CurrentFn
+from .format import HEADER_SIZE, BatchHeader, check_crc, decode_payload, encode_batch, walk
+
+try:
+    import obstore
+    from obstore.exceptions import (
+        AlreadyExistsError,
+        BaseError,
+        GenericError,
+        NotFoundError,
+        PreconditionError,
+    )
+    from obstore.store import from_url
+except ImportError as _e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "the objectstore changelog needs obstore: pip install 'localstate[objectstore]'"
+    ) from _e
+
+__all__ = [
+    "ObjectStoreChangelogSystem",
+    "ObjectStoreChangelogPartition",
+    "ObjectStoreCheckpointStore",
+    "ObjectStoreSettings",
+    "ObjectName",
+]
+
+log = logging.getLogger("localstate.changelog.objectstore")
+
+T = TypeVar("T")
+
+_LOG_NAME = re.compile(r"^(\d{20})-(\d{20})-(\d{10})\.lsb$")
+_CKPT_MAGIC = b"LSCKPT1\n"
+_CLAIM_MAGIC = b"LSCLAIM1\n"
+_TOKEN_LEN = 32
+_MAX_BACKOFF_S = 5.0
+_PREFETCH = 8  # objects fetched ahead during restore ...
+_PREFETCH_BYTES = 64 * 1024 * 1024  # ... and at most this many bytes of them (beyond the first)
+_MANIFEST_NAME = re.compile(r"^(\d{20})-(\d{10})\.json$")
+_SHARED_SUFFIXES = (".sst", ".blob")  # immutable snapshot files: uploaded once, shared
+
+
+@dataclass(frozen=True)
+class ObjectStoreSettings:
+    """The parsed ``systems.<name>.*`` keys of an object-store changelog system."""
+
+    name: str
+    url: str
+    timeout_ms: int = 30_000
+    retries: int = 5
+    retry_backoff_ms: int = 100
+    rollup_objects: int = 16
+    rollup_bytes: int = 64 * 1024 * 1024
+    snapshot_every: int = 10
+    config: dict[str, str] = field(default_factory=dict)
+    client: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, name: str, options: Mapping[str, Any]) -> ObjectStoreSettings:
+        """Validate ``options``; :class:`ConfigError` names ``systems.<name>.<key>``."""
+        pre = f"systems.{name}"
+        url = str(options.get("path", "")).strip()
+        if "://" not in url:
+            raise ConfigError(
+                f"{pre}.path = {url!r}: the objectstore changelog needs a URL such as "
+                "s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///absolute/dir"
+            )
+        if url.startswith("file://") and not url[len("file://"):].startswith("/"):
+            raise ConfigError(f"{pre}.path = {url!r}: a file:// URL needs an absolute path (file:///dir)")
+
+        def num(key: str, default: int, low: int) -> int:
+            value = coerce(options.get(key, default), int, f"{pre}.{key}")
+            if value < low:
+                raise ConfigError(f"{pre}.{key} = {value}: must be >= {low}")
+            return value
+
+        config: dict[str, str] = {}
+        client: dict[str, Any] = {}
+        for key, value in options.items():
+            head, dot, rest = key.partition(".")
+            if dot and head == "config":
+                config[rest] = str(value)
+            elif dot and head == "client":
+                client[rest] = _client_value(rest, value, f"{pre}.{key}")
+        return cls(
+            name=name,
+            url=url.rstrip("/"),
+            timeout_ms=num("timeout.ms", cls.timeout_ms, 100),
+            retries=num("retries", cls.retries, 0),
+            retry_backoff_ms=num("retry.backoff.ms", cls.retry_backoff_ms, 0),
+            rollup_objects=num("rollup.objects", cls.rollup_objects, 2),
+            rollup_bytes=num("rollup.bytes", cls.rollup_bytes, 4096),
+            snapshot_every=num("snapshot.every", cls.snapshot_every, 0),
+            config=config,
+            client=client,
+        )
+
+
+_BOOL_CLIENT_KEYS = frozenset({"allow_http", "allow_invalid_certificates", "http1_only", "http2_only"})
+
+
+def _client_value(key: str, value: Any, where: str) -> Any:
+    if key in _BOOL_CLIENT_KEYS:
+        return coerce(value, bool, where)
+    return str(value)
+
+
+@dataclass(frozen=True, order=True)
+class ObjectName:
+    """One log object: records of offsets ``[start, end)`` written by writer ``epoch``."""
+
+    start: int
+    end: int
+    epoch: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.start:020d}-{self.end:020d}-{self.epoch:010d}.lsb"
+
+    @classmethod
+    def parse(cls, name: str) -> ObjectName | None:
+        m = _LOG_NAME.match(name)
+        if m is None:
+            return None
+        start, end, epoch = (int(g) for g in m.groups())
+        return cls(start, end, epoch) if end > start else None
+
+
+def _first_line(e: BaseException) -> str:
+    """obstore errors carry a multi-line debug dump; the first line says what happened."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+class _Store:
+    """One obstore store with the system's retry policy; every error names the URL."""
+
+    def __init__(self, settings: ObjectStoreSettings) -> None:
+        self.settings = settings
+        self.url = settings.url
+        client: dict[str, Any] = {"timeout": timedelta(milliseconds=settings.timeout_ms),
+                                  "connect_timeout": timedelta(milliseconds=min(settings.timeout_ms, 10_000))}
+        client.update(settings.client)
+        kwargs: dict[str, Any] = {}
+        if self.url.startswith("file://"):
+            kwargs["mkdir"] = True
+        try:
+            # Retries are ours (one policy, one place, and it covers PUT timeouts too).
+            self.store = from_url(self.url, config=settings.config or None, client_options=client,
+                                  retry_config={"max_retries": 0}, **kwargs)
+        except (BaseError, ValueError, OSError) as e:
+            raise ConfigError(
+                f"systems.{settings.name}.path = {self.url!r}: cannot open the object store: {_first_line(e)}"
+            ) from e
+        self.requests: dict[str, int] = {"put": 0, "get": 0, "list": 0, "delete": 0}
+        self.bytes_put = 0
+        self.bytes_got = 0
+
+    def where(self, key: str) -> str:
+        return f"{self.url}/{key}"
+
+    def _retry(self, what: str, key: str, op: Callable[[], T]) -> T:
+        s = self.settings
+        for attempt in range(s.retries + 1):
+            try:
+                return op()
+            except (NotFoundError, AlreadyExistsError, PreconditionError, FileNotFoundError, FileExistsError):
+                raise
+            except (GenericError, OSError, TimeoutError) as e:
+                if attempt == s.retries:
+                    raise ChangelogError(
+                        f"object store: could not {what} {self.where(key)} after {attempt + 1} attempt(s): "
+                        f"{_first_line(e)}. Check that the store is reachable and the settings under "
+                        f"systems.{s.name}.*; nothing from this operation counts as done"
+                    ) from e
+                # full jitter: attempts of many tasks that failed together spread out
+                delay = random.uniform(0, min(_MAX_BACKOFF_S, s.retry_backoff_ms / 1000 * 2**attempt))
+                log.warning("object store: %s %s failed (%s); retry %d/%d in %.2fs",
+                            what, self.where(key), _first_line(e), attempt + 1, s.retries, delay)
+                time.sleep(delay)
+            except BaseError as e:  # permission, authentication, bad path: not retried
+                raise ChangelogError(
+                    f"object store: could not {what} {self.where(key)}: {_first_line(e)}"
+                ) from e
+        raise AssertionError("unreachable")
+
+    def put(self, key: str, data: bytes, *, create: bool = False) -> None:
+        """Upload ``data``; ``create=True`` fails with AlreadyExistsError if ``key`` exists."""
+        def op() -> None:
+            self.requests["put"] += 1
+            if create:
+                obstore.put(self.store, key, data, mode="create")
+            else:
+                obstore.put(self.store, key, data)
+        try:
+            self._retry("write", key, op)
+        except (NotFoundError, FileNotFoundError) as e:  # a PUT finds no bucket / container
+            raise ChangelogError(
+                f"object store: could not write {self.where(key)}: {_first_line(e)}. Does the bucket exist? "
+                f"(systems.{self.settings.name}.path = {self.url}); nothing from this operation counts as done"
+            ) from e
+        self.bytes_put += len(data)
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes; raises NotFoundError/FileNotFoundError if it is missing."""
+        def op() -> bytes:
+            self.requests["get"] += 1
+            return bytes(obstore.get(self.store, key).bytes())
+        data = self._retry("read", key, op)
+        self.bytes_got += len(data)
+        return data
+
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        """``(name relative to prefix, size)`` of every object under ``prefix/``."""
+        def op() -> list[tuple[str, int]]:
+            out = []
+            self.requests["list"] += 1
+            for i, chunk in enumerate(obstore.list(self.store, prefix + "/")):
+                self.requests["list"] += i > 0
+                for meta in chunk:
+                    out.append((meta["path"][len(prefix) + 1:], int(meta["size"])))
+            return out
+        return self._retry("list", prefix + "/", op)
+
+    def delete(self, keys: list[str]) -> None:
+        if not keys:
+            return
+        def op() -> None:
+            self.requests["delete"] += 1
+            try:
+                obstore.delete(self.store, keys)
+            except (NotFoundError, FileNotFoundError):
+                pass  # already gone: a delete is idempotent
+        self._retry("delete", keys[0], op)
+
+
+@dataclass
+class _Written:
+    """An object of the chain this writer uploaded (level 0 = one flush)."""
+
+    name: ObjectName
+    size: int
+    level: int
+    data: bytes | None  # kept for level 0 until rolled up (saves the GET)
+
+
+class ObjectStoreChangelogPartition(ChangelogPartition):
+    """One changelog partition as a chain of immutable objects. ``readonly=True`` claims no
+    writer epoch and never writes (for inspection beside a live task)."""
+
+    def __init__(self, system: ObjectStoreChangelogSystem, stream: str, partition: int, *,
+                 readonly: bool = False) -> None:
+        self.system = system
+        self.store = system.store
+        self.stream = stream
+        self.partition = partition
+        self.readonly = readonly
+        self.prefix = f"{stream}/{partition}"
+        self.log_prefix = f"{self.prefix}/log"
+        self._closed = False
+        self._buffer = bytearray()
+        self._buffer_start = 0
+        self.epoch = 0
+        self._chain: list[ObjectName] = []
+        self._others: list[ObjectName] = []  # listed objects not on the chain
+        self._sizes: dict[ObjectName, int] = {}
+        self._written: list[_Written] = []
+        self._commits_since_snapshot = 0
+        self._remote_files: dict[str, dict[str, Any]] = {}  # local file name -> {key, size, crc32}
+        self._load()
+        if not readonly:
+            # The writer epoch is the task instance's claim in its checkpoint sequence: one
+            # order for both, so the instance whose objects win the chain is the one whose
+            # claim fenced the other's commits.
+            self.epoch = system.checkpoints().claim(system.job, partition)
+            newest = max((o for o in (*self._chain, *self._others)), key=lambda o: o.epoch, default=None)
+            if newest is not None and newest.epoch >= self.epoch:
+                raise ChangelogError(
+                    f"{self.describe()}: object {self.store.where(self._key(newest))} was written by writer "
+                    f"epoch {newest.epoch}, not older than this task instance's claim {self.epoch} (under "
+                    f"{self.store.where(system.checkpoints().prefix(system.job, partition))}/): is another job "
+                    "writing to this changelog stream? Nothing was changed. Give each job its own streams"
+                )
+        self._end = self._chain[-1].end if self._chain else 0
+        self._buffer_start = self._end
+
+    # -- the chain -----------------------------------------------------------------------
+    def _load(self) -> None:
+        objects: list[ObjectName] = []
+        for name, size in self.store.list(self.log_prefix):
+            parsed = ObjectName.parse(name)
+            if parsed is None:
+                raise CorruptionError(
+                    f"unexpected object {self.store.where(self.log_prefix + '/' + name)} in the changelog of "
+                    f"{self.describe()}; nothing was changed. Move it away"
+                )
+            objects.append(parsed)
+            self._sizes[parsed] = size
+        self._chain, self._others = _chain_of(objects)
+
+    def _key(self, o: ObjectName) -> str:
+        return f"{self.log_prefix}/{o.name}"
+
+    def describe(self) -> str:
+        return f"objectstore changelog {self.store.where(self.prefix)}"
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise ChangelogError(f"{self.describe()} is closed")
+        if self.readonly:
+            raise ChangelogError(f"{self.describe()} was opened read-only")
+
+    # -- writing -------------------------------------------------------------------------
+    def append(self, records: list[ChangeRecord]) -> None:
+        if not records:
+            return
+        self._check_writable()
+        fault_point("changelog.append")
+        try:
+            self._buffer += encode_batch(self._end, records)
+        except (TypeError, ValueError) as e:
+            raise ChangelogError(f"{self.describe()}: records must be (bytes, bytes | None) pairs: {e}") from e
+        self._end += len(records)
+
+    def flush(self) -> int:
+        """Upload the records appended since the last flush as one object; returns the end
+        offset once the PUT succeeded (raises :class:`ChangelogError` otherwise, and the
+        records stay buffered: nothing of them counts as written)."""
+        self._check_writable()
+        if not self._buffer:
+            return self._end
+        name = ObjectName(self._buffer_start, self._end, self.epoch)
+        data = bytes(self._buffer)
+        self.store.put(self._key(name), data)
+        fault_point("objectstore.after_put")
+        self._buffer.clear()
+        self._buffer_start = self._end
+        self._chain.append(name)
+        self._sizes[name] = len(data)
+        self._written.append(_Written(name, len(data), 0, data))
+        self._roll_up()
+        return self._end
+
+    def _roll_up(self) -> None:
+        """Merge the last ``rollup.objects`` written objects of one level into one of the
+        next level, as long as that keeps it under ``rollup.bytes`` (tiered, so a record is
+        rewritten once per level)."""
+        s = self.system.settings
+        n = s.rollup_objects
+        while len(self._written) >= n:
+            group = self._written[-n:]
+            level = group[0].level
+            if any(w.level != level for w in group):
+                return
+            size = sum(w.size for w in group)
+            if size > s.rollup_bytes:
+                self._written = self._written[-1:] if self._written[-1].level == 0 else []
+                return
+            data = b"".join(w.data if w.data is not None else self._get(w.name) for w in group)
+            merged = ObjectName(group[0].name.start, group[-1].name.end, self.epoch)
+            self.store.put(self._key(merged), data)
+            fault_point("objectstore.rollup.after_put")
+            # the merged object wins the chain at its start (same epoch, larger end); the
+            # parts are garbage from here on, so a failed delete only leaves garbage
+            i = self._chain.index(group[0].name)
+            self._chain[i:i + n] = [merged]
+            self._sizes[merged] = len(data)
+            self._written[-n:] = [_Written(merged, len(data), level + 1, None)]
+            try:
+                self.store.delete([self._key(w.name) for w in group])
+            except ChangelogError as e:
+                log.warning("%s: rolled-up objects not deleted (%s); they are garbage", self.describe(), e)
+
+    def end_offset(self) -> int:
+        return self._end
+
+    # -- reading -------------------------------------------------------------------------
+    def _get(self, o: ObjectName) -> bytes:
+        key = self._key(o)
+        try:
+            return self.store.get(key)
+        except (NotFoundError, FileNotFoundError) as e:
+            raise CorruptionError(
+                f"{self.describe()}: object {self.store.where(key)} (offsets {o.start}..{o.end - 1}) is missing "
+                "(deleted while listed?). Nothing was changed. Restore it from a backup or a bucket version; "
+                "or give up the store's state with `localstate restore --reset STORE`"
+            ) from e
+
+    def _decode(self, o: ObjectName, data: bytes) -> Iterator[tuple[BatchHeader, list[ChangeRecord], list[int] | None]]:
+        """``(header, records, offsets)`` per batch, every CRC and offset checked; offsets is
+        None for a plain batch (dense from the header's base offset)."""
+        where = f"object {self.store.where(self._key(o))}"
+        expect = o.start
+        for h, pos in walk(data):
+            if h is None or not check_crc(data, h) or h.base_offset != expect:
+                raise CorruptionError(
+                    f"{self.describe()}: {where} is corrupt at byte {pos} of {len(data)} (offset {expect}: "
+                    f"{'torn or truncated' if h is None else 'CRC mismatch' if not check_crc(data, h) else 'wrong offset'}). "
+                    "Nothing was changed. Restore the object from a backup or a bucket version; or give up "
+                    "the store's state with `localstate restore --reset STORE`"
+                )
+            records, offsets = decode_payload(data, h, where)
+            yield h, records, offsets
+            expect = h.next_offset
+        if expect != o.end:
+            raise CorruptionError(
+                f"{self.describe()}: {where} ends at offset {expect} but its name says {o.end} (truncated "
+                "upload?). Nothing was changed. Restore the object from a backup or a bucket version; or give "
+                "up the store's state with `localstate restore --reset STORE`"
+            )
+
+    def read_batches(self, start: int, stop: int) -> Iterator[tuple[list[ChangeRecord], int]]:
+        stop = min(stop, self._end)
+        if start >= stop:
+            return
+        wanted = [o for o in self._chain if o.end > start and o.start < stop]
+        buffered = stop > self._buffer_start and bool(self._buffer)
+        # fetch ahead (a GET's latency dominates small objects), bounded in count and bytes
+        with ThreadPoolExecutor(max_workers=_PREFETCH) as pool:
+            pending: deque[tuple[ObjectName, Future[bytes]]] = deque()
+            inflight = 0
+            todo = iter(wanted)
+            upcoming = next(todo, None)
+            while pending or upcoming is not None:
+                while upcoming is not None and len(pending) < _PREFETCH and (
+                    not pending or inflight + self._sizes.get(upcoming, 0) <= _PREFETCH_BYTES
+                ):
+                    pending.append((upcoming, pool.submit(self._get, upcoming)))
+                    inflight += self._sizes.get(upcoming, 0)
+                    upcoming = next(todo, None)
+                o, future = pending.popleft()
+                data = future.result()
+                inflight -= self._sizes.get(o, 0)
+                yield from _slice(self._decode(o, data), start, stop)
+        if buffered:
+            tail = ObjectName(self._buffer_start, self._end, self.epoch)
+            yield from _slice(self._decode(tail, bytes(self._buffer)), start, stop)
+
+    def read_with_offsets(self, start: int, stop: int) -> Iterator[tuple[int, bytes, bytes | None]]:
+        """``(offset, key, value)`` for inspection tools."""
+        for o in self._chain:
+            if o.end <= start or o.start >= min(stop, self._end):
+                continue
+            for h, records, offsets in self._decode(o, self._get(o)):
+                for off, (k, v) in zip(_offsets(h, offsets), records):
+                    if start <= off < stop:
+                        yield off, k, v
+
+    # -- tail, reset, compaction ---------------------------------------------------------
+    def missing_committed(self, committed: int) -> CorruptionError:
+        later = sorted(o for o in self._others if o.start >= self._end)
+        after = f"; objects exist from offset {later[0].start} on, so the object starting at {self._end} is missing" if later else ""
+        return CorruptionError(
+            f"{self.describe()}: the task checkpoint says offset {committed} was committed, but the chain of "
+            f"objects under {self.store.where(self.log_prefix)}/ ends at offset {self._end} (no object "
+            f"{self.store.where(self.log_prefix)}/{self._end:020d}-*.lsb){after}. Nothing was changed. Restore "
+            "the objects from a backup or a bucket version; or keep what is readable with `localstate restore "
+            "--accept-log-end STORE`, or give up the store's state with `localstate restore --reset STORE`."
+        )
+
+    def discard_tail(self, committed_offset: int, current: CurrentFn) -> None:
+        """Delete every object at or past ``committed_offset`` (any epoch: uncommitted tails
+        of earlier instances); an object that straddles it is first rewritten, by this
+        writer's newer epoch, as its committed prefix."""
+        self._check_writable()
+        c = committed_offset
+        if c > self._end:
+            raise self.missing_committed(c)
+        self._buffer.clear()
+        # manifests first: a snapshot of records about to be discarded must never be used
+        self.store.delete([f"{self.prefix}/snapshots/{n}" for (off, _), n in self._manifests() if off > c])
+        doomed = [o for o in (*self._chain, *self._others) if o.start >= c]
+        keep = [o for o in self._chain if o.start < c]
+        if keep and keep[-1].end > c:
+            cut = keep[-1]
+            prefix = bytearray()
+            for h, records, offsets in self._decode(cut, self._get(cut)):
+                if h.base_offset >= c:
+                    break
+                if offsets is None:
+                    prefix += encode_batch(h.base_offset, records[: c - h.base_offset], timestamp_ms=h.timestamp_ms)
+                else:
+                    kept = [(r, o) for r, o in zip(records, offsets) if o < c]
+                    prefix += encode_batch(h.base_offset, [r for r, _ in kept], offsets=[o for _, o in kept],
+                                           span=min(h.span, c - h.base_offset), timestamp_ms=h.timestamp_ms)
+            replaced = ObjectName(cut.start, c, self.epoch)
+            self.store.put(self._key(replaced), bytes(prefix))
+            self._sizes[replaced] = len(prefix)
+            keep[-1] = replaced
+            doomed.append(cut)
+        fault_point("objectstore.discard_tail.before_delete")
+        self.store.delete([self._key(o) for o in doomed])
+        if c < self._end:
+            log.info("%s: discarded uncommitted tail [%d, %d)", self.describe(), c, self._end)
+        self._chain = keep
+        self._others = [o for o in self._others if o.start < c]
+        self._written = []
+        self._end = self._buffer_start = c
+
+    def reset(self) -> int:
+        """Replace the log by one object holding no records for ``[0, end)``: a restore
+        then yields an empty state, and offsets never go back."""
+        self._check_writable()
+        self._buffer.clear()
+        end = self._end = self._buffer_start = max(self._end, self._chain[-1].end if self._chain else 0)
+        if end:
+            empty = ObjectName(0, end, self.epoch)
+            self.store.put(self._key(empty), encode_batch(0, [], offsets=[], span=end))
+            old = [o for o in (*self._chain, *self._others) if o != empty]
+            self.store.delete([f"{self.prefix}/snapshots/{n}" for _, n in self._manifests()])
+            self.store.delete([self._key(o) for o in old])
+            self._chain, self._others, self._written = [empty], [], []
+        return end
+
+    def verify(self) -> dict[str, Any]:
+        """Read every object of the chain back (CRC32 of every batch, dense offsets)."""
+        problems: list[str] = []
+        batches = records = nbytes = 0
+        for o in self._chain:
+            try:
+                data = self._get(o)
+                nbytes += len(data)
+                for _, recs, _ in self._decode(o, data):
+                    batches += 1
+                    records += len(recs)
+            except CorruptionError as e:
+                problems.append(str(e))
+        return {"objects": len(self._chain), "garbage_objects": len(self._others), "batches": batches,
+                "records": records, "bytes": nbytes, "end_offset": self._end, "problems": problems}
+
+    def compact(self, up_to: int) -> dict[str, int]:
+        """Rewrite the chain's objects that end at or below ``up_to`` as one object holding the
+        latest record per key (tombstones kept: no local snapshot is invalidated), offsets
+        unchanged; then delete the old objects."""
+        self._check_writable()
+        head = []
+        for o in self._chain:
+            if o.end > up_to:
+                break
+            head.append(o)
+        stats = {"objects": len(head), "records_before": 0, "records_after": 0}
+        if len(head) < 2:
+            return stats
+        latest: dict[bytes, tuple[int, bytes | None]] = {}
+        for o in head:
+            for h, recs, offsets in self._decode(o, self._get(o)):
+                for off, (k, v) in zip(_offsets(h, offsets), recs):
+                    latest[k] = (off, v)
+                    stats["records_before"] += 1
+        survivors = sorted((off, k, v) for k, (off, v) in latest.items())
+        stats["records_after"] = len(survivors)
+        end = head[-1].end
+        data = encode_batch(0, [(k, v) for _, k, v in survivors], offsets=[o for o, _, _ in survivors], span=end)
+        merged = ObjectName(0, end, self.epoch)
+        self.store.put(self._key(merged), data)
+        self._sizes[merged] = len(data)
+        fault_point("compaction.before_rename")
+        self.store.delete([self._key(o) for o in head if o != merged])
+        self._chain[: len(head)] = [merged]
+        self._written = [w for w in self._written if w.name.start >= end]
+        return stats
+
+    # -- snapshots -------------------------------------------------------------------------
+    def _manifests(self) -> list[tuple[tuple[int, int], str]]:
+        """``((offset, epoch), name)`` of the snapshot manifests, oldest first."""
+        out = []
+        for name, _ in self.store.list(f"{self.prefix}/snapshots"):
+            m = _MANIFEST_NAME.match(name)
+            if m is not None:
+                out.append(((int(m.group(1)), int(m.group(2))), name))
+        return sorted(out)
+
+    def upload_snapshot(self, engine: Any, offset: int) -> bool:
+        """After a commit at ``offset``: upload the engine's snapshot at ``offset`` if
+        ``snapshot.every`` commits passed since the last upload. True if uploaded."""
+        every = self.system.settings.snapshot_every
+        if self.readonly or not every or not hasattr(engine, "snapshots"):
+            return False
+        self._commits_since_snapshot += 1
+        if self._commits_since_snapshot < every:
+            return False
+        local = dict(engine.snapshots())
+        if offset not in local:
+            return False
+        directory: Path = local[offset]
+        if not self._remote_files:
+            self._learn_remote_files(directory)
+        files: dict[str, dict[str, Any]] = {}
+        inline: dict[str, str] = {}
+        for f in sorted(directory.iterdir()):
+            if f.suffix not in _SHARED_SUFFIXES:
+                inline[f.name] = base64.b64encode(f.read_bytes()).decode()
+                continue
+            known = self._remote_files.get(f.name)
+            if known is None or known["size"] != f.stat().st_size:
+                data = f.read_bytes()
+                known = {"key": f"{self.prefix}/sst/{self.epoch:010d}-{f.name}", "size": len(data),
+                         "crc32": zlib.crc32(data)}
+                self.store.put(known["key"], data)
+                self._remote_files[f.name] = known
+            files[f.name] = known
+        fault_point("objectstore.snapshot.before_manifest")
+        manifest = {"format": 1, "offset": offset, "epoch": self.epoch, "files": files, "inline": inline}
+        name = f"{offset:020d}-{self.epoch:010d}.json"
+        self.store.put(f"{self.prefix}/snapshots/{name}", json.dumps(manifest).encode())
+        self._commits_since_snapshot = 0
+        self._drop_old_snapshots(keep=name)
+        return True
+
+    def _learn_remote_files(self, directory: Path) -> None:
+        """Reuse the files the newest remote snapshot already holds (same name, size and
+        CRC32 as the local file), so a restarted task does not upload them again."""
+        manifests = self._manifests()
+        if not manifests:
+            return
+        manifest = self._read_manifest(manifests[-1][1])
+        for fname, meta in (manifest or {}).get("files", {}).items():
+            local = directory / fname
+            if local.is_file() and local.stat().st_size == meta["size"] and zlib.crc32(local.read_bytes()) == meta["crc32"]:
+                self._remote_files[fname] = meta
+
+    def _read_manifest(self, name: str) -> dict[str, Any] | None:
+        key = f"{self.prefix}/snapshots/{name}"
+        try:
+            manifest = json.loads(self.store.get(key))
+            if manifest.get("format") != 1 or not isinstance(manifest.get("files"), dict):
+                raise ValueError("not a snapshot manifest")
+            return manifest
+        except (NotFoundError, FileNotFoundError, ValueError, ChangelogError) as e:
+            log.warning("snapshot manifest %s is unusable (%s); it is skipped", self.store.where(key), e)
+            return None
+
+    def _drop_old_snapshots(self, keep: str) -> None:
+        """Keep the two newest manifests; delete older ones and the files only they use."""
+        manifests = [n for _, n in self._manifests()]
+        if keep not in manifests:
+            return
+        kept, dropped = manifests[-2:], manifests[:-2]
+        if not dropped:
+            return
+        in_use = set()
+        for name in kept:
+            in_use |= {m["key"] for m in (self._read_manifest(name) or {"files": {}})["files"].values()}
+        garbage = set()
+        for name in dropped:
+            garbage |= {m["key"] for m in (self._read_manifest(name) or {"files": {}})["files"].values()}
+        try:
+            self.store.delete([f"{self.prefix}/snapshots/{n}" for n in dropped])
+            self.store.delete(sorted(garbage - in_use))
+        except ChangelogError as e:
+            log.warning("%s: old snapshots not deleted (%s)", self.describe(), e)
+
+    def fetch_snapshot(self, engine: Any, committed: int, min_valid: int) -> int | None:
+        """Before a restore: download the newest remote snapshot at ``min_valid <= L <=
+        committed`` that is newer than every local one into ``engine.snapshot_path(L)``;
+        returns ``L``, or None if none was needed or usable (the replay covers it)."""
+        if not (hasattr(engine, "snapshots") and hasattr(engine, "snapshot_path")):
+            return None
+        local_best = max((o for o, _ in engine.snapshots() if min_valid <= o <= committed), default=-1)
+        parent = Path(engine.snapshot_path(0)).parent
+        for leftover in parent.glob(".fetch-*") if parent.is_dir() else ():
+            shutil.rmtree(leftover, ignore_errors=True)  # a download a crash interrupted
+        candidates = [(key, n) for key, n in self._manifests() if local_best < key[0] <= committed and key[0] >= min_valid]
+        for (offset, _epoch), name in reversed(candidates):
+            manifest = self._read_manifest(name)
+            if manifest is None or manifest.get("offset") != offset:
+                continue
+            target: Path = engine.snapshot_path(offset)
+            tmp = target.with_name(f".fetch-{target.name}")
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                items = list(manifest["files"].items())
+                with ThreadPoolExecutor(max_workers=_PREFETCH) as pool:
+                    for (fname, meta), data in zip(items, pool.map(lambda it: self.store.get(it[1]["key"]), items)):
+                        if len(data) != meta["size"] or zlib.crc32(data) != meta["crc32"]:
+                            raise CorruptionError(f"{self.store.where(meta['key'])} does not match its size/CRC32 "
+                                                  f"in snapshot manifest {name}")
+                        (tmp / fname).write_bytes(data)
+                for fname, b64 in manifest.get("inline", {}).items():
+                    (tmp / fname).write_bytes(base64.b64decode(b64))
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(tmp, target)
+            except (CorruptionError, ChangelogError, NotFoundError, FileNotFoundError, ValueError, KeyError) as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                log.warning("%s: snapshot %s cannot be used (%s); trying an older one or replaying the changelog",
+                            self.describe(), name, _first_line(e))
+                continue
+            self._remote_files = {f: dict(m) for f, m in manifest["files"].items()}
+            log.info("%s: downloaded the snapshot at offset %d (%d files)", self.describe(), offset, len(items))
+            return offset
+        return None
+
+    def close(self) -> None:
+        """Release the partition (idempotent). Does not flush: buffered records were never
+        uploaded, so they are uncommitted by definition."""
+        if self._closed:
+            return
+        self._closed = True
+        self._buffer.clear()
+        self.system._release(self.stream, self.partition)
+
+
+def _chain_of(objects: list[ObjectName]) -> tuple[list[ObjectName], list[ObjectName]]:
+    """The chain from offset 0 (per start: highest epoch, then largest end) and the rest."""
+    best: dict[int, ObjectName] = {}
+    for o in objects:
+        b = best.get(o.start)
+        if b is None or (o.epoch, o.end) > (b.epoch, b.end):
+            best[o.start] = o
+    chain: list[ObjectName] = []
+    at = 0
+    while at in best:
+        chain.append(best[at])
+        at = best[at].end
+    on = set(chain)
+    return chain, [o for o in objects if o not in on]
+
+
+def _offsets(h: BatchHeader, offsets: list[int] | None) -> Any:
+    return offsets if offsets is not None else range(h.base_offset, h.next_offset)
+
+
+def _slice(batches: Iterator[tuple[BatchHeader, list[ChangeRecord], list[int] | None]],
+           start: int, stop: int) -> Iterator[tuple[list[ChangeRecord], int]]:
+    """The records of ``batches`` with offsets in ``[start, stop)``, with each batch's size."""
+    for h, records, offsets in batches:
+        if h.next_offset <= start:
+            continue
+        if h.base_offset >= stop:
+            return
+        nbytes = HEADER_SIZE + h.payload_len
+        base = h.base_offset
+        if offsets is None:
+            lo, hi = max(0, start - base), min(len(records), stop - base)
+            part = records if (lo == 0 and hi == len(records)) else records[lo:hi]
+        elif offsets and offsets[0] >= start and offsets[-1] < stop:
+            part = records
+        else:
+            part = tuple(r for r, o in zip(records, offsets) if start <= o < stop)  # type: ignore[assignment]
+        if part:
+            yield part, nbytes  # type: ignore[misc]
+
+
+class ObjectStoreCheckpointStore(CheckpointStore):
+    """Task checkpoints as create-only objects with increasing sequence numbers.
+
+    :meth:`read` (for a task that will write) also claims the next number, which fences
+    every older instance of the task: their next checkpoint create finds it taken.
+    """
+
+    def __init__(self, system: ObjectStoreChangelogSystem) -> None:
+        self.system = system
+        self.store = system.store
+        self._token = uuid.uuid4().hex.encode()
+        self._next: dict[tuple[str, int], int] = {}
+        self._claimed: dict[tuple[str, int], int] = {}
+        # per task: sequence numbers known to exist -> is it a checkpoint (False: a claim)
+        self._known: dict[tuple[str, int], dict[int, bool | None]] = {}
+        self._lock = threading.Lock()
+
+    def prefix(self, job: str, partition: int) -> str:
+        """Where the task's checkpoints and claims live (relative to the system's URL)."""
+        return f"_checkpoints/{job}/partition-{partition}"
+
+    def _list(self, job: str, partition: int) -> list[int]:
+        prefix = self.prefix(job, partition)
+        seqs = []
+        for name, _ in self.store.list(prefix):
+            if not name.isdigit():
+                raise CorruptionError(f"unexpected object {self.store.where(prefix + '/' + name)} among the "
+                                      "task checkpoints; nothing was changed. Move it away")
+            seqs.append(int(name))
+        return sorted(seqs)
+
+    def _load(self, job: str, partition: int, seq: int) -> Checkpoint | None:
+        """The checkpoint numbered ``seq``; None for a claim."""
+        key = f"{self.prefix(job, partition)}/{seq:020d}"
+        data = self.store.get(key)
+        where = f"checkpoint {self.store.where(key)}"
+        if data.startswith(_CLAIM_MAGIC):
+            return None
+        if not data.startswith(_CKPT_MAGIC) or len(data) < len(_CKPT_MAGIC) + _TOKEN_LEN + 1:
+            raise CorruptionError(f"{where} is corrupt (not a localstate checkpoint object); {len(data)} bytes")
+        return Checkpoint.from_bytes(data[len(_CKPT_MAGIC) + _TOKEN_LEN + 1:], where=where)
+
+    def _recent(self, job: str, partition: int, want: int) -> tuple[list[int], list[tuple[int, Checkpoint]]]:
+        """All sequence numbers, and the newest ``want`` checkpoints (claims skipped)."""
+        for _ in range(3):
+            seqs = self._list(job, partition)
+            found: list[tuple[int, Checkpoint]] = []
+            try:
+                for seq in reversed(seqs):
+                    ckpt = self._load(job, partition, seq)
+                    if ckpt is not None:
+                        found.append((seq, ckpt))
+                        if len(found) == want:
+                            break
+                return seqs, found
+            except (NotFoundError, FileNotFoundError):
+                continue  # deleted by the writer's clean-up between the list and the get
+            except CorruptionError as e:
+                raise CorruptionError(
+                    f"{e}. Nothing was changed. Restore the object from a backup or a bucket version; or go "
+                    "back one commit with `localstate restore --use-previous-checkpoint`; or decide each "
+                    "store's state with `localstate restore --accept-log-end STORE` or `--reset STORE`"
+                ) from e
+        raise ChangelogError(f"checkpoints under {self.store.where(self.prefix(job, partition))}/ kept "
+                             "changing while being read; is another instance of the task running?")
+
+    def read(self, job: str, partition: int, *, fence: bool = True) -> Checkpoint | None:
+        """The latest checkpoint; with ``fence`` (a task that will write) also claim the next
+        sequence number, so older instances can no longer commit."""
+        with self._lock:
+            while True:
+                seqs, found = self._recent(job, partition, 1)
+                if not fence or self._claim_after(job, partition, seqs, found):
+                    return found[0][1] if found else None
+
+    def claim(self, job: str, partition: int) -> int:
+        """This instance's claim in the task's checkpoint sequence (made now if :meth:`read`
+        did not): the writer epoch of the task's changelog objects."""
+        task = (job, partition)
+        with self._lock:
+            while task not in self._claimed:
+                self._claim_after(job, partition, self._list(job, partition), [])
+            return self._claimed[task]
+
+    def _claim_after(self, job: str, partition: int, seqs: list[int], found: list[tuple[int, Checkpoint]]) -> bool:
+        """Create a claim after the newest number in ``seqs``; False if another instance
+        took that number meanwhile (the caller reads again)."""
+        n = (seqs[-1] if seqs else -1) + 1
+        try:
+            self.store.put(f"{self.prefix(job, partition)}/{n:020d}", _CLAIM_MAGIC + self._token, create=True)
+        except (AlreadyExistsError, PreconditionError, FileExistsError):
+            return False
+        known: dict[int, bool | None] = dict.fromkeys(seqs)
+        known.update({seq: True for seq, _ in found})
+        known[n] = False
+        self._known[(job, partition)] = known
+        self._next[(job, partition)] = n + 1
+        self._claimed[(job, partition)] = n
+        return True
+
+    def previous(self, job: str, partition: int) -> Checkpoint | None:
+        _, found = self._recent(job, partition, 2)
+        return found[1][1] if len(found) == 2 else None
+
+    def write(self, job: str, partition: int, checkpoint: Checkpoint) -> None:
+        """Create the next checkpoint object; :class:`FencedError` if a newer instance of the
+        task took the number (the commit did not happen)."""
+        task = (job, partition)
+        prefix = self.prefix(job, partition)
+        with self._lock:
+            if task not in self._next:
+                # a writer that never read (no fencing claim): append after what exists
+                seqs = self._list(job, partition)
+                self._next[task] = (seqs[-1] if seqs else -1) + 1
+                self._known[task] = dict.fromkeys(seqs)
+            seq = self._next[task]
+            key = f"{prefix}/{seq:020d}"
+            body = _CKPT_MAGIC + self._token + b"\n" + checkpoint.to_bytes()
+            fault_point("checkpoint.before_rename")
+            try:
+                self.store.put(key, body, create=True)
+            except (AlreadyExistsError, PreconditionError, FileExistsError) as e:
+                try:
+                    mine = self.store.get(key) == body  # our create, retried after a lost answer
+                except (NotFoundError, FileNotFoundError):
+                    mine = False
+                if not mine:
+                    raise FencedError(
+                        f"checkpoint {self.store.where(key)} of task {job}/partition {partition} was already "
+                        "written by a newer instance of the same task: this instance was fenced and must stop "
+                        "without committing (its changes are discarded when the newer one restores)"
+                    ) from e
+            fault_point("checkpoint.after_rename")
+            self._next[task] = seq + 1
+            self._known.setdefault(task, {})[seq] = True
+            self._clean(job, partition, seq)
+
+    def _clean(self, job: str, partition: int, latest: int) -> None:
+        """Delete the numbers below the previous checkpoint (best effort: what is left is
+        only garbage). Kinds not known yet are read once."""
+        known = self._known[(job, partition)]
+        previous = None
+        for seq in sorted((s for s in known if s < latest), reverse=True):
+            if known[seq] is None:
+                try:
+                    known[seq] = self._load(job, partition, seq) is not None
+                except (NotFoundError, FileNotFoundError, LocalStateError):
+                    continue
+            if known[seq]:
+                previous = seq
+                break
+        if previous is None:
+            return
+        doomed = [s for s in known if s < previous]
+        prefix = self.prefix(job, partition)
+        try:
+            self.store.delete([f"{prefix}/{s:020d}" for s in doomed])
+        except ChangelogError as e:
+            log.warning("old checkpoints under %s/ not deleted (%s)", self.store.where(prefix), e)
+            return
+        for s in doomed:
+            del known[s]
+
+
+class ObjectStoreChangelogSystem(ChangelogSystem):
+    """Changelog streams and task checkpoints as immutable objects in one bucket prefix."""
+
+    options_keys = ("path", "timeout.ms", "retries", "retry.backoff.ms", "rollup.objects", "rollup.bytes",
+                    "snapshot.every", "config.*", "client.*")
+
+    @classmethod
+    def validate_options(cls, name: str, options: Mapping[str, Any]) -> None:
+        ObjectStoreSettings.parse(name, options)
+
+    def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
+        super().__init__(name, options, job)
+        self.settings = ObjectStoreSettings.parse(name, options)
+        self.store = _Store(self.settings)
+        self._open: set[tuple[str, int]] = set()
+        self._streams: dict[str, int] = {}
+        self._checkpoints = ObjectStoreCheckpointStore(self)
+
+    def describe(self) -> str:
+        return f"objectstore changelog at {self.settings.url}"
+
+    def _check_stream(self, stream: str, partitions: int) -> None:
+        if self._streams.get(stream) == partitions:
+            return
+        key = f"{stream}/stream.json"
+        body = json.dumps({"partitions": partitions}).encode()
+        try:
+            data = self.store.get(key)  # a GET first: it costs a twelfth of a PUT on S3
+        except (NotFoundError, FileNotFoundError):
+            try:
+                self.store.put(key, body, create=True)
+                data = body
+            except (AlreadyExistsError, PreconditionError, FileExistsError):
+                data = self.store.get(key)  # another task of the job created it meanwhile
+        try:
+            have = int(json.loads(data)["partitions"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(f"{self.store.where(key)} is corrupt ({e}); nothing was changed") from e
+        if have != partitions:
+            raise ChangelogError(
+                f"changelog stream {stream!r} at {self.store.where(stream)} has {have} partitions but the "
+                f"job has job.partitions = {partitions}; state is partitioned by task, so the counts must "
+                "match. Set job.partitions back, or use a new changelog stream."
+            )
+        self._streams[stream] = partitions
+
+    def open_partition(self, stream: str, partition: int, partitions: int, *,
+                       readonly: bool = False) -> ObjectStoreChangelogPartition:
+        if not 0 <= partition < partitions:
+            raise ConfigError(f"partition {partition} is out of range for job.partitions = {partitions}")
+        if readonly:
+            return ObjectStoreChangelogPartition(self, stream, partition, readonly=True)
+        if (stream, partition) in self._open:
+            raise StoreLockedError(f"{self.store.where(f'{stream}/{partition}')} is already open for writing in this task")
+        self._check_stream(stream, partitions)
+        self._open.add((stream, partition))
+        try:
+            return ObjectStoreChangelogPartition(self, stream, partition)
+        except BaseException:
+            self._open.discard((stream, partition))
+            raise
+
+    def _release(self, stream: str, partition: int) -> None:
+        self._open.discard((stream, partition))
+
+    def checkpoints(self) -> ObjectStoreCheckpointStore:
+        return self._checkpoints
+
+    def requests(self) -> dict[str, int]:
+        """Requests and bytes this system sent so far (for the cost model and benchmarks)."""
+        return {**self.store.requests, "bytes_put": self.store.bytes_put, "bytes_got": self.store.bytes_got}
