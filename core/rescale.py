@@ -461,7 +461,6 @@ def _write_partition(job: _Job, directory: Path, records: Iterable[ChangeRecord]
             if len(chunk) >= _WRITE_CHUNK:
                 part.append(chunk)
                 chunk = []
-                fault_point("rescale.staging")
         if chunk:
             part.append(chunk)
         end = part.flush()
@@ -480,7 +479,9 @@ def write_new_partition(job: _Job, name: str, q: int, records: Mapping[bytes, by
     d = sdir / str(q)
     if d.exists():
         shutil.rmtree(d)  # a failed attempt of the same Spark task
-    return _write_partition(job, d, sorted(records.items()))
+    end = _write_partition(job, d, sorted(records.items()))
+    fault_point("rescale.staging")
+    return end
 
 
 def _write_staging(job: _Job, ends: Mapping[str, list[int]], counts: Mapping[str, int], version: int,
@@ -539,7 +540,11 @@ def _swap(job: _Job, manifest: Mapping[str, Any]) -> None:
         fsync_dir(live.parent)
     _drop_local_copies(job)
     shutil.rmtree(staging)
-    fsync_dir(staging.parent)
+    try:
+        staging.parent.rmdir()  # only when no other job's rescale is pending there
+    except OSError:
+        pass
+    fsync_dir(job.root)
 
 
 def _drop_local_copies(job: _Job) -> None:
@@ -670,18 +675,29 @@ def _run(job: _Job, input_position: Any, spark: Any, t0: float) -> RescaleResult
         shutil.rmtree(job.staging)
     ends: dict[str, list[int]] = {}
     records: dict[str, int] = {}
-    if spark is not None:
-        from localstate.contrib.spark.rescale import stage_with_spark
+    try:
+        if spark is not None:
+            from localstate.contrib.spark.rescale import stage_with_spark
 
-        ends, records = stage_with_spark(spark, job, ckpts)
-    else:
-        for name, spec in job.stores.items():
-            states = {p: _committed_records(job, spec, p, c) for p, c in ckpts.items()}
-            parts = _route_store(job, spec, states)
-            del states
-            ends[name] = [write_new_partition(job, name, q, part) for q, part in enumerate(parts)]
-            records[name] = sum(len(part) for part in parts)
-    _write_staging(job, ends, records, version, position, ckpts)
+            ends, records = stage_with_spark(spark, job, ckpts)
+        else:
+            for name, spec in job.stores.items():
+                states = {p: _committed_records(job, spec, p, c) for p, c in ckpts.items()}
+                parts = _route_store(job, spec, states)
+                del states
+                ends[name] = [write_new_partition(job, name, q, part) for q, part in enumerate(parts)]
+                records[name] = sum(len(part) for part in parts)
+        _write_staging(job, ends, records, version, position, ckpts)
+    except Exception:
+        # A refusal found while staging (a later store's keys): the old job was never
+        # touched; remove what was staged so a refusal changes nothing on disk.
+        if not (job.staging / "manifest.json").exists():
+            shutil.rmtree(job.staging, ignore_errors=True)
+            try:
+                job.staging.parent.rmdir()
+            except OSError:
+                pass
+        raise
     manifest = _pending(job)
     assert manifest is not None
     _swap(job, manifest)
