@@ -466,9 +466,13 @@ def _write_partition(job: _Job, directory: Path, records: Iterable[ChangeRecord]
         end = part.flush()
     finally:
         part.close()
-    # Local copies of the old task with this number hold snapshots tagged with offsets of
-    # the *old* log; a snapshot tagged below the new end must never be loaded for this one.
-    atomic_write(directory / "compaction.json", json.dumps({"tombstone_horizon": end}).encode())
+    # A local copy of the old task with this number that rescale cannot reach (another
+    # machine's disk) holds snapshots tagged with offsets of the *old* log, possibly at or
+    # below the new end: none may be loaded for the new task. A horizon past the end
+    # rejects them all; the new task's own snapshots count from its first commit that
+    # writes a record (until then each open replays the partition: the price of never
+    # trusting a stale copy).
+    atomic_write(directory / "compaction.json", json.dumps({"tombstone_horizon": end + 1}).encode())
     return end
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -422,3 +423,56 @@ def test_config_file_update_for_properties_and_an_unusual_layout(tmp_path):
     with pytest.raises(ConfigError, match="edit the file by hand to job.partitions = 5"):
         update_config_file(odd, 5)
     assert odd.read_text() == '[job]\nname = "x"\n[stores.a]\nfactory = "memory"\n'
+
+
+def test_search_documents_move_with_their_id(tmp_path):
+    config = Config.from_dict({**job_values(tmp_path), "stores.counts.factory": "search",
+                               "stores.counts.search.fields": "name:text:stored, city:string:stored"})
+    for p in range(4):
+        with TaskStorage(config, p) as storage:
+            index = storage.store("counts")
+            index.index_all([(u, {"name": f"name {u}", "city": "oslo"}) for u in USERS if task_for(u, 4) == p])
+            index.delete("user-7") if task_for("user-7", 4) == p else None
+            storage.commit("pos")
+    new = rescale(config, 6).config
+    found = {}
+    for q in range(6):
+        with TaskStorage(new, q) as storage:
+            docs = storage.store("counts").documents()
+            assert all(task_for(u, 6) == q for u in docs)
+            found.update(docs)
+    assert found == {u: {"name": f"name {u}", "city": "oslo"} for u in USERS if u != "user-7"}
+
+
+@pytest.mark.parametrize("to", [6, 1])
+def test_an_unreachable_local_copy_of_an_old_task_is_never_loaded(tmp_path, to):
+    """A RocksDB local copy rescale cannot delete (another machine's disk, simulated by
+    putting it back afterwards) holds old task 0's keys with snapshots tagged with old
+    offsets: new task 0 must rebuild from the new changelog instead. (At ``to=1`` the
+    new log is longer than the old one, so the old snapshots are at offsets below its
+    end: only the compaction horizon rescale records keeps them out.)"""
+    config = seeded_job(tmp_path, "rocksdb")
+    local = tmp_path / "state" / "clicks" / "counts" / "0"
+    aside = tmp_path / "elsewhere"
+    shutil.copytree(local, aside)
+    new = rescale(config, to).config
+    assert not local.exists()
+    shutil.copytree(aside, local)
+    assert state_of(new) == expected(to)
+
+
+def test_local_copies_in_every_executor_directory_are_deleted(tmp_path):
+    config = seeded_job(tmp_path, **{"job.state.dir": str(tmp_path / "exec-{executor}")})
+    for executor in ("1", "2"):
+        copy = tmp_path / f"exec-{executor}" / "clicks" / "counts" / "0"
+        copy.mkdir(parents=True)
+        (copy / "data").write_text("old keys")
+    rescale(config, 6)
+    assert not list(tmp_path.glob("exec-*/clicks/counts/*"))
+
+
+def test_a_kafka_changelog_is_refused(tmp_path):
+    config = Config.from_dict({**job_values(tmp_path), "job.changelog.system": "kafka",
+                               "systems.kafka.bootstrap.servers": "127.0.0.1:9"})
+    with pytest.raises(ConfigError, match="rescale supports the file changelog; systems.kafka is"):
+        rescale(config, 6)
