@@ -87,6 +87,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "kafka": ("localstate.benchmarks.kafka_changelog", "Kafka changelog (tansu broker)"),
     "spark": ("localstate.benchmarks.spark_jobs", "Spark job vs Spark's RocksDB state store"),
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
+    "rescale": ("localstate.benchmarks.rescale", "localstate rescale 4 -> 6 vs a full restore of the same state"),
 }
 """``suite name → (module exposing run(quick, repeats), description)``."""
 

@@ -60,7 +60,7 @@ from .engine import ChangeRecord, StoreSpec
 from .errors import ChangelogError, ConfigError, CorruptionError, InvalidValueError, LocalStateError
 from .faults import fault_point
 from .locking import FileLock, io_error
-from .partitioning import task_for
+from .partitioning import spark_hash
 from .registry import resolve_factory
 from .serdes import get_serde
 from .storage import _store_meta, check_input_position, open_system
@@ -427,7 +427,9 @@ def _route_store(
                     )
                 try:
                     value = route(k[:-suffix] if suffix else k)
-                    home = task_for(value, job.old, as_int32=int32)
+                    # task_for(value, n) is spark_hash(value) % n: hash once for both counts.
+                    h = spark_hash(value, as_int32=int32)
+                    home = h % job.old
                 except LocalStateError as e:
                     raise type(e)(f"store {spec.name!r} partition {p}: key {k!r}: {e}. Nothing was changed.") from e
                 except Exception as e:
@@ -442,7 +444,7 @@ def _route_store(
                         f"watermark, or keys with the input key inside: set stores.{spec.name}.rescale.key = key[i]). "
                         "Its state cannot be moved with the rows. Nothing was changed."
                     )
-                out[task_for(value, job.new, as_int32=int32)][k] = v
+                out[h % job.new][k] = v
     if shared:
         for target in out:
             target.update(shared)
