@@ -476,3 +476,27 @@ def test_a_kafka_changelog_is_refused(tmp_path):
                                "systems.kafka.bootstrap.servers": "127.0.0.1:9"})
     with pytest.raises(ConfigError, match="rescale supports the file changelog; systems.kafka is"):
         rescale(config, 6)
+
+
+def test_cli_input_positions(tmp_path):
+    config = Config.from_dict(job_values(tmp_path))
+    for p in range(4):
+        with TaskStorage(config, p) as storage:
+            storage.commit({"offset": p}, version=3)
+    props = tmp_path / "job.properties"
+    props.write_text("".join(f"{k} = {v}\n" for k, v in job_values(tmp_path).items()))
+    runner = CliRunner()
+    out = runner.invoke(cli, ["rescale", "-c", str(props), "--to", "2", "--input-position", "{offset: 1"])
+    assert out.exit_code == 2 and "is not JSON" in out.output
+    out = runner.invoke(cli, ["rescale", "-c", str(props), "--to", "2", "--input-position", "1", "--spark-runner"])
+    assert out.exit_code == 2 and "not both" in out.output
+    out = runner.invoke(cli, ["rescale", "-c", str(props), "--to", "2"])
+    assert out.exit_code == 1 and "input positions differ" in out.output
+    assert Config.load(props).partitions == 4
+    out = runner.invoke(cli, ["rescale", "-c", str(props), "--to", "2", "--spark-runner"])
+    assert out.exit_code == 0, out.output
+    new = Config.load(props)
+    assert new.partitions == 2
+    with TaskStorage(new, 1) as storage:
+        assert storage.checkpoint.version == 3
+        assert storage.checkpoint.input_position == {"batch_id": 3, "rows": 0, "rescaled_from": 4}

@@ -394,6 +394,8 @@ class StatefulJob:
                     f"earlier run (version {latest}) did not finish. Run it again with the same input to "
                     f"complete it: job.run(df, version={latest}); tasks that committed it roll back and "
                     "apply it again, the others apply it once"
+                    + (" (tasks without any commit beside committed ones: if the job was rescaled with "
+                       "`localstate rescale --to N`, set job.partitions = N)" if None in done else "")
                 )
             (last,) = done if done else (None,)
             version = 0 if last is None else last + 1
