@@ -17,17 +17,15 @@ each from a fresh copy of the job's directories:
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from localstate import Config, TaskStorage
 from localstate.partitioning import task_for
-from localstate.registry import available
 from localstate.rescale import rescale
 
-from .runner import error_row, make_row
+from .runner import make_row, rows_per_engine
 
 __all__ = ["run"]
 
@@ -109,17 +107,6 @@ def _measure(engine: str, records: int, repeats: int, root: Path) -> list[dict[s
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     """Rows for every installed engine of :data:`ENGINES`."""
     records = QUICK_RECORDS if quick else FULL_RECORDS
-    installed = available()
-    rows: list[dict[str, Any]] = []
-    for engine in ENGINES:
-        if not installed.get(engine, {}).get("installed"):
-            continue
-        root = Path(tempfile.mkdtemp(prefix="localstate-rescale-"))
-        try:
-            rows += _measure(engine, records, repeats, root)
-        except Exception as e:  # one engine's failure is a cell, not the end of the suite
-            rows.append(error_row(f"rescale {OLD} -> {NEW}", engine, {"records": records}, "records/s",
-                                  f"{type(e).__name__}: {e}"))
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-    return rows
+    return rows_per_engine(ENGINES, lambda engine, root: _measure(engine, records, repeats, root),
+                           workload=f"rescale {OLD} -> {NEW}", params={"records": records}, unit="records/s",
+                           prefix="localstate-rescale-")
