@@ -25,8 +25,10 @@ from localstate import (
     LocalStateError,
     StoreLockedError,
     TaskStorage,
+    register_engine,
 )
 from localstate.cli import cli
+from localstate.engines.memory import MemoryEngineFactory
 from localstate.partitioning import task_for
 from localstate.rescale import rescale, update_config_file
 
@@ -500,3 +502,18 @@ def test_cli_input_positions(tmp_path):
     with TaskStorage(new, 1) as storage:
         assert storage.checkpoint.version == 3
         assert storage.checkpoint.input_position == {"batch_id": 3, "rows": 0, "rescaled_from": 4}
+
+
+def test_a_plug_in_that_declares_its_layout_is_rescaled_and_one_that_does_not_is_refused(tmp_path):
+    config = seeded_job(tmp_path / "a", "localstate.contrib.sqlite_engine:SQLiteEngineFactory")
+    assert state_of(rescale(config, 6).config) == expected(6)
+
+    class Undeclared(MemoryEngineFactory):
+        """A plug-in that says nothing about how its records split."""
+
+    register_engine("undeclared-rescale-test", Undeclared, clobber=True)
+    config = seeded_job(tmp_path / "b", "undeclared-rescale-test")
+    digest = tree_digest(tmp_path / "b")
+    with pytest.raises(ConfigError, match="engine 'undeclared-rescale-test' does not say how its change records split"):
+        rescale(config, 6)
+    assert tree_digest(tmp_path / "b") == digest
