@@ -517,3 +517,23 @@ def test_a_plug_in_that_declares_its_layout_is_rescaled_and_one_that_does_not_is
     with pytest.raises(ConfigError, match="engine 'undeclared-rescale-test' does not say how its change records split"):
         rescale(config, 6)
     assert tree_digest(tmp_path / "b") == digest
+
+
+def test_a_pending_rescale_to_another_count_must_be_finished_first(tmp_path):
+    config = seeded_job(tmp_path)
+    assert _rescale_in_child(tmp_path, 6, "rescale.after_manifest=kill") == -9
+    with pytest.raises(LocalStateError, match="an earlier rescale from 4 to 6 partitions was committed but not "
+                                              "finished .*finish it first with --to 6"):
+        rescale(config, 3)
+    assert state_of(rescale(config, 6).config) == expected(6)
+
+
+def test_an_unreadable_manifest_is_an_error_naming_it(tmp_path):
+    config = seeded_job(tmp_path)
+    assert _rescale_in_child(tmp_path, 6, "rescale.after_manifest=kill") == -9
+    manifest = tmp_path / "changelog" / "_rescale" / "clicks" / "manifest.json"
+    manifest.write_bytes(b"{not json")
+    digest = tree_digest(tmp_path)
+    with pytest.raises(LocalStateError, match=f"{manifest} is unreadable"):
+        rescale(config, 6)
+    assert tree_digest(tmp_path) == digest
