@@ -537,3 +537,18 @@ def test_an_unreadable_manifest_is_an_error_naming_it(tmp_path):
     with pytest.raises(LocalStateError, match=f"{manifest} is unreadable"):
         rescale(config, 6)
     assert tree_digest(tmp_path) == digest
+
+
+@pytest.mark.parametrize("factory", ["memory", "rocksdb"])
+def test_an_empty_store_and_empty_new_tasks_open_and_commit(tmp_path, factory):
+    config = Config.from_dict({**job_values(tmp_path, factory), "stores.empty.factory": factory})
+    run_tasks(config, {"user-1": {"n": 1}}, version=0)
+    new = rescale(config, 5).config
+    for round_ in range(2):  # open, commit, reopen: empty partitions behind a horizon past their end
+        for q in range(5):
+            with TaskStorage(new, q) as storage:
+                with storage.store("empty").all() as items:
+                    assert list(items) == []
+                with storage.store("counts").all() as items:
+                    assert dict(items) == ({"user-1": {"n": 1}} if task_for("user-1", 5) == q else {})
+                storage.commit("same", version=1 + round_)
