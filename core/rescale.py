@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import logging
+import numbers
 import os
 import re
 import shutil
@@ -207,9 +208,10 @@ class _Job:
         return self.root / "_checkpoints" / self.config.job_name
 
 
-def _check_target(to: Any, old: int) -> int:
-    if isinstance(to, bool) or not isinstance(to, int):
+def _check_target(to: Any) -> int:
+    if isinstance(to, bool) or not isinstance(to, numbers.Integral):
         raise InvalidValueError(f"rescale target must be an int >= 1, got {to!r} ({type(to).__name__})")
+    to = int(to)  # numpy integers are fine, as for TaskStorage partitions
     if to < 1:
         raise InvalidValueError(f"rescale target must be an int >= 1, got {to}")
     return to
@@ -218,7 +220,7 @@ def _check_target(to: Any, old: int) -> int:
 def _job(config: Config, to: Any) -> _Job:
     if not isinstance(config, Config):
         raise TypeError(f"rescale needs a localstate.Config, got {type(config).__name__}")
-    to = _check_target(to, config.partitions)
+    to = _check_target(to)
     from localstate.changelog.file import FileChangelogSystem
 
     unlogged = sorted(n for n, s in config.stores.items() if s.changelog is None)

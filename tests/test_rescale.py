@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from localstate import (
@@ -282,7 +283,7 @@ def test_one_old_task_needs_the_key_mapping_said(tmp_path):
     with pytest.raises(ConfigError, match="with one old task nothing shows"):
         rescale(config, 3)
     config = config.with_overrides({"stores.counts.rescale.key": "key"})
-    assert state_of(rescale(config, 3).config) == expected(3)
+    assert state_of(rescale(config, np.int64(3)).config) == expected(3)  # numpy ints are ints
 
 
 @pytest.mark.parametrize("bad", ["key[x]", "value", "key[1]"])
