@@ -54,3 +54,31 @@ def test_rescaled_job_equals_a_job_run_at_the_new_count_from_the_start(spark, tm
         with pytest.raises(Exception, match=f"has {to} partitions but the job has job.partitions = 4|"
                                             "if the job was rescaled with `localstate rescale --to N`"):
             _run(spark, old, second)
+
+
+def test_cli_rescale_on_spark(spark, tmp_path):
+    """``localstate rescale --spark``: the same result as the library path, config file updated."""
+    from click.testing import CliRunner
+    from localstate import Config, TaskStorage
+    from localstate.cli import cli
+
+    props = tmp_path / "job.properties"
+    values = {"job.name": "cli", "job.partitions": 4, "job.state.dir": str(tmp_path / "state"),
+              "systems.file.path": str(tmp_path / "changelog"), "stores.counts.factory": "rocksdb",
+              "stores.counts.key.serde": "string", "stores.counts.msg.serde": "long"}
+    props.write_text("".join(f"{k} = {v}\n" for k, v in values.items()))
+    config = Config.load(props)
+    users = [f"u{i}" for i in range(500)]
+    for p in range(4):
+        with TaskStorage(config, p) as storage:
+            storage.store("counts").put_all([(u, i) for i, u in enumerate(users) if task_for(u, 4) == p])
+            storage.commit("pos", version=2)
+    master = spark.sparkContext.master
+    out = CliRunner().invoke(cli, ["rescale", "-c", str(props), "--to", "2", "--spark", "--master", master])
+    assert out.exit_code == 0, out.output
+    new = Config.load(props)
+    assert new.partitions == 2
+    for q in range(2):
+        with TaskStorage(new, q) as storage:
+            with storage.store("counts").all() as items:
+                assert dict(items) == {u: i for i, u in enumerate(users) if task_for(u, 2) == q}
