@@ -18,16 +18,14 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 from localstate import Config, TaskStorage
-from localstate.registry import available
 
-from .runner import error_row, make_row
+from .runner import make_row, rows_per_engine
 
 __all__ = ["run"]
 
@@ -112,16 +110,6 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     """Rows for every installed key-value engine of :data:`ENGINES`."""
     records = QUICK_RECORDS if quick else FULL_RECORDS
     every = records // 20
-    installed = available()
-    rows: list[dict[str, Any]] = []
-    for engine in ENGINES:
-        if not installed.get(engine, {}).get("installed"):
-            continue
-        root = Path(tempfile.mkdtemp(prefix="localstate-recovery-"))
-        try:
-            rows += _measure(engine, records, every, repeats, root)
-        except Exception as e:  # one engine's failure is a cell, not the end of the suite
-            rows.append(error_row("reopen after SIGKILL", engine, {"records": records}, "s", f"{type(e).__name__}: {e}"))
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-    return rows
+    return rows_per_engine(ENGINES, lambda engine, root: _measure(engine, records, every, repeats, root),
+                           workload="reopen after SIGKILL", params={"records": records}, unit="s",
+                           prefix="localstate-recovery-")

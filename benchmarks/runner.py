@@ -36,6 +36,7 @@ __all__ = [
     "BenchParams",
     "make_row",
     "error_row",
+    "rows_per_engine",
     "normalize_row",
     "time_trials",
     "machine_info",
@@ -143,6 +144,37 @@ def make_row(
         "error": None,
         "notes": notes,
     }
+
+
+def rows_per_engine(
+    engines: Iterable[str],
+    measure: Callable[[str, Path], list[dict[str, Any]]],
+    *,
+    workload: str,
+    params: dict[str, Any],
+    unit: str,
+    prefix: str,
+) -> list[dict[str, Any]]:
+    """``measure(engine, scratch_dir)`` for every installed engine of ``engines``, each in
+    its own temporary directory (removed after); a failing engine becomes one error row
+    of ``workload``, not the end of the suite."""
+    import tempfile
+
+    from localstate.registry import available
+
+    installed = available()
+    rows: list[dict[str, Any]] = []
+    for engine in engines:
+        if not installed.get(engine, {}).get("installed"):
+            continue
+        root = Path(tempfile.mkdtemp(prefix=prefix))
+        try:
+            rows += measure(engine, root)
+        except Exception as e:
+            rows.append(error_row(workload, engine, params, unit, f"{type(e).__name__}: {e}"))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return rows
 
 
 def error_row(workload: str, engine: str, params: dict[str, Any], unit: str, error: str, notes: str = "") -> dict[str, Any]:

@@ -692,7 +692,8 @@ class FileChangelogSystem(ChangelogSystem):
                     raise ChangelogError(
                         f"changelog stream {stream!r} at {sdir} has {have} partitions but the job has "
                         f"job.partitions = {partitions}; state is partitioned by task, so the counts must "
-                        "match. Set job.partitions back, or use a new changelog stream."
+                        f"match. Set job.partitions = {have} (`localstate rescale --to N` changes the count of a "
+                        "stopped job), or use a new changelog stream."
                     )
             else:
                 try:

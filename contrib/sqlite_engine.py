@@ -41,6 +41,7 @@ from localstate import (
     StoreLockedError,
     StoreSpec,
 )
+from localstate.rescale import RecordLayout
 
 __all__ = ["SQLiteEngine", "SQLiteEngineFactory", "SQLiteOptions"]
 
@@ -231,6 +232,8 @@ class SQLiteEngineFactory(StorageEngineFactory):
     options_prefix = "sqlite"
     options_type = SQLiteOptions
     description = "example plug-in: sqlite3 (WAL), offset stored in the same transaction as the data"
+    rescale_layout = RecordLayout()
+    """Its change records are ``key -> value``: ``localstate rescale`` may split them by key."""
 
     def create(self, spec: StoreSpec, context: StoreContext) -> SQLiteEngine:
         return SQLiteEngine(context.directory / "store.sqlite", spec.name, spec.options)

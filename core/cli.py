@@ -587,6 +587,62 @@ def dump(config_path: str | None, overrides: tuple[str, ...], partition: int | N
         raise click.ClickException(str(e)) from e
 
 
+@cli.command("rescale")
+@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), required=True,
+              help=".toml or .properties job config (its job.partitions is updated when done)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
+@click.option("--to", "to", type=click.IntRange(min=1), required=True, help="the new partition (task) count")
+@click.option("--input-position", "input_position", default=None, metavar="JSON",
+              help="the input position every new task resumes from [default: the old tasks' common one]")
+@click.option("--spark-runner", is_flag=True,
+              help="the job is run by StatefulJob: new tasks resume after the committed micro-batch")
+@click.option("--spark", "use_spark", is_flag=True, help="read, route and write the state on Spark executors")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master for --spark")
+@click.option("--keep-config", is_flag=True, help="do not rewrite job.partitions in the config file")
+def rescale_command(config_path: str, overrides: tuple[str, ...], to: int, input_position: str | None,
+                    spark_runner: bool, use_spark: bool, master: str, keep_config: bool) -> None:
+    """Re-partition a stopped job's committed state into --to tasks (docs/rescale.md).
+
+    Every key's state moves to the task Spark routes its rows to. Refuses (changing
+    nothing) while the job runs, when its tasks are not at one commit, or when a
+    store cannot be split. A crash midway leaves the old job intact, or a rescale
+    that running the same command again completes.
+    """
+    from .rescale import SAME_POSITION, rescale, update_config_file
+
+    if input_position is not None and spark_runner:
+        raise click.BadParameter("give --input-position or --spark-runner, not both")
+    position: Any = SAME_POSITION
+    if input_position is not None:
+        try:
+            position = json.loads(input_position)
+        except ValueError as e:
+            raise click.BadParameter(f"{input_position!r} is not JSON: {e}", param_hint="--input-position") from e
+    elif spark_runner:
+        from localstate.contrib.spark.streaming import rescaled_position
+
+        position = rescaled_position
+    config = _load_config(config_path, overrides)
+    spark = None
+    if use_spark:
+        from localstate.contrib.spark.runner import spark_session
+
+        spark = spark_session(master, app_name=f"localstate-rescale-{config.job_name}")
+    try:
+        result = rescale(config, to, input_position=position, spark=spark)
+        if not keep_config:
+            update_config_file(config_path, to)
+    except LocalStateError as e:
+        raise click.ClickException(str(e)) from e
+    if result.already_done:
+        click.echo(f"{config.job_name}: already at {to} partitions; job.partitions updated")
+        return
+    click.echo(f"{config.job_name}: rescaled from {result.from_partitions} to {result.to_partitions} partitions at "
+               f"version {result.version} in {result.seconds:.2f}s; records per store: {result.records}")
+    if keep_config:
+        click.echo(f"set job.partitions = {to} in {config_path} before the job runs again")
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Entry point (``localstate`` and ``python -m localstate``); errors are one line and exit code 1."""
     try:

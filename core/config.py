@@ -52,6 +52,7 @@ STORE_KEYS: dict[str, tuple[type, Any]] = {
     "msg.serde": (str, "bytes"),
     "object.cache.size": (int, 1000),
     "write.batch.size": (int, 500),
+    "rescale.key": (str, "key"),  # how `localstate rescale` finds the input key in a store key
 }
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]*$")
 _VALIDATED_PREFIXES = ("job.", "stores.", "systems.")

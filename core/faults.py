@@ -39,6 +39,10 @@ FAULT_POINTS = (
     "compaction.mid",
     "restore.mid",
     "changelog.append",
+    "rescale.staging",
+    "rescale.before_manifest",
+    "rescale.after_manifest",
+    "rescale.swap",
 )
 
 _armed: dict[str, list] = {}

@@ -364,3 +364,19 @@ def test_partitions_out_of_range_are_refused_before_anything_is_touched(tmp_path
         assert result.exit_code == 2, result.output
         assert "[3] out of range: job.partitions = 1" in result.output
     assert not (tmp_path / "state" / "clijob" / "counts" / "3").exists()
+
+
+def test_a_deleted_first_segment_is_a_problem_not_a_silent_partial_restore(tmp_path):
+    props = _rocks_props(tmp_path, segment_bytes=4096)
+    _fill_rounds(props, 30)
+    rk_dir = tmp_path / "state" / "clijob" / "rk" / "0"
+    files = sorted(p.name for p in rk_dir.iterdir())
+    first = min((tmp_path / "changelog" / "clijob-rk" / "0").glob("*.log"))
+    first.unlink()
+    checked = CliRunner().invoke(cli, ["verify", "-c", str(props)])
+    assert checked.exit_code == 1 and "are missing" in checked.output
+    wiped = CliRunner().invoke(cli, ["restore", "-c", str(props), "--wipe"], env=WIDE)
+    assert wiped.exit_code == 1 and "not wiping" in wiped.output
+    assert sorted(p.name for p in rk_dir.iterdir()) == files
+    kept = CliRunner().invoke(cli, ["restore", "-c", str(props)], env=WIDE)
+    assert kept.exit_code == 1 and "offsets 0.." in kept.output and "records" not in kept.output

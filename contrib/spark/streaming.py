@@ -36,6 +36,7 @@ rebuild from the changelog).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from localstate import Checkpoint, Config, ConfigError, LocalStateError, TaskStorage
@@ -49,9 +50,11 @@ __all__ = [
     "prepare_version",
     "stream_position",
     "committed_batches",
+    "rescaled_position",
 ]
 
 _PREVIOUS = "previous"
+_RESCALED = "rescaled_from"
 
 
 def stream_position(batch_id: int, rows: int, previous: Checkpoint | None) -> dict[str, Any]:
@@ -64,6 +67,21 @@ def stream_position(batch_id: int, rows: int, previous: Checkpoint | None) -> di
             pos = {k: v for k, v in pos.items() if k != _PREVIOUS}
         prev = {"version": previous.version, "input_position": pos, "offsets": dict(previous.offsets)}
     return {"batch_id": batch_id, "rows": rows, _PREVIOUS: prev}
+
+
+def rescaled_position(version: int, positions: Mapping[int, Any]) -> dict[str, Any]:
+    """The ``input_position`` of every task after ``localstate rescale`` of a job run by
+    :class:`StatefulJob` (``rescale(config, to, input_position=rescaled_position)``).
+
+    The runner's positions are per task (rows consumed, the checkpoint to roll back
+    to) while the input position that matters — Spark's, per micro-batch — is one for
+    the whole job: the version all old tasks committed. The new tasks record that
+    version with no rollback record, so a re-run of that very batch is refused (the
+    state before it no longer exists per new task) instead of applied to wrong state:
+    stop the query cleanly (its last batch committed in Spark's checkpoint) before
+    rescaling.
+    """
+    return {"batch_id": version, "rows": 0, _RESCALED: len(positions)}
 
 
 def prepare_version(config: Config, partition: int, batch_id: int, lock_wait_s: float = 60.0) -> bool:
@@ -80,6 +98,13 @@ def prepare_version(config: Config, partition: int, batch_id: int, lock_wait_s: 
         if current is None or current.version < batch_id:
             return False
         pos = current.input_position
+        if current.version == batch_id and isinstance(pos, dict) and _RESCALED in pos:
+            raise LocalStateError(
+                f"job {config.job_name!r} partition {partition}: micro-batch {batch_id} is the batch the job was "
+                f"rescaled at (from {pos[_RESCALED]} tasks); its input cannot be applied again because the state "
+                "before it exists only for the old tasks. Run the next batch (version "
+                f"{batch_id + 1}), or restore the pre-rescale state to re-run it"
+            )
         if current.version > batch_id or not isinstance(pos, dict) or _PREVIOUS not in pos:
             raise LocalStateError(
                 f"job {config.job_name!r} partition {partition}: localstate committed version "
@@ -176,6 +201,8 @@ def next_version(config: Config, version: int | None = None) -> int:
             f"earlier run (version {latest}) did not finish. Run it again with the same input to "
             f"complete it: job.run(df, version={latest}); tasks that committed it roll back and "
             "apply it again, the others apply it once"
+            + (" (tasks without any commit beside committed ones: if the job was rescaled with "
+               "`localstate rescale --to N`, set job.partitions = N)" if None in done else "")
         )
     (last,) = done if done else (None,)
     return 0 if last is None else last + 1

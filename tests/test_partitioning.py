@@ -1,0 +1,84 @@
+"""``localstate.partitioning.task_for`` equals Spark's own routing of rows to tasks
+(``df.repartition(N, key)``, as StatefulJob does) on a real local Spark session, for
+every key type it supports: rescale relies on it to put state where its rows go."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from localstate import InvalidValueError
+from localstate.partitioning import spark_hash, task_for
+
+
+def _strings() -> list[str | None]:
+    rng = random.Random(5)
+    alphabet = "abcXYZ019 _-é€𝄞\x00"
+    out: list[str | None] = ["", "a", "ab", "abc", "abcd", "abcde", "user-1", "ü", "€€€", "𝄞", None]
+    out += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 23))) for _ in range(300)]
+    return out
+
+
+def _longs() -> list[int | None]:
+    rng = random.Random(6)
+    edge = [0, 1, -1, 2**31 - 1, -(2**31), 2**31, 2**32, 2**63 - 1, -(2**63), None]
+    return edge + [rng.randrange(-(2**63), 2**63) for _ in range(300)] + list(range(-50, 50))
+
+
+def _spark_tasks(spark, column: pa.Array, partitions: int) -> list[tuple[object, int]]:
+    """(key, task) pairs as StatefulJob's routing puts them: repartition by the key column."""
+    from pyspark.sql import functions as F
+
+    df = spark.createDataFrame(pa.table({"k": column}))
+    rows = df.repartition(partitions, "k").select("k", F.spark_partition_id().alias("p")).collect()
+    return [(r["k"], r["p"]) for r in rows]
+
+
+@pytest.mark.parametrize("partitions", [3, 4, 6])
+def test_task_for_equals_spark_repartition(spark, partitions):
+    columns = [
+        pa.array(_strings(), pa.string()),
+        pa.array(_longs(), pa.int64()),
+        pa.array([v for v in _longs() if v is None or -(2**31) <= v < 2**31], pa.int32()),
+        pa.array([b"", b"\x00", b"\xff\xfe\x80", bytes(range(256)), b"abcdefg", None], pa.binary()),
+        pa.array([True, False, None], pa.bool_()),
+        pa.array([0.0, -0.0, 1.5, -2.25, 1e300, float("inf"), float("-inf"), None], pa.float64()),
+    ]
+    for column in columns:
+        int32 = column.type == pa.int32()
+        pairs = _spark_tasks(spark, column, partitions)
+        assert len(pairs) == len(column)
+        wrong = [(k, p, task_for(k, partitions, as_int32=int32)) for k, p in pairs
+                 if task_for(k, partitions, as_int32=int32) != p]
+        assert not wrong, f"{column.type}: {wrong[:5]}"
+
+
+def test_spark_hash_equals_sql_hash(spark):
+    from pyspark.sql import functions as F
+
+    keys = _strings()[:100]
+    rows = spark.createDataFrame(pa.table({"k": pa.array(keys, pa.string())})).select(
+        "k", F.hash("k").alias("h")).collect()
+    assert {r["k"]: r["h"] for r in rows} == {k: spark_hash(k) for k in keys}
+
+
+@pytest.mark.parametrize("bad", [1.5j, (1, 2), [1], object()])
+def test_unsupported_key_types_are_refused(bad):
+    with pytest.raises(InvalidValueError, match="cannot route key"):
+        task_for(bad, 4)
+
+
+@pytest.mark.parametrize("partitions", [0, -1, 2.0, True, "4"])
+def test_partition_count_must_be_a_positive_int(partitions):
+    with pytest.raises(InvalidValueError, match="partitions must be an int >= 1"):
+        task_for("a", partitions)
+
+
+def test_out_of_range_ints_are_refused():
+    with pytest.raises(InvalidValueError, match="int64"):
+        task_for(2**63, 4)
+    with pytest.raises(InvalidValueError, match="int32"):
+        task_for(2**31, 4, as_int32=True)
+    with pytest.raises(InvalidValueError, match="NaN"):
+        task_for(float("nan"), 4)

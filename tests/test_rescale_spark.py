@@ -1,0 +1,84 @@
+"""The issue's proof on a real local Spark session: run an example job at 4 partitions,
+rescale it to 6 and to 3 (the latter as a Spark job, ``rescale(spark=...)``), run on,
+and compare state and output with the same job run at the new count from the start.
+Library-level cases (each engine, each refusal, crashes) are in tests/test_rescale.py."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from localstate.contrib.spark import StatefulJob
+from localstate.contrib.spark.job_joins import ProfileSettingsJoin
+from localstate.contrib.spark.jobs import job_config, snapshot_state
+from localstate.contrib.spark.streaming import committed_batches, rescaled_position
+from localstate.contrib.spark.workload import generate
+from localstate.partitioning import task_for
+from localstate.rescale import rescale
+
+TASK = ProfileSettingsJoin
+
+
+def _run(spark, config, table: pa.Table) -> list[tuple]:
+    job = StatefulJob(config, TASK, key=TASK.KEY, output_schema=TASK.OUTPUT_SCHEMA)
+    out = job.run(spark.createDataFrame(table)).toArrow()
+    return sorted(tuple(r.values()) for r in out.to_pylist())
+
+
+def test_rescaled_job_equals_a_job_run_at_the_new_count_from_the_start(spark, tmp_path):
+    table = TASK.input_table(generate(3_000, seed=11))
+    first, second = table.slice(0, table.num_rows // 2), table.slice(table.num_rows // 2)
+    for to, on_spark in ((6, False), (3, True)):
+        old = job_config(TASK, tmp_path / f"to{to}", partitions=4)
+        _run(spark, old, first)
+        result = rescale(old, to, input_position=rescaled_position, spark=spark if on_spark else None)
+        new = result.config
+        assert (result.from_partitions, result.to_partitions, result.version) == (4, to, 0)
+        assert set(committed_batches(new).values()) == {0}
+        direct = job_config(TASK, tmp_path / f"direct{to}", partitions=to)
+        _run(spark, direct, first)
+        # Every key's state sits in the task Spark routes its rows to ...
+        rescaled_state, direct_state = snapshot_state(new), snapshot_state(direct)
+        for (store, q), items in rescaled_state.items():
+            assert all(task_for(k.decode(), to) == q for k in items), store
+        assert rescaled_state == direct_state
+        # The batch the job was rescaled at cannot be applied again (its pre-state is gone) ...
+        job = StatefulJob(new, TASK, key=TASK.KEY, output_schema=TASK.OUTPUT_SCHEMA)
+        with pytest.raises(Exception, match="micro-batch 0 is the batch the job was rescaled at"):
+            job.run(spark.createDataFrame(first), version=0)
+        # ... and running on gives what the job at the new count gives.
+        out_rescaled, out_direct = _run(spark, new, second), _run(spark, direct, second)
+        assert out_rescaled and out_rescaled == out_direct
+        assert snapshot_state(new) == snapshot_state(direct)
+        # The old count no longer runs (after a scale-down StatefulJob.run already refuses on the
+        # missing checkpoint of old task 3, before a task opens the changelog).
+        with pytest.raises(Exception, match=f"has {to} partitions but the job has job.partitions = 4|"
+                                            "if the job was rescaled with `localstate rescale --to N`"):
+            _run(spark, old, second)
+
+
+def test_cli_rescale_on_spark(spark, tmp_path):
+    """``localstate rescale --spark``: the same result as the library path, config file updated."""
+    from click.testing import CliRunner
+    from localstate import Config, TaskStorage
+    from localstate.cli import cli
+
+    props = tmp_path / "job.properties"
+    values = {"job.name": "cli", "job.partitions": 4, "job.state.dir": str(tmp_path / "state"),
+              "systems.file.path": str(tmp_path / "changelog"), "stores.counts.factory": "rocksdb",
+              "stores.counts.key.serde": "string", "stores.counts.msg.serde": "long"}
+    props.write_text("".join(f"{k} = {v}\n" for k, v in values.items()))
+    config = Config.load(props)
+    users = [f"u{i}" for i in range(500)]
+    for p in range(4):
+        with TaskStorage(config, p) as storage:
+            storage.store("counts").put_all([(u, i) for i, u in enumerate(users) if task_for(u, 4) == p])
+            storage.commit("pos", version=2)
+    master = spark.sparkContext.master
+    out = CliRunner().invoke(cli, ["rescale", "-c", str(props), "--to", "2", "--spark", "--master", master])
+    assert out.exit_code == 0, out.output
+    new = Config.load(props)
+    assert new.partitions == 2
+    for q in range(2):
+        with TaskStorage(new, q) as storage:
+            with storage.store("counts").all() as items:
+                assert dict(items) == {u: i for i, u in enumerate(users) if task_for(u, 2) == q}
