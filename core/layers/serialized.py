@@ -48,8 +48,6 @@ class SerializedStore(ForwardingStore):
         except Exception as e:
             raise describe_encode_error(self.name, "key", self.key_serde, key, e) from e
 
-    def decode_key(self, data: bytes) -> Any:
-        return self._dk(data)
 
     def put_encoded(self, entries: dict[bytes, bytes]) -> None:
         """Write already encoded pairs to the layer below (the cached layer's bulk path)."""
@@ -59,15 +57,15 @@ class SerializedStore(ForwardingStore):
         """Every value encoded in one pass; the error names the first bad value."""
         return self._encode_value_list(values)
 
-    _ek = encode_key
-
-    def _ev(self, value: Any) -> bytes:
+    def encode_value(self, value: Any) -> bytes:
+        """The encoded value, or a SerializationError naming the store and the fix."""
         try:
             return self.msg_serde.encode(value)
         except Exception as e:
             raise describe_encode_error(self.name, "value", self.msg_serde, value, e) from e
 
-    def _dv(self, data: bytes) -> Any:
+    def decode_value(self, data: bytes) -> Any:
+        """The stored value decoded; a SerializationError names the serde that failed."""
         try:
             return self.msg_serde.decode(data)
         except Exception as e:
@@ -76,7 +74,8 @@ class SerializedStore(ForwardingStore):
                 f"{self.msg_serde.name!r}: {e}. Was the store written with another msg.serde?"
             ) from e
 
-    def _dk(self, data: bytes) -> Any:
+    def decode_key(self, data: bytes) -> Any:
+        """The stored key decoded; a SerializationError names the serde that failed."""
         try:
             return self.key_serde.decode(data)
         except Exception as e:
@@ -86,7 +85,7 @@ class SerializedStore(ForwardingStore):
             ) from e
 
     def _decode_pair(self, kv: tuple[bytes, bytes]) -> tuple[Any, Any]:
-        return self._dk(kv[0]), self._dv(kv[1])
+        return self.decode_key(kv[0]), self.decode_value(kv[1])
 
     def encode_keys(self, keys: list[Any]) -> list[bytes]:
         """Every key encoded in one pass; the error names the first bad key."""
@@ -97,19 +96,19 @@ class SerializedStore(ForwardingStore):
         except SerializationError:
             raise
         except Exception:
-            return list(map(self._ek, keys))
+            return list(map(self.encode_key, keys))
 
     def _encode_value_list(self, values: list[Any]) -> list[bytes]:
         try:
             return self._encode_values(values)
         except Exception:
-            return list(map(self._ev, values))
+            return list(map(self.encode_value, values))
 
     def _decode_value_list(self, data: list[bytes]) -> list[Any]:
         try:
             return self._decode_values(data)
         except Exception:
-            return list(map(self._dv, data))
+            return list(map(self.decode_value, data))
 
     # -- KeyValueStore -------------------------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:
@@ -118,14 +117,14 @@ class SerializedStore(ForwardingStore):
                 raise TypeError("None")
             encoded = self.key_serde.encode(key)
         except Exception:
-            encoded = self._ek(key)
+            encoded = self.encode_key(key)
         data = self.inner.get(encoded)
         if data is None:
             return default
         try:
             return self.msg_serde.decode(data)
         except Exception:
-            return self._dv(data)
+            return self.decode_value(data)
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         keys = keys if isinstance(keys, list) else list(keys)
@@ -151,9 +150,9 @@ class SerializedStore(ForwardingStore):
                 raise TypeError("None")
             encoded = self.key_serde.encode(key), self.msg_serde.encode(value)
         except Exception:
-            ek = self._ek(key)
+            ek = self.encode_key(key)
             try:
-                encoded = ek, self._ev(value)
+                encoded = ek, self.encode_value(value)
             except SerializationError as e:
                 raise SerializationError(f"{e} (put of key {key!r})") from e
         self.inner.put(*encoded)
@@ -175,7 +174,7 @@ class SerializedStore(ForwardingStore):
         self.inner.put_all(dict(zip(self.encode_keys(keys), self._encode_value_list(values))))
 
     def delete(self, key: Any) -> None:
-        self.inner.delete(self._ek(key))
+        self.inner.delete(self.encode_key(key))
 
     def delete_all(self, keys: Iterable[Any]) -> None:
         keys = keys if isinstance(keys, list) else list(keys)
@@ -194,13 +193,13 @@ class SerializedStore(ForwardingStore):
 
     def range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
         self._check_ordered()
-        s = None if start is None else self._ek(start)
-        e = None if stop is None else self._ek(stop)
+        s = None if start is None else self.encode_key(start)
+        e = None if stop is None else self.encode_key(stop)
         return self.inner.range(s, e).map(self._decode_pair)
 
     def prefix(self, prefix: Any) -> KeyValueIterator[Any, Any]:
         self._check_ordered()
-        return self.inner.prefix(self._ek(prefix)).map(self._decode_pair)
+        return self.inner.prefix(self.encode_key(prefix)).map(self._decode_pair)
 
     def all(self) -> KeyValueIterator[Any, Any]:
         return self.inner.all().map(self._decode_pair)
