@@ -23,17 +23,17 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from itertools import compress, islice, repeat, starmap
-from operator import is_, is_not
+from itertools import compress, repeat
+from operator import is_not
 from pathlib import Path
+from typing import Any
 
 import plyvel
 from localstate.engine import (
     ChangeRecord,
-    KeyValueEngine,
     StorageEngineFactory,
     StoreContext,
     StoreSpec,
@@ -49,12 +49,7 @@ from localstate.errors import (
 from localstate.kv import KeyValueIterator, reject_none
 from localstate.locking import io_error, remove_tree
 
-from ._persistent import (
-    IteratorRegistry,
-    engine_lock,
-    explain_bad_key,
-    explain_bad_pairs,
-)
+from ._persistent import NativeKVEngine, deduped_chunks, explain_bad_key, explain_bad_pairs
 
 __all__ = ["LevelDBEngine", "LevelDBEngineFactory", "LevelDBOptions"]
 
@@ -62,7 +57,6 @@ log = logging.getLogger("localstate.engines.leveldb")
 _DATA_PREFIX = b"d"
 _OFFSET_KEY = b"m:offset"
 _SYNC_KEY = b"m:sync"
-_WRITE_BATCH_RECORDS = 100_000
 _BULK_CHUNK_RECORDS = 1 << 21
 _COMPRESSIONS = ("snappy", "none")
 
@@ -130,8 +124,10 @@ class LevelDBOptions:
         }
 
 
-class LevelDBEngine(KeyValueEngine):
+class LevelDBEngine(NativeKVEngine):
     """``KeyValueStore[bytes, bytes]`` over one LevelDB directory; offset kept inside."""
+
+    kind = "leveldb"
 
     def __init__(
         self,
@@ -143,32 +139,9 @@ class LevelDBEngine(KeyValueEngine):
     ) -> None:
         """``rebuildable``: the store has a changelog, so a local copy that LevelDB finds
         damaged on open is set aside and rebuilt instead of being an error."""
-        self.name = name
-        self.directory = Path(directory)
-        self.options = options or LevelDBOptions()
-        self.live_dir = self.directory / "db"
-        self._iterators = IteratorRegistry()
         self._raw: plyvel.DB | None = None
-        self._data: plyvel.DB | None = None
         self._offset_on_disk = False
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise io_error(e, "create store directory", self.directory, EngineError) from e
-        self._lock = engine_lock(self.directory, name, "leveldb")
-        try:
-            try:
-                self._open()
-            except CorruptionError as e:
-                if not rebuildable:
-                    raise
-                log.warning("leveldb store %r: the local copy at %s is damaged (%s); it is discarded and "
-                            "rebuilt from the changelog", name, self.live_dir, e)
-                remove_tree(self.live_dir)
-                self._open()
-        except BaseException:
-            self._lock.release()
-            raise
+        super().__init__(directory, name, options or LevelDBOptions(), rebuildable=rebuildable)
 
     # -- plumbing -------------------------------------------------------------------------
     def _translate(self, e: BaseException, action: str) -> LocalStateError:
@@ -203,46 +176,52 @@ class LevelDBEngine(KeyValueEngine):
         except Exception as e:
             raise self._translate(e, "open the database") from e
         self._raw = raw
-        self._data = data = raw.prefixed_db(_DATA_PREFIX)
+        self._db = data = raw.prefixed_db(_DATA_PREFIX)
         self._verify = self.options.verify_checksums
         self._get = partial(data.get, verify_checksums=True) if self._verify else data.get
         self._offset_on_disk = raw.get(_OFFSET_KEY, verify_checksums=True) is not None
 
-    def _close_db(self) -> None:
-        self._iterators.close_all()
-        raw, self._raw, self._data = self._raw, None, None
+    def _close_native(self) -> None:
+        raw, self._raw, self._db = self._raw, None, None
         if raw is not None:
             try:
                 raw.close()
             except Exception as e:
                 raise self._translate(e, "close the database") from e
 
-    def _d(self) -> plyvel.DB:
-        data = self._data
-        if data is None:
-            raise StoreClosedError(f"store {self.name!r} (leveldb engine at {self.live_dir}) is closed")
-        return data
-
-    def _w(self) -> plyvel.DB:
+    def _require_writable(self) -> plyvel.DB:
         """The data namespace, for a write: the on-disk offset goes first (see module doc)."""
-        data = self._d()
+        data = self._require_open()
         if self._offset_on_disk:
             assert self._raw is not None
             self._raw.delete(_OFFSET_KEY)
             self._offset_on_disk = False
         return data
 
+    def _new_batch(self) -> Any:
+        return self._require_open().write_batch()
+
+    def _discard_batch(self, batch: Any) -> None:
+        batch.clear()
+
+    def _write_batch(self, batch: Any) -> None:
+        self._require_writable()
+        try:
+            batch.write()
+        except Exception as e:
+            raise self._translate(e, "write a batch") from e
+
     def persisted_offset(self) -> int | None:
         """The changelog offset the database equals, or ``None`` if it was written since."""
-        self._d()
+        self._require_open()
         assert self._raw is not None
         raw = self._raw.get(_OFFSET_KEY)
         return None if raw is None else int(raw)
 
     # -- KeyValueStore --------------------------------------------------------------------------
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        if self._data is None:
-            self._d()
+        if self._db is None:
+            self._require_open()
         try:
             v = self._get(key)
             return default if v is None else v
@@ -251,7 +230,7 @@ class LevelDBEngine(KeyValueEngine):
             raise self._translate(e, "get") from e
 
     def get_all(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
-        self._d()
+        self._require_open()
         keys = keys if isinstance(keys, list) else list(keys)
         try:
             values = list(map(self._get, keys))
@@ -264,61 +243,20 @@ class LevelDBEngine(KeyValueEngine):
     def put(self, key: bytes, value: bytes) -> None:
         if value is None:
             reject_none(self.name, key, value)
-        data = self._w()
+        data = self._require_writable()
         try:
             data.put(key, value)
         except Exception as e:
             explain_bad_pairs(self.name, [(key, value)])
             raise self._translate(e, "put") from e
 
-    def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
-        if not isinstance(entries, (Mapping, list, tuple)):
-            entries = list(entries)
-        if not entries:
-            self._d()
-            return
-        batch = self._d().write_batch()
-        try:
-            if isinstance(entries, Mapping):
-                deque(map(batch.put, entries.keys(), entries.values()), 0)
-            else:
-                deque(starmap(batch.put, entries), 0)
-        except Exception as e:
-            batch.clear()
-            explain_bad_pairs(self.name, entries.items() if isinstance(entries, Mapping) else entries)
-            raise self._translate(e, "build a write batch") from e
-        self._w()
-        try:
-            batch.write()
-        except Exception as e:
-            raise self._translate(e, "write a batch") from e
-
     def delete(self, key: bytes) -> None:
-        data = self._w()
+        data = self._require_writable()
         try:
             data.delete(key)
         except Exception as e:
             explain_bad_key(self.name, key)
             raise self._translate(e, "delete") from e
-
-    def delete_all(self, keys: Iterable[bytes]) -> None:
-        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
-        if not keys:
-            self._d()
-            return
-        batch = self._d().write_batch()
-        try:
-            deque(map(batch.delete, keys), 0)
-        except Exception as e:
-            batch.clear()
-            for k in keys:
-                explain_bad_key(self.name, k)
-            raise self._translate(e, "build a write batch") from e
-        self._w()
-        try:
-            batch.write()
-        except Exception as e:
-            raise self._translate(e, "write a batch") from e
 
     def _scan(self, native: plyvel.Iterator) -> Iterator[tuple[bytes, bytes]]:
         try:
@@ -330,112 +268,43 @@ class LevelDBEngine(KeyValueEngine):
         finally:
             native.close()
 
-    def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
-        data = self._d()
-        for bound in (start, stop):
-            if bound is not None:
-                explain_bad_key(self.name, bound)
-        what = f"store {self.name!r} iterator"
-        if start is not None and stop is not None and start >= stop:
-            return self._iterators.open((), what)
-        native = data.iterator(start=start, stop=stop, verify_checksums=self._verify)
-        return self._iterators.open(self._scan(native), what)
+    def _iterate(self, db: plyvel.DB, start: bytes | None, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        # the native iterator is created now (LevelDB snapshots at creation): the iterator rule
+        return self._scan(db.iterator(start=start, stop=stop, verify_checksums=self._verify))
 
     def prefix(self, prefix: bytes) -> KeyValueIterator[bytes, bytes]:
-        data = self._d()
+        data = self._require_open()
         explain_bad_key(self.name, prefix)
         native = data.iterator(prefix=prefix, verify_checksums=self._verify)
         return self._iterators.open(self._scan(native), f"store {self.name!r} iterator")
 
-    def all(self) -> KeyValueIterator[bytes, bytes]:
-        return self.range(None, None)
-
     def flush(self) -> None:
         """Sync LevelDB's log: every write so far survives a machine crash."""
-        self._d()
+        self._require_open()
         assert self._raw is not None
         try:
             self._raw.put(_SYNC_KEY, b"", sync=True)
         except Exception as e:
             raise self._translate(e, "flush") from e
 
-    def close(self) -> None:
-        """Close open iterators, then the database, then release the lock; idempotent."""
-        if self._raw is None:
-            return
-        try:
-            self._close_db()
-        finally:
-            self._lock.release()
-
     # -- StorageEngine --------------------------------------------------------------------------
-    def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
-        """Apply change records in order; deduplicated sorted batches when the store is empty.
-
-        TaskStorage then calls ``persist(C)`` (flush + snapshot at ``C``), so reopening
-        before the next commit replays nothing.
-        """
-        data = self._w()
-        try:
-            if into_empty and self._is_empty(data):
-                self._bulk_load(data, iter(records))
-            else:
-                self._apply_batches(data, records)
-        except LocalStateError:
-            raise
-        except Exception as e:
-            raise self._translate(e, "restore") from e
-
-    @staticmethod
-    def _is_empty(data: plyvel.DB) -> bool:
-        with data.iterator(include_value=False) as it:
-            return next(it, None) is None
-
-    @staticmethod
-    def _apply_batches(data: plyvel.DB, records: Iterable[ChangeRecord]) -> None:
-        batch = data.write_batch()
-        put, delete = batch.put, batch.delete
-        n = 0
-        for k, v in records:
-            if v is None:
-                delete(k)
-            else:
-                put(k, v)
-            n += 1
-            if n == _WRITE_BATCH_RECORDS:
-                batch.write()
-                batch = data.write_batch()
-                put, delete = batch.put, batch.delete
-                n = 0
-        if n:
-            batch.write()
-
-    @staticmethod
-    def _bulk_load(data: plyvel.DB, records: Iterator[ChangeRecord]) -> None:
+    def _bulk_load(self, data: plyvel.DB, records: Iterator[ChangeRecord]) -> None:
         """Dedupe each chunk (last write wins), then write its live keys in sorted batches
         (sorted input keeps LevelDB's compactions trivial); later chunks' tombstones are
         applied as deletes."""
-        first = True
-        while True:
-            latest = dict(islice(records, _BULK_CHUNK_RECORDS))
-            if not latest:
-                return
-            dead = list(compress(latest.keys(), map(is_, latest.values(), repeat(None))))
-            for k in dead:
-                del latest[k]
-            keys = sorted(latest)
+        step = self.write_batch_records
+        for chunk_no, (keys, latest, dead) in enumerate(deduped_chunks(records, _BULK_CHUNK_RECORDS)):
             value_of = latest.__getitem__
-            for i in range(0, len(keys), _WRITE_BATCH_RECORDS):
-                part = keys[i : i + _WRITE_BATCH_RECORDS]
+            for i in range(0, len(keys), step):
+                part = keys[i : i + step]
                 batch = data.write_batch()
                 deque(map(batch.put, part, map(value_of, part)), 0)
                 batch.write()
-            if dead and not first:
+            if dead and chunk_no:
                 batch = data.write_batch()
                 deque(map(batch.delete, dead), 0)
                 batch.write()
-            first = False
-            del latest, keys, dead
+            del keys, latest, dead
 
     def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
         """Keep the database if its persisted offset ``L`` is in ``[min_valid, C]``; else wipe.
@@ -460,7 +329,7 @@ class LevelDBEngine(KeyValueEngine):
 
     def checkpoint(self, offset: int) -> None:
         """Write ``offset`` as the database's changelog offset (synced, after all data)."""
-        self._d()
+        self._require_open()
         assert self._raw is not None
         try:
             self._raw.put(_OFFSET_KEY, b"%d" % offset, sync=True)
@@ -470,18 +339,13 @@ class LevelDBEngine(KeyValueEngine):
 
     def wipe(self) -> None:
         """Delete the database and reopen it empty."""
-        self._d()
+        self._require_open()
         self._close_db()
         try:
             remove_tree(self.live_dir)
         except OSError as e:
             raise io_error(e, "wipe", self.live_dir, EngineError) from e
         self._open()
-
-    @property
-    def open_iterators(self) -> int:
-        """How many iterators handed out are still open."""
-        return len(self._iterators)
 
 
 class LevelDBEngineFactory(StorageEngineFactory):

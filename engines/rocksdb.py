@@ -37,17 +37,16 @@ import logging
 import os
 import shutil
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from itertools import compress, islice, repeat, starmap
-from operator import is_, is_not
+from itertools import compress, repeat
+from operator import is_not
 from pathlib import Path
 from typing import Any, Literal
 
 import rocksdict
 from localstate.engine import (
     ChangeRecord,
-    KeyValueEngine,
     StorageEngineFactory,
     StoreContext,
     StoreSpec,
@@ -57,25 +56,18 @@ from localstate.errors import (
     CorruptionError,
     EngineError,
     LocalStateError,
-    StoreClosedError,
     StoreLockedError,
 )
 from localstate.faults import fault_point
 from localstate.kv import KeyValueIterator, prefix_upper_bound, reject_none
 from localstate.locking import fsync_dir, io_error, remove_tree
 
-from ._persistent import (
-    IteratorRegistry,
-    engine_lock,
-    explain_bad_key,
-    explain_bad_pairs,
-)
+from ._persistent import NativeKVEngine, deduped_chunks, explain_bad_key, explain_bad_pairs
 
 __all__ = ["RocksDBEngine", "RocksDBEngineFactory", "RocksDBOptions"]
 
 log = logging.getLogger("localstate")
 
-_WRITE_BATCH_RECORDS = 100_000
 _SST_CHUNK_RECORDS = 1 << 21
 _SNAPSHOT_PREFIX_TMP = ".tmp-"
 _HARD_LINKABLE = (".sst", ".blob")
@@ -181,13 +173,15 @@ def _statistics_counts(text: str) -> dict[str, int]:
     return out
 
 
-class RocksDBEngine(KeyValueEngine):
+class RocksDBEngine(NativeKVEngine):
     """``KeyValueStore[bytes, bytes]`` over one RocksDB directory, with local snapshots.
 
-    ``use_wal=False`` skips the write-ahead log: right for logged stores, whose
-    durable local copy is the snapshot taken at commit (the live database is rebuilt
-    from a snapshot on every open), wrong for stores without a changelog.
+    A logged (``rebuildable``) store skips the write-ahead log: its durable local copy
+    is the snapshot taken at commit (the live database is rebuilt from a snapshot on
+    every open). A store without a changelog keeps the WAL.
     """
+
+    kind = "rocksdb"
 
     def __init__(
         self,
@@ -195,39 +189,22 @@ class RocksDBEngine(KeyValueEngine):
         name: str = "rocksdb",
         options: RocksDBOptions | None = None,
         *,
-        use_wal: bool = True,
+        rebuildable: bool = False,
     ) -> None:
-        self.name = name
-        self.directory = Path(directory)
-        self.options = options or RocksDBOptions()
-        self.use_wal = use_wal
-        self.live_dir = self.directory / "db"
-        self.snapshot_dir = self.directory / "snapshots"
-        self._native = self.options.to_native()
+        """``rebuildable``: the store has a changelog, so it writes without a WAL (its
+        durable local copy is the snapshot taken at commit) and a live database that
+        does not open is set aside and rebuilt."""
+        options = options or RocksDBOptions()
+        self.use_wal = not rebuildable
+        self.snapshot_dir = Path(directory) / "snapshots"
+        self._native = options.to_native()
         self._write_opts = rocksdict.WriteOptions()
-        self._write_opts.disable_wal = not use_wal
-        self._iterators = IteratorRegistry()
-        self._db: rocksdict.Rdict | None = None
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise io_error(e, "create store directory", self.directory, EngineError) from e
-        self._lock = engine_lock(self.directory, name, "rocksdb")
-        try:
-            try:
-                self._open()
-            except (CorruptionError, EngineError) as e:
-                # A logged store's live database is only a working copy (prepare_restore
-                # replaces it from a snapshot or the changelog): a damaged one is set aside.
-                if use_wal or not (isinstance(e, CorruptionError) or "No such file" in str(e)):
-                    raise
-                log.warning("rocksdb store %r: the live database at %s does not open (%s); it is discarded "
-                            "and rebuilt from a snapshot or the changelog", name, self.live_dir, e)
-                remove_tree(self.live_dir)
-                self._open()
-        except BaseException:
-            self._lock.release()
-            raise
+        self._write_opts.disable_wal = not self.use_wal
+        super().__init__(directory, name, options, rebuildable=rebuildable)
+
+    def _damaged(self, e: LocalStateError) -> bool:
+        # a kill while a directory was being deleted can leave CURRENT naming a lost MANIFEST
+        return isinstance(e, CorruptionError) or "No such file" in str(e)
 
     # -- plumbing -------------------------------------------------------------------------
     def _translate(self, e: BaseException, action: str) -> LocalStateError:
@@ -292,8 +269,7 @@ class RocksDBEngine(KeyValueEngine):
             raise self._translate(e, "open the database") from e
         self._db.set_write_options(self._write_opts)
 
-    def _close_db(self) -> None:
-        self._iterators.close_all()
+    def _close_native(self) -> None:
         db, self._db = self._db, None
         if db is not None:
             try:
@@ -301,17 +277,25 @@ class RocksDBEngine(KeyValueEngine):
             except Exception as e:
                 raise self._translate(e, "close the database") from e
 
-    def _d(self) -> rocksdict.Rdict:
-        db = self._db
-        if db is None:
-            raise StoreClosedError(f"store {self.name!r} (rocksdb engine at {self.live_dir}) is closed")
-        return db
+    def _new_batch(self) -> rocksdict.WriteBatch:
+        return rocksdict.WriteBatch(raw_mode=True)
+
+    def _write_batch(self, batch: rocksdict.WriteBatch) -> None:
+        try:
+            self._require_open().write(batch)
+        except LocalStateError:
+            raise
+        except Exception as e:
+            raise self._translate(e, "write a batch") from e
+
+    def _bulk_loads(self) -> bool:
+        return self.options.restore_mode == "sst"
 
     # -- KeyValueStore --------------------------------------------------------------------------
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
         db = self._db
         if db is None:
-            db = self._d()  # raises StoreClosedError
+            db = self._require_open()  # raises StoreClosedError
         try:
             v = db.get(key)
             return default if v is None else v
@@ -322,11 +306,11 @@ class RocksDBEngine(KeyValueEngine):
     def approximate_len(self) -> int:
         """RocksDB's ``rocksdb.estimate-num-keys``: O(1), but it counts overwritten and
         deleted keys until compaction drops them (``len()`` is exact and scans)."""
-        return int(self._d().property_int_value("rocksdb.estimate-num-keys") or 0)
+        return int(self._require_open().property_int_value("rocksdb.estimate-num-keys") or 0)
 
     def stats(self) -> dict[str, float]:
         """Engine gauges for the metrics exporters (docs/metrics.md)."""
-        db = self._d()
+        db = self._require_open()
         out: dict[str, float] = {
             "estimated_keys": float(db.property_int_value("rocksdb.estimate-num-keys") or 0),
             "sst_bytes": float(db.property_int_value("rocksdb.total-sst-files-size") or 0),
@@ -344,7 +328,7 @@ class RocksDBEngine(KeyValueEngine):
         return out
 
     def get_all(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
-        db = self._d()
+        db = self._require_open()
         keys = keys if isinstance(keys, list) else list(keys)
         if not keys:
             return {}
@@ -357,7 +341,7 @@ class RocksDBEngine(KeyValueEngine):
         return dict(compress(zip(keys, values), map(is_not, values, repeat(None))))
 
     def put(self, key: bytes, value: bytes) -> None:
-        db = self._d()
+        db = self._require_open()
         try:
             db.put(key, value)
         except Exception as e:
@@ -366,52 +350,15 @@ class RocksDBEngine(KeyValueEngine):
             explain_bad_pairs(self.name, [(key, value)])
             raise self._translate(e, "put") from e
 
-    def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
-        db = self._d()
-        if not isinstance(entries, (Mapping, list, tuple)):
-            entries = list(entries)
-        if not entries:
-            return
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        try:
-            if isinstance(entries, Mapping):
-                deque(map(batch.put, entries.keys(), entries.values()), 0)
-            else:
-                deque(starmap(batch.put, entries), 0)
-        except Exception as e:
-            explain_bad_pairs(self.name, entries.items() if isinstance(entries, Mapping) else entries)
-            raise self._translate(e, "build a write batch") from e
-        try:
-            db.write(batch)
-        except Exception as e:
-            raise self._translate(e, "write a batch") from e
-
     def delete(self, key: bytes) -> None:
-        db = self._d()
+        db = self._require_open()
         try:
             db.delete(key)
         except Exception as e:
             explain_bad_key(self.name, key)
             raise self._translate(e, "delete") from e
 
-    def delete_all(self, keys: Iterable[bytes]) -> None:
-        db = self._d()
-        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
-        if not keys:
-            return
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        try:
-            deque(map(batch.delete, keys), 0)
-        except Exception as e:
-            for k in keys:
-                explain_bad_key(self.name, k)
-            raise self._translate(e, "build a write batch") from e
-        try:
-            db.write(batch)
-        except Exception as e:
-            raise self._translate(e, "write a batch") from e
-
-    def _scan(self, db: rocksdict.Rdict, start: bytes | None, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+    def _iterate(self, db: rocksdict.Rdict, start: bytes | None, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         """The pairs of ``[start, stop)`` as of **this call** (a RocksDB snapshot taken
         now, not at the first ``next()``): writes made while iterating are not seen."""
         read_opts = rocksdict.ReadOptions()
@@ -449,21 +396,9 @@ class RocksDBEngine(KeyValueEngine):
             except Exception as e:
                 raise self._translate(e, "scan") from e
 
-    def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
-        db = self._d()
-        for bound in (start, stop):
-            if bound is not None:
-                explain_bad_key(self.name, bound)
-        if start is not None and stop is not None and start >= stop:
-            return self._iterators.open((), f"store {self.name!r} iterator")
-        return self._iterators.open(self._scan(db, start, stop), f"store {self.name!r} iterator")
-
     def prefix(self, prefix: bytes) -> KeyValueIterator[bytes, bytes]:
         explain_bad_key(self.name, prefix)
         return self.range(prefix, prefix_upper_bound(prefix))
-
-    def all(self) -> KeyValueIterator[bytes, bytes]:
-        return self.range(None, None)
 
     def flush(self) -> None:
         """Make every write so far durable by syncing the WAL.
@@ -472,7 +407,7 @@ class RocksDBEngine(KeyValueEngine):
         trusted on open, and :meth:`checkpoint` flushes the memtable into the snapshot
         that is the durable local copy.
         """
-        db = self._d()
+        db = self._require_open()
         if not self.use_wal:
             return
         try:
@@ -480,19 +415,10 @@ class RocksDBEngine(KeyValueEngine):
         except Exception as e:
             raise self._translate(e, "flush") from e
 
-    def close(self) -> None:
-        """Close open iterators, then the database, then release the lock; idempotent."""
-        if self._db is None:
-            return
-        try:
-            self._close_db()
-        finally:
-            self._lock.release()
-
     # -- StorageEngine --------------------------------------------------------------------------
     def current(self, keys: Iterable[bytes]) -> list[ChangeRecord]:
         """``(key, value or None)`` per key, in order, with one native multi-get."""
-        db = self._d()
+        db = self._require_open()
         keys = keys if isinstance(keys, list) else list(keys)
         if not keys:
             return []
@@ -506,42 +432,6 @@ class RocksDBEngine(KeyValueEngine):
         probe.seek_to_first()
         return not probe.valid()
 
-    def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
-        """Apply change records in order through write batches; with ``restore.mode =
-        sst``, SST ingestion when the store is empty.
-
-        TaskStorage then calls ``persist(C)`` (flush + snapshot at ``C``), so reopening
-        before the next commit replays nothing.
-        """
-        db = self._d()
-        try:
-            if into_empty and self.options.restore_mode == "sst" and self._is_empty(db):
-                self._bulk_load(db, iter(records))
-            else:
-                self._apply_batches(db, records)
-        except LocalStateError:
-            raise
-        except Exception as e:
-            raise self._translate(e, "restore") from e
-
-    def _apply_batches(self, db: rocksdict.Rdict, records: Iterable[ChangeRecord]) -> None:
-        batch = rocksdict.WriteBatch(raw_mode=True)
-        put, delete = batch.put, batch.delete
-        n = 0
-        for k, v in records:
-            if v is None:
-                delete(k)
-            else:
-                put(k, v)
-            n += 1
-            if n == _WRITE_BATCH_RECORDS:
-                db.write(batch)
-                batch = rocksdict.WriteBatch(raw_mode=True)
-                put, delete = batch.put, batch.delete
-                n = 0
-        if n:
-            db.write(batch)
-
     def _bulk_load(self, db: rocksdict.Rdict, records: Iterator[ChangeRecord]) -> None:
         """Dedupe each chunk (last write wins), write it sorted to an SST, ingest it.
 
@@ -552,30 +442,19 @@ class RocksDBEngine(KeyValueEngine):
         remove_tree(ingest_dir)
         ingest_dir.mkdir()
         try:
-            chunk_no = 0
-            while True:
-                latest = dict(islice(records, _SST_CHUNK_RECORDS))
-                if not latest:
-                    break
-                values = latest.values()
-                dead = list(compress(latest.keys(), map(is_, values, repeat(None))))
-                for k in dead:
-                    del latest[k]
-                if latest:
-                    keys = sorted(latest)
+            for chunk_no, (keys, latest, dead) in enumerate(deduped_chunks(records, _SST_CHUNK_RECORDS)):
+                if keys:
                     path = ingest_dir / f"chunk-{chunk_no:06d}.sst"
                     writer = rocksdict.SstFileWriter(self._native)
                     writer.open(str(path))
                     deque(map(writer.__setitem__, keys, map(latest.__getitem__, keys)), 0)
                     writer.finish()
-                    del keys
                     ingest_opts = rocksdict.IngestExternalFileOptions()
                     ingest_opts.set_move_files(True)
                     db.ingest_external_file([str(path)], ingest_opts)
                 if dead and chunk_no:
-                    self._apply_batches(db, zip(dead, repeat(None)))
-                chunk_no += 1
-                del latest, dead
+                    self._apply_batches(zip(dead, repeat(None)))
+                del keys, latest, dead
         finally:
             remove_tree(ingest_dir)
 
@@ -616,7 +495,7 @@ class RocksDBEngine(KeyValueEngine):
         and the next older one is tried. Without a usable snapshot the store is wiped
         and ``0`` returned (a full restore from the changelog follows).
         """
-        self._d()
+        self._require_open()
         usable: list[tuple[int, Path]] = []
         for offset, path in self._snapshots():
             if offset > committed_offset or offset < min_valid_offset:
@@ -659,7 +538,7 @@ class RocksDBEngine(KeyValueEngine):
 
     def checkpoint(self, offset: int) -> None:
         """Take a hard-link snapshot tagged with ``offset``; keep the newest ``snapshots.keep``."""
-        db = self._d()
+        db = self._require_open()
         target = self.snapshot_dir / f"{offset:020d}"
         if (target / "CURRENT").is_file():
             return  # same offset, same changelog prefix, same content
@@ -687,7 +566,7 @@ class RocksDBEngine(KeyValueEngine):
 
     def wipe(self) -> None:
         """Delete the live database and every snapshot; reopen empty."""
-        self._d()
+        self._require_open()
         self._close_db()
         try:
             remove_tree(self.live_dir)
@@ -695,11 +574,6 @@ class RocksDBEngine(KeyValueEngine):
         except OSError as e:
             raise io_error(e, "wipe", self.directory, EngineError) from e
         self._open()
-
-    @property
-    def open_iterators(self) -> int:
-        """How many iterators handed out are still open."""
-        return len(self._iterators)
 
 
 class RocksDBEngineFactory(StorageEngineFactory):
@@ -714,5 +588,5 @@ class RocksDBEngineFactory(StorageEngineFactory):
             context.directory,
             spec.name,
             spec.options or RocksDBOptions(),
-            use_wal=spec.changelog is None,
+            rebuildable=spec.changelog is not None,
         )

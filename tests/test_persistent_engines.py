@@ -49,7 +49,7 @@ class TestRocksDBNoWalConformance(KeyValueStoreConformance):
 
     @pytest.fixture
     def store(self, tmp_path):
-        with layer_stack(RocksDBEngine(tmp_path / "rocks", "rocks", use_wal=False), "logged+cached+serialized", tmp_path) as s:
+        with layer_stack(RocksDBEngine(tmp_path / "rocks", "rocks", rebuildable=True), "logged+cached+serialized", tmp_path) as s:
             yield s
 
 
@@ -91,7 +91,8 @@ engines = pytest.mark.parametrize("factory", sorted(ENGINES))
 def test_bulk_restore_dedupes_and_drops_tombstones_across_chunks(tmp_path, monkeypatch, factory, mode):
     module = sys.modules[ENGINES[factory].__module__]
     monkeypatch.setattr(module, "_SST_CHUNK_RECORDS" if factory == "rocksdb" else "_BULK_CHUNK_RECORDS", 50)
-    monkeypatch.setattr(module, "_WRITE_BATCH_RECORDS" if factory == "rocksdb" else "_BULK_CHUNK_RECORDS", 50)
+    monkeypatch.setattr(getattr(module, "RocksDBEngine" if factory == "rocksdb" else "LevelDBEngine"),
+                        "write_batch_records", 50)
     rng = random.Random(7)
     records, model = [], {}
     for i in range(600):
@@ -183,7 +184,7 @@ def test_iterator_left_open_in_a_task_then_close_and_reopen(tmp_path, factory):
 
 
 def test_rocksdb_snapshots_keep_last_two_and_skip_same_offset(tmp_path):
-    engine = RocksDBEngine(tmp_path / "db", "snap", use_wal=False)
+    engine = RocksDBEngine(tmp_path / "db", "snap", rebuildable=True)
     try:
         for offset in (5, 9, 9, 14):
             engine.put(b"k%d" % offset, b"v")
