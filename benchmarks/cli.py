@@ -159,7 +159,8 @@ def _parse_options(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
               help="timed runs after one warm-up [default: 5; 2 with --quick]")
 @click.option("--quick", is_flag=True,
               help=f"tiny sizes and the in-process suites only ({', '.join(QUICK_SUITES)}): about 15 s on "
-                   "2 cores; name kafka or spark in --suite to add them (a broker, a JVM: slower)")
+                   "2 quiet cores, more on a busy machine; name kafka or spark in --suite to add them "
+                   "(a broker, a JVM: slower)")
 @click.option("--table", "full_table", is_flag=True,
               help="print every row (the full table) instead of the engine × workload summary")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -71,7 +71,7 @@ def render_table(rows: list[dict[str, Any]], console: Console | None = None, tit
             escape(r["workload"]), escape(r["engine"]), escape(r["unit"]),
             format_value(r["median"], r["unit"]), format_value(r["min"], r["unit"]), format_value(r["max"], r["unit"]),
             escape(r.get("baseline") or ""),
-            f"{ratio:.2f}x" if ratio is not None else "",
+            f"{ratio_text(ratio)}x" if ratio is not None else "",
             f"[red]{escape(err)}[/red]" if err else f"[dim]{escape(_short(r.get('notes') or ''))}[/dim]",
         )
     console.print(table)
@@ -94,8 +94,13 @@ def _cell(r: dict[str, Any], *, name: str | None = None) -> str:
     else:
         text = format_value(r["median"], r["unit"])
         if r.get("ratio") is not None:
-            text += f" ×{r['ratio']:.2f}"
+            text += f" ×{ratio_text(r['ratio'])}"
     return f"{name} {text}" if name else text
+
+
+def ratio_text(ratio: float) -> str:
+    """``0.45``, ``1.02``; two significant digits below 0.1 (``0.0041``, not ``0.00``)."""
+    return f"{ratio:.2f}" if abs(ratio) >= 0.1 else f"{ratio:.2g}"
 
 
 def summary_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, ...]], list[tuple[str, ...]]]:
@@ -194,7 +199,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             str(r.get("suite") or ""), r["workload"], r["engine"], r["unit"],
             format_value(r["median"], r["unit"]), format_value(r["min"], r["unit"]),
             format_value(r["max"], r["unit"]), r.get("baseline") or "",
-            f"{ratio:.2f}x" if ratio is not None else "", text.replace("|", "\\|").replace("\n", " "),
+            f"{ratio_text(ratio)}x" if ratio is not None else "", text.replace("|", "\\|").replace("\n", " "),
         ]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -496,7 +501,7 @@ def _overhead_chart(plt: Any, ratios: list[dict[str, Any]], path: Path) -> Path:
         for i, row in enumerate(grid):
             for j, v in enumerate(row):
                 if not math.isnan(v):
-                    ax.text(j, i, f"{v:.2f}×", ha="center", va="center", fontsize=8)
+                    ax.text(j, i, f"{ratio_text(v)}×", ha="center", va="center", fontsize=8)
         ax.set_xticks(range(len(engines)))
         ax.set_xticklabels(engines, fontsize=8)
         ax.xaxis.tick_top()
@@ -513,7 +518,7 @@ def _overhead_chart(plt: Any, ratios: list[dict[str, Any]], path: Path) -> Path:
             ratio = r["ratio"]
             ax.barh(y, ratio - 1.0, left=1.0, color=cmap(norm(_goodness(ratio, r["unit"]))), edgecolor="grey",
                     linewidth=0.5)
-            ax.text(ratio * (1.06 if ratio >= 1 else 1 / 1.06), y, f"{ratio:.2f}×", va="center", fontsize=7,
+            ax.text(ratio * (1.06 if ratio >= 1 else 1 / 1.06), y, f"{ratio_text(ratio)}×", va="center", fontsize=7,
                     ha="left" if ratio >= 1 else "right")
         ax.axvline(1.0, color="black", linewidth=0.8)
         lo = min(min(r["ratio"] for r in sel), 1.0)
