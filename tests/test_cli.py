@@ -364,3 +364,36 @@ def test_partitions_out_of_range_are_refused_before_anything_is_touched(tmp_path
         assert result.exit_code == 2, result.output
         assert "[3] out of range: job.partitions = 1" in result.output
     assert not (tmp_path / "state" / "clijob" / "counts" / "3").exists()
+
+
+def test_extra_for_module_reads_the_package_requirements():
+    from localstate.cli import extra_for_module
+
+    assert extra_for_module("pyspark") == "spark"
+    assert extra_for_module("pyspark.sql") == "spark"
+    assert extra_for_module("confluent_kafka") == "kafka"
+    assert extra_for_module("rocksdict") == "rocksdb"
+    assert extra_for_module("matplotlib") == "bench"
+    assert extra_for_module("no_such_module_anywhere") == "all" and extra_for_module(None) == "all"
+
+
+def test_inspect_reports_a_damaged_checkpoint_and_counts_up_to_a_torn_tail(tmp_path):
+    from localstate.changelog.file import FileChangelogPartition
+    from localstate.inspect import count_records
+
+    _fill(_props(tmp_path))
+    ckpt = next((tmp_path / "changelog").glob("_checkpoints/*/partition-0.ckpt"))
+    ckpt.write_bytes(b"{not json")
+    segment = next((tmp_path / "changelog").glob("clijob-counts/0/*.log"))
+    with open(segment, "ab") as f:
+        f.write(b"LS\x01torn")  # a crashed writer's half batch
+    result = CliRunner().invoke(cli, ["inspect", str(tmp_path)], env=WIDE)
+    assert result.exit_code == 0, result.output
+    assert "unreadable: " in result.output and str(ckpt) in result.output
+    part = FileChangelogPartition(segment.parent, readonly=True)
+    try:
+        assert count_records(part) == 100 and count_records(part, 10, 20) == 10 and count_records(part, 100) == 0
+    finally:
+        part.close()
+    report = json.loads(CliRunner().invoke(cli, ["inspect", str(tmp_path), "--json"]).output)
+    assert report["partitions"][0]["records"] == 100
