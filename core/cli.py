@@ -32,23 +32,21 @@ Short helps are sentences, like the docstrings of the core commands."""
 def extra_for_module(module: str | None) -> str:
     """The ``localstate[extra]`` that installs ``module`` (from the package's own
     requirements, so pyproject.toml stays the one list), or ``all`` when none does."""
+    import re
     from importlib.metadata import PackageNotFoundError, requires
 
-    if module:
-        top = module.split(".")[0].lower().replace("_", "-")
-        try:
-            reqs = requires("localstate") or []
-        except PackageNotFoundError:
-            reqs = []
-        for req in reqs:
-            name, _, marker = req.partition(";")
-            dist = name.strip().split("[")[0]
-            for sep in "<>=!~ ":
-                dist = dist.split(sep)[0]
-            if dist.lower().replace("_", "-") == top and "extra ==" in marker:
-                extra = marker.split("extra ==")[1].strip().strip("'\"")
-                if extra not in ("all", "dev"):
-                    return extra
+    if not module:
+        return "all"
+    wanted = module.split(".")[0].lower().replace("_", "-")
+    try:
+        reqs = requires("localstate") or []
+    except PackageNotFoundError:
+        reqs = []
+    for req in reqs:  # e.g. "pyspark>=4.2; extra == 'spark'"
+        dist = re.match(r"\s*([A-Za-z0-9_.-]+)", req)
+        extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", req)
+        if dist and extra and dist[1].lower().replace("_", "-") == wanted and extra[1] not in ("all", "dev"):
+            return extra[1]
     return "all"
 
 
