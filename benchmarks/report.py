@@ -153,9 +153,11 @@ def render_summary(rows: list[dict[str, Any]], console: Console | None = None,
         table.add_column("workload [unit]")
         for e in engines:
             table.add_column(escape(e), justify="right")
-        table.add_column("other", justify="left")
+        with_other = any(row[-1] for row in generic)  # targets that are not engines (the changelog alone)
+        if with_other:
+            table.add_column("other", justify="left")
         for row in generic:
-            table.add_row(*(escape(c) for c in row))
+            table.add_row(*(escape(c) for c in (row if with_other else row[:-1])))
         console.print(table)
     if area:
         table = Table(title=escape(f"{title}: area suites"), header_style="bold",
