@@ -394,8 +394,9 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
             bars: dict[str, Any] = {}
 
             def listener(ev: Any, p: int = p, bars: dict[str, Any] = bars) -> None:
-                if ev.store not in bars:
-                    total = _restore_total(config, ev.store, p, ev.start_offset, ev.stop_offset)
+                if ev.store not in bars:  # a store done at its first report needs no count
+                    total = ev.records if ev.done else _restore_total(config, ev.store, p, ev.start_offset,
+                                                                      ev.stop_offset)
                     bars[ev.store] = progress.add_task(_escape(f"{ev.store}[{p}]"), total=max(1, total))
                 if ev.done:  # the final count is the truth even where the total was an offset estimate
                     progress.update(bars[ev.store], completed=ev.records, total=ev.records)

@@ -169,6 +169,11 @@ def test_restore_progress_counts_records_not_offsets_after_compaction(tmp_path):
         assert 100 <= survivors < 3000 / 4  # offsets span 3000; most records were compacted away
     finally:
         part.close()
+    # the bar's total while a long restore runs (a short one is sized by its final count)
+    from localstate.cli import _restore_total
+
+    assert _restore_total(config, "rk", 0, 0, 3000) == survivors
+    assert _restore_total(config, "rk", 0, 2900, 3000) == 100  # an incremental restore's tail
     result = CliRunner().invoke(cli, ["restore", "-c", str(props), "--wipe"], env=WIDE)
     assert result.exit_code == 0, result.output
     assert f"rk[0]: {survivors} records" in result.output
