@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from rich.table import Table
 
 from .runner import ROW_KEYS
 
-__all__ = ["render_table", "render_summary", "summary_rows", "RATIO_NOTE", "write_json", "write_charts", "write_markdown", "markdown_table", "format_value", "SCHEMA_VERSION"]
+__all__ = ["render_table", "render_summary", "summary_rows", "ratio_text", "with_variants", "RATIO_NOTE",
+           "write_json", "write_charts", "write_markdown", "markdown_table", "format_value", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 _RATE_UNITS = ("ops/s", "records/s", "commits/s", "delta records/s", "docs/s", "queries/s", "adds/s", "updates/s")
@@ -322,7 +324,8 @@ def _label(text: str, width: int = 46) -> str:
     return "\n".join(lines[:1] + [_short(" ".join(lines[1:]), width)] if len(lines) > 1 else lines)
 
 
-def with_variants(rows: list[dict[str, Any]], name: Any) -> list[tuple[str, dict[str, Any]]]:
+def with_variants(rows: list[dict[str, Any]], name: Callable[[dict[str, Any]], str]
+                  ) -> list[tuple[str, dict[str, Any]]]:
     """``(label, row)`` with ``name(row)`` as the label, plus the parameters that tell
     rows of the same label apart (e.g. ``partitions=4``), so no two labels are equal."""
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -366,7 +369,7 @@ def _ratio_axis(ax: Any, lo: float, hi: float) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-def _tick(value: float, unit: str) -> str:
+def _tick(value: float) -> str:
     """``100k``, ``1M``, ``10``: axis labels of powers of ten, without the table's decimals."""
     for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if value >= div:
@@ -374,13 +377,13 @@ def _tick(value: float, unit: str) -> str:
     return f"{value:g}"
 
 
-def _rate_axis(ax: Any, unit: str) -> None:
+def _rate_axis(ax: Any) -> None:
     """A log x axis labelled like the table (``1.2M``), without 10^x minor labels."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=10))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _tick(v, unit)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _tick(v)))
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
@@ -402,7 +405,7 @@ def _ops_chart(plt: Any, rates: list[dict[str, Any]], path: Path) -> Path:
         ax.set_yticks(list(ys))
         ax.set_yticklabels([r["engine"] for r in sel], fontsize=7)
         ax.invert_yaxis()
-        _rate_axis(ax, unit)
+        _rate_axis(ax)
         lo = min(r["median"] for r in sel)
         hi = max(r["median"] for r in sel)
         ax.set_xlim(lo / 3, hi * 8)  # room for the value labels
@@ -460,7 +463,7 @@ def _restore_chart(plt: Any, restore: list[dict[str, Any]], path: Path) -> Path:
                 top = max(top, r["max"])
             ax.text(top * 1.08, y, format_value(r["median"], unit), va="center", fontsize=7)
             values.append(r["median"])
-        _rate_axis(ax, unit)
+        _rate_axis(ax)
         if values:
             ax.set_xlim(min(values) / 2, max(values) * 6)
         ax.set_title(f"restore {unit} (median; black line: min-max of the runs)", fontsize=10)
