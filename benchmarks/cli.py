@@ -120,6 +120,8 @@ def _list_everything() -> None:
     for name in ENGINES.names():
         ok, why = ENGINES.installed(name)
         click.echo(f"  {name:<12} {'installed' if ok else 'missing: ' + why}")
+    click.echo("Each engine runs twice in the generic suite: <engine> is the full store (serdes, object cache,\n"
+               "changelog), <engine>/direct the engine alone; the difference is what the store layers cost.")
 
 
 def _parse_options(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
