@@ -76,11 +76,12 @@ def run_bench(
 
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    # the kafka and spark suites start a broker and a JVM that write to fd 2 under the bar
-    with Progress(
+    # the kafka and spark suites start a broker and a JVM that write to fd 2 under the bar;
+    # quiet_stderr is outside the display, so a failure's lines come after the bar is gone
+    with quiet_stderr(progress, "the benchmark's broker, JVM or libraries"), Progress(
         TextColumn("[bold]{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         disable=not progress, transient=True, console=None,
-    ) as bar, quiet_stderr(progress, "the benchmark's broker, JVM or libraries"):
+    ) as bar:
         task = bar.add_task("starting", total=len(suites))
 
         def step(desc: str) -> None:

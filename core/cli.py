@@ -385,9 +385,10 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
                                    if not k.startswith("stores.") or k.split(".")[1] in stores})
     parts = _partitions(config, partitions)
     console = _console()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
-                  TimeElapsedColumn(), console=console) as progress, \
-            quiet_stderr(console.is_terminal, "restore", show_after=True):
+    # quiet_stderr outside the display: its lines are shown once the bars have stopped
+    with quiet_stderr(console.is_terminal, "restore", show_after=True), \
+            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
+                     TimeElapsedColumn(), console=console) as progress:
         for p in parts:
             if wipe:
                 _wipe(config, p, progress.console, recovering=bool(recovery))
