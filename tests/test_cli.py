@@ -402,3 +402,19 @@ def test_inspect_reports_a_damaged_checkpoint_and_counts_up_to_a_torn_tail(tmp_p
         part.close()
     report = json.loads(CliRunner().invoke(cli, ["inspect", str(tmp_path), "--json"]).output)
     assert report["partitions"][0]["records"] == 100
+
+
+def test_a_deleted_first_segment_is_a_problem_not_a_silent_partial_restore(tmp_path):
+    props = _rocks_props(tmp_path, segment_bytes=4096)
+    _fill_rounds(props, 30)
+    rk_dir = tmp_path / "state" / "clijob" / "rk" / "0"
+    files = sorted(p.name for p in rk_dir.iterdir())
+    first = min((tmp_path / "changelog" / "clijob-rk" / "0").glob("*.log"))
+    first.unlink()
+    checked = CliRunner().invoke(cli, ["verify", "-c", str(props)])
+    assert checked.exit_code == 1 and "are missing" in checked.output
+    wiped = CliRunner().invoke(cli, ["restore", "-c", str(props), "--wipe"], env=WIDE)
+    assert wiped.exit_code == 1 and "not wiping" in wiped.output
+    assert sorted(p.name for p in rk_dir.iterdir()) == files
+    kept = CliRunner().invoke(cli, ["restore", "-c", str(props)], env=WIDE)
+    assert kept.exit_code == 1 and "offsets 0..499 are missing" in kept.output
