@@ -76,11 +76,12 @@ def run_bench(
 
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
-    # the kafka and spark suites start a broker and a JVM that write to fd 2 under the bar
-    with Progress(
+    # the kafka and spark suites start a broker and a JVM that write to fd 2 under the bar;
+    # quiet_stderr is outside the display, so a failure's lines come after the bar is gone
+    with quiet_stderr(progress, "the benchmark's broker, JVM or libraries"), Progress(
         TextColumn("[bold]{task.description:<40}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         disable=not progress, transient=True, console=None,
-    ) as bar, quiet_stderr(progress, "the benchmark's broker, JVM or libraries"):
+    ) as bar:
         task = bar.add_task("starting", total=len(suites))
 
         def step(desc: str) -> None:
@@ -120,6 +121,8 @@ def _list_everything() -> None:
     for name in ENGINES.names():
         ok, why = ENGINES.installed(name)
         click.echo(f"  {name:<12} {'installed' if ok else 'missing: ' + why}")
+    click.echo("Each engine runs twice in the generic suite: <engine> is the full store (serdes, object cache,\n"
+               "changelog), <engine>/direct the engine alone; the difference is what the store layers cost.")
 
 
 def _parse_options(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -159,7 +162,8 @@ def _parse_options(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
               help="timed runs after one warm-up [default: 5; 2 with --quick]")
 @click.option("--quick", is_flag=True,
               help=f"tiny sizes and the in-process suites only ({', '.join(QUICK_SUITES)}): about 15 s on "
-                   "2 cores; name kafka or spark in --suite to add them (a broker, a JVM: slower)")
+                   "2 quiet cores, more on a busy machine; name kafka or spark in --suite to add them "
+                   "(a broker, a JVM: slower)")
 @click.option("--table", "full_table", is_flag=True,
               help="print every row (the full table) instead of the engine × workload summary")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from rich.table import Table
 
 from .runner import ROW_KEYS
 
-__all__ = ["render_table", "render_summary", "summary_rows", "RATIO_NOTE", "write_json", "write_charts", "write_markdown", "markdown_table", "format_value", "SCHEMA_VERSION"]
+__all__ = ["render_table", "render_summary", "summary_rows", "ratio_text", "with_variants", "RATIO_NOTE",
+           "write_json", "write_charts", "write_markdown", "markdown_table", "format_value", "SCHEMA_VERSION"]
 
 SCHEMA_VERSION = 1
 _RATE_UNITS = ("ops/s", "records/s", "commits/s", "delta records/s", "docs/s", "queries/s", "adds/s", "updates/s")
@@ -71,7 +73,7 @@ def render_table(rows: list[dict[str, Any]], console: Console | None = None, tit
             escape(r["workload"]), escape(r["engine"]), escape(r["unit"]),
             format_value(r["median"], r["unit"]), format_value(r["min"], r["unit"]), format_value(r["max"], r["unit"]),
             escape(r.get("baseline") or ""),
-            f"{ratio:.2f}x" if ratio is not None else "",
+            f"{ratio_text(ratio)}x" if ratio is not None else "",
             f"[red]{escape(err)}[/red]" if err else f"[dim]{escape(_short(r.get('notes') or ''))}[/dim]",
         )
     console.print(table)
@@ -94,8 +96,13 @@ def _cell(r: dict[str, Any], *, name: str | None = None) -> str:
     else:
         text = format_value(r["median"], r["unit"])
         if r.get("ratio") is not None:
-            text += f" ×{r['ratio']:.2f}"
+            text += f" ×{ratio_text(r['ratio'])}"
     return f"{name} {text}" if name else text
+
+
+def ratio_text(ratio: float) -> str:
+    """``0.45``, ``1.02``; two significant digits below 0.1 (``0.0041``, not ``0.00``)."""
+    return f"{ratio:.2f}" if abs(ratio) >= 0.1 else f"{ratio:.2g}"
 
 
 def summary_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[tuple[str, ...]], list[tuple[str, ...]]]:
@@ -148,9 +155,11 @@ def render_summary(rows: list[dict[str, Any]], console: Console | None = None,
         table.add_column("workload [unit]")
         for e in engines:
             table.add_column(escape(e), justify="right")
-        table.add_column("other", justify="left")
+        with_other = any(row[-1] for row in generic)  # targets that are not engines (the changelog alone)
+        if with_other:
+            table.add_column("other", justify="left")
         for row in generic:
-            table.add_row(*(escape(c) for c in row))
+            table.add_row(*(escape(c) for c in (row if with_other else row[:-1])))
         console.print(table)
     if area:
         table = Table(title=escape(f"{title}: area suites"), header_style="bold",
@@ -194,7 +203,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             str(r.get("suite") or ""), r["workload"], r["engine"], r["unit"],
             format_value(r["median"], r["unit"]), format_value(r["min"], r["unit"]),
             format_value(r["max"], r["unit"]), r.get("baseline") or "",
-            f"{ratio:.2f}x" if ratio is not None else "", text.replace("|", "\\|").replace("\n", " "),
+            f"{ratio_text(ratio)}x" if ratio is not None else "", text.replace("|", "\\|").replace("\n", " "),
         ]) + " |")
     return "\n".join(lines) + "\n"
 
@@ -315,7 +324,8 @@ def _label(text: str, width: int = 46) -> str:
     return "\n".join(lines[:1] + [_short(" ".join(lines[1:]), width)] if len(lines) > 1 else lines)
 
 
-def with_variants(rows: list[dict[str, Any]], name: Any) -> list[tuple[str, dict[str, Any]]]:
+def with_variants(rows: list[dict[str, Any]], name: Callable[[dict[str, Any]], str]
+                  ) -> list[tuple[str, dict[str, Any]]]:
     """``(label, row)`` with ``name(row)`` as the label, plus the parameters that tell
     rows of the same label apart (e.g. ``partitions=4``), so no two labels are equal."""
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -359,7 +369,7 @@ def _ratio_axis(ax: Any, lo: float, hi: float) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-def _tick(value: float, unit: str) -> str:
+def _tick(value: float) -> str:
     """``100k``, ``1M``, ``10``: axis labels of powers of ten, without the table's decimals."""
     for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if value >= div:
@@ -367,13 +377,13 @@ def _tick(value: float, unit: str) -> str:
     return f"{value:g}"
 
 
-def _rate_axis(ax: Any, unit: str) -> None:
+def _rate_axis(ax: Any) -> None:
     """A log x axis labelled like the table (``1.2M``), without 10^x minor labels."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=10))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _tick(v, unit)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _tick(v)))
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
@@ -395,7 +405,7 @@ def _ops_chart(plt: Any, rates: list[dict[str, Any]], path: Path) -> Path:
         ax.set_yticks(list(ys))
         ax.set_yticklabels([r["engine"] for r in sel], fontsize=7)
         ax.invert_yaxis()
-        _rate_axis(ax, unit)
+        _rate_axis(ax)
         lo = min(r["median"] for r in sel)
         hi = max(r["median"] for r in sel)
         ax.set_xlim(lo / 3, hi * 8)  # room for the value labels
@@ -453,7 +463,7 @@ def _restore_chart(plt: Any, restore: list[dict[str, Any]], path: Path) -> Path:
                 top = max(top, r["max"])
             ax.text(top * 1.08, y, format_value(r["median"], unit), va="center", fontsize=7)
             values.append(r["median"])
-        _rate_axis(ax, unit)
+        _rate_axis(ax)
         if values:
             ax.set_xlim(min(values) / 2, max(values) * 6)
         ax.set_title(f"restore {unit} (median; black line: min-max of the runs)", fontsize=10)
@@ -496,7 +506,7 @@ def _overhead_chart(plt: Any, ratios: list[dict[str, Any]], path: Path) -> Path:
         for i, row in enumerate(grid):
             for j, v in enumerate(row):
                 if not math.isnan(v):
-                    ax.text(j, i, f"{v:.2f}×", ha="center", va="center", fontsize=8)
+                    ax.text(j, i, f"{ratio_text(v)}×", ha="center", va="center", fontsize=8)
         ax.set_xticks(range(len(engines)))
         ax.set_xticklabels(engines, fontsize=8)
         ax.xaxis.tick_top()
@@ -513,7 +523,7 @@ def _overhead_chart(plt: Any, ratios: list[dict[str, Any]], path: Path) -> Path:
             ratio = r["ratio"]
             ax.barh(y, ratio - 1.0, left=1.0, color=cmap(norm(_goodness(ratio, r["unit"]))), edgecolor="grey",
                     linewidth=0.5)
-            ax.text(ratio * (1.06 if ratio >= 1 else 1 / 1.06), y, f"{ratio:.2f}×", va="center", fontsize=7,
+            ax.text(ratio * (1.06 if ratio >= 1 else 1 / 1.06), y, f"{ratio_text(ratio)}×", va="center", fontsize=7,
                     ha="left" if ratio >= 1 else "right")
         ax.axvline(1.0, color="black", linewidth=0.8)
         lo = min(min(r["ratio"] for r in sel), 1.0)

@@ -123,11 +123,12 @@ class FileChangelogPartition(ChangelogPartition):
             self._lock = FileLock(self.directory / ".lock", f"changelog partition {self.directory}")
         try:
             self._segments = self._recover()
+            self._horizon = self._read_horizon()
+            self._check_head()
         except BaseException:
             self.close()
             raise
         self._end = self._segments[-1].next_offset if self._segments else 0
-        self._horizon = self._read_horizon()
 
     # -- recovery on open -----------------------------------------------------------------
     def _recover(self) -> list[_Segment]:
@@ -182,6 +183,19 @@ class FileChangelogPartition(ChangelogPartition):
             if h.flags & FLAG_COMPACTED:
                 self._compacted_to = max(self._compacted_to, h.next_offset)
         return _Segment(base, path, next_offset, good_end)
+
+    def _check_head(self) -> None:
+        """A log starts at offset 0, or at the horizon a reset (or compaction) recorded:
+        a later first segment means the first segment files were deleted, and a restore
+        would silently miss their records (the gap check between segments cannot see it)."""
+        first = self._segments[0].base if self._segments else 0
+        if first > self._horizon:
+            raise CorruptionError(
+                f"changelog {self.directory}: offsets 0..{first - 1} are missing (the first segment file(s) "
+                f"before {self._segments[0].path.name} were deleted); nothing was changed. Restore the files "
+                "from a backup, or give up the store's state explicitly with `localstate restore --reset "
+                "STORE` (docs: RELIABILITY.md, operator damage)."
+            )
 
     def _read_horizon(self) -> int:
         p = self.directory / "compaction.json"
@@ -409,20 +423,23 @@ class FileChangelogPartition(ChangelogPartition):
         return f"file changelog {self.directory}"
 
     def reset(self) -> int:
-        """Remove every segment (and the compaction horizon); the next segment starts at
-        the old end offset, so offsets never go back."""
+        """Remove every segment; the next segment starts at the old end offset, so offsets
+        never go back, and that offset becomes the horizon (the log's recorded start)."""
         self._check_writable()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        # The new start is recorded first (as the horizon: no snapshot of the given-up state
+        # is valid), so a crash part-way leaves a log whose head is accounted for and a reset
+        # that can run again.
+        atomic_write(self.directory / "compaction.json", json.dumps({"tombstone_horizon": self._end}).encode())
+        self._horizon = self._end
         for seg in self._segments:
             seg.path.unlink(missing_ok=True)
         if self._torn is not None:
             self._torn[0].unlink(missing_ok=True)
             self._torn = None
-        (self.directory / "compaction.json").unlink(missing_ok=True)
         self._segments = []
-        self._horizon = 0
         self._new_segment()
         fsync_dir(self.directory)
         return self._end

@@ -33,23 +33,21 @@ Short helps are sentences, like the docstrings of the core commands."""
 def extra_for_module(module: str | None) -> str:
     """The ``localstate[extra]`` that installs ``module`` (from the package's own
     requirements, so pyproject.toml stays the one list), or ``all`` when none does."""
+    import re
     from importlib.metadata import PackageNotFoundError, requires
 
-    if module:
-        top = module.split(".")[0].lower().replace("_", "-")
-        try:
-            reqs = requires("localstate") or []
-        except PackageNotFoundError:
-            reqs = []
-        for req in reqs:
-            name, _, marker = req.partition(";")
-            dist = name.strip().split("[")[0]
-            for sep in "<>=!~ ":
-                dist = dist.split(sep)[0]
-            if dist.lower().replace("_", "-") == top and "extra ==" in marker:
-                extra = marker.split("extra ==")[1].strip().strip("'\"")
-                if extra not in ("all", "dev"):
-                    return extra
+    if not module:
+        return "all"
+    wanted = module.split(".")[0].lower().replace("_", "-")
+    try:
+        reqs = requires("localstate") or []
+    except PackageNotFoundError:
+        reqs = []
+    for req in reqs:  # e.g. "pyspark>=4.2; extra == 'spark'"
+        dist = re.match(r"\s*([A-Za-z0-9_.-]+)", req)
+        extra = re.search(r"extra\s*==\s*['\"]([^'\"]+)['\"]", req)
+        if dist and extra and dist[1].lower().replace("_", "-") == wanted and extra[1] not in ("all", "dev"):
+            return extra[1]
     return "all"
 
 
@@ -384,17 +382,19 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
                                    if not k.startswith("stores.") or k.split(".")[1] in stores})
     parts = _partitions(config, partitions)
     console = _console()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
-                  TimeElapsedColumn(), console=console) as progress, \
-            quiet_stderr(console.is_terminal, "restore", show_after=True):
+    # quiet_stderr outside the display: its lines are shown once the bars have stopped
+    with quiet_stderr(console.is_terminal, "restore", show_after=True), \
+            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("records"),
+                     TimeElapsedColumn(), console=console) as progress:
         for p in parts:
             if wipe:
                 _check_wipe(config, p, progress.console, recovering=bool(recovery))
             bars: dict[str, Any] = {}
 
             def listener(ev: Any, p: int = p, bars: dict[str, Any] = bars) -> None:
-                if ev.store not in bars:
-                    total = _restore_total(config, ev.store, p, ev.start_offset, ev.stop_offset)
+                if ev.store not in bars:  # a store done at its first report needs no count
+                    total = ev.records if ev.done else _restore_total(config, ev.store, p, ev.start_offset,
+                                                                      ev.stop_offset)
                     bars[ev.store] = progress.add_task(_escape(f"{ev.store}[{p}]"), total=max(1, total))
                 if ev.done:  # the final count is the truth even where the total was an offset estimate
                     progress.update(bars[ev.store], completed=ev.records, total=ev.records)

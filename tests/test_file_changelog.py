@@ -121,6 +121,32 @@ def test_deleted_middle_segment_is_detected(pdir):
         FileChangelogPartition(pdir, segment_bytes=4096)
 
 
+def test_deleted_first_segment_is_detected_but_a_reset_log_opens(pdir):
+    p = FileChangelogPartition(pdir, segment_bytes=4096)
+    for i in range(30):
+        p.append(recs(i * 20, i * 20 + 20))
+    p.flush()
+    segs = p.segments()
+    p.close()
+    first_base, second_base, first_path = segs[0][0], segs[1][0], segs[0][2]
+    data = first_path.read_bytes()
+    first_path.unlink()
+    for readonly in (False, True):  # the writer and `localstate inspect`/`verify` alike
+        with pytest.raises(CorruptionError, match=f"offsets 0..{second_base - 1} are missing"):
+            FileChangelogPartition(pdir, segment_bytes=4096, readonly=readonly)
+    assert first_base == 0
+    first_path.write_bytes(data)
+    p = FileChangelogPartition(pdir, segment_bytes=4096)  # not "locked": the failed opens released the lock
+    end = p.reset()  # a reset log legitimately starts at the old end: it records that start
+    p.append(recs(0, 5))
+    p.flush()
+    p.close()
+    q = FileChangelogPartition(pdir, segment_bytes=4096)
+    assert q.segments()[0][0] == end == 600 and q.min_valid_snapshot_offset() == end
+    assert list(q.read(0, q.end_offset())) == recs(0, 5)
+    q.close()
+
+
 def test_discard_tail_truncates_uncommitted_records(pdir):
     p = FileChangelogPartition(pdir, segment_bytes=4096)
     for i in range(30):
