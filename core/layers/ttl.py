@@ -171,12 +171,15 @@ class TtlStore(ForwardingStore):
     def _expiry(self) -> int:
         t = self.clock()
         if t is None:
-            raise InvalidValueError(
-                f"store {self.name!r} has stores.{self.name}.ttl.time = event, but the task has no event time yet: "
-                "advance it first (TaskStorage.advance_event_time(ts); the Spark runner does it from "
-                "StreamTask.event_time_column after each input batch)"
-            )
+            raise self._no_event_time()
         return min(t + self._ttl, _MAX_EXPIRY_NS)
+
+    def _no_event_time(self) -> InvalidValueError:
+        return InvalidValueError(
+            f"store {self.name!r} has stores.{self.name}.ttl.time = event, but the task has no event time yet: "
+            "advance it first (TaskStorage.advance_event_time(ts); the Spark runner does it from "
+            "StreamTask.event_time_column before each input batch)"
+        )
 
     def _note_expired(self, key: Any) -> None:
         # Found expired by a read: the next sweep deletes it (unhashable keys, possible
@@ -239,7 +242,11 @@ class TtlStore(ForwardingStore):
     def put(self, key: Any, value: Any) -> None:
         if value is None:
             reject_none(self.name, key, value)
-        self._put(key, (self._expiry(), value))
+        t = self.clock()  # _expiry() inlined: put is the hot path
+        if t is None:
+            raise self._no_event_time()
+        expiry = t + self._ttl
+        self._put(key, (expiry if expiry < _MAX_EXPIRY_NS else _MAX_EXPIRY_NS, value))
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
         items = entries.items() if isinstance(entries, Mapping) else entries
