@@ -30,6 +30,7 @@ from itertools import islice
 from typing import Any
 
 from .errors import ConfigError, InvalidValueError
+from .faults import fault_point
 from .kv import KeyValueStore
 from .serdes import get_serde
 
@@ -177,6 +178,7 @@ class Timers:
                     key, ts = _decode(record_key)
                     on_timer(key, ts)
                     fired += 1
+                    fault_point("timers.after_fire")
                     if self._registered_due and i + 1 < len(due):
                         break  # a new timer may sort before the rest: scan again
         finally:

@@ -46,6 +46,7 @@ from itertools import islice
 from typing import Any, Literal
 
 from ..errors import ConfigError, InvalidValueError
+from ..faults import fault_point
 from ..kv import KeyValueIterator, KeyValueStore, reject_none
 from ..serdes import Serde, decoder_of_many, encoder_of_many
 from .forwarding import ForwardingStore
@@ -283,6 +284,7 @@ class TtlStore(ForwardingStore):
         if doomed:
             doomed = list(dict.fromkeys(doomed))
             self.inner.delete_all(doomed)
+            fault_point("ttl.after_sweep")
             self.expired_deleted += len(doomed)
         return len(doomed)
 
