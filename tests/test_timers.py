@@ -220,3 +220,20 @@ def test_timers_in_a_spark_batch_job(spark: Any, make_config: Any) -> None:
     assert [tuple(r) for r in job.run(later).collect()] == [("c", 600)]  # the pending timer, once
     with TaskStorage(config) as st:
         assert st.event_time == 10_000 and st.checkpoint.version == 1
+
+
+def test_timers_store_must_be_a_key_value_store(make_config):
+    config = make_config(timers={"factory": "topn"},
+                         last={"factory": "memory", "key.serde": "string", "msg.serde": "json"})
+    with pytest.raises(ConfigError, match="must be a key-value store"):
+        run(config, [("a", 0)])
+
+
+@pytest.mark.parametrize("ts", [1.5, True, "10", None])
+def test_advance_event_time_takes_int_ms_only(make_config, ts):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        with pytest.raises(InvalidValueError, match="event time must be an int"):
+            st.advance_event_time(ts)
+        assert st.event_time is None
+        st.advance_event_time(5)
+        assert st.advance_event_time(3) == 5  # never moves back
