@@ -205,3 +205,10 @@ def test_ttl_too_large_is_refused(make_config):
 def test_bad_ttl_options(make_config, key, value, fragment):
     with pytest.raises(ConfigError, match=fragment):
         make_config(s={"factory": "memory", "ttl.ms": "1h", key: value})
+
+
+def test_a_damaged_value_without_its_expiry_is_a_clear_error(make_config):
+    with TaskStorage(make_config(s=ttl_store(**{"ttl.time": "processing"}))) as st:
+        st.engine("s").put(b"k", b"abc")  # written under the layers: a value too short to hold an expiry
+        with pytest.raises(Exception, match=r"store 's'.*cannot be decoded by serde 'ttl\+json'"):
+            st.store("s").get("k")
