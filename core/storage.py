@@ -44,7 +44,7 @@ from .errors import (
 from .faults import fault_point, paused
 from .kv import KeyValueStore
 from .layers import build_store
-from .layers.ttl import wall_clock_ms
+from .layers.ttl import wall_clock_ns
 from .layout import home_path, store_dir, task_lock
 from .locking import io_error, remove_tree
 from .metrics import RestoreProgress, StoreMetrics, TaskMetrics, track, untrack
@@ -126,7 +126,7 @@ def task_partition(partition: Any) -> int:
 
 
 PLAIN_VALUES = "plain"
-TTL_VALUES = "ttl-expiry-v1"
+TTL_VALUES = "ttl-expiry-ns-v1"
 
 
 def _store_meta(spec: StoreSpec) -> dict[str, str]:
@@ -482,7 +482,7 @@ class TaskStorage:
                 batch_size=spec.write_batch_size,
                 metrics=metrics,
                 ttl=spec.ttl,
-                clock=self._event_clock if spec.ttl is not None and spec.ttl.time == "event" else wall_clock_ms,
+                clock=self._event_clock_ns if spec.ttl is not None and spec.ttl.time == "event" else wall_clock_ns,
             )
 
     def _restore(self, entry: _OpenStore, committed: int) -> RestoreProgress:
@@ -571,8 +571,8 @@ class TaskStorage:
             self.event_time = ts
         return self.event_time
 
-    def _event_clock(self) -> int | None:
-        return self.event_time
+    def _event_clock_ns(self) -> int | None:
+        return None if self.event_time is None else self.event_time * 1_000_000
 
     # -- the task's view ---------------------------------------------------------------------------
     def _entry(self, name: str) -> _OpenStore:

@@ -30,6 +30,7 @@ from itertools import islice
 from typing import Any
 
 from .errors import ConfigError, InvalidValueError
+from .faults import fault_point
 from .kv import KeyValueStore
 from .serdes import get_serde
 
@@ -80,7 +81,16 @@ def _decode_keys(record_keys: list[bytes]) -> list[Any]:
 
 
 def check_timer_store(name: str, spec: Any) -> None:
-    """Refuse a timers store whose layers would change the record bytes."""
+    """Refuse a timers store that is not a key-value store, or whose layers would change
+    the record bytes."""
+    from .config import engine_kind
+    from .registry import resolve_factory
+
+    if engine_kind(resolve_factory(spec.factory, store=name)) == "other":
+        raise ConfigError(
+            f"store {name!r} keeps timers, so it must be a key-value store (memory, rocksdb, leveldb); "
+            f"stores.{name}.factory = {spec.factory!r} is not"
+        )
     if spec.key_serde != "bytes" or spec.msg_serde != "bytes" or spec.ttl is not None:
         raise ConfigError(
             f"store {name!r} keeps timers, so it needs stores.{name}.key.serde = bytes, "
@@ -177,6 +187,7 @@ class Timers:
                     key, ts = _decode(record_key)
                     on_timer(key, ts)
                     fired += 1
+                    fault_point("timers.after_fire")
                     if self._registered_due and i + 1 < len(due):
                         break  # a new timer may sort before the rest: scan again
         finally:

@@ -120,18 +120,20 @@ def values(tmp_path: Any) -> dict[str, Any]:
 @pytest.mark.slow
 def test_kills_around_expiry_and_firing_lose_nothing_and_fire_nothing_twice(values, tmp_path):
     batches = 12 if FULL else 8
-    rounds = 10 if FULL else 4
+    rounds = 16 if FULL else 5
     rng = random.Random(11)
     points = ["commit.before_changelog_flush", "commit.after_changelog_flush", "commit.after_engine_checkpoint",
-              "checkpoint.before_rename", "checkpoint.after_rename", "changelog.append"]
+              "checkpoint.before_rename", "checkpoint.after_rename", "changelog.append",
+              "ttl.after_sweep", "timers.after_fire"]  # mid-sweep and mid-firing, before the commit
     models = {b: model_after(values, b, tmp_path / f"model{b}") for b in range(batches + 1)}
     killed = 0
-    for _ in range(rounds):
-        rc = run_child(values, batches, f"{rng.choice(points)}=kill@{rng.randint(1, 4)}")
+    plan = ["ttl.after_sweep", "timers.after_fire"] + [rng.choice(points) for _ in range(rounds - 2)]
+    for point in plan:
+        rc = run_child(values, batches, f"{point}=kill@{rng.randint(1, 4)}")
         killed += rc == -9
         pos, state = reopen(values)
         assert state == models[pos], f"after a kill the task at batch {pos} differs from the model"
-    assert killed, "no child was killed: the fault points did not fire"
+    assert killed >= 2, "the children were not killed: the fault points did not fire"
     assert run_child(values, batches, None) == 0
     pos, state = reopen(values)
     assert (pos, state) == (batches, models[batches])

@@ -291,7 +291,13 @@ def test_kafka_bad_input_is_clear(sources: Any, kafka_broker: str) -> None:
     _produce(kafka_broker, topic, [(0, b"k", b"{not json")])
     with pytest.raises(Exception) as e:
         _kafka(sources, kafka_broker, topic, format="json").schema("user_id string").load().collect()
-    assert topic in _error_text(e) and "not JSON" in _error_text(e)
+    assert topic in _error_text(e) and "malformed record" in _error_text(e) and "offset 0" in _error_text(e)
+    # the same error policy as localstate-jsonl
+    dropped = _kafka(sources, kafka_broker, topic, format="json", mode="DROPMALFORMED").schema("user_id string")
+    assert dropped.load().collect() == []
+    kept = _kafka(sources, kafka_broker, topic, format="json", mode="PERMISSIVE") \
+        .schema("user_id string, _corrupt_record string").load().collect()
+    assert [tuple(r) for r in kept] == [(None, "{not json")]
 
 
 # -- end to end: a stateful streaming job over the sources ------------------------------------------------

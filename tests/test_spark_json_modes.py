@@ -116,3 +116,18 @@ def test_jsonl_max_files_and_bytes_per_trigger(sources: Any, tmp_path: Path) -> 
     assert sum(by_bytes, []) == list(range(30)) and all(len(b) <= 5 for b in by_bytes)
     with pytest.raises(Exception, match="maxBytesPerTrigger"):
         drain(maxBytesPerTrigger="lots")
+
+
+@pytest.mark.parametrize(("option", "value", "fragment"), [
+    ("maxFilesPerTrigger", "0", "must be >= 1"),
+    ("maxFilesPerTrigger", "many", "is not an integer"),
+    ("maxBytesPerTrigger", "0", "must be >= 1"),
+    ("maxBytesPerTrigger", "12 parsecs", "unknown unit"),
+    ("mode", "strict", "use one of"),
+])
+def test_bad_jsonl_options_are_config_errors(tmp_path: Path, option: str, value: str, fragment: str) -> None:
+    from localstate.contrib.spark.sources import _JsonLinesReader
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    with pytest.raises(ConfigError, match=fragment):
+        _JsonLinesReader(tmp_path, StructType([StructField("n", LongType())]), {option: value})

@@ -185,3 +185,55 @@ def test_a_task_that_registers_timers_but_has_no_on_timer(make_config):
 
     with pytest.raises(NotImplementedError, match="on_timer"):
         run(stores(make_config), [("a", 0), ("b", 500)], NoCallback)
+
+
+class Reminder(StreamTask):
+    """Processing-time timers: remind once per user, at a wall-clock time already passed."""
+
+    OUTPUT = SessionEnd.OUTPUT
+
+    def init(self, context: TaskContext) -> None:
+        self.timers = context.processing_timers
+
+    def process(self, record: dict[str, Any], emit: Emitter) -> None:
+        self.timers.register(record["user"], 1)  # long past: fires at the next check, once
+
+    def on_timer(self, key: Any, ts: int, emit: Emitter) -> None:
+        emit({"user": key, "ended_at": ts})
+
+
+def test_processing_time_timers_fire_after_the_batch_that_registered_them(make_config):
+    config = stores(make_config)
+    assert sorted(run(config, [("a", 0), ("b", 0), ("a", 0)], Reminder)) == [("a", 1), ("b", 1)]
+    assert run(config, [], Reminder) == []
+
+
+@pytest.mark.spark
+def test_timers_in_a_spark_batch_job(spark: Any, make_config: Any) -> None:
+    from localstate.contrib.spark import StatefulJob
+
+    config = stores(make_config)
+    job = StatefulJob(config, SessionEnd, key="user", output_schema="user string, ended_at long")
+    first = spark.createDataFrame([("a", 0), ("b", 50), ("c", 500)], "user string, ts long")
+    assert sorted(tuple(r) for r in job.run(first).collect()) == [("a", 100), ("b", 150)]
+    later = spark.createDataFrame([("d", 10_000)], "user string, ts long")
+    assert [tuple(r) for r in job.run(later).collect()] == [("c", 600)]  # the pending timer, once
+    with TaskStorage(config) as st:
+        assert st.event_time == 10_000 and st.checkpoint.version == 1
+
+
+def test_timers_store_must_be_a_key_value_store(make_config):
+    config = make_config(timers={"factory": "topn"},
+                         last={"factory": "memory", "key.serde": "string", "msg.serde": "json"})
+    with pytest.raises(ConfigError, match="must be a key-value store"):
+        run(config, [("a", 0)])
+
+
+@pytest.mark.parametrize("ts", [1.5, True, "10", None])
+def test_advance_event_time_takes_int_ms_only(make_config, ts):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        with pytest.raises(InvalidValueError, match="event time must be an int"):
+            st.advance_event_time(ts)
+        assert st.event_time is None
+        st.advance_event_time(5)
+        assert st.advance_event_time(3) == 5  # never moves back

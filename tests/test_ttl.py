@@ -195,3 +195,20 @@ def test_event_time_ttl_write_before_any_event_time_is_an_error(make_config):
 def test_ttl_too_large_is_refused(make_config):
     with pytest.raises(ConfigError, match="must be <="):
         make_config(s={"factory": "memory", "ttl.ms": 1 << 60})
+
+
+@pytest.mark.parametrize(("key", "value", "fragment"), [
+    ("ttl.cleanup.batch", -1, "must be >= 0"),
+    ("ttl.cleanup.batch", "lots", "ttl.cleanup.batch"),
+    ("ttl.update", "on-read", "on-create-and-write"),
+])
+def test_bad_ttl_options(make_config, key, value, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        make_config(s={"factory": "memory", "ttl.ms": "1h", key: value})
+
+
+def test_a_damaged_value_without_its_expiry_is_a_clear_error(make_config):
+    with TaskStorage(make_config(s=ttl_store(**{"ttl.time": "processing"}))) as st:
+        st.engine("s").put(b"k", b"abc")  # written under the layers: a value too short to hold an expiry
+        with pytest.raises(Exception, match=r"store 's'.*cannot be decoded by serde 'ttl\+json'"):
+            st.store("s").get("k")

@@ -91,15 +91,17 @@ def read_json_records(
     pieces: list[pa.Table] = []
     texts: list[str | None] = []
 
+    failed: list[MalformedRecordError] = []
+
     def bad(i: int, line: bytes, error: Exception) -> None:
         if policy.mode == "FAILFAST":
             shown = line[:_SHOWN].decode("utf-8", "replace") + ("..." if len(line) > _SHOWN else "")
-            raise MalformedRecordError(
+            failed.append(MalformedRecordError(
                 f"{source}: malformed record at {locate(i)}: {_reason(error)}: {shown!r} "
                 "(mode=FAILFAST; .option('mode', 'DROPMALFORMED') skips bad records, 'PERMISSIVE' "
                 f"keeps them as null rows with the text in a '{policy.corrupt_column}' string column)"
-            )
-        if policy.mode == "PERMISSIVE":
+            ))
+        elif policy.mode == "PERMISSIVE":
             pieces.append(pa.Table.from_pylist([{}], schema=parse_schema))
             texts.append(line.decode("utf-8", "replace"))
 
@@ -116,13 +118,16 @@ def read_json_records(
                 return
             half = len(part) // 2
             split(part[:half])
-            split(part[half:])
+            if not failed:
+                split(part[half:])
             return
         pieces.append(table.cast(parse_schema))
         texts.extend([None] * table.num_rows)
 
     if numbered:
         split(numbered)
+    if failed:  # raised here, not deep in split(): Spark shows the whole Python traceback
+        raise failed[0]
     table = pa.concat_tables(pieces) if pieces else parse_schema.empty_table()
     return _with_corrupt(table, schema, policy, texts) if corrupt else table
 

@@ -250,9 +250,9 @@ class StreamTask:
     timer_store: str = "timers"
     """The store (``bytes`` serdes) that keeps the task's timers, when it uses any."""
     event_time_column: str | None = None
-    """An input column of event times (timestamp, or int epoch ms): after each input batch
-    the watermark moves to its maximum minus :attr:`watermark_delay_ms` and due
-    event-time timers fire."""
+    """An input column of event times (timestamp, or int epoch ms): before each input batch
+    is processed the watermark (the task's event time) moves to the batch's maximum minus
+    :attr:`watermark_delay_ms`; after it, due event-time timers fire."""
     watermark_delay_ms: int = 0
     """How far behind the latest event time the watermark stays (out-of-orderness bound)."""
 
@@ -344,8 +344,10 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
         process_batch = task.process_batch
         for batch in batches:
             rows += batch.num_rows
-            process_batch(batch, emit)
+            # The batch is processed at its event time (event-time TTL stamps its writes
+            # with it); timers fire after it, so the batch can still delete or move them.
             context.observe_event_time(task, batch)
+            process_batch(batch, emit)
             context.fire_timers(task, emit)
             yield from emit.drain()
         context.fire_timers(task, emit)

@@ -18,7 +18,7 @@ from .logged import LoggedStore
 from .metered import MeteredStore
 from .readonly import ReadOnlyStore
 from .serialized import SerializedStore
-from .ttl import TtlPolicy, TtlStore, ttl_serde, wall_clock_ms
+from .ttl import TtlPolicy, TtlStore, ttl_serde, wall_clock_ns
 
 __all__ = [
     "build_store",
@@ -76,14 +76,14 @@ def build_store(
     metrics: StoreMetrics | None = None,
     metered: bool = True,
     ttl: TtlPolicy | None = None,
-    clock: Callable[[], int] = wall_clock_ms,
+    clock: Callable[[], int | None] = wall_clock_ns,
 ) -> KeyValueStore[Any, Any]:
     """The store a task sees: ``metered(ttl(cached(serialized(logged(engine)))))``.
 
     Each layer is present only when asked for: no logger → no logging layer, no serdes
     → bytes in and out, ``cache_size == 0`` → no cache, ``metered=False`` → no counters,
     no ``ttl`` → no expiry (with one, the value serde is wrapped by :func:`ttl_serde`
-    so the expiry is stored and logged with the value, and ``clock`` gives "now" in ms).
+    so the expiry is stored and logged with the value, and ``clock`` gives "now" in ns).
     """
     metrics = metrics or StoreMetrics()
     engine.name = name

@@ -19,12 +19,14 @@ The semantics follow Flink's ``StateTtlConfig``:
   a read found expired since the last commit. Deletes go down the same stack as a
   user's ``delete``, so they are **logged as tombstones**: a restore never brings an
   expired entry back and the changelog compacts it away.
-* **time**: processing time (wall clock, ms since the epoch) by default; with
+* **time**: processing time (the wall clock) by default; with
   ``ttl.time = event`` the task's event-time clock (its watermark, committed with the
   checkpoint — Kafka Streams' "stream time" for window retention).
 
-The expiry is part of the stored and logged value: the value bytes are an 8-byte
-big-endian expiry (ms) followed by the value's own serde encoding (:func:`ttl_serde`).
+The expiry is part of the stored and logged value: the value bytes are the expiry
+(8 bytes, signed big-endian, **nanoseconds** since the epoch — so the wall clock is
+``time.time_ns``, read without a Python call in between) followed by the value's own
+serde encoding (:func:`ttl_serde`).
 So a store restored after its entries expired while the task was down hides them at
 once, and adding or removing TTL changes the stored format: :class:`TaskStorage`
 records it in the checkpoint and refuses to open a store whose format changed.
@@ -44,17 +46,21 @@ from itertools import islice
 from typing import Any, Literal
 
 from ..errors import ConfigError, InvalidValueError
+from ..faults import fault_point
 from ..kv import KeyValueIterator, KeyValueStore, reject_none
 from ..serdes import Serde, decoder_of_many, encoder_of_many
 from .forwarding import ForwardingStore
 
-__all__ = ["TtlPolicy", "TtlStore", "ttl_serde", "wall_clock_ms", "EXPIRY_BYTES"]
+__all__ = ["TtlPolicy", "TtlStore", "ttl_serde", "wall_clock_ms", "wall_clock_ns", "EXPIRY_BYTES"]
 
 EXPIRY_BYTES = 8
 _EXPIRY = struct.Struct(">q")  # signed: an event-time expiry may be before the epoch
-MAX_TTL_MS = 1 << 53
-"""The largest ``ttl.ms`` (about 285,000 years): expiries stay far inside 64 bits."""
+MAX_TTL_MS = 100 * 365 * 24 * 3600 * 1000
+"""The largest ``ttl.ms`` (100 years): expiries in ns stay inside 64 bits."""
+_MAX_EXPIRY_NS = (1 << 63) - 1
 _NOTHING_EXPIRED = -(1 << 63)
+wall_clock_ns = time.time_ns
+"""Processing time for TTL: nanoseconds since the epoch."""
 
 
 def wall_clock_ms() -> int:
@@ -137,7 +143,7 @@ def ttl_serde(inner: Serde) -> Serde:
 class TtlStore(ForwardingStore):
     """Wraps a store of ``(expiry_ms, value)`` pairs; the task sees plain values.
 
-    ``now`` is the clock (processing or event time, ms); it returns ``None`` while the
+    ``now`` is the clock (processing or event time, **ns**); it returns ``None`` while the
     time is unknown (event time before the task's first event): then nothing has
     expired, and a write is an error (its expiry would be meaningless). Complexity: one
     clock read and one comparison per read entry; ``flush()`` examines at most
@@ -150,7 +156,7 @@ class TtlStore(ForwardingStore):
         self.policy = policy
         self.clock = now
         self._get, self._put = inner.get, inner.put
-        self._ttl = policy.ms
+        self._ttl = policy.ms * 1_000_000
         self._refresh = policy.update == "on-read-and-write"
         self._seen_expired: set[Any] = set()
         self._cursor: Any = None
@@ -159,19 +165,22 @@ class TtlStore(ForwardingStore):
         """Entries the sweeps have deleted (tombstones logged) since open."""
 
     def now(self) -> int:
-        """The clock for reads: ``now`` in ms, or a time before everything when unknown."""
+        """The clock for reads: ``now`` in ns, or a time before everything when unknown."""
         t = self.clock()
         return _NOTHING_EXPIRED if t is None else t
 
     def _expiry(self) -> int:
         t = self.clock()
         if t is None:
-            raise InvalidValueError(
-                f"store {self.name!r} has stores.{self.name}.ttl.time = event, but the task has no event time yet: "
-                "advance it first (TaskStorage.advance_event_time(ts); the Spark runner does it from "
-                "StreamTask.event_time_column after each input batch)"
-            )
-        return t + self._ttl
+            raise self._no_event_time()
+        return min(t + self._ttl, _MAX_EXPIRY_NS)
+
+    def _no_event_time(self) -> InvalidValueError:
+        return InvalidValueError(
+            f"store {self.name!r} has stores.{self.name}.ttl.time = event, but the task has no event time yet: "
+            "advance it first (TaskStorage.advance_event_time(ts); the Spark runner does it from "
+            "StreamTask.event_time_column before each input batch)"
+        )
 
     def _note_expired(self, key: Any) -> None:
         # Found expired by a read: the next sweep deletes it (unhashable keys, possible
@@ -186,7 +195,8 @@ class TtlStore(ForwardingStore):
         pair = self._get(key)
         if pair is None:
             return None
-        if pair[0] <= self.now():
+        t = self.clock()
+        if t is not None and pair[0] <= t:
             self._note_expired(key)
             return None
         if self._refresh:
@@ -233,7 +243,11 @@ class TtlStore(ForwardingStore):
     def put(self, key: Any, value: Any) -> None:
         if value is None:
             reject_none(self.name, key, value)
-        self._put(key, (self._expiry(), value))
+        t = self.clock()  # _expiry() inlined: put is the hot path
+        if t is None:
+            raise self._no_event_time()
+        expiry = t + self._ttl
+        self._put(key, (expiry if expiry < _MAX_EXPIRY_NS else _MAX_EXPIRY_NS, value))
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
         items = entries.items() if isinstance(entries, Mapping) else entries
@@ -270,6 +284,7 @@ class TtlStore(ForwardingStore):
         if doomed:
             doomed = list(dict.fromkeys(doomed))
             self.inner.delete_all(doomed)
+            fault_point("ttl.after_sweep")
             self.expired_deleted += len(doomed)
         return len(doomed)
 
