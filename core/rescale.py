@@ -673,12 +673,11 @@ def _run(job: _Job, input_position: Any, spark: Any, t0: float) -> RescaleResult
             )
     ckpts = _read_checkpoints(job)
     _check_stores(job, ckpts)
-    version = next(iter(ckpts.values())).version
-    position = _positions(job, ckpts, input_position, version)
-    for spec in job.stores.values():
-        layout_for(spec)  # refuse an unsplittable store before reading anything
+    for spec in job.stores.values():  # refuse an unsplittable store before reading anything
         if layout_for(spec).kind == "key":
             route_of(spec)
+    version = next(iter(ckpts.values())).version
+    position = _positions(job, ckpts, input_position, version)
     if job.staging.exists():
         shutil.rmtree(job.staging)
     ends: dict[str, list[int]] = {}
