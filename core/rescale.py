@@ -546,6 +546,7 @@ def _swap(job: _Job, manifest: Mapping[str, Any]) -> None:
         live.parent.mkdir(parents=True, exist_ok=True)
         os.replace(new, live)
         fsync_dir(live.parent)
+    fault_point("rescale.after_swap")
     _drop_local_copies(job)
     shutil.rmtree(staging)
     try:
