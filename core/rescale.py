@@ -61,7 +61,7 @@ from .engine import ChangeRecord, StoreSpec
 from .errors import ChangelogError, ConfigError, CorruptionError, InvalidValueError, LocalStateError
 from .faults import fault_point
 from .locking import FileLock, io_error
-from .partitioning import spark_hash
+from .partitioning import spark_hash, spark_hashes
 from .registry import resolve_factory
 from .serdes import get_serde
 from .storage import _store_meta, check_input_position, open_system
@@ -421,36 +421,51 @@ def _route_store(
                 f"stores.{spec.name}.rescale.key = key (or key[i] for an element of a tuple key). Nothing was changed."
             )
         for p, state in states.items():
-            for k, v in state.items():
-                if suffix and len(k) < suffix:
-                    raise CorruptionError(
-                        f"store {spec.name!r} partition {p}: change record key {k!r} is shorter than the "
-                        f"{spec.factory} layout allows. Nothing was changed."
-                    )
-                try:
-                    value = route(k[:-suffix] if suffix else k)
-                    # task_for(value, n) is spark_hash(value) % n: hash once for both counts.
-                    h = spark_hash(value, as_int32=int32)
-                    home = h % job.old
-                except LocalStateError as e:
-                    raise type(e)(f"store {spec.name!r} partition {p}: key {k!r}: {e}. Nothing was changed.") from e
-                except Exception as e:
-                    raise InvalidValueError(
-                        f"store {spec.name!r} partition {p}: key {k!r} does not decode with key.serde = "
-                        f"{spec.key_serde!r} ({e}). Nothing was changed."
-                    ) from e
-                if home != p:
+            keys = list(state)
+            values = [_route_value(spec, route, p, k, suffix) for k in keys]
+            try:
+                hashes = spark_hashes(values, as_int32=int32)
+            except LocalStateError:  # name the key: hash one at a time to find it
+                hashes = [_hash_value(spec, p, k, value, int32) for k, value in zip(keys, values)]
+            # task_for(value, n) is spark_hash(value) % n: one hash serves both counts.
+            for k, value, h in zip(keys, values, hashes):
+                if h % job.old != p:
                     raise ConfigError(
                         f"store {spec.name!r}: key {value!r} is held by old task {p} but its input rows go to task "
-                        f"{home}: the store is not partitioned by the input key (a task-level store such as a "
-                        f"watermark, or keys with the input key inside: set stores.{spec.name}.rescale.key = key[i]). "
-                        "Its state cannot be moved with the rows. Nothing was changed."
+                        f"{h % job.old}: the store is not partitioned by the input key (a task-level store such as "
+                        f"a watermark, or keys with the input key inside: set stores.{spec.name}.rescale.key = "
+                        "key[i]). Its state cannot be moved with the rows. Nothing was changed."
                     )
-                out[h % job.new][k] = v
+                out[h % job.new][k] = state[k]
     if shared:
         for target in out:
             target.update(shared)
     return out
+
+
+def _route_value(spec: StoreSpec, route: Callable[[bytes], Any], p: int, key: bytes, suffix: int) -> Any:
+    """The routing value of record key ``key`` of old task ``p``, or an error naming it."""
+    if suffix and len(key) < suffix:
+        raise CorruptionError(
+            f"store {spec.name!r} partition {p}: change record key {key!r} is shorter than the "
+            f"{spec.factory} layout allows. Nothing was changed."
+        )
+    try:
+        return route(key[:-suffix] if suffix else key)
+    except LocalStateError as e:
+        raise type(e)(f"store {spec.name!r} partition {p}: key {key!r}: {e}. Nothing was changed.") from e
+    except Exception as e:
+        raise InvalidValueError(
+            f"store {spec.name!r} partition {p}: key {key!r} does not decode with key.serde = "
+            f"{spec.key_serde!r} ({e}). Nothing was changed."
+        ) from e
+
+
+def _hash_value(spec: StoreSpec, p: int, key: bytes, value: Any, int32: bool) -> int:
+    try:
+        return spark_hash(value, as_int32=int32)
+    except LocalStateError as e:
+        raise type(e)(f"store {spec.name!r} partition {p}: key {key!r}: {e}. Nothing was changed.") from e
 
 
 # -- staging and the swap --------------------------------------------------------------------------------

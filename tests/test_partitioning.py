@@ -9,7 +9,7 @@ import random
 import pyarrow as pa
 import pytest
 from localstate import InvalidValueError
-from localstate.partitioning import spark_hash, task_for
+from localstate.partitioning import spark_hash, spark_hashes, task_for
 
 
 def _strings() -> list[str | None]:
@@ -79,3 +79,18 @@ def test_out_of_range_ints_are_refused():
         task_for(2**31, 4, as_int32=True)
     with pytest.raises(InvalidValueError, match="NaN"):
         task_for(float("nan"), 4)
+
+
+def test_the_vectorised_hash_equals_the_one_checked_against_spark():
+    """``spark_hashes`` (numpy, grouped by length) gives exactly ``spark_hash`` per value,
+    mixed types, every tail length, int32 and int64."""
+    rng = random.Random(9)
+    values: list = [v for column in COLUMNS for v in column.to_pylist()]
+    values += [bytes(rng.randrange(256) for _ in range(rng.randrange(0, 21))) for _ in range(2_000)]
+    values += [rng.randrange(-(2**63), 2**63) for _ in range(2_000)]
+    assert spark_hashes(values) == [spark_hash(v) for v in values]
+    ints = [rng.randrange(-(2**31), 2**31) for _ in range(500)]
+    assert spark_hashes(ints, as_int32=True) == [spark_hash(v, as_int32=True) for v in ints]
+    assert spark_hashes([]) == []
+    with pytest.raises(InvalidValueError, match="cannot route key"):
+        spark_hashes(["a", (1, 2)])
