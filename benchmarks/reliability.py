@@ -25,7 +25,7 @@ from typing import Any
 
 from localstate import Config, TaskStorage
 
-from .runner import make_row, rows_per_engine
+from .runner import paired_rows, rows_per_engine
 
 __all__ = ["run"]
 
@@ -94,16 +94,12 @@ def _measure(engine: str, records: int, every: int, repeats: int, root: Path) ->
     with TaskStorage(Config.from_dict(v)) as s:  # cuts the tail once; then a clean close
         assert s.checkpoint is not None and s.checkpoint.input_position == records
     params = {"records": records, "commit_every": every, "uncommitted_tail": every}
-    rows = []
-    for name, pristine in (("reopen after SIGKILL", crashed), ("reopen after clean close", clean)):
-        _timed_open(pristine, root / "work", values)  # warm-up
-        runs = [_timed_open(pristine, root / "work", values) for _ in range(repeats)]
-        rows.append(make_row(name, engine, params, "s", runs,
-                             baseline="reopen after clean close" if name.endswith("SIGKILL") else None,
-                             notes="TaskStorage open: restore to the last commit (+ tail cut after a crash)"))
-    crash, base = rows
-    crash["ratio"] = crash["median"] / base["median"] if base["median"] else None
-    return rows
+    return paired_rows(
+        engine, params, "s",
+        ("reopen after SIGKILL", lambda: _timed_open(crashed, root / "work", values)),
+        ("reopen after clean close", lambda: _timed_open(clean, root / "work", values)),
+        repeats, "TaskStorage open: restore to the last commit (+ tail cut after a crash)",
+    )
 
 
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from localstate import Config, TaskStorage
 from localstate.partitioning import task_for
 from localstate.rescale import rescale
 
-from .runner import make_row, rows_per_engine
+from .runner import paired_rows, rows_per_engine
 
 __all__ = ["run"]
 
@@ -92,16 +92,12 @@ def _measure(engine: str, records: int, repeats: int, root: Path) -> list[dict[s
     _build(pristine, engine, records)
     state = records - records // 10
     params = {"state_records": state, "from": OLD, "to": NEW}
-    rows = []
-    for name, timed in ((f"rescale {OLD} -> {NEW}", _time_rescale), (f"full restore, {OLD} tasks", _time_restore)):
-        timed(pristine, root / "work", engine)  # warm-up
-        runs = [state / timed(pristine, root / "work", engine) for _ in range(repeats)]
-        rows.append(make_row(name, engine, params, "records/s", runs,
-                             baseline=None if name.startswith("full") else f"full restore, {OLD} tasks",
-                             notes="state records (keys) per second; file changelog with fsync"))
-    rescaled, restored = rows
-    rescaled["ratio"] = rescaled["median"] / restored["median"] if restored["median"] else None
-    return rows
+    return paired_rows(
+        engine, params, "records/s",
+        (f"rescale {OLD} -> {NEW}", lambda: state / _time_rescale(pristine, root / "work", engine)),
+        (f"full restore, {OLD} tasks", lambda: state / _time_restore(pristine, root / "work", engine)),
+        repeats, "state records (keys) per second; file changelog with fsync",
+    )
 
 
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:

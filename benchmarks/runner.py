@@ -37,6 +37,7 @@ __all__ = [
     "make_row",
     "error_row",
     "rows_per_engine",
+    "paired_rows",
     "normalize_row",
     "time_trials",
     "machine_info",
@@ -144,6 +145,28 @@ def make_row(
         "error": None,
         "notes": notes,
     }
+
+
+def paired_rows(
+    engine: str,
+    params: dict[str, Any],
+    unit: str,
+    measured: tuple[str, Callable[[], float]],
+    baseline: tuple[str, Callable[[], float]],
+    repeats: int,
+    notes: str = "",
+) -> list[dict[str, Any]]:
+    """Two rows measured in the same run: ``measured`` and its ``baseline`` (each a name
+    and a function returning one run's figure), each warmed up once and run ``repeats``
+    times; the measured row's ``ratio`` is its median over the baseline's."""
+    rows = []
+    for (name, once), against in ((measured, baseline[0]), (baseline, None)):
+        once()  # warm-up
+        rows.append(make_row(name, engine, params, unit, [once() for _ in range(repeats)],
+                             baseline=against, notes=notes))
+    first, base = rows
+    first["ratio"] = first["median"] / base["median"] if base["median"] else None
+    return rows
 
 
 def rows_per_engine(

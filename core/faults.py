@@ -43,6 +43,7 @@ FAULT_POINTS = (
     "rescale.before_manifest",
     "rescale.after_manifest",
     "rescale.swap",
+    "rescale.after_swap",
 )
 
 _armed: dict[str, list] = {}

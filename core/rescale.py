@@ -38,7 +38,8 @@ Per-task inputs (a Kafka input topic with one partition per task) must be
 re-partitioned by the same key to the new count first: see docs/rescale.md.
 
 Supported: the file changelog (checkpoints and every logged store in one
-``systems.<name>`` of type ``file``).
+``systems.<name>`` of type ``file``). Steps 3–4 (the files) live in
+:mod:`localstate.rescale_files`; this module decides what is refused and what goes where.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from __future__ import annotations
 import json
 import logging
 import numbers
-import os
 import re
 import shutil
 import time
@@ -57,17 +57,36 @@ from typing import Any, Literal
 
 from .checkpoint import Checkpoint
 from .config import Config
-from .engine import ChangeRecord, StoreSpec
+from .engine import StoreSpec
 from .errors import ChangelogError, ConfigError, CorruptionError, InvalidValueError, LocalStateError
-from .faults import fault_point
 from .layout import task_lock
 from .locking import FileLock, io_error
-from .partitioning import spark_hash
+from .partitioning import spark_hash, spark_hashes
 from .registry import resolve_factory
+from .rescale_files import (
+    JobFiles,
+    manifest_still_valid,
+    pending,
+    stream_count,
+    streams,
+    swap,
+    write_new_partition,
+    write_staging,
+)
 from .serdes import get_serde
 from .storage import _store_meta, check_input_position, open_system
 
-__all__ = ["RecordLayout", "RescaleResult", "SAME_POSITION", "layout_for", "rescale", "route_of"]
+__all__ = [
+    "RecordLayout",
+    "RescaleResult",
+    "SAME_POSITION",
+    "layout_for",
+    "rescale",
+    "route_of",
+    "route_old_task",
+    "update_config_file",
+    "write_task_partition",
+]
 
 log = logging.getLogger("localstate.rescale")
 
@@ -75,7 +94,6 @@ SAME_POSITION: Any = type("SamePosition", (), {"__repr__": lambda self: "SAME_PO
 """Default of ``input_position``: every old task must hold the same one; it is copied."""
 
 _META_KEY = b"\x00"
-_WRITE_CHUNK = 10_000
 
 
 @dataclass(frozen=True)
@@ -190,25 +208,6 @@ class RescaleResult:
     that happened after the swap): nothing was written."""
 
 
-# -- the plan: what is read, checked and where it goes ------------------------------------------------
-@dataclass
-class _Job:
-    config: Config
-    old: int
-    new: int
-    system: Any
-    root: Path
-    stores: dict[str, StoreSpec]
-    """Logged stores (unlogged ones hold no durable state and are only wiped locally)."""
-
-    @property
-    def staging(self) -> Path:
-        return self.root / "_rescale" / self.config.job_name
-
-    def checkpoint_dir(self) -> Path:
-        return self.root / "_checkpoints" / self.config.job_name
-
-
 def _check_target(to: Any) -> int:
     if isinstance(to, bool) or not isinstance(to, numbers.Integral):
         raise InvalidValueError(f"rescale target must be an int >= 1, got {to!r} ({type(to).__name__})")
@@ -218,7 +217,7 @@ def _check_target(to: Any) -> int:
     return to
 
 
-def _job(config: Config, to: Any) -> _Job:
+def _job(config: Config, to: Any) -> JobFiles:
     if not isinstance(config, Config):
         raise TypeError(f"rescale needs a localstate.Config, got {type(config).__name__}")
     to = _check_target(to)
@@ -246,34 +245,20 @@ def _job(config: Config, to: Any) -> _Job:
             f"job {config.job_name!r}: rescale supports the file changelog; systems.{name} is "
             f"{type(system).__name__} ({system.describe()}). Nothing was changed."
         )
-    return _Job(config, config.partitions, to, system, system.root, stores)
-
-
-def _stream_count(job: _Job, stream: str) -> int | None:
-    meta = job.root / stream / "stream.json"
-    try:
-        return int(json.loads(meta.read_text())["partitions"])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise CorruptionError(f"{meta} is corrupt ({e}); nothing was changed") from e
-
-
-def _streams(job: _Job) -> list[str]:
-    return sorted({s.changelog[1] for s in job.stores.values()})  # type: ignore[index]
+    return JobFiles(config, config.partitions, to, system, system.root, stores)
 
 
 class _Locks:
     """Every old task's state-dir lock and changelog-partition locks, held together."""
 
-    def __init__(self, job: _Job) -> None:
+    def __init__(self, job: JobFiles) -> None:
         self._held: list[FileLock] = []
         config = job.config
         try:
             if "{executor}" not in str(config.state_dir):
                 for p in range(job.old):
                     self._held.append(task_lock(config, p))
-            for stream in _streams(job):
+            for stream in streams(job):
                 for p in range(job.old):
                     d = job.root / stream / str(p)
                     if d.is_dir():
@@ -291,7 +276,7 @@ class _Locks:
         self._held.clear()
 
 
-def _read_checkpoints(job: _Job) -> dict[int, Checkpoint]:
+def _read_checkpoints(job: JobFiles) -> dict[int, Checkpoint]:
     """Every old task's checkpoint, all committed at one version (else a refusal)."""
     store = job.system.checkpoints()
     ckpts = {p: store.read(job.config.job_name, p) for p in range(job.old)}
@@ -311,7 +296,7 @@ def _read_checkpoints(job: _Job) -> dict[int, Checkpoint]:
     return committed
 
 
-def _check_stores(job: _Job, ckpts: Mapping[int, Checkpoint]) -> None:
+def _check_stores(job: JobFiles, ckpts: Mapping[int, Checkpoint]) -> None:
     for p, ckpt in ckpts.items():
         dropped = set(ckpt.offsets) - set(job.config.stores)
         if dropped:
@@ -330,7 +315,7 @@ def _check_stores(job: _Job, ckpts: Mapping[int, Checkpoint]) -> None:
                 )
 
 
-def _positions(job: _Job, ckpts: Mapping[int, Checkpoint], input_position: Any, version: int) -> Any:
+def _positions(job: JobFiles, ckpts: Mapping[int, Checkpoint], input_position: Any, version: int) -> Any:
     old = {p: c.input_position for p, c in ckpts.items()}
     if input_position is SAME_POSITION:
         distinct = {json.dumps(v, sort_keys=True) for v in old.values()}
@@ -349,7 +334,7 @@ def _positions(job: _Job, ckpts: Mapping[int, Checkpoint], input_position: Any, 
     return value
 
 
-def _committed_records(job: _Job, spec: StoreSpec, p: int, ckpt: Checkpoint) -> dict[bytes, bytes]:
+def _committed_records(job: JobFiles, spec: StoreSpec, p: int, ckpt: Checkpoint) -> dict[bytes, bytes]:
     """The store's state in old task ``p``: records ``[0, C)`` below the checkpoint's
     offset, folded (tombstones remove). Opened read-only: the locks are already held."""
     stream = spec.changelog[1]  # type: ignore[index]
@@ -380,7 +365,7 @@ def _committed_records(job: _Job, spec: StoreSpec, p: int, ckpt: Checkpoint) -> 
 
 
 def _route_store(
-    job: _Job, spec: StoreSpec, states: Mapping[int, dict[bytes, bytes]]
+    job: JobFiles, spec: StoreSpec, states: Mapping[int, dict[bytes, bytes]]
 ) -> list[dict[bytes, bytes]]:
     """The new tasks' records of one store from the old tasks' states."""
     layout = layout_for(spec)
@@ -419,190 +404,51 @@ def _route_store(
                 f"stores.{spec.name}.rescale.key = key (or key[i] for an element of a tuple key). Nothing was changed."
             )
         for p, state in states.items():
-            for k, v in state.items():
-                if suffix and len(k) < suffix:
-                    raise CorruptionError(
-                        f"store {spec.name!r} partition {p}: change record key {k!r} is shorter than the "
-                        f"{spec.factory} layout allows. Nothing was changed."
-                    )
-                try:
-                    value = route(k[:-suffix] if suffix else k)
-                    # task_for(value, n) is spark_hash(value) % n: hash once for both counts.
-                    h = spark_hash(value, as_int32=int32)
-                    home = h % job.old
-                except LocalStateError as e:
-                    raise type(e)(f"store {spec.name!r} partition {p}: key {k!r}: {e}. Nothing was changed.") from e
-                except Exception as e:
-                    raise InvalidValueError(
-                        f"store {spec.name!r} partition {p}: key {k!r} does not decode with key.serde = "
-                        f"{spec.key_serde!r} ({e}). Nothing was changed."
-                    ) from e
-                if home != p:
+            keys = list(state)
+            values = [_route_value(spec, route, p, k, suffix) for k in keys]
+            try:
+                hashes = spark_hashes(values, as_int32=int32)
+            except LocalStateError:  # name the key: hash one at a time to find it
+                hashes = [_hash_value(spec, p, k, value, int32) for k, value in zip(keys, values)]
+            # task_for(value, n) is spark_hash(value) % n: one hash serves both counts.
+            for k, value, h in zip(keys, values, hashes):
+                if h % job.old != p:
                     raise ConfigError(
                         f"store {spec.name!r}: key {value!r} is held by old task {p} but its input rows go to task "
-                        f"{home}: the store is not partitioned by the input key (a task-level store such as a "
-                        f"watermark, or keys with the input key inside: set stores.{spec.name}.rescale.key = key[i]). "
-                        "Its state cannot be moved with the rows. Nothing was changed."
+                        f"{h % job.old}: the store is not partitioned by the input key (a task-level store such as "
+                        f"a watermark, or keys with the input key inside: set stores.{spec.name}.rescale.key = "
+                        "key[i]). Its state cannot be moved with the rows. Nothing was changed."
                     )
-                out[h % job.new][k] = v
+                out[h % job.new][k] = state[k]
     if shared:
         for target in out:
             target.update(shared)
     return out
 
 
-# -- staging and the swap --------------------------------------------------------------------------------
-def _write_partition(job: _Job, directory: Path, records: Iterable[ChangeRecord]) -> int:
-    from localstate.changelog.file import FileChangelogPartition, atomic_write
-
-    part = FileChangelogPartition(directory, segment_bytes=job.system.segment_bytes, fsync=job.system.fsync)
+def _route_value(spec: StoreSpec, route: Callable[[bytes], Any], p: int, key: bytes, suffix: int) -> Any:
+    """The routing value of record key ``key`` of old task ``p``, or an error naming it."""
+    if suffix and len(key) < suffix:
+        raise CorruptionError(
+            f"store {spec.name!r} partition {p}: change record key {key!r} is shorter than the "
+            f"{spec.factory} layout allows. Nothing was changed."
+        )
     try:
-        chunk: list[ChangeRecord] = []
-        for record in records:
-            chunk.append(record)
-            if len(chunk) >= _WRITE_CHUNK:
-                part.append(chunk)
-                chunk = []
-        if chunk:
-            part.append(chunk)
-        end = part.flush()
-    finally:
-        part.close()
-    # A local copy of the old task with this number that rescale cannot reach (another
-    # machine's disk) holds snapshots tagged with offsets of the *old* log, possibly at or
-    # below the new end: none may be loaded for the new task. A horizon past the end
-    # rejects them all; the new task's own snapshots count from its first commit that
-    # writes a record (until then each open replays the partition: the price of never
-    # trusting a stale copy).
-    atomic_write(directory / "compaction.json", json.dumps({"tombstone_horizon": end + 1}).encode())
-    return end
+        return route(key[:-suffix] if suffix else key)
+    except LocalStateError as e:
+        raise type(e)(f"store {spec.name!r} partition {p}: key {key!r}: {e}. Nothing was changed.") from e
+    except Exception as e:
+        raise InvalidValueError(
+            f"store {spec.name!r} partition {p}: key {key!r} does not decode with key.serde = "
+            f"{spec.key_serde!r} ({e}). Nothing was changed."
+        ) from e
 
 
-def write_new_partition(job: _Job, name: str, q: int, records: Mapping[bytes, bytes]) -> int:
-    """Write new task ``q``'s records of store ``name`` (sorted by key) into the staging
-    area; returns the partition's end offset (its committed offset)."""
-    sdir = job.staging / "new" / job.stores[name].changelog[1]  # type: ignore[index]
-    d = sdir / str(q)
-    if d.exists():
-        shutil.rmtree(d)  # a failed attempt of the same Spark task
-    end = _write_partition(job, d, sorted(records.items()))
-    fault_point("rescale.staging")
-    return end
-
-
-def _write_staging(job: _Job, ends: Mapping[str, list[int]], counts: Mapping[str, int], version: int,
-                   position: Any, ckpts: Mapping[int, Checkpoint]) -> None:
-    """Complete the new job under ``staging/new`` (whose changelog partitions are
-    written): stream counts, checkpoints, and the manifest last — the commit point."""
-    from localstate.changelog.file import FileCheckpointStore, atomic_write, fsync_dir
-
-    staging = job.staging
-    new = staging / "new"
-    streams = sorted({job.stores[n].changelog[1] for n in ends})  # type: ignore[index]
-    for stream in streams:
-        sdir = new / stream
-        atomic_write(sdir / "stream.json", json.dumps({"partitions": job.new}).encode())
-        fsync_dir(sdir)
-    meta = {name: _store_meta(spec) for name, spec in job.stores.items()}
-    epoch = max(c.epoch for c in ckpts.values()) + 1
-    store = FileCheckpointStore(new / "_checkpoints")
-    for q in range(job.new):
-        offsets = {name: per_task[q] for name, per_task in ends.items()}
-        store.write(job.config.job_name, q, Checkpoint(version=version, input_position=position, offsets=offsets,
-                                                       epoch=epoch, stores=meta))
-    fsync_dir(new)
-    fault_point("rescale.before_manifest")
-    manifest = {
-        "job": job.config.job_name,
-        "from": job.old,
-        "to": job.new,
-        "streams": streams,
-        "old_checkpoints": {str(p): [c.version, c.epoch, c.written_at] for p, c in ckpts.items()},
-        "records": dict(counts),
-        "version": version,
-    }
-    atomic_write(staging / "manifest.json", json.dumps(manifest, sort_keys=True).encode())
-    fault_point("rescale.after_manifest")
-
-
-def _swap(job: _Job, manifest: Mapping[str, Any]) -> None:
-    """Rename every new stream and the new checkpoints into place (idempotent: a re-run
-    after a crash continues where it stopped). Checkpoints go last."""
-    from localstate.changelog.file import fsync_dir
-
-    staging = job.staging
-    pairs = [(job.root / s, staging / "new" / s, staging / "old" / s) for s in manifest["streams"]]
-    pairs.append((job.checkpoint_dir(), staging / "new" / "_checkpoints" / job.config.job_name,
-                  staging / "old" / "_checkpoints"))
-    (staging / "old").mkdir(exist_ok=True)
-    for live, new, aside in pairs:
-        if not new.exists():
-            continue  # already swapped
-        if live.exists():
-            os.replace(live, aside)
-        fault_point("rescale.swap")
-        live.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(new, live)
-        fsync_dir(live.parent)
-    _drop_local_copies(job)
-    shutil.rmtree(staging)
+def _hash_value(spec: StoreSpec, p: int, key: bytes, value: Any, int32: bool) -> int:
     try:
-        staging.parent.rmdir()  # only when no other job's rescale is pending there
-    except OSError:
-        pass
-    fsync_dir(job.root)
-
-
-def _drop_local_copies(job: _Job) -> None:
-    """Delete every reachable local copy of the job's stores (all partitions): they hold
-    the old tasks' keys. With ``{executor}`` in ``job.state.dir`` every executor's
-    directory on this file system is found by pattern."""
-    state_dir = str(job.config.state_dir)
-    if "{executor}" in state_dir:
-        parent = Path(state_dir.split("{executor}")[0]).parent
-        pattern = state_dir.replace("{executor}", "*")
-        roots = [p for p in parent.glob(str(Path(pattern).relative_to(parent)))] if parent.exists() else []
-    else:
-        roots = [job.config.state_dir]
-    for root in roots:
-        for name in job.config.stores:
-            d = root / job.config.job_name / name
-            if d.exists():
-                shutil.rmtree(d)
-
-
-def _pending(job: _Job) -> dict[str, Any] | None:
-    """A committed but unfinished rescale's manifest, or None (an unfinished staging area
-    without a manifest is discarded: the old job is untouched)."""
-    staging = job.staging
-    if not staging.exists():
-        return None
-    try:
-        manifest = json.loads((staging / "manifest.json").read_bytes())
-    except FileNotFoundError:
-        log.warning("discarding an unfinished rescale of job %r at %s (it crashed before its manifest; the "
-                    "old job was never changed)", job.config.job_name, staging)
-        shutil.rmtree(staging)
-        return None
-    except (OSError, ValueError) as e:
-        raise CorruptionError(f"{staging / 'manifest.json'} is unreadable ({e}); the old job is in its place "
-                              f"until the swap starts: inspect {staging}") from e
-    return manifest
-
-
-def _manifest_still_valid(job: _Job, manifest: Mapping[str, Any]) -> bool:
-    """False when the old job committed again after the manifest (it ran before the swap
-    began): the staged state is stale and must be rebuilt."""
-    if not (job.staging / "new" / "_checkpoints" / job.config.job_name).exists():
-        return True  # checkpoints swapped: the swap is past the point of no return
-    if any((job.staging / "old" / s).exists() for s in manifest["streams"]):
-        return True  # the swap began: the old job can no longer run (stream counts differ)
-    store = job.system.checkpoints()
-    for p, (version, epoch, written_at) in manifest["old_checkpoints"].items():
-        c = store.read(job.config.job_name, int(p))
-        if c is None or [c.version, c.epoch, c.written_at] != [version, epoch, written_at]:
-            return False
-    return True
+        return spark_hash(value, as_int32=int32)
+    except LocalStateError as e:
+        raise type(e)(f"store {spec.name!r} partition {p}: key {key!r}: {e}. Nothing was changed.") from e
 
 
 # -- the entry point ------------------------------------------------------------------------------------
@@ -636,25 +482,25 @@ def rescale(
         job.system.close()
 
 
-def _run(job: _Job, input_position: Any, spark: Any, t0: float) -> RescaleResult:
+def _run(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleResult:
     config = job.config
     new_config = config.with_overrides({"job.partitions": job.new})
-    manifest = _pending(job)
+    manifest = pending(job)
     if manifest is not None:
         if manifest["to"] != job.new or manifest["from"] not in (job.old, job.new):
             raise LocalStateError(
                 f"job {config.job_name!r}: an earlier rescale from {manifest['from']} to {manifest['to']} partitions "
                 f"was committed but not finished ({job.staging}); finish it first with --to {manifest['to']}"
             )
-        if _manifest_still_valid(job, manifest):
+        if manifest_still_valid(job, manifest):
             log.warning("job %r: finishing the rescale to %d partitions that a crash interrupted",
                         config.job_name, job.new)
-            _swap(job, manifest)
+            swap(job, manifest)
             return RescaleResult(new_config, manifest["from"], job.new, manifest["version"],
                                  dict(manifest["records"]), time.perf_counter() - t0)
         log.warning("job %r committed again after an unfinished rescale was staged: restaging", config.job_name)
         shutil.rmtree(job.staging)
-    counts = {s: _stream_count(job, s) for s in _streams(job)}
+    counts = {s: stream_count(job, s) for s in streams(job)}
     if counts and all(c == job.new for c in counts.values()) and job.old != job.new:
         ckpt = job.system.checkpoints().read(config.job_name, 0)
         log.warning("job %r: its changelog is already at %d partitions (an earlier rescale finished)",
@@ -671,12 +517,11 @@ def _run(job: _Job, input_position: Any, spark: Any, t0: float) -> RescaleResult
             )
     ckpts = _read_checkpoints(job)
     _check_stores(job, ckpts)
-    version = next(iter(ckpts.values())).version
-    position = _positions(job, ckpts, input_position, version)
-    for spec in job.stores.values():
-        layout_for(spec)  # refuse an unsplittable store before reading anything
+    for spec in job.stores.values():  # refuse an unsplittable store before reading anything
         if layout_for(spec).kind == "key":
             route_of(spec)
+    version = next(iter(ckpts.values())).version
+    position = _positions(job, ckpts, input_position, version)
     if job.staging.exists():
         shutil.rmtree(job.staging)
     ends: dict[str, list[int]] = {}
@@ -693,7 +538,7 @@ def _run(job: _Job, input_position: Any, spark: Any, t0: float) -> RescaleResult
                 del states
                 ends[name] = [write_new_partition(job, name, q, part) for q, part in enumerate(parts)]
                 records[name] = sum(len(part) for part in parts)
-        _write_staging(job, ends, records, version, position, ckpts)
+        write_staging(job, ends, records, version, position, ckpts)
     except Exception:
         # A refusal found while staging (a later store's keys): the old job was never
         # touched; remove what was staged so a refusal changes nothing on disk.
@@ -704,9 +549,9 @@ def _run(job: _Job, input_position: Any, spark: Any, t0: float) -> RescaleResult
             except OSError:
                 pass
         raise
-    manifest = _pending(job)
+    manifest = pending(job)
     assert manifest is not None
-    _swap(job, manifest)
+    swap(job, manifest)
     log.info("job %r rescaled from %d to %d partitions at version %d: %s", config.job_name, job.old, job.new,
              version, records)
     return RescaleResult(new_config, job.old, job.new, version, records, time.perf_counter() - t0)
@@ -723,7 +568,19 @@ def route_old_task(config: Config, to: int, name: str, p: int, ckpt: Checkpoint)
         job.system.close()
 
 
-def merge_records(spec: StoreSpec, parts: Iterable[Mapping[bytes, bytes]]) -> dict[bytes, bytes]:
+def write_task_partition(config: Config, to: int, name: str, q: int,
+                         pieces: Iterable[Mapping[bytes, bytes]]) -> tuple[int, int]:
+    """Merge the pieces old tasks sent new task ``q`` of store ``name`` and write them
+    into the staging area; returns ``(end offset, records)`` (run on a Spark executor)."""
+    job = _job(config, to)
+    try:
+        records = _merge_records(job.stores[name], pieces)
+        return write_new_partition(job, name, q, records), len(records)
+    finally:
+        job.system.close()
+
+
+def _merge_records(spec: StoreSpec, parts: Iterable[Mapping[bytes, bytes]]) -> dict[bytes, bytes]:
     """One new task's records of ``spec`` from the pieces several old tasks sent it."""
     merge = layout_for(spec).merge
     out: dict[bytes, bytes] = {}

@@ -9,7 +9,7 @@ import random
 import pyarrow as pa
 import pytest
 from localstate import InvalidValueError
-from localstate.partitioning import spark_hash, task_for
+from localstate.partitioning import spark_hash, spark_hashes, task_for
 
 
 def _strings() -> list[str | None]:
@@ -26,41 +26,38 @@ def _longs() -> list[int | None]:
     return edge + [rng.randrange(-(2**63), 2**63) for _ in range(300)] + list(range(-50, 50))
 
 
-def _spark_tasks(spark, column: pa.Array, partitions: int) -> list[tuple[object, int]]:
-    """(key, task) pairs as StatefulJob's routing puts them: repartition by the key column."""
+def _spark_tasks(spark, column: pa.Array, partitions: int) -> list[tuple[object, int, int]]:
+    """(key, task, hash) triples: the task as StatefulJob's routing puts the key's rows
+    (repartition by the key column), and Spark's ``hash(key)``."""
     from pyspark.sql import functions as F
 
     df = spark.createDataFrame(pa.table({"k": column}))
-    rows = df.repartition(partitions, "k").select("k", F.spark_partition_id().alias("p")).collect()
-    return [(r["k"], r["p"]) for r in rows]
+    rows = df.repartition(partitions, "k").select("k", F.spark_partition_id().alias("p"), F.hash("k").alias("h"))
+    return [(r["k"], r["p"], r["h"]) for r in rows.collect()]
 
 
-@pytest.mark.parametrize("partitions", [3, 4, 6])
-def test_task_for_equals_spark_repartition(spark, partitions):
-    columns = [
-        pa.array(_strings(), pa.string()),
-        pa.array(_longs(), pa.int64()),
-        pa.array([v for v in _longs() if v is None or -(2**31) <= v < 2**31], pa.int32()),
-        pa.array([b"", b"\x00", b"\xff\xfe\x80", bytes(range(256)), b"abcdefg", None], pa.binary()),
-        pa.array([True, False, None], pa.bool_()),
-        pa.array([0.0, -0.0, 1.5, -2.25, 1e300, float("inf"), float("-inf"), None], pa.float64()),
-    ]
-    for column in columns:
-        int32 = column.type == pa.int32()
-        pairs = _spark_tasks(spark, column, partitions)
-        assert len(pairs) == len(column)
-        wrong = [(k, p, task_for(k, partitions, as_int32=int32)) for k, p in pairs
-                 if task_for(k, partitions, as_int32=int32) != p]
-        assert not wrong, f"{column.type}: {wrong[:5]}"
+COLUMNS = [
+    pa.array(_strings(), pa.string()),
+    pa.array(_longs(), pa.int64()),
+    pa.array([v for v in _longs() if v is None or -(2**31) <= v < 2**31], pa.int32()),
+    pa.array([b"", b"\x00", b"\xff\xfe\x80", bytes(range(256)), b"abcdefg", None], pa.binary()),
+    pa.array([True, False, None], pa.bool_()),
+    pa.array([0.0, -0.0, 1.5, -2.25, 1e300, float("inf"), float("-inf"), None], pa.float64()),
+]
 
 
-def test_spark_hash_equals_sql_hash(spark):
-    from pyspark.sql import functions as F
-
-    keys = _strings()[:100]
-    rows = spark.createDataFrame(pa.table({"k": pa.array(keys, pa.string())})).select(
-        "k", F.hash("k").alias("h")).collect()
-    assert {r["k"]: r["h"] for r in rows} == {k: spark_hash(k) for k in keys}
+@pytest.mark.parametrize("column", COLUMNS, ids=[str(c.type) for c in COLUMNS])
+def test_task_for_equals_spark_repartition(spark, column):
+    """Per key type: the task ``df.repartition(4, key)`` picks, and Spark's ``hash(key)``
+    — from which HashPartitioning takes ``pmod(hash, N)`` for every N (checked for 3 and 6)."""
+    int32 = column.type == pa.int32()
+    rows = _spark_tasks(spark, column, 4)
+    assert len(rows) == len(column)
+    wrong = [(k, p, h) for k, p, h in rows
+             if (task_for(k, 4, as_int32=int32), spark_hash(k, as_int32=int32)) != (p, h)]
+    assert not wrong, f"{column.type}: {wrong[:5]}"
+    for n in (3, 6):
+        assert all(task_for(k, n, as_int32=int32) == h % n for k, _, h in rows)
 
 
 @pytest.mark.parametrize("bad", [1.5j, (1, 2), [1], object()])
@@ -82,3 +79,18 @@ def test_out_of_range_ints_are_refused():
         task_for(2**31, 4, as_int32=True)
     with pytest.raises(InvalidValueError, match="NaN"):
         task_for(float("nan"), 4)
+
+
+def test_the_vectorised_hash_equals_the_one_checked_against_spark():
+    """``spark_hashes`` (numpy, grouped by length) gives exactly ``spark_hash`` per value,
+    mixed types, every tail length, int32 and int64."""
+    rng = random.Random(9)
+    values: list = [v for column in COLUMNS for v in column.to_pylist()]
+    values += [bytes(rng.randrange(256) for _ in range(rng.randrange(0, 21))) for _ in range(2_000)]
+    values += [rng.randrange(-(2**63), 2**63) for _ in range(2_000)]
+    assert spark_hashes(values) == [spark_hash(v) for v in values]
+    ints = [rng.randrange(-(2**31), 2**31) for _ in range(500)]
+    assert spark_hashes(ints, as_int32=True) == [spark_hash(v, as_int32=True) for v in ints]
+    assert spark_hashes([]) == []
+    with pytest.raises(InvalidValueError, match="cannot route key"):
+        spark_hashes(["a", (1, 2)])

@@ -363,7 +363,8 @@ def test_a_crash_before_the_manifest_leaves_the_old_job_intact(tmp_path, fault):
     assert state_of(new) == want
 
 
-@pytest.mark.parametrize("fault", ["rescale.after_manifest=kill", "rescale.swap=kill", "rescale.swap=kill@2"])
+@pytest.mark.parametrize("fault", ["rescale.after_manifest=kill", "rescale.swap=kill", "rescale.swap=kill@2",
+                                   "rescale.after_swap=kill"])
 def test_a_crash_after_the_manifest_is_finished_by_a_re_run(tmp_path, fault):
     config = seeded_job(tmp_path)
     assert _rescale_in_child(tmp_path, 6, fault) == -9
@@ -553,3 +554,21 @@ def test_an_empty_store_and_empty_new_tasks_open_and_commit(tmp_path, factory):
                 with storage.store("counts").all() as items:
                     assert dict(items) == ({"user-1": {"n": 1}} if task_for("user-1", 5) == q else {})
                 storage.commit("same", version=1 + round_)
+
+
+def test_a_corrupt_old_checkpoint_or_stream_file_is_refused_naming_it(tmp_path):
+    config = seeded_job(tmp_path)
+    ckpt = tmp_path / "changelog" / "_checkpoints" / "clicks" / "partition-2.ckpt"
+    good = ckpt.read_bytes()
+    ckpt.write_bytes(good[:-3])
+    digest = tree_digest(tmp_path)
+    with pytest.raises(LocalStateError, match=f"checkpoint {ckpt} is corrupt"):
+        rescale(config, 6)
+    assert tree_digest(tmp_path) == digest
+    ckpt.write_bytes(good)
+    meta = tmp_path / "changelog" / "clicks-counts" / "stream.json"
+    meta.write_text("{partitions")
+    digest = tree_digest(tmp_path)
+    with pytest.raises(LocalStateError, match=f"{meta} is corrupt"):
+        rescale(config, 6)
+    assert tree_digest(tmp_path) == digest

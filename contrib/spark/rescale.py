@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from localstate import Checkpoint, LocalStateError
-from localstate.rescale import merge_records, route_old_task, write_new_partition
+from localstate.rescale import route_old_task, write_task_partition
 
 __all__ = ["stage_with_spark"]
 
@@ -37,14 +37,8 @@ def stage_with_spark(spark: Any, job: Any, ckpts: Mapping[int, Checkpoint]) -> t
 
     def write(index: int, pieces: Iterator[tuple[tuple[str, int], dict[bytes, bytes]]]) -> Iterator[tuple[str, int, int, int]]:
         name, q = names[index // new], index % new
-        from localstate.rescale import _job
-
-        local = _job(config, new)
-        try:
-            records = merge_records(local.stores[name], (part for _, part in pieces))
-            yield name, q, write_new_partition(local, name, q, records), len(records)
-        finally:
-            local.system.close()
+        end, count = write_task_partition(config, new, name, q, (part for _, part in pieces))
+        yield name, q, end, count
 
     sc = spark.sparkContext
     sc.setJobDescription(f"localstate rescale {config.job_name}: {old} -> {new} partitions")
