@@ -271,3 +271,15 @@ def test_cli_get_and_dump(tmp_path: Path) -> None:
     out_of_range = run(cli, ["dump", "-c", str(toml), "s", "--partition", "5"])
     assert out_of_range.exit_code == 2 and "out of range" in out_of_range.output
     assert run(cli, ["dump", "-c", str(toml), "s", "--limit", "-1"]).exit_code == 2
+
+
+def test_stateapi_bench_suite_quick_rows_are_well_formed() -> None:
+    from localstate.benchmarks.runner import normalize_row
+    from localstate.benchmarks.state_api import run
+
+    rows = [normalize_row(r, "stateapi") for r in run(quick=True, repeats=1)]
+    assert not [r for r in rows if r["error"]], rows
+    names = {(r["workload"], r["engine"]) for r in rows}
+    assert ("state query (StateReader)", "memory") in names and ("get (cache hits) with metrics", "memory") in names
+    assert all(r["median"] > 0 for r in rows)
+    assert all(r["ratio"] > 0 for r in rows if r["baseline"])
