@@ -283,3 +283,75 @@ def test_stateapi_bench_suite_quick_rows_are_well_formed() -> None:
     assert ("state query (StateReader)", "memory") in names and ("get (cache hits) with metrics", "memory") in names
     assert all(r["median"] > 0 for r in rows)
     assert all(r["ratio"] > 0 for r in rows if r["baseline"])
+
+
+def test_non_kv_engines_are_rebuilt_in_a_scratch_dir_removed_on_close(tmp_path: Path) -> None:
+    config = Config.from_dict({
+        "job.name": "sketch",
+        "job.state.dir": str(tmp_path / "state"),
+        "systems.file.path": str(tmp_path / "changelog"),
+        "stores.top.factory": "topn",
+        "stores.top.topn.size": 2,
+        "stores.top.key.serde": "string",
+        "stores.top.changelog": "file.sketch-top",
+    })
+    with TaskStorage(config, 0) as storage:
+        top = storage.store("top")
+        for member, score in (("a", 1.0), ("b", 5.0), ("c", 3.0)):
+            top.offer(member, score)
+        storage.commit()
+        top.offer("d", 9.0)  # not committed
+        expected = [e.member for e in top.top()]
+        before = _tree_digest(tmp_path / "state", tmp_path / "changelog")
+        with StateReader(config, 0) as reader:
+            rebuilt = reader.store("top")
+            assert [e.member for e in rebuilt.top()] == ["b", "c"]
+            with pytest.raises(TypeError, match="not a key-value store"):
+                reader.store("top", str, float)
+            scratch = reader._scratch
+            assert scratch is not None and scratch.exists()
+        assert not scratch.exists()
+        with pytest.raises(ConfigError, match="not a key-value engine"):
+            list(read_committed(config, "top"))
+        assert _tree_digest(tmp_path / "state", tmp_path / "changelog") == before
+        assert expected == ["d", "b"]
+
+
+def test_typed_accessor_rejects_non_types(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    with TaskStorage(config, 0) as storage:
+        with pytest.raises(TypeError, match="must be a class"):
+            storage.store("s", "str", int)  # type: ignore[call-overload]
+        with pytest.raises(ConfigError, match="asked for keys of type bytes"):
+            storage.store("s", bytes, object)
+        assert storage.store("s", object, dict) is storage.store("s")  # json holds many types
+
+
+@pytest.mark.kafka
+def test_reader_over_a_kafka_changelog(tmp_path: Path, kafka_broker: str) -> None:
+    import uuid
+
+    job = f"rk-{uuid.uuid4().hex[:8]}"
+    config = Config.from_dict({
+        "job.name": job,
+        "job.state.dir": str(tmp_path / "state"),
+        "stores.kv.factory": "rocksdb",
+        "stores.kv.changelog": f"kafka.{job}-kv",
+        "stores.kv.key.serde": "string",
+        "stores.kv.msg.serde": "json",
+        "systems.kafka.bootstrap.servers": kafka_broker,
+    })
+    assert config.checkpoint_system == "kafka"
+    with TaskStorage(config, 0) as storage:
+        kv = storage.store("kv")
+        kv.update({"a": 1, "b": 2})
+        storage.commit()
+        kv.update({"a": 10, "c": 3})
+        del kv["b"]
+        storage.commit()
+        kv["z"] = 26  # logged below, never committed
+        kv.flush()
+        storage.changelog("kv").flush()
+        with StateReader(config, 0) as reader:
+            assert dict(reader.store("kv")) == {"a": 10, "c": 3}
+            assert reader.loaded_versions == {"kv": 2}
