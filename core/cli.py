@@ -346,7 +346,7 @@ def get(config_path: str | None, overrides: tuple[str, ...], partition: int | No
     try:
         for p in parts:
             with StateReader(config, p) as reader:
-                value = reader.store(store).get(wanted)
+                value = reader.get(store, wanted)
             if value is not None:
                 if as_json:
                     click.echo(json.dumps({"partition": p, "key": wanted, "value": value}, default=_json_default))

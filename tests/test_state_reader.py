@@ -19,8 +19,10 @@ import pytest
 from localstate import (
     Config,
     ConfigError,
+    InvalidValueError,
     LocalStateError,
     ReadOnlyStoreError,
+    SerializationError,
     StateReader,
     StoreClosedError,
     TaskStorage,
@@ -72,6 +74,12 @@ def test_reader_sees_exactly_the_last_commit_beside_an_open_writer(tmp_path: Pat
         s["d"] = 4
         storage.store("s").flush()  # even flushed into the engine and the changelog
         with StateReader(config, 0) as reader:  # the writer holds its lock: the reader takes none
+            # one key, found by a pass over the committed changelog (no store built)
+            assert reader.get("s", "a") == 1 and reader.get("s", "d") is None and reader.get("s", "c") == [3]
+            with pytest.raises(SerializationError, match="store 's'"):
+                reader.get("s", 5)
+            with pytest.raises(InvalidValueError):
+                reader.get("s", None)
             view = reader.store("s", str, object)
             assert dict(view) == {"a": 1, "b": {"n": 2}, "c": [3]}
             assert view.get("d", "absent") == "absent"
@@ -313,6 +321,8 @@ def test_non_kv_engines_are_rebuilt_in_a_scratch_dir_removed_on_close(tmp_path: 
         assert not scratch.exists()
         with pytest.raises(ConfigError, match="not a key-value engine"):
             list(read_committed(config, "top"))
+        with StateReader(config, 0) as reader, pytest.raises(ConfigError, match="not a key-value engine"):
+            reader.get("top", "a")
         assert _tree_digest(tmp_path / "state", tmp_path / "changelog") == before
         assert expected == ["d", "b"]
 
