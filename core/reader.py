@@ -74,7 +74,10 @@ class StateReader:
     ...     counts.get("page-1")
     """
 
-    def __init__(self, config: Config, partition: int = 0) -> None:
+    def __init__(self, config: Config, partition: int = 0, *, in_memory: bool = True) -> None:
+        """``in_memory=False`` rebuilds key-value stores with their own engine (RocksDB,
+        LevelDB) in a temporary directory instead of a memory map: for states larger than
+        memory, at the cost of the engine's write path."""
         if not isinstance(config, Config):
             raise TypeError(f"StateReader needs a localstate.Config, got {type(config).__name__}")
         partition = task_partition(partition)
@@ -88,6 +91,7 @@ class StateReader:
         self._engines: list[StorageEngine] = []
         self._scratch: Path | None = None
         self._closed = False
+        self.in_memory = in_memory
         self.loaded_versions: dict[str, int] = {}
         """Per loaded store: the commit version its state is from."""
 
@@ -175,11 +179,12 @@ class StateReader:
     # -- building stores ---------------------------------------------------------------------
     def _new_engine(self, spec: StoreSpec) -> StorageEngine:
         """An empty engine to replay into: ``memory`` for key-value stores (their change
-        records are their pairs), else the store's own engine over a throw-away directory."""
+        records are their pairs) unless ``in_memory`` is off, else the store's own engine
+        over a throw-away directory."""
         from localstate.engines.memory import MemoryEngine
 
         factory = resolve_factory(spec.factory, store=spec.name)
-        if _creates_kv(factory):
+        if self.in_memory and _creates_kv(factory):
             return MemoryEngine(spec.name)
         if self._scratch is None:
             self._scratch = Path(tempfile.mkdtemp(prefix=f"localstate-reader-{self.job}-"))
@@ -192,7 +197,7 @@ class StateReader:
             key_serde=get_serde(spec.key_serde, store=spec.name), msg_serde=get_serde(spec.msg_serde, store=spec.name),
         )
         engine = factory.create(spec, context)
-        if isinstance(engine, KeyValueStore):  # a plug-in that did not declare its type
+        if self.in_memory and isinstance(engine, KeyValueStore):  # a plug-in that did not declare its type
             engine.close()
             shutil.rmtree(directory, ignore_errors=True)
             return MemoryEngine(spec.name)
@@ -206,6 +211,9 @@ class StateReader:
                 engines.pop().close()
             engine = self._new_engine(spec)
             engines.append(engine)
+            # an empty directory: the engine finds no snapshot and starts empty (0)
+            if engine.prepare_restore(committed, committed) != 0:
+                raise LocalStateError(f"store {spec.name!r}: a new engine in {self._scratch} was not empty")
             self._replay(spec, committed, lambda records: engine.restore(records, into_empty=True))
 
         try:
@@ -326,14 +334,15 @@ def _creates_kv(factory: Any) -> bool:
 
 
 def read_committed(
-    config: Config, store: str, partitions: Iterable[int] | None = None
+    config: Config, store: str, partitions: Iterable[int] | None = None, *, in_memory: bool = True
 ) -> Iterator[tuple[int, Any, Any]]:
     """``(partition, key, value)`` of ``store``'s committed state, partition by partition
     (``partitions``: all by default), keys ascending within a partition. Each
-    partition is read by its own :class:`StateReader` and released before the next."""
+    partition is read by its own :class:`StateReader` (``in_memory`` as there) and
+    released before the next."""
     parts = range(config.partitions) if partitions is None else partitions
     for p in parts:
-        with StateReader(config, p) as reader:
+        with StateReader(config, p, in_memory=in_memory) as reader:
             view = reader.store(store)
             if not isinstance(view, KeyValueStore):
                 raise ConfigError(

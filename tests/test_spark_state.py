@@ -70,7 +70,7 @@ def test_state_source_reads_decoded_committed_state(spark, state_job: Path) -> N
         1, '[1, "user0"]', '{"age": 20, "city": "c1", "tags": [0]}'
     )
     typed = (spark.read.format("localstate-state").schema("key string, value double")
-             .option("config", str(state_job)).option("store", "counts").load())
+             .option("config", str(state_job)).option("store", "counts").option("inMemory", "false").load())
     assert sorted(r.value for r in typed.collect())[:2] == [0.0, 1.0]
 
 

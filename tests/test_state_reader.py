@@ -113,6 +113,13 @@ def test_reading_changes_nothing_on_disk(tmp_path: Path) -> None:
         with pytest.raises(LocalStateError):
             reader.store("nope")
     assert list(read_committed(config, "s"))[:2] == [(0, "k0", 0), (0, "k1", 1)]
+    with StateReader(config, 0, in_memory=False) as reader:  # RocksDB in a scratch dir
+        on_disk = reader.store("s")
+        assert dict(on_disk) == {f"k{i}": i for i in range(50)}
+        assert type(reader._engines[0]).__name__ == "RocksDBEngine"
+        scratch = reader._scratch
+        assert scratch is not None and any(scratch.rglob("*.sst")) | any(scratch.rglob("*.log"))
+    assert not scratch.exists()
     assert _tree_digest(tmp_path / "state", tmp_path / "changelog") == before
 
 
@@ -274,6 +281,7 @@ def test_cli_get_and_dump(tmp_path: Path) -> None:
     assert dumped.output.splitlines() == [
         '0\tp0-a\t{"n": 0}', "0\tp0-b\t[0]", '1\tp1-a\t{"n": 1}', "1\tp1-b\t[1]",
     ]
+    assert run(cli, ["dump", "-c", str(toml), "s", "--on-disk"]).output == dumped.output
     lines = run(cli, ["dump", "-c", str(toml), "s", "--partition", "1", "--json", "--limit", "1"]).output
     assert [json.loads(x) for x in lines.splitlines()] == [{"partition": 1, "key": "p1-a", "value": {"n": 1}}]
     out_of_range = run(cli, ["dump", "-c", str(toml), "s", "--partition", "5"])

@@ -124,7 +124,9 @@ class _TaskPartition(InputPartition):
 
 
 class _StoreTableReader(DataSourceReader):
-    def __init__(self, config: dict[str, Any], store: str, partitions: list[int], schema: StructType) -> None:
+    def __init__(self, config: dict[str, Any], store: str, partitions: list[int], schema: StructType,
+                 in_memory: bool = True) -> None:
+        self.in_memory = in_memory
         self.config = config
         self.store = store
         self.parts = partitions
@@ -159,7 +161,7 @@ class _StoreTableReader(DataSourceReader):
         assert isinstance(partition, _TaskPartition)
         arrow = to_arrow_schema(self.schema)
         config = Config.from_dict(self.config)
-        with StateReader(config, partition.part) as reader:
+        with StateReader(config, partition.part, in_memory=self.in_memory) as reader:
             view = reader.store(self.store)
             rows: list[list[Any]] = []
             with view.all() as it:
@@ -179,7 +181,9 @@ def _batch(rows: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
 
 class StateSource(DataSource):
     """``format("localstate-state")``; options ``config`` (job config file), ``store``,
-    optional ``partitions`` (``"0,2"``), ``flatten`` (default ``true``), ``sampleSize``."""
+    optional ``partitions`` (``"0,2"``), ``flatten`` (default ``true``), ``sampleSize``,
+    ``inMemory`` (default ``true``; ``false`` rebuilds each partition with the store's
+    engine on the executor's disk, see :class:`~localstate.reader.StateReader`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -227,5 +231,6 @@ class StateSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         config, store, parts = self._setup()
-        return _StoreTableReader(config.to_dict(), store, parts, schema)
+        in_memory = str(CaseInsensitiveDict(self.options).get("inMemory", "true")).lower() not in ("false", "0", "no")
+        return _StoreTableReader(config.to_dict(), store, parts, schema, in_memory)
 
