@@ -365,8 +365,9 @@ class StatefulJob:
         self.metrics_accumulator: Any = None
         """Set by :meth:`run_stream`: where the tasks add their state metrics."""
         self.batch_metrics: dict[int, dict[str, Any]] = {}
-        """Per micro-batch id (the last :data:`KEPT_BATCH_METRICS`): the state metrics of
-        its tasks, per store (see :mod:`localstate.contrib.spark.metrics`)."""
+        """Per micro-batch id or batch-run version (streaming: the last
+        :data:`KEPT_BATCH_METRICS`): the state metrics of its tasks, per store (see
+        :mod:`localstate.contrib.spark.metrics`)."""
 
     def _struct(self) -> StructType:
         return _to_struct(self.output_schema)
@@ -431,7 +432,16 @@ class StatefulJob:
             version = 0 if last is None else last + 1
         elif not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ConfigError(f"version must be an int >= 0, got {version!r}")
-        return self.transform(df, batch_id=version).localCheckpoint(eager=True)
+        from .metrics import StateMetricsParam, batch_progress
+
+        accumulator = df.sparkSession.sparkContext.accumulator({}, StateMetricsParam())
+        self.metrics_accumulator = accumulator
+        try:
+            result = self.transform(df, batch_id=version).localCheckpoint(eager=True)
+        finally:
+            self.metrics_accumulator = None
+        self.batch_metrics[version] = batch_progress(accumulator.value)
+        return result
 
     def run_stream(
         self,
