@@ -174,7 +174,7 @@ def test_a_commit_cut_short_is_not_seen(tmp_path: Path) -> None:
 
 
 _WRITER = """
-import json, sys
+import json, sys, time
 from localstate import Config, TaskStorage
 config = Config.from_dict(json.loads(sys.argv[1]))
 keys = int(sys.argv[2])
@@ -190,6 +190,8 @@ with TaskStorage(config, 0) as storage:
         if i == 0:
             print("committed", flush=True)
         i += 1
+        time.sleep(0.005)  # a job commits every few ms at most; without a pause, on a loaded
+        # machine a read could see two commits pass in each of its attempts (then it fails)
 """
 
 
