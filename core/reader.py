@@ -38,7 +38,14 @@ from .changelogger import NullChangeLogger
 from .checkpoint import Checkpoint
 from .config import Config
 from .engine import ChangeRecord, StorageEngine, StoreContext, StoreSpec
-from .errors import ConfigError, InvalidValueError, LocalStateError, StoreClosedError
+from .errors import (
+    ChangelogError,
+    ConfigError,
+    CorruptionError,
+    InvalidValueError,
+    LocalStateError,
+    StoreClosedError,
+)
 from .kv import KeyValueStore
 from .layers import build_store
 from .layers.readonly import ReadOnlyStore
@@ -155,8 +162,17 @@ class StateReader:
         """Run ``read(committed offset)`` until it ran against a commit that stayed
         reconstructible while it ran (see the module docstring); the checkpoint it read."""
         ckpt = self.checkpoint()
-        for _ in range(READ_ATTEMPTS):
-            read(self._committed_offset(spec, ckpt))
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                read(self._committed_offset(spec, ckpt))
+            except (CorruptionError, ChangelogError) as e:
+                # The task's compaction replaces closed segments (by rename) while they are
+                # read: a fresh open sees a consistent set. Damage that stays is re-raised.
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+                log.info("store %r: changelog changed under the reader (%s); reading again", spec.name, e)
+                ckpt = self.checkpoint()
+                continue
             newer = self._stable(spec.name, ckpt)
             if newer is None:
                 return ckpt

@@ -19,6 +19,7 @@ import pytest
 from localstate import (
     Config,
     ConfigError,
+    CorruptionError,
     InvalidValueError,
     LocalStateError,
     ReadOnlyStoreError,
@@ -375,3 +376,20 @@ def test_reader_over_a_kafka_changelog(tmp_path: Path, kafka_broker: str) -> Non
         with StateReader(config, 0) as reader:
             assert dict(reader.store("kv")) == {"a": 10, "c": 3}
             assert reader.loaded_versions == {"kv": 2}
+
+
+def test_damaged_committed_changelog_is_an_error_not_a_smaller_state(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    with TaskStorage(config, 0) as storage:
+        storage.store("s").update({f"k{i}": i for i in range(20)})
+        storage.commit()
+    [segment] = list((tmp_path / "changelog" / "reader-s" / "0").glob("*.log"))
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a committed record's byte
+    segment.write_bytes(bytes(data))
+    before = _tree_digest(tmp_path / "state", tmp_path / "changelog")
+    with StateReader(config, 0) as reader, pytest.raises(CorruptionError, match="reader-s"):
+        reader.store("s")
+    with StateReader(config, 0) as reader, pytest.raises(CorruptionError):
+        reader.get("s", "k1")
+    assert _tree_digest(tmp_path / "state", tmp_path / "changelog") == before
