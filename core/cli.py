@@ -543,7 +543,7 @@ def get(config_path: str | None, overrides: tuple[str, ...], partition: int | No
     try:
         for p in parts:
             with StateReader(config, p) as reader:
-                value = reader.store(store).get(wanted)
+                value = reader.get(store, wanted)
             if value is not None:
                 if as_json:
                     click.echo(json.dumps({"partition": p, "key": wanted, "value": value}, default=_json_default))
@@ -562,9 +562,10 @@ def get(config_path: str | None, overrides: tuple[str, ...], partition: int | No
 @click.option("--partition", "-p", type=PARTITION, default=None, help="only this task partition [default: all]")
 @click.option("--limit", "-n", type=click.IntRange(min=0), default=None, help="stop after N records")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line: {partition, key, value}")
+@click.option("--on-disk", is_flag=True, help="rebuild each partition with the store's engine in a temp dir, not in memory")
 @click.argument("store")
 def dump(config_path: str | None, overrides: tuple[str, ...], partition: int | None, limit: int | None,
-         as_json: bool, store: str) -> None:
+         as_json: bool, on_disk: bool, store: str) -> None:
     """Print the committed state of STORE: ``partition<TAB>key<TAB>value`` lines in key
     order per partition, or JSON lines. Reads beside the running job (no lock, no writes)."""
     from .reader import read_committed
@@ -575,7 +576,7 @@ def dump(config_path: str | None, overrides: tuple[str, ...], partition: int | N
         return
     n = 0
     try:
-        for p, k, v in read_committed(config, store, parts):
+        for p, k, v in read_committed(config, store, parts, in_memory=not on_disk):
             if as_json:
                 click.echo(json.dumps({"partition": p, "key": k, "value": v}, default=_json_default))
             else:

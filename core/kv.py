@@ -44,14 +44,15 @@ class CloseableIterator(Generic[T]):
     """An iterator that holds engine resources and must be closed.
 
     Use it as a context manager (``with store.keys() as keys: ...``) or call
-    :meth:`close`. Iterating a closed iterator raises :class:`StoreClosedError`.
+    :meth:`close`. Iterating a closed iterator raises :class:`StoreClosedError`;
+    an iterator run to its end closes itself (and keeps raising ``StopIteration``).
     Closing is idempotent. ``on_close`` callbacks release engine resources (for
     example a RocksDB iterator that would otherwise keep the DB lock). An iterator
     that is dropped unclosed is closed when it is garbage-collected — a safety net,
     not a contract: close it.
     """
 
-    __slots__ = ("_it", "_closed", "_on_close", "_what")
+    __slots__ = ("_it", "_closed", "_exhausted", "_on_close", "_what")
 
     def __init__(
         self,
@@ -61,6 +62,7 @@ class CloseableIterator(Generic[T]):
     ) -> None:
         self._it: Iterator[T] = iter(items)
         self._closed = False
+        self._exhausted = False
         self._on_close = on_close
         self._what = what
 
@@ -69,8 +71,17 @@ class CloseableIterator(Generic[T]):
 
     def __next__(self) -> T:
         if self._closed:
+            if self._exhausted:
+                raise StopIteration
             raise StoreClosedError(f"{self._what} is closed; open a new range()/all() iterator")
-        return next(self._it)
+        try:
+            return next(self._it)
+        except StopIteration:
+            # Run to its end (``dict(store)``, ``list(store.keys())``): release the engine
+            # iterator now rather than at garbage collection; it stays exhausted.
+            self._exhausted = True
+            self.close()
+            raise
 
     def map(self, fn: Callable[[T], U]) -> CloseableIterator[U]:
         """A new iterator applying ``fn`` to each item; closing it closes this one."""

@@ -32,7 +32,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from .metrics import LatencyHistogram, StoreMetrics, open_storages
 
-__all__ = ["LocalStateCollector", "register", "STORE_COUNTERS", "STORE_HISTOGRAMS"]
+__all__ = ["LocalStateCollector", "SparkJobCollector", "register", "register_spark_job", "STORE_COUNTERS",
+           "STORE_HISTOGRAMS"]
 
 STORE_COUNTERS: dict[str, tuple[str, str]] = {
     "gets": ("localstate_store_gets", "Point reads (get, get_all keys, [], in)"),
@@ -124,5 +125,51 @@ def register(registry: CollectorRegistry = REGISTRY) -> LocalStateCollector:
     """Register a :class:`LocalStateCollector` of every open TaskStorage with
     ``registry`` (prometheus-client's default one unless given); returns it."""
     collector = LocalStateCollector()
+    registry.register(collector)
+    return collector
+
+
+_SPARK_FIELDS = {"numRowsTotal": "rows_total", "numRowsUpdated": "rows_updated", "numRowsRemoved": "rows_removed",
+                 "commitTimeMs": "commit_time_ms", "numTasks": "tasks"}
+
+
+class SparkJobCollector(Collector):
+    """The Spark driver's view: the state metrics of a :class:`StatefulJob`'s last
+    finished micro-batch (or batch run), summed over its tasks
+    (``job.batch_metrics``, :mod:`localstate.contrib.spark.metrics`), as gauges
+    ``localstate_spark_batch_<metric>{job, store}`` plus ``localstate_spark_batch_id{job}``.
+    The tasks' own TaskStorages live on the executors only while a task runs."""
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+
+    def collect(self) -> Iterator[Metric]:
+        metrics: dict[str, dict[str, Any]] = self.job.batch_metrics
+        name = self.job.config.job_name
+        batch = GaugeMetricFamily("localstate_spark_batch_id", "The batch id (or version) the figures are from",
+                                  labels=["job"])
+        if not metrics:
+            yield batch
+            return
+        last = max(metrics)
+        batch.add_metric([name], last)
+        yield batch
+        families: dict[str, GaugeMetricFamily] = {}
+        for store, progress in sorted(metrics[last].items()):
+            values = {_SPARK_FIELDS[k]: v for k, v in progress.items() if k in _SPARK_FIELDS}
+            values.update(progress.get("customMetrics", {}))
+            for metric, value in values.items():
+                family = families.get(metric)
+                if family is None:
+                    family = families[metric] = GaugeMetricFamily(
+                        f"localstate_spark_batch_{metric}", f"{metric} of the last batch, summed over its tasks",
+                        labels=["job", "store"])
+                family.add_metric([name, store], value)
+        yield from families.values()
+
+
+def register_spark_job(job: Any, registry: CollectorRegistry = REGISTRY) -> SparkJobCollector:
+    """Export ``job``'s per-batch state metrics from the driver (see :class:`SparkJobCollector`)."""
+    collector = SparkJobCollector(job)
     registry.register(collector)
     return collector

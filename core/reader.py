@@ -30,21 +30,28 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .changelogger import NullChangeLogger
 from .checkpoint import Checkpoint
 from .config import Config
-from .engine import StorageEngine, StoreContext, StoreSpec
-from .errors import ConfigError, LocalStateError, StoreClosedError
+from .engine import ChangeRecord, StorageEngine, StoreContext, StoreSpec
+from .errors import (
+    ChangelogError,
+    ConfigError,
+    CorruptionError,
+    InvalidValueError,
+    LocalStateError,
+    StoreClosedError,
+)
 from .kv import KeyValueStore
 from .layers import build_store
 from .layers.readonly import ReadOnlyStore
 from .metrics import StoreMetrics
 from .registry import did_you_mean, resolve_factory
-from .serdes import get_serde
+from .serdes import describe_encode_error, get_serde
 from .storage import open_system, task_partition
 from .typed import check_store_types
 
@@ -74,7 +81,10 @@ class StateReader:
     ...     counts.get("page-1")
     """
 
-    def __init__(self, config: Config, partition: int = 0) -> None:
+    def __init__(self, config: Config, partition: int = 0, *, in_memory: bool = True) -> None:
+        """``in_memory=False`` rebuilds key-value stores with their own engine (RocksDB,
+        LevelDB) in a temporary directory instead of a memory map: for states larger than
+        memory, at the cost of the engine's write path."""
         if not isinstance(config, Config):
             raise TypeError(f"StateReader needs a localstate.Config, got {type(config).__name__}")
         partition = task_partition(partition)
@@ -88,6 +98,7 @@ class StateReader:
         self._engines: list[StorageEngine] = []
         self._scratch: Path | None = None
         self._closed = False
+        self.in_memory = in_memory
         self.loaded_versions: dict[str, int] = {}
         """Per loaded store: the commit version its state is from."""
 
@@ -134,7 +145,8 @@ class StateReader:
             )
         return offset
 
-    def _replay(self, spec: StoreSpec, engine: StorageEngine, committed: int) -> None:
+    def _replay(self, spec: StoreSpec, committed: int, consume: Callable[[Iterator[ChangeRecord]], None]) -> None:
+        """Hand the change records ``[0, committed)`` of ``spec``'s changelog to ``consume``."""
         assert spec.changelog is not None
         system, stream = spec.changelog
         part = self._system(system).open_partition(stream, self.partition, self.config.partitions, readonly=True)
@@ -142,10 +154,36 @@ class StateReader:
             end = part.end_offset()
             if committed > end:
                 raise part.missing_committed(committed)
-            records = (r for batch, _ in part.read_batches(0, committed) for r in batch)
-            engine.restore(records, into_empty=True)
+            consume(r for batch, _ in part.read_batches(0, committed) for r in batch)
         finally:
             part.close()
+
+    def _exactly(self, spec: StoreSpec, read: Callable[[int], None]) -> Checkpoint:
+        """Run ``read(committed offset)`` until it ran against a commit that stayed
+        reconstructible while it ran (see the module docstring); the checkpoint it read."""
+        ckpt = self.checkpoint()
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                read(self._committed_offset(spec, ckpt))
+            except (CorruptionError, ChangelogError) as e:
+                # The task's compaction replaces closed segments (by rename) while they are
+                # read: a fresh open sees a consistent set. Damage that stays is re-raised.
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+                log.info("store %r: changelog changed under the reader (%s); reading again", spec.name, e)
+                ckpt = self.checkpoint()
+                continue
+            newer = self._stable(spec.name, ckpt)
+            if newer is None:
+                return ckpt
+            log.info("store %r: task %s/partition %d committed (or rolled back) while it was read; reading "
+                     "again at version %d", spec.name, self.job, self.partition, newer.version)
+            ckpt = newer
+        raise LocalStateError(
+            f"store {spec.name!r} of task {self.job}/partition {self.partition}: the task committed more "
+            f"than once during each of {READ_ATTEMPTS} reads of the store, so no read was exact; try again "
+            "(or read while the job commits less often)"
+        )
 
     def _stable(self, name: str, read: Checkpoint) -> Checkpoint | None:
         """None if the state read for ``read`` is exact, else the newer checkpoint to read."""
@@ -156,13 +194,13 @@ class StateReader:
 
     # -- building stores ---------------------------------------------------------------------
     def _new_engine(self, spec: StoreSpec) -> StorageEngine:
-        """An empty engine to replay into: ``memory`` for key-value stores, else the
-        store's own engine over a throw-away directory."""
-        factory = resolve_factory(spec.factory, store=spec.name)
+        """An empty engine to replay into: ``memory`` for key-value stores (their change
+        records are their pairs) unless ``in_memory`` is off, else the store's own engine
+        over a throw-away directory."""
         from localstate.engines.memory import MemoryEngine
 
-        probe_kv = spec.factory in ("memory", "rocksdb", "leveldb") or _creates_kv(factory)
-        if probe_kv:
+        factory = resolve_factory(spec.factory, store=spec.name)
+        if self.in_memory and _creates_kv(factory):
             return MemoryEngine(spec.name)
         if self._scratch is None:
             self._scratch = Path(tempfile.mkdtemp(prefix=f"localstate-reader-{self.job}-"))
@@ -175,33 +213,32 @@ class StateReader:
             key_serde=get_serde(spec.key_serde, store=spec.name), msg_serde=get_serde(spec.msg_serde, store=spec.name),
         )
         engine = factory.create(spec, context)
-        if isinstance(engine, KeyValueStore):  # a plug-in KV engine: read it from memory instead
+        if self.in_memory and isinstance(engine, KeyValueStore):  # a plug-in that did not declare its type
             engine.close()
+            shutil.rmtree(directory, ignore_errors=True)
             return MemoryEngine(spec.name)
         return engine
 
     def _load(self, spec: StoreSpec) -> Any:
-        ckpt = self.checkpoint()
-        for _ in range(READ_ATTEMPTS):
+        engines: list[StorageEngine] = []
+
+        def read(committed: int) -> None:
+            while engines:  # an earlier attempt's state: superseded
+                engines.pop().close()
             engine = self._new_engine(spec)
-            try:
-                self._replay(spec, engine, self._committed_offset(spec, ckpt))
-                newer = self._stable(spec.name, ckpt)
-            except BaseException:
+            engines.append(engine)
+            # an empty directory: the engine finds no snapshot and starts empty (0)
+            if engine.prepare_restore(committed, committed) != 0:
+                raise LocalStateError(f"store {spec.name!r}: a new engine in {self._scratch} was not empty")
+            self._replay(spec, committed, lambda records: engine.restore(records, into_empty=True))
+
+        try:
+            ckpt = self._exactly(spec, read)
+        except BaseException:
+            for engine in engines:
                 engine.close()
-                raise
-            if newer is None:
-                break
-            engine.close()
-            log.info("store %r: task %s/partition %d committed (or rolled back) while it was read; reading "
-                     "again at version %d", spec.name, self.job, self.partition, newer.version)
-            ckpt = newer
-        else:
-            raise LocalStateError(
-                f"store {spec.name!r} of task {self.job}/partition {self.partition}: the task committed more "
-                f"than once during each of {READ_ATTEMPTS} reads of the store, so no read was exact; try again "
-                "(or read while the job commits less often)"
-            )
+            raise
+        engine = engines[0]
         self._engines.append(engine)
         self.loaded_versions[spec.name] = ckpt.version
         if isinstance(engine, KeyValueStore):
@@ -233,6 +270,39 @@ class StateReader:
         return check_store_types(
             name, view, get_serde(spec.key_serde), get_serde(spec.msg_serde), key_type, value_type
         )
+
+    def get(self, name: str, key: Any) -> Any:
+        """The committed value of ``key`` in key-value store ``name`` (``None``: absent),
+        found by one pass over the committed changelog without building the store in
+        memory (a store already loaded by :meth:`store` is asked instead)."""
+        self._check_open()
+        spec = self._spec(name)
+        if name in self._views:
+            return self._views[name].get(key)
+        if not _creates_kv(resolve_factory(spec.factory, store=name)):
+            raise ConfigError(f"store {name!r} uses engine {spec.factory!r}, not a key-value engine: use store({name!r})")
+        key_serde = get_serde(spec.key_serde, store=name)
+        if key is None:
+            raise InvalidValueError(f"store {name!r}: None is not a valid key")
+        try:
+            wanted = key_serde.encode(key)
+        except Exception as e:
+            raise describe_encode_error(name, "key", key_serde, key, e) from e
+        found: list[bytes | None] = [None]
+
+        def scan(records: Iterator[ChangeRecord]) -> None:
+            found[0] = None
+            for k, v in records:
+                if k == wanted:
+                    found[0] = v
+
+        def read(committed: int) -> None:
+            self._replay(spec, committed, scan)
+
+        ckpt = self._exactly(spec, read)
+        self.loaded_versions[name] = ckpt.version
+        raw = found[0]
+        return None if raw is None else get_serde(spec.msg_serde, store=name).decode(raw)
 
     @property
     def stores(self) -> list[str]:
@@ -269,23 +339,26 @@ class StateReader:
 
 
 def _creates_kv(factory: Any) -> bool:
-    """Whether a plug-in factory builds key-value engines (its declared engine type)."""
-    create = getattr(type(factory), "create", None)
-    ret = getattr(create, "__annotations__", {}).get("return")
-    if isinstance(ret, type):
-        return issubclass(ret, KeyValueStore)
-    return False
+    """Whether ``factory.create`` is declared to return a key-value engine."""
+    import typing
+
+    try:
+        ret = typing.get_type_hints(type(factory).create).get("return")
+    except Exception:  # an annotation that does not resolve: find out by creating one
+        return False
+    return isinstance(ret, type) and issubclass(ret, KeyValueStore)
 
 
 def read_committed(
-    config: Config, store: str, partitions: Iterable[int] | None = None
+    config: Config, store: str, partitions: Iterable[int] | None = None, *, in_memory: bool = True
 ) -> Iterator[tuple[int, Any, Any]]:
     """``(partition, key, value)`` of ``store``'s committed state, partition by partition
     (``partitions``: all by default), keys ascending within a partition. Each
-    partition is read by its own :class:`StateReader` and released before the next."""
+    partition is read by its own :class:`StateReader` (``in_memory`` as there) and
+    released before the next."""
     parts = range(config.partitions) if partitions is None else partitions
     for p in parts:
-        with StateReader(config, p) as reader:
+        with StateReader(config, p, in_memory=in_memory) as reader:
             view = reader.store(store)
             if not isinstance(view, KeyValueStore):
                 raise ConfigError(

@@ -95,3 +95,26 @@ def test_prometheus_text_has_every_store_metric(tmp_path: Path) -> None:
         assert samples[("localstate_engine_estimated_keys", cached)] == 1  # memory: exact
     # a closed TaskStorage is no longer reported
     assert not any(name == "localstate_store_puts_total" for name, _ in _scrape(registry))
+
+
+def test_spark_job_batch_metrics_on_the_driver(tmp_path: Path) -> None:
+    """The driver-side collector over job.batch_metrics (filled as run/run_stream do;
+    the Spark side is tested in tests/test_spark_state.py)."""
+    pytest.importorskip("pyspark")
+    from localstate.contrib.spark import StatefulJob, StreamTask
+    from localstate.contrib.spark.metrics import batch_progress
+    from localstate.prometheus import register_spark_job
+
+    job = StatefulJob(_config(tmp_path), StreamTask, key="k", output_schema="k string")
+    registry = CollectorRegistry()
+    register_spark_job(job, registry)
+    assert not any(name.startswith("localstate_spark_batch_puts") for name, _ in _scrape(registry))
+    job.batch_metrics[3] = batch_progress({"counts": {"puts": 5.0, "deletes": 1.0, "tasks": 2.0,
+                                                      "engine_estimated_keys": 4.0, "records_logged": 6.0}})
+    samples = _scrape(registry)
+    labels = (("job", "m"), ("store", "counts"))
+    assert samples[("localstate_spark_batch_id", (("job", "m"),))] == 3
+    assert samples[("localstate_spark_batch_rows_updated", labels)] == 5
+    assert samples[("localstate_spark_batch_rows_removed", labels)] == 1
+    assert samples[("localstate_spark_batch_rows_total", labels)] == 4
+    assert samples[("localstate_spark_batch_records_logged", labels)] == 6

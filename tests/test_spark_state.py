@@ -70,7 +70,7 @@ def test_state_source_reads_decoded_committed_state(spark, state_job: Path) -> N
         1, '[1, "user0"]', '{"age": 20, "city": "c1", "tags": [0]}'
     )
     typed = (spark.read.format("localstate-state").schema("key string, value double")
-             .option("config", str(state_job)).option("store", "counts").load())
+             .option("config", str(state_job)).option("store", "counts").option("inMemory", "false").load())
     assert sorted(r.value for r in typed.collect())[:2] == [0.0, 1.0]
 
 
@@ -125,7 +125,13 @@ def test_streaming_progress_carries_state_metrics(spark, tmp_path: Path) -> None
     assert counts["customMetrics"]["records_logged"] == 5
     assert counts["customMetrics"]["commits"] == 2
     assert counts["commitTimeMs"] >= 0
+    # a batch run (an action) gathers the same per-store figures under its version
+    batch = spark.createDataFrame([(f"u{i % 5}",) for i in range(10)], "user_id string")
+    job.run(batch)
+    version = max(job.batch_metrics)
+    assert job.batch_metrics[version]["counts"]["numRowsUpdated"] == 5
+    assert job.batch_metrics[version]["counts"]["numTasks"] == 2
     job_file = tmp_path / "kcm.properties"
     job_file.write_text("\n".join(f"{k} = {v}" for k, v in config.to_dict().items()) + "\n")
     state = spark.read.format("localstate-state").option("config", str(job_file)).option("store", "counts").load()
-    assert {r.key: r.value for r in state.collect()} == {f"u{i}": 8 for i in range(5)}
+    assert {r.key: r.value for r in state.collect()} == {f"u{i}": 10 for i in range(5)}

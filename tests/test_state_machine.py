@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
-from localstate import Config, TaskStorage
+from localstate import Config, StateReader, TaskStorage
 from localstate.testing import FULL
 
 keys = st.sampled_from([f"k{i:02d}" for i in range(24)])
@@ -62,6 +62,42 @@ class StorageMachine(RuleBasedStateMachine):
     def get(self, k):
         assert self.store.get(k) == self.model.get(k)
 
+    # -- the mapping protocol (each write counts as one op) --------------------------------
+    @rule(k=keys, d=st.integers(-5, -1))
+    def pop(self, k, d):
+        expect = self.model.pop(k, d)
+        assert self.store.pop(k, d) == expect
+        self.ops += 1
+
+    @rule(k=keys, v=st.integers(0, 1000))
+    def setdefault(self, k, v):
+        expect = self.model.setdefault(k, v)
+        assert self.store.setdefault(k, v) == expect
+        self.ops += 1
+
+    @rule(batch=st.dictionaries(keys, st.integers(0, 1000), max_size=5))
+    def update(self, batch):
+        self.store.update(batch)
+        self.model.update(batch)
+        self.ops += 1
+
+    @rule()
+    def popitem(self):
+        if not self.model:
+            assert not self.store
+            return
+        k = min(self.model)
+        assert self.store.popitem() == (k, self.model.pop(k))
+        self.ops += 1
+
+    @rule()
+    def read_committed_state(self):
+        """A StateReader beside the open task sees exactly the last commit."""
+        with StateReader(self.config) as reader:
+            if self.storage.checkpoint is None:
+                return
+            assert dict(reader.store("kv")) == self.committed
+
     @rule(a=keys, b=keys)
     def range_scan(self, a, b):
         with self.store.range(a, b) as it:
@@ -91,6 +127,7 @@ class StorageMachine(RuleBasedStateMachine):
     def all_matches_model(self):
         with self.store.all() as it:
             assert dict(it) == self.model
+        assert len(self.store) == len(self.model)
 
     def teardown(self):
         self.storage.close()

@@ -19,8 +19,11 @@ import pytest
 from localstate import (
     Config,
     ConfigError,
+    CorruptionError,
+    InvalidValueError,
     LocalStateError,
     ReadOnlyStoreError,
+    SerializationError,
     StateReader,
     StoreClosedError,
     TaskStorage,
@@ -72,6 +75,12 @@ def test_reader_sees_exactly_the_last_commit_beside_an_open_writer(tmp_path: Pat
         s["d"] = 4
         storage.store("s").flush()  # even flushed into the engine and the changelog
         with StateReader(config, 0) as reader:  # the writer holds its lock: the reader takes none
+            # one key, found by a pass over the committed changelog (no store built)
+            assert reader.get("s", "a") == 1 and reader.get("s", "d") is None and reader.get("s", "c") == [3]
+            with pytest.raises(SerializationError, match="store 's'"):
+                reader.get("s", 5)
+            with pytest.raises(InvalidValueError):
+                reader.get("s", None)
             view = reader.store("s", str, object)
             assert dict(view) == {"a": 1, "b": {"n": 2}, "c": [3]}
             assert view.get("d", "absent") == "absent"
@@ -105,6 +114,13 @@ def test_reading_changes_nothing_on_disk(tmp_path: Path) -> None:
         with pytest.raises(LocalStateError):
             reader.store("nope")
     assert list(read_committed(config, "s"))[:2] == [(0, "k0", 0), (0, "k1", 1)]
+    with StateReader(config, 0, in_memory=False) as reader:  # RocksDB in a scratch dir
+        on_disk = reader.store("s")
+        assert dict(on_disk) == {f"k{i}": i for i in range(50)}
+        assert type(reader._engines[0]).__name__ == "RocksDBEngine"
+        scratch = reader._scratch
+        assert scratch is not None and any(scratch.rglob("*.sst")) | any(scratch.rglob("*.log"))
+    assert not scratch.exists()
     assert _tree_digest(tmp_path / "state", tmp_path / "changelog") == before
 
 
@@ -159,7 +175,7 @@ def test_a_commit_cut_short_is_not_seen(tmp_path: Path) -> None:
 
 
 _WRITER = """
-import json, sys
+import json, sys, time
 from localstate import Config, TaskStorage
 config = Config.from_dict(json.loads(sys.argv[1]))
 keys = int(sys.argv[2])
@@ -175,6 +191,8 @@ with TaskStorage(config, 0) as storage:
         if i == 0:
             print("committed", flush=True)
         i += 1
+        time.sleep(0.005)  # a job commits every few ms at most; without a pause, on a loaded
+        # machine a read could see two commits pass in each of its attempts (then it fails)
 """
 
 
@@ -266,8 +284,112 @@ def test_cli_get_and_dump(tmp_path: Path) -> None:
     assert dumped.output.splitlines() == [
         '0\tp0-a\t{"n": 0}', "0\tp0-b\t[0]", '1\tp1-a\t{"n": 1}', "1\tp1-b\t[1]",
     ]
+    assert run(cli, ["dump", "-c", str(toml), "s", "--on-disk"]).output == dumped.output
     lines = run(cli, ["dump", "-c", str(toml), "s", "--partition", "1", "--json", "--limit", "1"]).output
     assert [json.loads(x) for x in lines.splitlines()] == [{"partition": 1, "key": "p1-a", "value": {"n": 1}}]
     out_of_range = run(cli, ["dump", "-c", str(toml), "s", "--partition", "5"])
     assert out_of_range.exit_code == 2 and "out of range" in out_of_range.output
     assert run(cli, ["dump", "-c", str(toml), "s", "--limit", "-1"]).exit_code == 2
+
+
+def test_stateapi_bench_suite_quick_rows_are_well_formed() -> None:
+    from localstate.benchmarks.runner import normalize_row
+    from localstate.benchmarks.state_api import run
+
+    rows = [normalize_row(r, "stateapi") for r in run(quick=True, repeats=1)]
+    assert not [r for r in rows if r["error"]], rows
+    names = {(r["workload"], r["engine"]) for r in rows}
+    assert ("state query (StateReader)", "memory") in names and ("get (cache hits) with metrics", "memory") in names
+    assert all(r["median"] > 0 for r in rows)
+    assert all(r["ratio"] > 0 for r in rows if r["baseline"])
+
+
+def test_non_kv_engines_are_rebuilt_in_a_scratch_dir_removed_on_close(tmp_path: Path) -> None:
+    config = Config.from_dict({
+        "job.name": "sketch",
+        "job.state.dir": str(tmp_path / "state"),
+        "systems.file.path": str(tmp_path / "changelog"),
+        "stores.top.factory": "topn",
+        "stores.top.topn.size": 2,
+        "stores.top.key.serde": "string",
+        "stores.top.changelog": "file.sketch-top",
+    })
+    with TaskStorage(config, 0) as storage:
+        top = storage.store("top")
+        for member, score in (("a", 1.0), ("b", 5.0), ("c", 3.0)):
+            top.offer(member, score)
+        storage.commit()
+        top.offer("d", 9.0)  # not committed
+        expected = [e.member for e in top.top()]
+        before = _tree_digest(tmp_path / "state", tmp_path / "changelog")
+        with StateReader(config, 0) as reader:
+            rebuilt = reader.store("top")
+            assert [e.member for e in rebuilt.top()] == ["b", "c"]
+            with pytest.raises(TypeError, match="not a key-value store"):
+                reader.store("top", str, float)
+            scratch = reader._scratch
+            assert scratch is not None and scratch.exists()
+        assert not scratch.exists()
+        with pytest.raises(ConfigError, match="not a key-value engine"):
+            list(read_committed(config, "top"))
+        with StateReader(config, 0) as reader, pytest.raises(ConfigError, match="not a key-value engine"):
+            reader.get("top", "a")
+        assert _tree_digest(tmp_path / "state", tmp_path / "changelog") == before
+        assert expected == ["d", "b"]
+
+
+def test_typed_accessor_rejects_non_types(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    with TaskStorage(config, 0) as storage:
+        with pytest.raises(TypeError, match="must be a class"):
+            storage.store("s", "str", int)  # type: ignore[call-overload]
+        with pytest.raises(ConfigError, match="asked for keys of type bytes"):
+            storage.store("s", bytes, object)
+        assert storage.store("s", object, dict) is storage.store("s")  # json holds many types
+
+
+@pytest.mark.kafka
+def test_reader_over_a_kafka_changelog(tmp_path: Path, kafka_broker: str) -> None:
+    import uuid
+
+    job = f"rk-{uuid.uuid4().hex[:8]}"
+    config = Config.from_dict({
+        "job.name": job,
+        "job.state.dir": str(tmp_path / "state"),
+        "stores.kv.factory": "rocksdb",
+        "stores.kv.changelog": f"kafka.{job}-kv",
+        "stores.kv.key.serde": "string",
+        "stores.kv.msg.serde": "json",
+        "systems.kafka.bootstrap.servers": kafka_broker,
+    })
+    assert config.checkpoint_system == "kafka"
+    with TaskStorage(config, 0) as storage:
+        kv = storage.store("kv")
+        kv.update({"a": 1, "b": 2})
+        storage.commit()
+        kv.update({"a": 10, "c": 3})
+        del kv["b"]
+        storage.commit()
+        kv["z"] = 26  # logged below, never committed
+        kv.flush()
+        storage.changelog("kv").flush()
+        with StateReader(config, 0) as reader:
+            assert dict(reader.store("kv")) == {"a": 10, "c": 3}
+            assert reader.loaded_versions == {"kv": 2}
+
+
+def test_damaged_committed_changelog_is_an_error_not_a_smaller_state(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    with TaskStorage(config, 0) as storage:
+        storage.store("s").update({f"k{i}": i for i in range(20)})
+        storage.commit()
+    [segment] = list((tmp_path / "changelog" / "reader-s" / "0").glob("*.log"))
+    data = bytearray(segment.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a committed record's byte
+    segment.write_bytes(bytes(data))
+    before = _tree_digest(tmp_path / "state", tmp_path / "changelog")
+    with StateReader(config, 0) as reader, pytest.raises(CorruptionError, match="reader-s"):
+        reader.store("s")
+    with StateReader(config, 0) as reader, pytest.raises(CorruptionError):
+        reader.get("s", "k1")
+    assert _tree_digest(tmp_path / "state", tmp_path / "changelog") == before

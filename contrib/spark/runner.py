@@ -428,8 +428,9 @@ class StatefulJob:
         self.metrics_accumulator: Any = None
         """Set by :meth:`run_stream`: where the tasks add their state metrics."""
         self.batch_metrics: dict[int, dict[str, Any]] = {}
-        """Per micro-batch id (the last :data:`KEPT_BATCH_METRICS`): the state metrics of
-        its tasks, per store (see :mod:`localstate.contrib.spark.metrics`)."""
+        """Per micro-batch id or batch-run version (streaming: the last
+        :data:`KEPT_BATCH_METRICS`): the state metrics of its tasks, per store (see
+        :mod:`localstate.contrib.spark.metrics`)."""
 
     def _struct(self) -> StructType:
         return _to_struct(self.output_schema)
@@ -479,7 +480,16 @@ class StatefulJob:
         names the version to repeat: ``run(same_input, version=V)`` completes it.
         """
         version = next_version(self.config, version)
-        return self.transform(df, batch_id=version).localCheckpoint(eager=True)
+        from .metrics import StateMetricsParam, batch_progress
+
+        accumulator = df.sparkSession.sparkContext.accumulator({}, StateMetricsParam())
+        self.metrics_accumulator = accumulator
+        try:
+            result = self.transform(df, batch_id=version).localCheckpoint(eager=True)
+        finally:
+            self.metrics_accumulator = None
+        self.batch_metrics[version] = batch_progress(accumulator.value)
+        return result
 
     def run_stream(
         self,

@@ -31,7 +31,7 @@ Nested dicts/lists in a flattened field are JSON text. ``.option("flatten",
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,25 +97,35 @@ def _serde_type(serde: str) -> DataType:
     return {str: StringType(), int: LongType(), bytes: BinaryType()}.get(python_type, StringType())  # type: ignore[arg-type]
 
 
-def _to_cell(value: Any, data_type: DataType, store: str, column: str) -> Any:
-    if value is None:
-        return None
+_ACCEPTS: dict[type, Callable[[Any], bool]] = {
+    LongType: lambda v: type(v) is int,
+    IntegerType: lambda v: type(v) is int,
+    DoubleType: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    BooleanType: lambda v: isinstance(v, bool),
+    BinaryType: lambda v: isinstance(v, bytes),
+}
+"""Per Spark type: which decoded Python values a column of it takes as they are."""
+
+
+def _cell_converter(data_type: DataType, store: str, column: str) -> Callable[[Any], Any]:
+    """Decoded value → cell of ``data_type`` (built once per column, used per row)."""
     if isinstance(data_type, StringType):
-        return value if isinstance(value, str) else json.dumps(value, default=repr, sort_keys=True)
-    ok = {
-        LongType: lambda v: type(v) is int,
-        IntegerType: lambda v: type(v) is int,
-        DoubleType: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        BooleanType: lambda v: isinstance(v, bool),
-        BinaryType: lambda v: isinstance(v, bytes),
-    }.get(type(data_type), lambda v: True)
-    if not ok(value):
-        raise LocalStateError(
-            f"localstate-state: store {store!r}, column {column!r} is {data_type.simpleString()} but a committed "
-            f"record holds {value!r} ({type(value).__name__}); pass .schema(...) with a type that holds it "
-            "(string takes anything, as JSON text)"
-        )
-    return float(value) if isinstance(data_type, DoubleType) else value
+        return lambda v: v if v is None or isinstance(v, str) else json.dumps(v, default=repr, sort_keys=True)
+    accepts = _ACCEPTS.get(type(data_type), lambda v: True)
+    as_double = isinstance(data_type, DoubleType)
+
+    def convert(value: Any) -> Any:
+        if value is None:
+            return None
+        if not accepts(value):
+            raise LocalStateError(
+                f"localstate-state: store {store!r}, column {column!r} is {data_type.simpleString()} but a "
+                f"committed record holds {value!r} ({type(value).__name__}); pass .schema(...) with a type "
+                "that holds it (string takes anything, as JSON text)"
+            )
+        return float(value) if as_double else value
+
+    return convert
 
 
 @dataclass(frozen=True)
@@ -124,7 +134,9 @@ class _TaskPartition(InputPartition):
 
 
 class _StoreTableReader(DataSourceReader):
-    def __init__(self, config: dict[str, Any], store: str, partitions: list[int], schema: StructType) -> None:
+    def __init__(self, config: dict[str, Any], store: str, partitions: list[int], schema: StructType,
+                 in_memory: bool = True) -> None:
+        self.in_memory = in_memory
         self.config = config
         self.store = store
         self.parts = partitions
@@ -133,25 +145,28 @@ class _StoreTableReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         return [_TaskPartition(p) for p in self.parts]
 
-    def _cells(self, p: int, k: Any, v: Any) -> list[Any]:
-        row = []
+    def _row_builder(self) -> Callable[[int, Any, Any], list[Any]]:
+        """``(partition, key, value)`` → the row's cells, columns matched by name once."""
+        columns: list[tuple[Callable[[int, Any, Any], Any], Callable[[Any], Any]]] = []
         for f in self.schema.fields:
             name = f.name
             if name == "partition":
-                cell: Any = p
+                pick: Callable[[int, Any, Any], Any] = lambda p, k, v: p  # noqa: E731
             elif name == "key":
-                cell = k
+                pick = lambda p, k, v: k  # noqa: E731
             elif name == "value":
-                cell = v
-            elif name.startswith("key_") and name[4:].isdigit() and isinstance(k, tuple):
+                pick = lambda p, k, v: v  # noqa: E731
+            elif name.startswith("key_") and name[4:].isdigit():
                 i = int(name[4:])
-                cell = k[i] if i < len(k) else None
-            elif isinstance(v, dict):
-                cell = v.get(name)
+                pick = lambda p, k, v, i=i: k[i] if isinstance(k, tuple) and i < len(k) else None  # noqa: E731
             else:
-                cell = None
-            row.append(_to_cell(cell, f.dataType, self.store, name))
-        return row
+                pick = lambda p, k, v, name=name: v.get(name) if isinstance(v, dict) else None  # noqa: E731
+            columns.append((pick, _cell_converter(f.dataType, self.store, name)))
+
+        def build(p: int, k: Any, v: Any) -> list[Any]:
+            return [convert(pick(p, k, v)) for pick, convert in columns]
+
+        return build
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -159,12 +174,13 @@ class _StoreTableReader(DataSourceReader):
         assert isinstance(partition, _TaskPartition)
         arrow = to_arrow_schema(self.schema)
         config = Config.from_dict(self.config)
-        with StateReader(config, partition.part) as reader:
+        with StateReader(config, partition.part, in_memory=self.in_memory) as reader:
             view = reader.store(self.store)
+            build = self._row_builder()
             rows: list[list[Any]] = []
             with view.all() as it:
                 for k, v in it:
-                    rows.append(self._cells(partition.part, k, v))
+                    rows.append(build(partition.part, k, v))
                     if len(rows) >= _BATCH_ROWS:
                         yield _batch(rows, arrow)
                         rows = []
@@ -179,7 +195,9 @@ def _batch(rows: list[list[Any]], schema: pa.Schema) -> pa.RecordBatch:
 
 class StateSource(DataSource):
     """``format("localstate-state")``; options ``config`` (job config file), ``store``,
-    optional ``partitions`` (``"0,2"``), ``flatten`` (default ``true``), ``sampleSize``."""
+    optional ``partitions`` (``"0,2"``), ``flatten`` (default ``true``), ``sampleSize``,
+    ``inMemory`` (default ``true``; ``false`` rebuilds each partition with the store's
+    engine on the executor's disk, see :class:`~localstate.reader.StateReader`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -227,5 +245,6 @@ class StateSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         config, store, parts = self._setup()
-        return _StoreTableReader(config.to_dict(), store, parts, schema)
+        in_memory = str(CaseInsensitiveDict(self.options).get("inMemory", "true")).lower() not in ("false", "0", "no")
+        return _StoreTableReader(config.to_dict(), store, parts, schema, in_memory)
 

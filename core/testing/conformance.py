@@ -192,6 +192,10 @@ class KeyValueStoreConformance:
             next(it)
         assert dict(store) == data
         assert sorted(store) == sorted(data)
+        keys = store.keys()
+        assert list(keys) == [b"a", b"b", b"c"]
+        assert keys.closed, "an iterator run to its end releases the engine iterator"
+        assert list(keys) == [], "and stays exhausted"
 
     def test_update_forms_and_none_rejects_the_batch(self, store: KeyValueStore) -> None:
         store.update({b"a": b"1"})
