@@ -49,6 +49,7 @@ from .errors import (
 from .kv import KeyValueStore
 from .layers import build_store
 from .layers.readonly import ReadOnlyStore
+from .layers.ttl import ttl_serde, wall_clock_ms
 from .metrics import StoreMetrics
 from .registry import did_you_mean, resolve_factory
 from .serdes import describe_encode_error, get_serde
@@ -245,6 +246,7 @@ class StateReader:
             view = build_store(
                 engine, name=spec.name, key_serde=get_serde(spec.key_serde, store=spec.name),
                 msg_serde=get_serde(spec.msg_serde, store=spec.name), metered=False,
+                ttl=spec.ttl, clock=_ttl_clock(spec, ckpt),  # expired entries stay invisible
             )
             return ReadOnlyStore(view, f"the committed state of task {self.job}/partition {self.partition}")
         return engine
@@ -302,7 +304,7 @@ class StateReader:
         ckpt = self._exactly(spec, read)
         self.loaded_versions[name] = ckpt.version
         raw = found[0]
-        return None if raw is None else get_serde(spec.msg_serde, store=name).decode(raw)
+        return None if raw is None else _live_value(spec, ckpt, raw)
 
     @property
     def stores(self) -> list[str]:
@@ -370,6 +372,25 @@ def read_committed(
                     yield p, k, v
 
 
+def _ttl_clock(spec: StoreSpec, ckpt: Checkpoint) -> Callable[[], int | None]:
+    """"Now" for a TTL store read as of ``ckpt``: the wall clock (processing time), or
+    the event time committed with the checkpoint (``ttl.time = event``)."""
+    if spec.ttl is not None and spec.ttl.time == "event":
+        return lambda: ckpt.event_time
+    return wall_clock_ms
+
+
+def _live_value(spec: StoreSpec, ckpt: Checkpoint, raw: bytes) -> Any:
+    """The decoded value of a committed change record; ``None`` when a TTL store's
+    entry has expired (the same rule as :class:`~localstate.layers.TtlStore`)."""
+    msg_serde = get_serde(spec.msg_serde, store=spec.name)
+    if spec.ttl is None:
+        return msg_serde.decode(raw)
+    expiry, value = ttl_serde(msg_serde).decode(raw)
+    now = _ttl_clock(spec, ckpt)()
+    return value if now is None or expiry > now else None
+
+
 def sample_committed(config: Config, store: str, limit: int = 100) -> list[tuple[Any, Any]]:
     """Up to ``limit`` decoded ``(key, value)`` pairs from the start of ``store``'s
     committed changelog (partition by partition), without building any state: what a
@@ -377,22 +398,23 @@ def sample_committed(config: Config, store: str, limit: int = 100) -> list[tuple
     with StateReader(config, 0) as reader:
         spec = reader._spec(store)
     key_serde = get_serde(spec.key_serde, store=store)
-    msg_serde = get_serde(spec.msg_serde, store=store)
     assert spec.changelog is not None
     system_name, stream = spec.changelog
     out: list[tuple[Any, Any]] = []
     for p in range(config.partitions):
         with StateReader(config, p) as reader:
             try:
-                committed = reader._committed_offset(spec, reader.checkpoint())
+                ckpt = reader.checkpoint()
+                committed = reader._committed_offset(spec, ckpt)
             except LocalStateError:
                 continue
             part = reader._system(system_name).open_partition(stream, p, config.partitions, readonly=True)
             try:
                 for batch, _ in part.read_batches(0, committed):
                     for k, v in batch:
-                        if v is not None:
-                            out.append((key_serde.decode(k), msg_serde.decode(v)))
+                        value = None if v is None else _live_value(spec, ckpt, v)
+                        if value is not None:
+                            out.append((key_serde.decode(k), value))
                             if len(out) >= limit:
                                 return out
             finally:

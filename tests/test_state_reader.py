@@ -393,3 +393,37 @@ def test_damaged_committed_changelog_is_an_error_not_a_smaller_state(tmp_path: P
     with StateReader(config, 0) as reader, pytest.raises(CorruptionError):
         reader.get("s", "k1")
     assert _tree_digest(tmp_path / "state", tmp_path / "changelog") == before
+
+
+def test_ttl_stores_read_as_committed_with_expired_entries_hidden(tmp_path: Path) -> None:
+    """Values of a TTL store carry their expiry; the reader decodes them and hides what
+    expired as of the commit's event time (or the wall clock for processing time)."""
+    from click.testing import CliRunner
+    from localstate.cli import cli
+
+    config = _config(tmp_path, "rocksdb", **{"stores.s.ttl.ms": "1000", "stores.s.ttl.time": "event"})
+    with TaskStorage(config, 0) as storage:
+        s = storage.store("s")
+        storage.advance_event_time(0)
+        s["old"] = {"n": 1}
+        storage.advance_event_time(600)
+        s["new"] = {"n": 2}
+        storage.advance_event_time(1000)  # "old" expires, not swept yet
+        storage.commit()
+    with StateReader(config, 0) as reader:
+        assert reader.get("s", "old") is None and reader.get("s", "new") == {"n": 2}
+        assert dict(reader.store("s")) == {"new": {"n": 2}}
+    from localstate.reader import sample_committed
+
+    assert sample_committed(config, "s") == [("new", {"n": 2})]
+    overrides = [arg for k, v in config.to_dict().items() for arg in ("--set", f"{k}={v}")]
+    result = CliRunner().invoke(cli, ["dump", *overrides, "s"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.splitlines() == ['0\tnew\t{"n": 2}']
+    processing = _config(tmp_path / "p", "memory", **{"stores.s.ttl.ms": "1h"})
+    with TaskStorage(processing, 0) as storage:
+        storage.store("s")["k"] = [1]
+        storage.commit()
+    with StateReader(processing, 0) as reader:
+        assert dict(reader.store("s")) == {"k": [1]} and reader.get("s", "k") == [1]

@@ -48,6 +48,21 @@ def test_expired_entries_are_invisible_to_every_read_at_once(make_config, engine
         assert s["old"] == 5
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_the_mapping_protocol_sees_only_live_entries(make_config, engine):
+    """len/bool/get(k, default)/pop/setdefault/keys over expired, unswept entries."""
+    with TaskStorage(make_config(s=ttl_store(engine))) as st:
+        s = st.store("s")
+        st.advance_event_time(0)
+        s.update({"a": 1, "b": 2})
+        st.advance_event_time(1000)  # both expired, not yet swept
+        assert len(s) == 0 and not s and s.get("a", "gone") == "gone"
+        assert s.pop("a", None) is None and s.setdefault("b", 7) == 7
+        with s.keys() as keys:
+            assert list(keys) == ["b"]
+        assert len(s) == 1 and dict(s) == {"b": 7}
+
+
 def test_sweep_logs_tombstones_so_restore_never_resurrects(make_config):
     config = make_config(s=ttl_store())
     with TaskStorage(config) as st:

@@ -191,14 +191,14 @@ class TtlStore(ForwardingStore):
             pass
 
     # -- reads: never return an expired entry --------------------------------------------------
-    def get(self, key: Any) -> Any:
+    def get(self, key: Any, default: Any = None) -> Any:
         pair = self._get(key)
         if pair is None:
-            return None
+            return default
         t = self.clock()
         if t is not None and pair[0] <= t:
             self._note_expired(key)
-            return None
+            return default
         if self._refresh:
             self._put(key, (self._expiry(), pair[1]))
         return pair[1]
@@ -229,6 +229,13 @@ class TtlStore(ForwardingStore):
                     yield k, v
 
         return KeyValueIterator(live(), on_close=it.close, what=f"store {self.name!r} iterator")
+
+    def __len__(self) -> int:
+        """Live entries only (one scan): expired entries stay in the layers below until
+        a sweep deletes them, so the inner count would include them.
+        ``approximate_len()`` is the inner estimate, expired entries included."""
+        with self.all() as it:
+            return sum(1 for _ in it)
 
     def range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
         return self._live(self.inner.range(start, stop))

@@ -31,12 +31,13 @@ from localstate.changelogger import ChangeLogger
 from localstate.engine import KeyValueEngine
 from localstate.errors import InvalidValueError, StoreClosedError
 from localstate.kv import KeyValueStore
-from localstate.layers import build_store
+from localstate.layers import TtlPolicy, build_store
 from localstate.serdes import get_serde
 
 __all__ = ["KeyValueStoreConformance", "layer_stack", "LAYER_COMBOS"]
 
-LAYER_COMBOS = ("none", "serialized", "cached", "cached+serialized", "logged+cached+serialized")
+LAYER_COMBOS = ("none", "serialized", "cached", "cached+serialized", "logged+cached+serialized",
+                "ttl+cached+serialized", "ttl")
 
 
 @contextlib.contextmanager
@@ -49,7 +50,7 @@ def layer_stack(
     object gets a ``changelog_state()`` helper returning the replayed changelog content.
     """
     layers = set(combo.split("+")) - {"none"}
-    unknown = layers - {"serialized", "cached", "logged"}
+    unknown = layers - {"serialized", "cached", "logged", "ttl"}
     if unknown:
         raise ValueError(f"unknown layer(s) {sorted(unknown)}; combos are {LAYER_COMBOS}")
     logger = partition = None
@@ -67,6 +68,8 @@ def layer_stack(
         msg_serde=bytes_serde if "serialized" in layers else None,
         cache_size=cache_size if "cached" in layers else 0,
         batch_size=batch_size,
+        # a day: nothing expires during a test; the contracts must hold through the layer
+        ttl=TtlPolicy(ms=86_400_000) if "ttl" in layers else None,
     )
     if partition is not None and logger is not None:
         def changelog_state() -> dict[bytes, bytes]:
