@@ -53,11 +53,15 @@ def _package_tree() -> None:
             target.joinpath(module.name).symlink_to(module)  # and every package is mapped
 
 
-def on_config(config: MkDocsConfig) -> MkDocsConfig:
-    """Build the package tree for the API reference, and add each ``docs/tutorial-*.md``
-    to the Tutorial section, so a new tutorial needs no edit here (strict mode's "page
-    not in nav" check still covers every other page)."""
+def on_startup(command: str, dirty: bool) -> None:
+    """Build the package tree for the API reference before any plugin is configured:
+    mkdocstrings drops search paths that do not exist yet when it sets up."""
     _package_tree()
+
+
+def on_config(config: MkDocsConfig) -> MkDocsConfig:
+    """Add each ``docs/tutorial-*.md`` to the Tutorial section, so a new tutorial needs
+    no edit here (strict mode's "page not in nav" check still covers every other page)."""
     docs = Path(config["docs_dir"])
     for entry in config["nav"]:
         if isinstance(entry, dict) and TUTORIALS in entry:
