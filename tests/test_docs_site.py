@@ -174,3 +174,24 @@ def test_every_page_link_image_and_anchor_works_in_chromium(served: tuple[str, l
         assert path in reached, f"docs/{md.name} is not reachable from the home page"
     for path in ("/reliability/", "/benchmarks/", "/api/", "/changelog/"):
         assert path in reached, path
+
+
+def test_the_cli_reference_shows_every_command(site: Path) -> None:
+    import click
+    from localstate.cli import cli
+
+    page = (site / "cli" / "index.html").read_text()
+    for name in cli.list_commands(click.Context(cli)):
+        assert f"Usage: localstate {name}" in page, f"the CLI reference lacks 'localstate {name}'"
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    """The README promises that its second command is what CI runs."""
+    readme = (ROOT / "README.md").read_text()
+    commands = [line.strip() for line in readme.splitlines() if line.startswith("    python3 -m venv .venv")]
+    assert len(commands) == 2, commands
+    demo, suite = commands
+    assert demo.endswith("&& .venv/bin/localstate demo")
+    assert suite.endswith("&& .venv/bin/python -m pytest -q")
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert suite in ci, f".ci/run must run the README's test command verbatim: {suite}"
