@@ -83,7 +83,8 @@ def on_config(config: MkDocsConfig) -> MkDocsConfig:
             pages = entry[TUTORIALS]
             pages.extend(p.name for p in sorted(docs.glob("tutorial-*.md")) if p.name not in pages)
     listed = _listed(config["nav"]) | set(PUBLISHED.values())
-    unplaced = [p.name for p in sorted(docs.glob("*.md")) if p.name not in listed]
+    pages = sorted(p.relative_to(docs).as_posix() for p in docs.rglob("*.md"))
+    unplaced = [page for page in pages if page not in listed]
     if unplaced:
         config["nav"].append({MORE: unplaced})
     return config
