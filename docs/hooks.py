@@ -53,16 +53,40 @@ def _package_tree() -> None:
             target.joinpath(module.name).symlink_to(module)  # and every package is mapped
 
 
-def on_config(config: MkDocsConfig) -> MkDocsConfig:
-    """Build the package tree for the API reference, and add each ``docs/tutorial-*.md``
-    to the Tutorial section, so a new tutorial needs no edit here (strict mode's "page
-    not in nav" check still covers every other page)."""
+def on_startup(command: str, dirty: bool) -> None:
+    """Build the package tree for the API reference before any plugin is configured:
+    mkdocstrings drops search paths that do not exist yet when it sets up."""
     _package_tree()
+
+
+MORE = "More"  # the nav section for pages in docs/ that mkdocs.yml does not place yet
+
+
+def _listed(nav: Any) -> set[str]:
+    if isinstance(nav, str):
+        return {nav}
+    if isinstance(nav, dict):
+        return set().union(*(_listed(v) for v in nav.values()))
+    if isinstance(nav, list):
+        return set().union(*(_listed(v) for v in nav))
+    return set()
+
+
+def on_config(config: MkDocsConfig) -> MkDocsConfig:
+    """Add each ``docs/tutorial-*.md`` to the Tutorial section, and any other page of
+    docs/ that the nav does not list to a last "More" section: a page added in parallel
+    work is published (and crawled by tests/test_docs_site.py) before someone gives it
+    its place in mkdocs.yml."""
     docs = Path(config["docs_dir"])
     for entry in config["nav"]:
         if isinstance(entry, dict) and TUTORIALS in entry:
             pages = entry[TUTORIALS]
             pages.extend(p.name for p in sorted(docs.glob("tutorial-*.md")) if p.name not in pages)
+    listed = _listed(config["nav"]) | set(PUBLISHED.values())
+    pages = sorted(p.relative_to(docs).as_posix() for p in docs.rglob("*.md"))
+    unplaced = [page for page in pages if page not in listed]
+    if unplaced:
+        config["nav"].append({MORE: unplaced})
     return config
 
 

@@ -1,4 +1,4 @@
-"""Every Python example in README.md and docs/*.md runs in CI, so an example can never
+"""Every Python example in README.md and docs/**/*.md runs in CI, so an example can never
 drift from the API again (issue 14: the Quickstart crashed on ``counts.get("/home", 0)``).
 
 Each ```python block runs as a fresh process in an empty directory. A block preceded by
@@ -21,7 +21,7 @@ FENCE = re.compile(r"(?P<marker><!-- example: fragment[^>]*-->\n)?```python\n(?P
 
 def _blocks() -> list:
     out = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         text = doc.read_text()
         for m in FENCE.finditer(text):
             line = text[: m.start("code")].count("\n")

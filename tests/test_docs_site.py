@@ -7,7 +7,7 @@ The site is served on 127.0.0.1 and crawled from its home page with headless Chr
 scripts are collected, and every internal one must exist — pages are rendered in turn,
 other files fetched. The server records every request, including those the browser
 made itself (the search index, fonts, icons), and any 404 fails the test. Every
-Markdown page in docs/ must be reached from the home page.
+Markdown page under docs/ must be reached from the home page.
 """
 
 from __future__ import annotations
@@ -115,10 +115,20 @@ def _is_page(path: str) -> bool:
     return path.endswith("/") or path.endswith(".html")
 
 
+def _docs_pages() -> dict[str, str]:
+    """Every Markdown page under docs/ → its path in the site (``a/b.md`` → ``/a/b/``)."""
+    docs = ROOT / "docs"
+    out = {}
+    for page in sorted(docs.rglob("*.md")):
+        rel = page.relative_to(docs).with_suffix("")
+        out[rel.as_posix() + ".md"] = "/" if rel.as_posix() == "index" else f"/{rel.as_posix()}/"
+    return out
+
+
 def test_the_site_builds_in_strict_mode_with_every_docs_page(site: Path) -> None:
-    for page in sorted((ROOT / "docs").glob("*.md")):
-        built = site / ("index.html" if page.stem == "index" else f"{page.stem}/index.html")
-        assert built.is_file(), f"{page.name} was not built into the site"
+    for page, path in _docs_pages().items():
+        built = site / path.strip("/") / "index.html"
+        assert built.is_file(), f"docs/{page} was not built into the site"
     for published in ("reliability/index.html", "changelog/index.html", "benchmarks/index.html", "api/index.html"):
         assert (site / published).is_file(), published
     api = (site / "api" / "index.html").read_text()
@@ -169,8 +179,28 @@ def test_every_page_link_image_and_anchor_works_in_chromium(served: tuple[str, l
     assert not missing, f"the browser or the crawl requested files that do not exist: {missing}"
     assert not broken, "broken links:\n" + "\n".join(broken)
     reached = {urlsplit(u).path for u in pages}
-    for md in sorted((ROOT / "docs").glob("*.md")):
-        path = "/" if md.stem == "index" else f"/{md.stem}/"
-        assert path in reached, f"docs/{md.name} is not reachable from the home page"
+    for page, path in _docs_pages().items():
+        assert path in reached, f"docs/{page} is not reachable from the home page"
     for path in ("/reliability/", "/benchmarks/", "/api/", "/changelog/"):
         assert path in reached, path
+
+
+def test_the_cli_reference_shows_every_command(site: Path) -> None:
+    import click
+    from localstate.cli import cli
+
+    page = (site / "cli" / "index.html").read_text()
+    for name in cli.list_commands(click.Context(cli)):
+        assert f"Usage: localstate {name}" in page, f"the CLI reference lacks 'localstate {name}'"
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    """The README promises that its second command is what CI runs."""
+    readme = (ROOT / "README.md").read_text()
+    commands = [line.strip() for line in readme.splitlines() if line.startswith("    python3 -m venv .venv")]
+    assert len(commands) == 2, commands
+    demo, suite = commands
+    assert demo.endswith("&& .venv/bin/localstate demo")
+    assert suite.endswith("&& .venv/bin/python -m pytest -q")
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert suite in ci, f".ci/run must run the README's test command verbatim: {suite}"
