@@ -292,7 +292,7 @@ class KafkaClient:
         """The partition ids of ``topic``; ChangelogError if it does not exist."""
         tmd = self._metadata(topic)
         if tmd is None:
-            raise ChangelogError(f"kafka topic {topic!r} on brokers {self.servers} does not exist")
+            raise ChangelogError(f"kafka topic {topic!r} on brokers {self.servers} is not readable (no such topic)")
         return sorted(tmd.partitions)
 
     # -- topics -------------------------------------------------------------------------------

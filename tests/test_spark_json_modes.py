@@ -126,7 +126,7 @@ def test_jsonl_max_files_and_bytes_per_trigger(sources: Any, tmp_path: Path) -> 
     ("mode", "strict", "use one of"),
 ])
 def test_bad_jsonl_options_are_config_errors(tmp_path: Path, option: str, value: str, fragment: str) -> None:
-    from localstate.contrib.spark.sources import _JsonLinesReader
+    from localstate.contrib.spark.sources.jsonl import _JsonLinesReader
     from pyspark.sql.types import LongType, StructField, StructType
 
     with pytest.raises(ConfigError, match=fragment):

@@ -1,0 +1,184 @@
+"""``localstate-kafka``: a Kafka topic read through localstate's Kafka client
+(:mod:`localstate.changelog.kafka_client`: the same end detection, retries and settings
+as the Kafka changelog; the JVM Kafka connector is not needed). Columns ``key binary,
+value binary, topic string, partition int, offset long, timestamp long`` (ms); with
+``format=json`` and a schema, the JSON values are parsed (vectorised, pyarrow) into that
+schema instead. Offsets are ``{"<partition>": next offset}``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+from localstate import ChangelogError, ConfigError
+from localstate.changelog.kafka_client import KafkaClient, KafkaSettings
+from localstate.contrib.spark.json_policy import JsonPolicy, read_json_records
+from localstate.contrib.spark.sources._base import (
+    BatchReader,
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    StreamReader,
+    StructType,
+    _arrow_schema,
+    _int_option,
+    _json_offsets,
+    _option,
+    _options,
+    _Range,
+)
+from localstate.options import parse_options
+
+__all__ = ["KafkaSource", "KAFKA_SCHEMA"]
+
+KAFKA_SCHEMA = "key binary, value binary, topic string, partition int, offset long, timestamp long"
+_KAFKA_RANGE = 500_000
+"""A Kafka partition's offset range is split into input partitions of this many offsets."""
+_BATCH_ROWS = 100_000
+
+
+class _KafkaReader:
+    """Shared by the batch and the streaming Kafka readers: one client (and one
+    consumer, kept between calls on the driver) per reader."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.options = options = _options(options)
+        source = KafkaSource.name()
+        self.topic = _option(options, "topic", source)
+        servers = options.get("bootstrap.servers") or _option(options, "kafka.bootstrap.servers", source)
+        consumer = {k[len("kafka."):]: v for k, v in options.items()
+                    if k.startswith("kafka.") and k != "kafka.bootstrap.servers"}
+        timeout_s = float(options.get("timeout.s", "30"))
+        settings = parse_options(KafkaSettings, {"bootstrap.servers": servers, "timeout.ms": int(timeout_s * 1000),
+                                                 "retries": 0, **{f"consumer.{k}": v for k, v in consumer.items()}},
+                                 f"data source {source!r}", pass_through=("producer", "consumer", "topic"))
+        self.client = KafkaClient(settings, where=f"data source {source!r} option kafka",
+                                  group_id=options.get("group.id", "localstate-spark-source"))
+        self._consumer: Any = None
+        self.schema = schema
+        self.json = options.get("format", "raw") == "json"
+        self.policy = JsonPolicy.from_options(options, source)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_consumer": None}  # a consumer does not travel to executors
+
+    def consumer(self) -> Any:
+        if self._consumer is None:
+            self._consumer = self.client.consumer()
+        return self._consumer
+
+    def partitions(self) -> list[int]:
+        try:
+            return self.client.partitions(self.topic)
+        except ChangelogError as e:
+            raise ChangelogError(f"{e}; create it or fix option 'topic'") from e
+
+    def ends(self) -> dict[str, int]:
+        """The true end of every partition (read to partition EOF, never the high watermark)."""
+        consumer = self.consumer()
+        return {str(p): self.client.end_offset(consumer, self.topic, p) for p in self.partitions()}
+
+    def starts(self) -> dict[str, int]:
+        where = self.options.get("startingOffsets", "earliest")
+        if where == "latest":
+            return self.ends()
+        if where != "earliest":
+            return _json_offsets("startingOffsets", where, "'earliest', 'latest'")
+        consumer = self.consumer()
+        return {str(p): self.client.watermarks(consumer, self.topic, p)[0] for p in self.partitions()}
+
+    def plan(self, start: dict[str, int], end: dict[str, int]) -> list[_Range]:
+        out = []
+        for p, stop in sorted(end.items(), key=lambda x: int(x[0])):
+            begin = int(start.get(p, 0))
+            for s in range(begin, int(stop), _KAFKA_RANGE):
+                out.append(_Range(int(p), s, min(int(stop), s + _KAFKA_RANGE)))
+        return out
+
+    def read(self, part: _Range) -> Iterator[pa.RecordBatch]:
+        if part.stop <= part.start:
+            return
+        consumer = self.client.consumer()
+        try:
+            keys: list[bytes | None] = []
+            values: list[bytes | None] = []
+            offsets: list[int] = []
+            stamps: list[int] = []
+            for msgs, _ in self.client.scan(consumer, self.topic, part.part, part.start, part.stop):
+                for msg in msgs:
+                    keys.append(msg.key())
+                    values.append(msg.value())
+                    offsets.append(msg.offset())
+                    stamps.append(msg.timestamp()[1])
+                if len(offsets) >= _BATCH_ROWS:
+                    yield self._batch(part.part, keys, values, offsets, stamps)
+                    keys, values, offsets, stamps = [], [], [], []
+            if offsets:
+                yield self._batch(part.part, keys, values, offsets, stamps)
+        finally:
+            consumer.close()
+
+    def _batch(self, partition: int, keys: list, values: list, offsets: list, stamps: list) -> pa.RecordBatch:
+        if self.json:
+
+            schema = _arrow_schema(self.schema)
+            present = [(o, v) for o, v in zip(offsets, values) if v is not None]
+            table = read_json_records(
+                [v for _, v in present], schema, self.policy,
+                lambda i: f"topic {self.topic!r} partition {partition} offset {present[i][0]}", KafkaSource.name(),
+            )
+            return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema)
+        n = len(offsets)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(keys, pa.binary()),
+                pa.array(values, pa.binary()),
+                pa.array([self.topic] * n, pa.string()),
+                pa.array([partition] * n, pa.int32()),
+                pa.array(offsets, pa.int64()),
+                pa.array(stamps, pa.int64()),
+            ],
+            names=["key", "value", "topic", "partition", "offset", "timestamp"],
+        )
+
+
+
+
+class KafkaSource(DataSource):
+    """``format("localstate-kafka")``: a Kafka topic through confluent-kafka.
+
+    Options: ``bootstrap.servers`` (or ``kafka.bootstrap.servers``), ``topic``,
+    ``startingOffsets`` (``earliest`` (default), ``latest`` or JSON
+    ``{"<partition>": offset}``), ``endingOffsets`` (batch only: ``latest`` or JSON),
+    ``maxOffsetsPerTrigger`` (streaming), ``format`` (``raw`` (default) or ``json``:
+    parse values into the given ``schema``, with ``mode`` = ``FAILFAST`` (default) /
+    ``PERMISSIVE`` / ``DROPMALFORMED`` for bad values, as ``localstate-jsonl``), ``timeout.s``, and ``kafka.<key>`` for
+    any consumer setting. Reads with ``isolation.level=read_committed``.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "localstate-kafka"
+
+    def schema(self) -> str:
+        if self.options.get("format", "raw") == "json":
+            raise ConfigError(
+                "localstate-kafka with format=json needs the value schema: .schema('ts long, user_id string')"
+            )
+        return KAFKA_SCHEMA
+
+    def _reader(self, schema: StructType) -> _KafkaReader:
+        return _KafkaReader(self.options, schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        reader = self._reader(schema)
+        end_opt = reader.options.get("endingOffsets", "latest")
+        end = None if end_opt == "latest" else _json_offsets("endingOffsets", end_opt, "'latest'")
+        return BatchReader(reader, end)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        reader = self._reader(schema)
+        return StreamReader(reader, _int_option(reader.options, "maxOffsetsPerTrigger", self.name(), None))
+
+
