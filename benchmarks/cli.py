@@ -24,7 +24,14 @@ import click
 from localstate.errors import ConfigError
 from localstate.registry import ENGINES
 
-from .registry import GENERIC_SUITE, SUITES, WORKLOADS, get_suites, get_workloads
+from .registry import (
+    GENERIC_SUITE,
+    SUITES,
+    WORKLOADS,
+    get_suites,
+    get_workloads,
+    load_workload_modules,
+)
 from .runner import (
     CHANGELOGS,
     DISTRIBUTIONS,
@@ -109,7 +116,7 @@ def run_bench(
 
 
 def _list_everything() -> None:
-    from . import workloads as _  # noqa: F401  (registers the generic workloads)
+    load_workload_modules()
 
     click.echo("Suites (--suite a,b or all):")
     for name, (_mod, desc) in SUITES.items():
@@ -202,7 +209,7 @@ def bench(
             get_workloads(list(workloads))
         selected = list(engines) or default_engines()
         if GENERIC_SUITE in suites:
-            from .workloads import targets_for
+            from .targets import targets_for
 
             targets_for(selected, baselines=False, direct=False)  # unknown engines fail before any work
         params = BenchParams(
@@ -214,7 +221,7 @@ def bench(
             options=_parse_options(options),
         )
         if GENERIC_SUITE in suites:
-            from .workloads import Target, make_config
+            from .targets import Target, make_config
 
             for engine in selected:  # --option keys are validated against each engine up front
                 make_config(Target(engine, "store", engine), replace(params, changelog="none"), Path("."))

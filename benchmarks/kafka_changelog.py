@@ -38,7 +38,7 @@ from localstate.changelog.kafka import KafkaChangelogSystem
 from localstate.checkpoint import Checkpoint
 from localstate.testing.kafka import TansuBroker
 
-from .runner import make_row
+from .runner import add_ratios, make_row
 
 __all__ = ["run"]
 
@@ -292,7 +292,6 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
                               "raw confluent-kafka",
                               "append() per 500-record chunk + flush() = transaction commit"
                               + (", one transactional producer per task partition" if partitions > 1 else ""))
-            _ratio(ours, raw)
             rows += ours + raw
         for partitions in (1, 4):
             topic = bench.fill(partitions)
@@ -303,7 +302,6 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
             ours = bench.rows("kafka.restore", "localstate kafka", params, bench.ours_restore(topic, partitions),
                               "raw confluent-kafka",
                               "read_batches(0, end)" + (", 4 tasks in threads" if partitions > 1 else ""))
-            _ratio(ours, raw)
             rows += ours + raw
             if partitions == 1:
                 rows += bench.rows("kafka.restore_store", "localstate kafka -> memory", params,
@@ -315,9 +313,7 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
                                    bench.raw_restore(topic, partitions, tuned=False), None,
                                    "raw consumer with librdkafka's default fetch settings (fetch.queue.backoff.ms=1000)")
             bench.delete(topic)
+    add_ratios(rows)
     return rows
 
 
-def _ratio(ours: list[dict[str, Any]], raw: list[dict[str, Any]]) -> None:
-    for o, r in zip(ours, raw):
-        o["ratio"] = o["median"] / r["median"] if r["median"] else None

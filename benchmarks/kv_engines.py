@@ -44,7 +44,7 @@ from localstate.checkpoint import Checkpoint
 from localstate.storage import open_system
 
 from .core_figures import json_values
-from .runner import make_row
+from .runner import add_ratios, make_row, repeat_trials
 
 __all__ = ["run"]
 
@@ -78,23 +78,6 @@ def _config(root: Path, engine: str, *, stream: str = "kv-log") -> Config:
         "stores.kv.key.serde": "string",
         "stores.kv.msg.serde": "json",
     })
-
-
-def _timed(fn: Callable[[], float], repeats: int) -> list[float]:
-    """Warm-up call, then ``repeats`` timed calls; ``fn`` returns its own figure."""
-    fn()
-    return [fn() for _ in range(repeats)]
-
-
-def _ratio(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fill ``ratio`` = ours / baseline for rows naming a baseline measured in this run."""
-    index = {(r["workload"], r["engine"], r["unit"]): r["median"] for r in rows}
-    for r in rows:
-        if r["baseline"] is not None:
-            base = index.get((r["workload"], r["baseline"], r["unit"]))
-            if base:
-                r["ratio"] = r["median"] / base
-    return rows
 
 
 # -- writes ----------------------------------------------------------------------------------
@@ -163,12 +146,12 @@ def _put_rows(n: int, repeats: int) -> list[dict[str, Any]]:
 
     rows = []
     for engine, raw_name, raw in (("rocksdb", "rocksdict", raw_rocksdict), ("leveldb", "plyvel", raw_plyvel)):
-        rows.append(make_row("kv_put", engine, params, "ops/s", _timed(lambda e=engine: stack(e, False), repeats),
+        rows.append(make_row("kv_put", engine, params, "ops/s", repeat_trials(lambda e=engine: stack(e, False), repeats),
                              baseline=raw_name, notes="per-record put via TaskStorage.store(), commits included; "
                              "target ratio >= 0.67 (<= 1.5x slower than raw)"))
-        rows.append(make_row("kv_put_all", engine, params, "ops/s", _timed(lambda e=engine: stack(e, True), repeats),
+        rows.append(make_row("kv_put_all", engine, params, "ops/s", repeat_trials(lambda e=engine: stack(e, True), repeats),
                              baseline=raw_name, notes=f"store.put_all in chunks of {every}, commits included"))
-        raw_runs = _timed(raw, repeats)
+        raw_runs = repeat_trials(raw, repeats)
         for workload in ("kv_put", "kv_put_all"):
             rows.append(make_row(workload, raw_name, params, "ops/s", raw_runs,
                                  notes=f"raw {raw_name}: encoded records in write batches of {every}"))
@@ -250,11 +233,11 @@ def _update_rows(n: int, repeats: int) -> list[dict[str, Any]]:
 
     rows = []
     for engine, raw_name in (("rocksdb", "rocksdict"), ("leveldb", "plyvel")):
-        rows.append(make_row("kv_update_all", engine, params, "events/s", _timed(lambda e=engine: stack(e), repeats),
+        rows.append(make_row("kv_update_all", engine, params, "events/s", repeat_trials(lambda e=engine: stack(e), repeats),
                              baseline=raw_name, notes=f"get_all + put_all per batch of {batch} events, a commit "
                              "per batch; target for Spark jobs: >= 1M events/s per core of state work"))
         rows.append(make_row("kv_update_all", raw_name, params, "events/s",
-                             _timed(lambda r=raw_name: raw(r), repeats),
+                             repeat_trials(lambda r=raw_name: raw(r), repeats),
                              notes=f"raw {raw_name}: multi-get and write batch of the encoded records per batch"))
     return rows
 
@@ -439,7 +422,7 @@ def _restore_rows(workload: str, n: int, value_size: int, repeats: int) -> list[
             shutil.rmtree(root, ignore_errors=True)
 
     for raw_name, raw in (("rocksdict", raw_rocksdict), ("plyvel", raw_plyvel)):
-        runs = _timed(raw, repeats)
+        runs = repeat_trials(raw, repeats)
         what = "sorted SST write + ingest" if raw_name == "rocksdict" else "sorted write batches of 100k"
         rows.append(make_row(workload, raw_name, params, "records/s", runs,
                              notes=f"raw {raw_name}: {what} of the decoded records, already in memory and sorted"))
@@ -493,8 +476,8 @@ def _incremental_rows(n: int, repeats: int) -> list[dict[str, Any]]:
                     elapsed = time.perf_counter() - t0
                 return elapsed
 
-            inc_runs = _timed(incremental, repeats)
-            full_runs = _timed(full, repeats)  # last: a full restore leaves a single snapshot
+            inc_runs = repeat_trials(incremental, repeats)
+            full_runs = repeat_trials(full, repeats)  # last: a full restore leaves a single snapshot
         finally:
             shutil.rmtree(root, ignore_errors=True)
         rows.append(make_row("kv_restore_incremental", engine, params, "s", inc_runs, baseline=f"{engine} full",
@@ -515,4 +498,5 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     rows += _restore_rows("kv_restore", n, VALUE_SIZE, repeats)
     rows += _restore_rows("kv_restore_1k", n_1k, 1024, repeats)
     rows += _incremental_rows(n, repeats)
-    return _ratio(rows)
+    add_ratios(rows)
+    return rows

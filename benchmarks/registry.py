@@ -22,7 +22,7 @@ from localstate.errors import ConfigError
 from localstate.registry import did_you_mean
 
 if TYPE_CHECKING:
-    from .workloads import Target
+    from .targets import Target
 
 __all__ = [
     "Trial",
@@ -33,6 +33,8 @@ __all__ = [
     "GENERIC_SUITE",
     "FOOTPRINT",
     "get_workloads",
+    "load_workload_modules",
+    "WORKLOAD_MODULES",
     "get_suites",
 ]
 
@@ -119,12 +121,25 @@ def workload(
     return register
 
 
+WORKLOAD_MODULES: tuple[str, ...] = ("localstate.benchmarks.workloads",)
+"""Modules whose import registers workloads; imported only when workloads are asked for
+(as suites are), so ``localstate bench --suite kv`` never pays for them."""
+
+
+def load_workload_modules() -> None:
+    """Import every module of :data:`WORKLOAD_MODULES` (each registers its workloads once)."""
+    import importlib
+
+    for module in WORKLOAD_MODULES:
+        importlib.import_module(module)
+
+
 def get_workloads(names: list[str] | tuple[str, ...] | None) -> list[Workload]:
     """The workloads called ``names`` (all when empty), or a :class:`ConfigError` listing valid ones.
 
     ``footprint`` is accepted and skipped here (the suite runs it separately).
     """
-    from . import workloads as _  # noqa: F401  (registers the generic workloads)
+    load_workload_modules()
 
     if not names:
         return list(_WORKLOADS.values())

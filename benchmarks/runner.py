@@ -12,6 +12,7 @@ raw library). A failed cell has ``error`` set and ``nan`` figures.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -19,6 +20,7 @@ import resource
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -46,6 +48,7 @@ __all__ = [
     "dir_bytes",
     "check_resources",
     "add_ratios",
+    "repeat_trials",
 ]
 
 ROW_KEYS = (
@@ -244,18 +247,53 @@ def normalize_row(row: Any, suite: str) -> dict[str, Any]:
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """Fill ``ratio`` = median / the baseline row's median (same workload and unit).
+    """Fill ``ratio`` = median / the baseline row's median.
 
-    A row names its baseline engine in ``baseline``; a row that already has a ratio
-    (from a suite) keeps it.
+    A row names its baseline engine in ``baseline``; the baseline row has the same
+    workload (or the row's ``ratio_workload``), unit and params — or, when only one row
+    of that engine, workload and unit exists, that one. A row that already has a ratio
+    (from a suite) keeps it. The one ratio helper of every suite.
     """
-    index = {(r["workload"], r["engine"], r["unit"]): r for r in rows if not r.get("error")}
+    def params_key(r: dict[str, Any]) -> str:
+        return json.dumps(r.get("params") or {}, sort_keys=True, default=str)
+
+    exact: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    loose: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if not r.get("error"):
+            exact[(r["workload"], r["engine"], r["unit"], params_key(r))] = r
+            loose.setdefault((r["workload"], r["engine"], r["unit"]), []).append(r)
     for r in rows:
         if r.get("ratio") is not None or r.get("error") or not r.get("baseline"):
             continue
-        base = index.get((r.get("ratio_workload", r["workload"]), r["baseline"], r["unit"]))
+        workload = r.get("ratio_workload", r["workload"])
+        base = exact.get((workload, r["baseline"], r["unit"], params_key(r)))
+        if base is None:
+            candidates = loose.get((workload, r["baseline"], r["unit"]), [])
+            base = candidates[0] if len(candidates) == 1 else None
         if base is not None and base["median"] and not math.isnan(base["median"]):
             r["ratio"] = r["median"] / base["median"]
+
+
+def repeat_trials(trial: Callable[..., float], repeats: int, *, scratch: str | None = None) -> list[float]:
+    """A warm-up trial, then ``repeats`` timed ones; each trial returns its own figure.
+
+    With ``scratch`` (a name prefix) each trial gets a fresh temporary directory as its
+    argument, deleted after it. The one timer of the area suites (the workload
+    registry's trials use :func:`time_trials`)."""
+    out: list[float] = []
+    for i in range(repeats + 1):
+        if scratch is None:
+            figure = trial()
+        else:
+            root = Path(tempfile.mkdtemp(prefix=f"{scratch}-"))
+            try:
+                figure = trial(root)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+        if i:
+            out.append(figure)
+    return out
 
 
 # -- timing -------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 import tantivy
 from localstate import Config, TaskStorage
 
-from .runner import make_row
+from .runner import make_row, repeat_trials
 
 __all__ = ["run"]
 
@@ -98,20 +97,6 @@ def _raw_build(path: Path, docs: list[tuple[str, dict[str, Any]]]) -> tantivy.In
     return index
 
 
-def _timed(repeats: int, trial: Callable[[Path], float]) -> list[float]:
-    """Warm-up once, then ``repeats`` trials; each gets a fresh directory and returns its figure."""
-    out = []
-    for i in range(repeats + 1):
-        root = Path(tempfile.mkdtemp(prefix="ls-search-bench-"))
-        try:
-            figure = trial(root)
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-        if i:
-            out.append(figure)
-    return out
-
-
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     n = 3_000 if quick else 100_000
     nq = 200 if quick else 3_000
@@ -147,12 +132,12 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
         _raw_build(root / "raw", docs)
         return n / (time.perf_counter() - t0)
 
-    raw_rate = _timed(repeats, raw_index)
+    raw_rate = repeat_trials(raw_index, repeats, scratch="ls-search-bench")
     rows.append(make_row("search.index", "tantivy", params, "docs/s", raw_rate,
                          notes="raw tantivy: add_document(Document(**fields)) + commit, 2 writer threads (as the engine)"))
-    rows.append(make_row("search.index", "search", params, "docs/s", _timed(repeats, ours_batched),
+    rows.append(make_row("search.index", "search", params, "docs/s", repeat_trials(ours_batched, repeats, scratch="ls-search-bench"),
                          baseline="tantivy", notes="index_all in chunks of 10k + task commit (changelog fsync)"))
-    rows.append(make_row("search.index", "search (index())", params, "docs/s", _timed(repeats, ours_single),
+    rows.append(make_row("search.index", "search (index())", params, "docs/s", repeat_trials(ours_single, repeats, scratch="ls-search-bench"),
                          baseline="tantivy", notes="one index() call per document + task commit"))
 
     # -- queries --------------------------------------------------------------------------
@@ -179,9 +164,9 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
                 searcher.doc(address).to_dict()
         return nq / (time.perf_counter() - t0)
 
-    rows.append(make_row("search.query", "tantivy", qparams, "queries/s", _timed(repeats, raw_queries),
+    rows.append(make_row("search.query", "tantivy", qparams, "queries/s", repeat_trials(raw_queries, repeats, scratch="ls-search-bench"),
                          notes="parse_query + search + doc().to_dict() per hit (the stored fields as Python values)"))
-    rows.append(make_row("search.query", "search", qparams, "queries/s", _timed(repeats, ours_queries),
+    rows.append(make_row("search.query", "search", qparams, "queries/s", repeat_trials(ours_queries, repeats, scratch="ls-search-bench"),
                          baseline="tantivy", notes="search(q, 10): hits with decoded stored documents"))
 
     # -- restore --------------------------------------------------------------------------
@@ -202,9 +187,9 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
         _raw_build(root / "raw", docs)
         return time.perf_counter() - t0
 
-    rows.append(make_row("search.restore", "tantivy", params, "s", _timed(repeats, raw_restore),
+    rows.append(make_row("search.restore", "tantivy", params, "s", repeat_trials(raw_restore, repeats, scratch="ls-search-bench"),
                          notes="raw tantivy indexing the same documents (the floor)"))
-    rows.append(make_row("search.restore", "search", params, "s", _timed(repeats, ours_restore),
+    rows.append(make_row("search.restore", "search", params, "s", repeat_trials(ours_restore, repeats, scratch="ls-search-bench"),
                          baseline="tantivy", notes="open TaskStorage over a wiped store dir: read changelog, decode, bulk index, commit"))
 
     for row in rows:

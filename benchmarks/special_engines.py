@@ -25,13 +25,12 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 from localstate import Config, TaskStorage
 from sortedcontainers import SortedList
 
-from .runner import make_row
+from .runner import add_ratios, make_row, repeat_trials
 
 __all__ = ["run"]
 
@@ -41,18 +40,6 @@ def _config(root: str, **store: Any) -> Config:
         "job.name": "bench", "job.state.dir": f"{root}/state", "systems.file.path": f"{root}/log",
         **{f"stores.s.{k}": v for k, v in store.items()},
     })
-
-
-def _timed(repeats: int, trial: Callable[[], float]) -> list[float]:
-    """A warm-up trial, then ``repeats`` timed ones; each trial returns its own figure."""
-    trial()
-    return [trial() for _ in range(repeats)]
-
-
-def _with_ratio(row: dict[str, Any], baseline_row: dict[str, Any]) -> dict[str, Any]:
-    if baseline_row["median"]:
-        row["ratio"] = row["median"] / baseline_row["median"]
-    return row
 
 
 # -- top-N ---------------------------------------------------------------------------------
@@ -93,10 +80,10 @@ def _topn_rows(quick: bool, repeats: int) -> list[dict[str, Any]]:
             entries[m] = score
         return n / (time.perf_counter() - t0)
 
-    base = make_row("topn_offer", "dict+SortedList (raw)", params, "ops/s", _timed(repeats, raw))
-    row = make_row("topn_offer", "topn", params, "ops/s", _timed(repeats, ours), baseline=base["engine"],
+    base = make_row("topn_offer", "dict+SortedList (raw)", params, "ops/s", repeat_trials(raw, repeats))
+    row = make_row("topn_offer", "topn", params, "ops/s", repeat_trials(ours, repeats), baseline=base["engine"],
                    notes="offer_all + commit per batch; target >= 300k/s")
-    return [_with_ratio(row, base), base]
+    return [row, base]
 
 
 # -- HyperLogLog -----------------------------------------------------------------------------
@@ -139,12 +126,12 @@ def _hll_rows(quick: bool, repeats: int) -> list[dict[str, Any]]:
             update(x)
         return n / (time.perf_counter() - t0)
 
-    base = make_row("hll_update", "datasketch+xxh3 (raw)", params, "ops/s", _timed(repeats, raw))
-    row = make_row("hll_update", "hyperloglog", params, "ops/s", _timed(repeats, ours), baseline=base["engine"],
+    base = make_row("hll_update", "datasketch+xxh3 (raw)", params, "ops/s", repeat_trials(raw, repeats))
+    row = make_row("hll_update", "hyperloglog", params, "ops/s", repeat_trials(ours, repeats), baseline=base["engine"],
                    notes="add_all + commit per batch; target >= 1.5M/s")
     timed = slice(1, None)  # drop the warm-up's figures
     return [
-        _with_ratio(row, base), base,
+        row, base,
         make_row("hll_commit_bytes", "hyperloglog", {**params, "added": len(extra)}, "bytes",
                  figures["bytes"][timed], notes="changelog key+value bytes of one commit (delta logging; "
                  f"a full sketch is {1 << p} bytes)"),
@@ -195,15 +182,15 @@ def _bloom_rows(quick: bool, repeats: int) -> list[dict[str, Any]]:
         set_lookups.append(n / (time.perf_counter() - t0))
         return rate
 
-    base = make_row("bloom_add", "python set (exact)", params, "ops/s", _timed(repeats, raw))
-    row = make_row("bloom_add", "bloom", params, "ops/s", _timed(repeats, ours), baseline=base["engine"],
+    base = make_row("bloom_add", "python set (exact)", params, "ops/s", repeat_trials(raw, repeats))
+    row = make_row("bloom_add", "bloom", params, "ops/s", repeat_trials(ours, repeats), baseline=base["engine"],
                    notes="one add_all (dirty words tracked); target >= 5M/s")
     timed = slice(1, None)
     base_look = make_row("bloom_lookup", "python set (exact)", params, "ops/s", set_lookups[timed])
     look = make_row("bloom_lookup", "bloom", params, "ops/s", lookups[timed], baseline=base_look["engine"],
                     notes="might_contain_all; target >= 5M/s")
     return [
-        _with_ratio(row, base), base, _with_ratio(look, base_look), base_look,
+        row, base, look, base_look,
         make_row("bloom_commit", "bloom", params, "s", commits[timed],
                  notes="the commit after the adds: one changelog record per changed word, fsync'd"),
         make_row("bloom_fp_rate", "bloom", params, "ratio", rates[timed],
@@ -213,4 +200,6 @@ def _bloom_rows(quick: bool, repeats: int) -> list[dict[str, Any]]:
 
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     """All rows of the three engines (``quick``: small sizes that finish in seconds)."""
-    return _topn_rows(quick, repeats) + _hll_rows(quick, repeats) + _bloom_rows(quick, repeats)
+    rows = _topn_rows(quick, repeats) + _hll_rows(quick, repeats) + _bloom_rows(quick, repeats)
+    add_ratios(rows)
+    return rows
