@@ -60,14 +60,12 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import msgpack
 import orjson
@@ -84,12 +82,24 @@ from localstate.errors import (
     CorruptionError,
     EngineError,
     InvalidValueError,
+    LocalStateError,
     SerializationError,
     StoreClosedError,
     StoreLockedError,
 )
 from localstate.faults import fault_point
+from localstate.locking import io_error
 from localstate.serdes import Serde, get_serde
+
+from .search_schema import (
+    DOC_FIELD,
+    ID_FIELD,
+    MIN_HEAP_PER_THREAD,
+    FieldSpec,
+    SearchOptions,
+    build_schema,
+    parse_fields,
+)
 
 __all__ = [
     "FieldSpec",
@@ -102,183 +112,19 @@ __all__ = [
 
 log = logging.getLogger("localstate")
 
-_ID = "_id"
-_DOC = "_doc"
+_ID = ID_FIELD
+_DOC = DOC_FIELD
 _CHECKPOINT_FILE = "search-checkpoint.json"
 _INDEX_DIR = "index"
 _SCHEMA_FILE = "search-schema.txt"
 _CHECKPOINT_VERSION = 1
-_FIELD_TYPES = ("text", "string", "int", "float")
-_TOKENIZERS = ("default", "raw", "en_stem", "whitespace")
-_FIELD_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 _RESTORE_CHUNK = 50_000
 _DELETE_CHUNK = 100_000
-_MIN_HEAP_PER_THREAD = 15_000_000
 _KEY_LENGTH = struct.Struct(">I")
 
 
 class InvalidQueryError(InvalidValueError):
     """A search query tantivy cannot parse; the message shows the query and the cause."""
-
-
-# -- schema ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FieldSpec:
-    """One schema field: ``name:type[:flag...]``.
-
-    ``type`` is ``text`` (tokenized full text), ``string`` (one exact term: ids, cities,
-    tags), ``int`` (i64) or ``float`` (f64). Flags: ``stored`` (returned in search hits),
-    ``unindexed`` (int/float only: stored, not searchable), ``fast`` (int/float column for
-    range queries and sorting), ``tokenizer=<default|raw|en_stem|whitespace>`` (text only).
-    """
-
-    name: str
-    type: Literal["text", "string", "int", "float"]
-    stored: bool = False
-    indexed: bool = True
-    fast: bool = False
-    tokenizer: str = "default"
-
-    def canonical(self) -> str:
-        flags = [self.type]
-        if self.stored:
-            flags.append("stored")
-        if not self.indexed:
-            flags.append("unindexed")
-        if self.fast:
-            flags.append("fast")
-        if self.type == "text" and self.tokenizer != "default":
-            flags.append(f"tokenizer={self.tokenizer}")
-        return ":".join([self.name, *flags])
-
-
-def parse_fields(spec: str, key: str = "fields") -> tuple[FieldSpec, ...]:
-    """Parse ``"name:text:stored, bio:text, city:string:stored"``; errors name ``key``.
-
-    >>> [f.canonical() for f in parse_fields("title:text:stored, year:int:fast")]
-    ['title:text:stored', 'year:int:fast']
-    """
-    fields: list[FieldSpec] = []
-    seen: set[str] = set()
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        name, _, rest = part.partition(":")
-        name = name.strip()
-        bits = [b.strip().lower() for b in rest.split(":")] if rest else []
-        where = f"{key} = {spec!r}: field {part!r}"
-        if not _FIELD_NAME.match(name):
-            raise ConfigError(
-                f"{where}: field names start with a letter and use letters, digits and '_' "
-                "(names starting with '_' are reserved)"
-            )
-        if name in seen:
-            raise ConfigError(f"{where}: field {name!r} is declared twice")
-        seen.add(name)
-        if not bits or bits[0] not in _FIELD_TYPES:
-            raise ConfigError(
-                f"{where}: expected name:type[:flags] with type one of {', '.join(_FIELD_TYPES)}, "
-                f"e.g. '{name}:text:stored'"
-            )
-        ftype, stored, indexed, fast, tokenizer = bits[0], False, True, False, "default"
-        for flag in bits[1:]:
-            if flag == "stored":
-                stored = True
-            elif flag == "indexed":
-                indexed = True
-            elif flag == "unindexed" and ftype in ("int", "float"):
-                indexed = False
-            elif flag == "fast" and ftype in ("int", "float"):
-                fast = True
-            elif flag.startswith("tokenizer=") and ftype == "text":
-                tokenizer = flag.partition("=")[2]
-                if tokenizer not in _TOKENIZERS:
-                    raise ConfigError(f"{where}: unknown tokenizer {tokenizer!r}; use one of {', '.join(_TOKENIZERS)}")
-            else:
-                allowed = "stored, tokenizer=NAME" if ftype == "text" else (
-                    "stored" if ftype == "string" else "stored, unindexed, fast")
-                raise ConfigError(f"{where}: unknown flag {flag!r} for a {ftype} field (allowed: {allowed})")
-        fields.append(FieldSpec(name, ftype, stored, indexed, fast, tokenizer))  # type: ignore[arg-type]
-    if not fields:
-        raise ConfigError(
-            f"{key} is empty: declare the indexed fields, e.g. "
-            "'name:text:stored, bio:text, city:string:stored'"
-        )
-    return tuple(fields)
-
-
-def _build_schema(fields: Sequence[FieldSpec]) -> tantivy.Schema:
-    sb = tantivy.SchemaBuilder()
-    sb.add_text_field(_ID, tokenizer_name="raw", index_option="basic")
-    sb.add_bytes_field(_DOC, stored=True)
-    for f in fields:
-        if f.type == "text":
-            sb.add_text_field(f.name, tokenizer_name=f.tokenizer)
-        elif f.type == "string":
-            sb.add_text_field(f.name, tokenizer_name="raw")
-        elif f.type == "int":
-            sb.add_integer_field(f.name, indexed=f.indexed, fast=f.fast)
-        else:
-            sb.add_float_field(f.name, indexed=f.indexed, fast=f.fast)
-    return sb.build()
-
-
-# -- options ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SearchOptions:
-    """``stores.<s>.search.*`` options.
-
-    * ``fields`` — the schema, e.g. ``"name:text:stored, bio:text, city:string:stored"``
-      (see :class:`FieldSpec`). Required. Changing it re-indexes from the changelog.
-    * ``default.fields`` — fields searched by query terms without ``field:``
-      (default: every text and string field).
-    * ``heap.size.bytes`` — tantivy writer heap (default 64 MB; ≥ 15 MB).
-    * ``restore.heap.size.bytes`` — writer heap of a bulk restore (default 256 MB).
-    * ``writer.threads`` — indexing threads (default 2; 0 = one per core up to 8). Each
-      thread needs 15 MB of the heap: a smaller heap uses fewer threads.
-    * ``write.buffer.docs`` — documents batched in Python before they go to the
-      writer, with one batched delete of their ids (default 4096).
-    * ``document.format`` — encoding of the stored document in change records
-      (``json`` default, or ``msgpack``).
-    """
-
-    fields: str = ""
-    default_fields: str = ""
-    heap_size_bytes: int = 64_000_000
-    restore_heap_size_bytes: int = 256_000_000
-    writer_threads: int = 2
-    write_buffer_docs: int = 4096
-    document_format: Literal["json", "msgpack"] = "json"
-
-    def validate(self, prefix: str) -> None:
-        fields = parse_fields(self.fields, f"{prefix}.fields")
-        names = {f.name: f for f in fields}
-        for name in filter(None, (n.strip() for n in self.default_fields.split(","))):
-            f = names.get(name)
-            if f is None:
-                raise ConfigError(
-                    f"{prefix}.default.fields = {self.default_fields!r}: {name!r} is not a field of "
-                    f"{prefix}.fields (fields: {', '.join(names)})"
-                )
-            if not f.indexed:
-                raise ConfigError(f"{prefix}.default.fields: field {name!r} is unindexed and cannot be searched")
-        for key, heap in (("heap.size.bytes", self.heap_size_bytes), ("restore.heap.size.bytes", self.restore_heap_size_bytes)):
-            if heap < _MIN_HEAP_PER_THREAD:
-                raise ConfigError(
-                    f"{prefix}.{key} = {heap}: tantivy needs at least {_MIN_HEAP_PER_THREAD} bytes "
-                    "(per writer thread)"
-                )
-        if self.writer_threads < 0:
-            raise ConfigError(f"{prefix}.writer.threads = {self.writer_threads}: must be >= 0")
-        if self.write_buffer_docs <= 0:
-            raise ConfigError(f"{prefix}.write.buffer.docs = {self.write_buffer_docs}: must be > 0")
-
-    def schema_fields(self) -> tuple[FieldSpec, ...]:
-        return parse_fields(self.fields)
-
-    def search_fields(self) -> list[str]:
-        names = [n.strip() for n in self.default_fields.split(",") if n.strip()]
-        return names or [f.name for f in self.schema_fields() if f.type in ("text", "string")]
 
 
 def _codec(fmt: str) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
@@ -323,7 +169,7 @@ class SearchEngine(StorageEngine):
         options.validate(f"stores.{name}.search")
         self._fields = options.schema_fields()
         self._schema_text = ", ".join(f.canonical() for f in self._fields)
-        self._schema = _build_schema(self._fields)
+        self._schema = build_schema(self._fields)
         self._search_fields = options.search_fields()
         stored = [f.name for f in self._fields if f.stored]
         self._stored: list[str] | None = stored or None
@@ -358,7 +204,7 @@ class SearchEngine(StorageEngine):
         try:
             self._index_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise EngineError(f"store {self.name!r}: cannot create index directory {self._index_dir}: {e}") from e
+            raise self._translate(e, "create the index directory") from e
         try:
             exists = tantivy.Index.exists(str(self._index_dir))
         except (ValueError, OSError):
@@ -412,7 +258,7 @@ class SearchEngine(StorageEngine):
             self._index = tantivy.Index(self._schema, path=str(self._index_dir))
             self._write_schema()
         except (OSError, ValueError) as e:
-            raise EngineError(f"store {self.name!r}: cannot create an empty index at {self._index_dir}: {e}") from e
+            raise self._translate(e, "create an empty index") from e
         self._opstamp = 0
         self._buffer.clear()
         self._sent.clear()
@@ -451,16 +297,11 @@ class SearchEngine(StorageEngine):
         try:
             self._writer = self._index.writer(heap, self._threads(heap))
         except ValueError as e:
-            if "LockBusy" in str(e):
-                raise StoreLockedError(
-                    f"store {self.name!r}: the index at {self._index_dir} already has a writer (tantivy LockBusy) "
-                    "in this or another process; close the other engine/TaskStorage first"
-                ) from e
-            raise EngineError(f"store {self.name!r}: cannot create a tantivy writer on {self._index_dir}: {e}") from e
+            raise self._translate(e, "create a tantivy writer") from e
 
     def _threads(self, heap: int) -> int:
         wanted = self.options.writer_threads or min(os.cpu_count() or 1, 8)
-        return max(1, min(wanted, heap // _MIN_HEAP_PER_THREAD))
+        return max(1, min(wanted, heap // MIN_HEAP_PER_THREAD))
 
     def _drop_writer(self) -> None:
         """Discard uncommitted operations and release the writer lock (consumes the writer)."""
@@ -652,7 +493,7 @@ class SearchEngine(StorageEngine):
             try:
                 self._opstamp = self._w().commit()
             except (ValueError, RuntimeError, OSError) as e:
-                raise EngineError(f"store {self.name!r}: tantivy commit failed on {self._index_dir}: {e}") from e
+                raise self._translate(e, "commit the tantivy writer") from e
             self._dirty = False
             self._sent = {}
             self._reader_stale = True
@@ -687,7 +528,7 @@ class SearchEngine(StorageEngine):
                 return None
             return _unpack(searcher.doc(hits[0][1]).get_first(_DOC))[1]
         except (ValueError, OSError) as e:
-            raise self._read_error(e, f"document {key!r}") from e
+            raise self._translate(e, f"read document {key!r}") from e
 
     def get(self, doc_id: Any) -> dict[str, Any] | None:
         """The whole document ``doc_id`` (including uncommitted writes), or None."""
@@ -738,14 +579,23 @@ class SearchEngine(StorageEngine):
                     doc = {k: doc[k] for k in stored if k in doc}
                 out.append((decode_key(packed[4:n]), score, doc))
         except (ValueError, OSError) as e:
-            raise self._read_error(e, f"query {query!r}") from e
+            raise self._translate(e, f"run query {query!r}") from e
         return out
 
-    def _read_error(self, e: Exception, what: str) -> EngineError:
-        """The one translation of a tantivy failure while reading the index."""
+    def _translate(self, e: BaseException, action: str) -> LocalStateError:
+        """The one place tantivy and file-system errors become localstate errors."""
+        if isinstance(e, LocalStateError):
+            return e
+        if "LockBusy" in str(e):
+            return StoreLockedError(
+                f"store {self.name!r}: the index at {self._index_dir} already has a writer (tantivy LockBusy) "
+                "in this or another process; close the other engine/TaskStorage first"
+            )
+        if isinstance(e, OSError):
+            return io_error(e, action + " in", self._index_dir, EngineError)
         return EngineError(
-            f"store {self.name!r}: tantivy failed reading {what} from the index at {self._index_dir}: {e}. "
-            "If the index is damaged, close the task, delete that directory and reopen: it is rebuilt from the changelog"
+            f"store {self.name!r}: tantivy failed to {action} on the index at {self._index_dir}: {e}. If it is damaged, "
+            "close the task, delete that directory and reopen: it is rebuilt from the changelog"
         )
 
     def count(self, query: str | tantivy.Query) -> int:
@@ -918,7 +768,7 @@ class SearchEngine(StorageEngine):
             finally:
                 os.close(dfd)
         except OSError as e:
-            raise EngineError(f"store {self.name!r}: cannot write {self._checkpoint_path}: {e}") from e
+            raise self._translate(e, f"write {self._checkpoint_path.name}") from e
 
     def wipe(self) -> None:
         self._ix()
