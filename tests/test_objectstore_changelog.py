@@ -605,3 +605,31 @@ def test_snapshots_past_the_committed_offset_are_deleted_with_the_tail(where, tm
     assert offsets and max(offsets) <= committed
     with TaskStorage(moved(values, tmp_path, "machine-c")) as s:
         assert dump(s) == _model(5)
+
+
+# -- crash trials (short CI form of `localstate torture --changelog objectstore`) ---------
+@pytest.mark.parametrize("engine", [n for n in ("memory", "rocksdb") if ENGINES.installed(n)[0]])
+def test_crash_trials_on_s3(engine, tmp_path, s3_server):
+    from localstate.testing import torture as T
+
+    try:
+        s3_server.create_bucket(T.TORTURE_BUCKET)
+    except Exception as e:  # created by the other engine's run
+        assert "BucketAlready" in str(e)
+    report = T.run_trials(engine, "objectstore", 2, seed=3003, workdir=tmp_path, batches=6, ops=20,
+                          bootstrap=s3_server.endpoint, jobs=2)
+    s = report.summary()
+    assert s["trials"] == 2 and s["divergences"] == 0, json.dumps(s["first_divergence"], indent=2, default=str)
+
+
+@needs_rocksdb
+def test_every_objectstore_fault_point_crashes_and_recovers(tmp_path):
+    """Each objectstore fault point really kills the child (file://), and the trial recovers."""
+    from localstate.testing import torture as T
+
+    for i, point in enumerate(T.OBJECTSTORE_POINTS):
+        plan = T.TrialPlan(seed=70 + i, engine="rocksdb", changelog="objectstore", batches=8, ops=30, keys=20,
+                           compact_every=0, retention_ms=0, faults=(f"{point}=kill@{1 if 'discard' in point else 2}",))
+        res = T.run_trial(plan, tmp_path / point)
+        assert res.ok, res.divergence
+        assert res.crashes == 1, f"{point} was never reached"
