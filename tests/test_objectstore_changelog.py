@@ -496,6 +496,15 @@ def test_bad_config_names_the_key(tmp_path, keys, match):
         Config.from_dict(values)
 
 
+@pytest.mark.parametrize(("key", "match"), [("config.endpont", "'endpont' is not valid"),
+                                          ("client.allow_htp", "allow_htp")])
+def test_an_unknown_store_or_client_setting_is_a_config_error_at_open(tmp_path, key, match):
+    values = store_values(tmp_path, {"systems.s3.type": "objectstore", "systems.s3.path": "s3://b/p",
+                                     f"systems.s3.{key}": "x"})
+    with pytest.raises(ConfigError, match=rf"systems\.s3\.path = 's3://b/p': cannot open the object store: .*{match}"):
+        TaskStorage(Config.from_dict(values))
+
+
 def test_a_missing_bucket_is_an_error_naming_it(s3_server, tmp_path):
     opts = objectstore_options(s3_server.endpoint, "no-such-bucket-here", **{**FAST, "retries": 0})
     with pytest.raises(ChangelogError, match="no-such-bucket-here"):
