@@ -379,11 +379,13 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self.epoch = system.checkpoints().claim(system.job, partition)
             newest = max((o for o in (*self._chain, *self._others)), key=lambda o: o.epoch, default=None)
             if newest is not None and newest.epoch >= self.epoch:
-                raise ChangelogError(
+                raise FencedError(
                     f"{self.describe()}: object {self.store.where(self._key(newest))} was written by writer "
                     f"epoch {newest.epoch}, not older than this task instance's claim {self.epoch} (under "
-                    f"{self.store.where(system.checkpoints().prefix(system.job, partition))}/): is another job "
-                    "writing to this changelog stream? Nothing was changed. Give each job its own streams"
+                    f"{self.store.where(system.checkpoints().prefix(system.job, partition))}/): a newer "
+                    "instance of this task took over, so this one must stop without committing; or, if no "
+                    "other instance runs, is another job writing to this changelog stream? Nothing was "
+                    "changed. Give each job its own streams"
                 )
         self._end = self._chain[-1].end if self._chain else 0
         self._buffer_start = self._end

@@ -145,6 +145,9 @@ def test_writer_epochs_follow_the_checkpoint_claims_not_the_open_order(where):
     b_sys.checkpoints().write("job", 0, Checkpoint(version=1, input_position=None, offsets={"st": 3}))
     reader = make_system(where).open_partition("st", 0, 1, readonly=True)
     assert list(reader.read(0, 3)) == recs(0, 3, b"b")
+    pa.close()
+    with pytest.raises(FencedError, match="a newer instance of this task took over"):
+        a_sys.open_partition("st", 0, 1)  # the zombie opening again, after B wrote
 
 
 def test_a_second_job_writing_to_the_same_stream_is_refused(where):
