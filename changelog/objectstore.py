@@ -338,6 +338,10 @@ class _Store:
         self._retry("delete", keys[0], op)
 
 
+class _ObjectGone(CorruptionError):
+    """A listed object of the chain is no longer in the store."""
+
+
 @dataclass
 class _Written:
     """An object of the chain this writer uploaded (level 0 = one flush)."""
@@ -486,7 +490,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         try:
             return self.store.get(key)
         except (NotFoundError, FileNotFoundError) as e:
-            raise CorruptionError(
+            raise _ObjectGone(
                 f"{self.describe()}: object {self.store.where(key)} (offsets {o.start}..{o.end - 1}) is missing "
                 "(deleted while listed?). Nothing was changed. Restore it from a backup or a bucket version; "
                 "or give up the store's state with `localstate restore --reset STORE`"
@@ -516,16 +520,53 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             )
 
     def read_batches(self, start: int, stop: int) -> Iterator[tuple[list[ChangeRecord], int]]:
+        """The records of ``[start, stop)``. A chain object that is gone when fetched (the
+        previous instance of the task rolled it into a larger object after this one listed
+        the log) makes the chain be listed again once, and the read goes on from there."""
         stop = min(stop, self._end)
         if start >= stop:
             return
+        uploaded_end = min(stop, self._buffer_start)
+        pos = start
+        relisted = False
+        while pos < uploaded_end:
+            try:
+                for o, data in self._fetch_ahead(self._covering(pos, uploaded_end)):
+                    yield from _slice(self._decode(o, data), pos, stop)
+                    pos = min(o.end, uploaded_end)
+            except _ObjectGone:
+                if relisted or self._written:
+                    raise
+                relisted = True
+                self._load()
+        if stop > self._buffer_start and self._buffer:
+            tail = ObjectName(self._buffer_start, self._end, self.epoch)
+            yield from _slice(self._decode(tail, bytes(self._buffer)), start, stop)
+
+    def _covering(self, start: int, stop: int) -> list[ObjectName]:
+        """The chain objects that hold ``[start, stop)``; an error naming the first missing
+        offset if they do not (the chain was listed again and has a gap)."""
         wanted = [o for o in self._chain if o.end > start and o.start < stop]
-        buffered = stop > self._buffer_start and bool(self._buffer)
-        # fetch ahead (a GET's latency dominates small objects), bounded in count and bytes
+        at = start
+        for o in wanted:
+            if o.start > at:
+                break
+            at = o.end
+        if at < stop:
+            raise CorruptionError(
+                f"{self.describe()}: no object under {self.store.where(self.log_prefix)}/ holds offset {at} "
+                f"({at:020d}-*.lsb is missing). Nothing was changed. Restore the objects from a backup or a "
+                "bucket version; or give up the store's state with `localstate restore --reset STORE`"
+            )
+        return wanted
+
+    def _fetch_ahead(self, objects: list[ObjectName]) -> Iterator[tuple[ObjectName, bytes]]:
+        """``(object, bytes)`` in order, fetched ahead (a GET's latency dominates small
+        objects), at most ``_PREFETCH`` objects and ``_PREFETCH_BYTES`` beyond the first."""
         with ThreadPoolExecutor(max_workers=_PREFETCH) as pool:
             pending: deque[tuple[ObjectName, Future[bytes]]] = deque()
             inflight = 0
-            todo = iter(wanted)
+            todo = iter(objects)
             upcoming = next(todo, None)
             while pending or upcoming is not None:
                 while upcoming is not None and len(pending) < _PREFETCH and (
@@ -537,10 +578,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                 o, future = pending.popleft()
                 data = future.result()
                 inflight -= self._sizes.get(o, 0)
-                yield from _slice(self._decode(o, data), start, stop)
-        if buffered:
-            tail = ObjectName(self._buffer_start, self._end, self.epoch)
-            yield from _slice(self._decode(tail, bytes(self._buffer)), start, stop)
+                yield o, data
 
     def read_with_offsets(self, start: int, stop: int) -> Iterator[tuple[int, bytes, bytes | None]]:
         """``(offset, key, value)`` for inspection tools."""

@@ -163,6 +163,26 @@ def test_a_second_job_writing_to_the_same_stream_is_refused(where):
         make_system(where, "job-two").open_partition("shared", 0, 1)
 
 
+def test_a_roll_up_by_the_previous_instance_after_the_listing_is_read_through(where):
+    """The previous instance rolls up (and deletes) objects a new reader has just listed:
+    the reader lists again and reads the merged object, never a false "missing" error."""
+    opts = {**where, "systems.s3.rollup.objects": 4}
+    old = make_system(opts).open_partition("st", 0, 1)
+    for i in range(0, 6, 2):
+        old.append(recs(i, i + 2))
+        old.flush()
+    reader = make_system(opts).open_partition("st", 0, 1, readonly=True)
+    old.append(recs(6, 8))
+    old.flush()  # the 4th object: the four are merged into one and deleted
+    assert len(old.store.list(old.log_prefix)) == 1
+    assert list(reader.read(0, 6)) == recs(0, 6)
+    # the merged object deleted too (damage): listing again finds nothing to read
+    (merged, _), = old.store.list(old.log_prefix)
+    old.store.delete([f"{old.log_prefix}/{merged}"])
+    with pytest.raises(CorruptionError, match=r"no object under .*/log/ holds offset 0"):
+        list(reader.read(0, 6))
+
+
 def test_discard_tail_past_the_end_is_corruption_naming_the_location(where):
     p = make_system(where).open_partition("st", 0, 1)
     p.append(recs(0, 3))
