@@ -383,14 +383,12 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self.epoch = system.checkpoints().claim(system.job, partition)
             newest = max((o for o in (*self._chain, *self._others)), key=lambda o: o.epoch, default=None)
             if newest is not None and newest.epoch >= self.epoch:
-                raise FencedError(
-                    f"{self.describe()}: object {self.store.where(self._key(newest))} was written by writer "
-                    f"epoch {newest.epoch}, not older than this task instance's claim {self.epoch} (under "
-                    f"{self.store.where(system.checkpoints().prefix(system.job, partition))}/): a newer "
-                    "instance of this task took over, so this one must stop without committing; or, if no "
-                    "other instance runs, is another job writing to this changelog stream? Nothing was "
-                    "changed. Give each job its own streams"
-                )
+                # Objects of a writer not older than this instance's claim: a newer instance
+                # took over (then this one is fenced), or the checkpoint sequence was deleted
+                # or another job writes this stream (then claim above them; opening the task
+                # then refuses a log that no checkpoint explains).
+                self.epoch = system.checkpoints().claim_above(system.job, partition, newest.epoch + 1,
+                                                              why=self.store.where(self._key(newest)))
         self._end = self._chain[-1].end if self._chain else 0
         self._buffer_start = self._end
 
@@ -970,10 +968,33 @@ class ObjectStoreCheckpointStore(CheckpointStore):
                 self._claim_after(job, partition, self._list(job, partition), [])
             return self._claimed[task]
 
-    def _claim_after(self, job: str, partition: int, seqs: list[int], found: list[tuple[int, Checkpoint]]) -> bool:
-        """Create a claim after the newest number in ``seqs``; False if another instance
-        took that number meanwhile (the caller reads again)."""
-        n = (seqs[-1] if seqs else -1) + 1
+    def claim_above(self, job: str, partition: int, floor: int, *, why: str) -> int:
+        """A new claim numbered ``floor`` or more, for a writer that found objects of epoch
+        ``floor - 1`` (named by ``why``). :class:`FencedError` if a newer instance of the
+        task claimed after this one: then those objects are its."""
+        task = (job, partition)
+        with self._lock:
+            mine = self._claimed.get(task, -1)
+            while True:
+                seqs = self._list(job, partition)
+                if seqs and seqs[-1] > mine >= 0:
+                    raise FencedError(
+                        f"{why} was written after this instance of task {job}/partition {partition} opened: a "
+                        "newer instance took over (claim "
+                        f"{self.store.where(self.prefix(job, partition))}/{seqs[-1]:020d}), so this one must "
+                        "stop without committing. Nothing was changed"
+                    )
+                log.warning("%s: writer epoch %d is not older than this instance's claim %d: the task's "
+                            "checkpoints were deleted, or another job writes this stream; claiming above it",
+                            why, floor - 1, mine)
+                if self._claim_after(job, partition, seqs, [], at_least=floor):
+                    return self._claimed[task]
+
+    def _claim_after(self, job: str, partition: int, seqs: list[int], found: list[tuple[int, Checkpoint]],
+                     *, at_least: int = 0) -> bool:
+        """Create a claim after the newest number in ``seqs`` (and at ``at_least`` or more);
+        False if another instance took that number meanwhile (the caller reads again)."""
+        n = max((seqs[-1] if seqs else -1) + 1, at_least)
         try:
             self.store.put(f"{self.prefix(job, partition)}/{n:020d}", _CLAIM_MAGIC + self._token, create=True)
         except (AlreadyExistsError, PreconditionError, FileExistsError):

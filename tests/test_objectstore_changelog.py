@@ -146,21 +146,21 @@ def test_writer_epochs_follow_the_checkpoint_claims_not_the_open_order(where):
     reader = make_system(where).open_partition("st", 0, 1, readonly=True)
     assert list(reader.read(0, 3)) == recs(0, 3, b"b")
     pa.close()
-    with pytest.raises(FencedError, match="a newer instance of this task took over"):
+    with pytest.raises(FencedError, match="a newer instance took over"):
         a_sys.open_partition("st", 0, 1)  # the zombie opening again, after B wrote
 
 
-def test_a_second_job_writing_to_the_same_stream_is_refused(where):
-    p = make_system(where, "job-one").open_partition("shared", 0, 1)
-    p.append(recs(0, 2))
-    p.flush()
-    for _ in range(3):  # job-one's claims run ahead of job-two's
-        make_system(where, "job-one").open_partition("shared", 0, 1).close()
-    p2 = make_system(where, "job-one").open_partition("shared", 0, 1)
-    p2.append(recs(2, 4))
-    p2.flush()
-    with pytest.raises(ChangelogError, match="is another job writing to this changelog stream"):
-        make_system(where, "job-two").open_partition("shared", 0, 1)
+def test_a_second_job_on_the_same_stream_is_refused(where, tmp_path):
+    one = store_values(tmp_path, where)
+    with TaskStorage(Config.from_dict(one)) as s:
+        for i in range(3):  # job one's claims run ahead of job two's
+            s.store("kv").put("a", i)
+            s.commit(input_position=i)
+    two = {**one, "job.name": unique("other-job")}  # same stores.kv.changelog stream
+    with pytest.raises(CorruptionError, match="no checkpoint names the store"):
+        TaskStorage(moved(two, tmp_path, "machine-b"))
+    with TaskStorage(moved(one, tmp_path, "machine-c")) as s:  # job one is untouched
+        assert dump(s) == {"a": 2}
 
 
 def test_a_roll_up_by_the_previous_instance_after_the_listing_is_read_through(where):
@@ -356,6 +356,29 @@ def test_corrupt_latest_checkpoint_is_an_error_not_a_fall_back(where, tmp_path):
     system.store.put(f"{prefix}/{latest}", b"LSCKPT1\n" + b"0" * 32 + b"\nnot a checkpoint")
     with pytest.raises(CorruptionError, match=rf"{latest} is corrupt.*--use-previous-checkpoint"):
         TaskStorage(moved(values, tmp_path, "machine-b"))
+
+
+def test_checkpoints_deleted_is_an_error_then_the_operator_decides(where, tmp_path):
+    """Trust rules: a changelog no checkpoint explains is refused (never an empty store);
+    --accept-log-end takes what the log holds, --reset empties it (offsets go on)."""
+    from localstate.storage import Recovery
+
+    values = _committed_job(tmp_path, where)
+    system = make_system(values, values["job.name"])
+    prefix = f"_checkpoints/{values['job.name']}/partition-0"
+    system.store.delete([f"{prefix}/{n}" for n, _ in system.store.list(prefix)])
+    with pytest.raises(CorruptionError, match="no checkpoint names the store"):
+        TaskStorage(moved(values, tmp_path, "machine-b"))
+    with TaskStorage(moved(values, tmp_path, "machine-c"), recovery=Recovery(accept_log_end={"kv"})) as s:
+        assert dump(s) == {"k1": 1, "k2": 2, "k3": 3}
+        end = s.checkpoint.offsets["kv"] if s.checkpoint else None
+    with TaskStorage(moved(values, tmp_path, "machine-d"), recovery=Recovery(reset={"kv"})) as s:
+        assert dump(s) == {}
+        s.store("kv").put("new", 1)
+        s.commit(input_position=10)
+    with TaskStorage(moved(values, tmp_path, "machine-e")) as s:
+        assert dump(s) == {"new": 1}
+        assert end is None or s.checkpoint.offsets["kv"] > end  # offsets never go back
 
 
 def test_a_half_uploaded_tail_object_is_never_read(where, tmp_path):
