@@ -52,22 +52,23 @@ fails, as the Kafka backend's does. A retried create that finds the object is ch
 against a token unique to the writer, so a lost response is not mistaken for fencing.
 The latest and the previous checkpoint are kept; older ones are deleted.
 
-**Snapshots** (``objectstore_snapshots.py``). For an engine with local snapshots (``snapshots()`` and
-``snapshot_path(offset)``, e.g. RocksDB), every ``snapshot.every`` commits the snapshot at
-the just committed offset is uploaded after the checkpoint: each immutable file once
-(later snapshots refer to it), the small metadata files inside the manifest. A task on a
-new machine downloads the newest snapshot at or below its committed offset (files
-checked by size and CRC32) and replays only the tail. Snapshots are an optimization: a
-missing or damaged one is skipped with a warning naming its key, and the changelog
-replay covers the difference. Manifests past the committed offset are deleted with the
-uncommitted tail, so a snapshot of records that were never committed is never used.
+**Snapshots** (``objectstore_snapshots.py``). For an engine with local snapshots
+(``snapshots()`` and ``snapshot_path(offset)``, e.g. RocksDB), every ``snapshot.every``
+commits the snapshot at the just committed offset is uploaded after the checkpoint:
+each immutable file once (later snapshots refer to it), the small metadata files inside
+the manifest. A task on a new machine downloads the newest snapshot at or below its
+committed offset (files checked by size and CRC32) and replays only the tail. Snapshots
+are an optimization: a missing or damaged one is skipped with a warning naming its key,
+and the changelog replay covers the difference. Manifests past the committed offset are
+deleted with the uncommitted tail, so a snapshot of records that were never committed
+is never used.
 
-**Errors** (``objectstore_client.py``: settings, the obstore store, retries). Every request runs with a timeout and is retried with exponential backoff
-and full jitter on server errors (500, 503 SlowDown), dropped connections and
-timeouts, ``retries`` times at most; then :class:`ChangelogError` names the URL
-(bucket and key) and nothing counts as committed. A missing or corrupt object below
-the committed offset is :class:`CorruptionError` naming bucket and key, raised before
-anything is changed.
+**Errors** (``objectstore_client.py``: settings, the obstore store, retries). Every
+request runs with a timeout and is retried with exponential backoff and full jitter on
+server errors (500, 503 SlowDown), dropped connections and timeouts, ``retries`` times
+at most; then :class:`ChangelogError` names the URL (bucket and key) and nothing counts
+as committed. A missing or corrupt object below the committed offset is
+:class:`CorruptionError` naming bucket and key, raised before anything is changed.
 """
 
 from __future__ import annotations
