@@ -8,6 +8,10 @@
   counted by the system), the input of the cost model in docs/objectstore.md.
 * ``objectstore.restore`` — a whole ``TaskStorage`` open on an empty state dir (the task
   moved to another machine): checkpoint read and claim, listing, download, replay.
+* ``objectstore.snapshots`` — the ``rocksdb`` engine on moto, twice the commits over a
+  key space of 1/12 of the records (the log is 12x the state), with ``snapshot.every`` 0
+  (never) and 7: commit latency (uploads included) and the restore of the moved task
+  (snapshot download + tail replay vs the whole changelog).
 
 moto keeps objects in memory and runs on the same 2 cores as the client, so S3 figures
 are client+server bound on this machine; a real S3 PUT takes ~20-60 ms.
@@ -32,12 +36,13 @@ __all__ = ["run"]
 VALUE = bytes(range(100))
 
 
-def _values(kind: str, root: Path, server: MotoServer | None) -> dict[str, Any]:
+def _values(kind: str, root: Path, server: MotoServer | None, engine: str = "memory",
+            **extra: Any) -> dict[str, Any]:
     job = f"bench-{uuid.uuid4().hex[:8]}"
     values: dict[str, Any] = {
         "job.name": job,
         "job.state.dir": str(root / "state"),
-        "stores.kv.factory": "memory",
+        "stores.kv.factory": engine,
         "stores.kv.key.serde": "bytes",
         "stores.kv.msg.serde": "bytes",
         "stores.kv.write.batch.size": 1000,
@@ -48,13 +53,16 @@ def _values(kind: str, root: Path, server: MotoServer | None) -> dict[str, Any]:
     values.update({"job.changelog.system": "s3", "job.checkpoint.system": "s3", "stores.kv.changelog": f"s3.{job}-kv"})
     if kind == "s3 (moto)":
         assert server is not None
-        values.update(objectstore_options(server.endpoint, server.create_bucket(), job))
+        values.update(objectstore_options(server.endpoint, server.create_bucket(), job, **extra))
     else:
         values.update({"systems.s3.type": "objectstore", "systems.s3.path": f"file://{root}/objects"})
     return values
 
 
-def _commits(values: dict[str, Any], commits: int, per_commit: int) -> tuple[list[float], dict[str, int]]:
+def _commits(values: dict[str, Any], commits: int, per_commit: int,
+             keyspace: int | None = None) -> tuple[list[float], dict[str, int]]:
+    """``commits`` commits of ``per_commit`` puts each (keys wrap at ``keyspace`` if given);
+    seconds per commit and the requests they sent."""
     seconds = []
     with TaskStorage(Config.from_dict(values)) as s:
         kv = s.store("kv")
@@ -63,7 +71,8 @@ def _commits(values: dict[str, Any], commits: int, per_commit: int) -> tuple[lis
         before = system.requests() if hasattr(system, "requests") else {}
         for c in range(commits):
             for i in range(per_commit):
-                kv.put(b"%016d" % (c * per_commit + i), VALUE)
+                n = c * per_commit + i
+                kv.put(b"%016d" % (n % keyspace if keyspace else n), VALUE)
             t0 = time.perf_counter()
             s.commit(input_position=c)
             seconds.append(time.perf_counter() - t0)
@@ -124,6 +133,7 @@ def run(quick: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
                     rows.append(make_row("objectstore.restore_requests", kind, {**params, **restore_requests},
                                          "GET/restore", [restore_requests["get"]],
                                          notes=f"whole open of the moved task: {restore_requests}"))
+            rows += _snapshot_rows(server, root, commits, per_commit, repeats)
         for kind in ("objectstore file://", "s3 (moto)"):
             ours = [r for r in rows if r["engine"] == kind]
             for row in ours:
@@ -132,4 +142,37 @@ def run(quick: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
                     row["ratio"] = row["median"] / base["median"]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return rows
+
+
+def _snapshot_rows(server: MotoServer, root: Path, commits: int, per_commit: int, repeats: int) -> list[dict[str, Any]]:
+    """rocksdb on moto, a log 12x its state (keys rewritten): snapshots every 7 commits or never."""
+    rows = []
+    commits *= 2
+    keyspace = commits * per_commit // 12
+    n = commits * per_commit
+    for every in (0, 7):
+        latencies: list[float] = []
+        restores: list[float] = []
+        replayed = 0
+        for r in range(repeats + 1):
+            d = root / f"snap{every}-{r}"
+            values = _values("s3 (moto)", d, server, "rocksdb", **{"snapshot.every": every})
+            lat, _ = _commits(values, commits, per_commit, keyspace)
+            moved = {**values, "job.state.dir": str(d / "moved")}
+            t0 = time.perf_counter()
+            with TaskStorage(Config.from_dict(moved)) as s:
+                dt = time.perf_counter() - t0
+                replayed = s.last_restore["kv"].records
+            if r:
+                latencies += lat
+                restores.append(dt)
+        params = {"commits": commits, "records_per_commit": per_commit, "keys": keyspace,
+                  "snapshot.every": every, "log_records": n, "replayed": replayed}
+        name = f"rocksdb on moto, snapshot.every={every}"
+        rows.append(make_row("objectstore.snapshots", name, params, "ms/commit", [x * 1000 for x in latencies],
+                             notes="commit latency, snapshot uploads included"))
+        rows.append(make_row("objectstore.snapshots", name, params, "s/restore", restores,
+                             notes=f"open on an empty state dir: {replayed} of {n} log records replayed, "
+                                   f"{keyspace} keys"))
     return rows

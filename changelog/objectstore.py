@@ -52,44 +52,37 @@ fails, as the Kafka backend's does. A retried create that finds the object is ch
 against a token unique to the writer, so a lost response is not mistaken for fencing.
 The latest and the previous checkpoint are kept; older ones are deleted.
 
-**Snapshots.** For an engine with local snapshots (``snapshots()`` and
-``snapshot_path(offset)``, e.g. RocksDB), every ``snapshot.every`` commits the snapshot at
-the just committed offset is uploaded after the checkpoint: each immutable file once
-(later snapshots refer to it), the small metadata files inside the manifest. A task on a
-new machine downloads the newest snapshot at or below its committed offset (files
-checked by size and CRC32) and replays only the tail. Snapshots are an optimization: a
-missing or damaged one is skipped with a warning naming its key, and the changelog
-replay covers the difference. Manifests past the committed offset are deleted with the
-uncommitted tail, so a snapshot of records that were never committed is never used.
+**Snapshots** (``objectstore_snapshots.py``). For an engine with local snapshots
+(``snapshots()`` and ``snapshot_path(offset)``, e.g. RocksDB), every ``snapshot.every``
+commits the snapshot at the just committed offset is uploaded after the checkpoint:
+each immutable file once (later snapshots refer to it), the small metadata files inside
+the manifest. A task on a new machine downloads the newest snapshot at or below its
+committed offset (files checked by size and CRC32) and replays only the tail. Snapshots
+are an optimization: a missing or damaged one is skipped with a warning naming its key,
+and the changelog replay covers the difference. Manifests past the committed offset are
+deleted with the uncommitted tail, so a snapshot of records that were never committed
+is never used.
 
-**Errors.** Every request runs with a timeout and is retried with exponential backoff
-and full jitter on server errors (500, 503 SlowDown), dropped connections and
-timeouts, ``retries`` times at most; then :class:`ChangelogError` names the URL
-(bucket and key) and nothing counts as committed. A missing or corrupt object below
-the committed offset is :class:`CorruptionError` naming bucket and key, raised before
-anything is changed.
+**Errors** (``objectstore_client.py``: settings, the obstore store, retries). Every
+request runs with a timeout and is retried with exponential backoff and full jitter on
+server errors (500, 503 SlowDown), dropped connections and timeouts, ``retries`` times
+at most; then :class:`ChangelogError` names the URL (bucket and key) and nothing counts
+as committed. A missing or corrupt object below the committed offset is
+:class:`CorruptionError` naming bucket and key, raised before anything is changed.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
-import os
-import random
 import re
-import shutil
 import threading
-import time
 import uuid
-import zlib
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 from localstate.checkpoint import Checkpoint
 from localstate.engine import ChangeRecord
@@ -102,25 +95,11 @@ from localstate.errors import (
     StoreLockedError,
 )
 from localstate.faults import fault_point
-from localstate.options import coerce
 
 from .base import ChangelogPartition, ChangelogSystem, CheckpointStore, CurrentFn
 from .format import HEADER_SIZE, BatchHeader, check_crc, decode_payload, encode_batch, walk
-
-try:
-    import obstore
-    from obstore.exceptions import (
-        AlreadyExistsError,
-        BaseError,
-        GenericError,
-        NotFoundError,
-        PreconditionError,
-    )
-    from obstore.store import from_url
-except ImportError as _e:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "the objectstore changelog needs obstore: pip install 'localstate[objectstore]'"
-    ) from _e
+from .objectstore_client import EXISTS, MISSING, ObjectStoreClient, ObjectStoreSettings
+from .objectstore_snapshots import RemoteSnapshots
 
 __all__ = [
     "ObjectStoreChangelogSystem",
@@ -132,82 +111,12 @@ __all__ = [
 
 log = logging.getLogger("localstate.changelog.objectstore")
 
-T = TypeVar("T")
-
 _LOG_NAME = re.compile(r"^(\d{20})-(\d{20})-(\d{10})\.lsb$")
 _CKPT_MAGIC = b"LSCKPT1\n"
 _CLAIM_MAGIC = b"LSCLAIM1\n"
 _TOKEN_LEN = 32
-_MAX_BACKOFF_S = 5.0
 _PREFETCH = 8  # objects fetched ahead during restore ...
 _PREFETCH_BYTES = 64 * 1024 * 1024  # ... and at most this many bytes of them (beyond the first)
-_MANIFEST_NAME = re.compile(r"^(\d{20})-(\d{10})\.json$")
-_SHARED_SUFFIXES = (".sst", ".blob")  # immutable snapshot files: uploaded once, shared
-
-
-@dataclass(frozen=True)
-class ObjectStoreSettings:
-    """The parsed ``systems.<name>.*`` keys of an object-store changelog system."""
-
-    name: str
-    url: str
-    timeout_ms: int = 30_000
-    retries: int = 5
-    retry_backoff_ms: int = 100
-    rollup_objects: int = 16
-    rollup_bytes: int = 64 * 1024 * 1024
-    snapshot_every: int = 10
-    config: dict[str, str] = field(default_factory=dict)
-    client: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, name: str, options: Mapping[str, Any]) -> ObjectStoreSettings:
-        """Validate ``options``; :class:`ConfigError` names ``systems.<name>.<key>``."""
-        pre = f"systems.{name}"
-        url = str(options.get("path", "")).strip()
-        if "://" not in url:
-            raise ConfigError(
-                f"{pre}.path = {url!r}: the objectstore changelog needs a URL such as "
-                "s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///absolute/dir"
-            )
-        if url.startswith("file://") and not url[len("file://"):].startswith("/"):
-            raise ConfigError(f"{pre}.path = {url!r}: a file:// URL needs an absolute path (file:///dir)")
-
-        def num(key: str, default: int, low: int) -> int:
-            value = coerce(options.get(key, default), int, f"{pre}.{key}")
-            if value < low:
-                raise ConfigError(f"{pre}.{key} = {value}: must be >= {low}")
-            return value
-
-        config: dict[str, str] = {}
-        client: dict[str, Any] = {}
-        for key, value in options.items():
-            head, dot, rest = key.partition(".")
-            if dot and head == "config":
-                config[rest] = str(value)
-            elif dot and head == "client":
-                client[rest] = _client_value(rest, value, f"{pre}.{key}")
-        return cls(
-            name=name,
-            url=url.rstrip("/"),
-            timeout_ms=num("timeout.ms", cls.timeout_ms, 100),
-            retries=num("retries", cls.retries, 0),
-            retry_backoff_ms=num("retry.backoff.ms", cls.retry_backoff_ms, 0),
-            rollup_objects=num("rollup.objects", cls.rollup_objects, 2),
-            rollup_bytes=num("rollup.bytes", cls.rollup_bytes, 4096),
-            snapshot_every=num("snapshot.every", cls.snapshot_every, 0),
-            config=config,
-            client=client,
-        )
-
-
-_BOOL_CLIENT_KEYS = frozenset({"allow_http", "allow_invalid_certificates", "http1_only", "http2_only"})
-
-
-def _client_value(key: str, value: Any, where: str) -> Any:
-    if key in _BOOL_CLIENT_KEYS:
-        return coerce(value, bool, where)
-    return str(value)
 
 
 @dataclass(frozen=True, order=True)
@@ -231,111 +140,8 @@ class ObjectName:
         return cls(start, end, epoch) if end > start else None
 
 
-def _first_line(e: BaseException) -> str:
-    """obstore errors carry a multi-line debug dump; the first line says what happened."""
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-
-class _Store:
-    """One obstore store with the system's retry policy; every error names the URL."""
-
-    def __init__(self, settings: ObjectStoreSettings) -> None:
-        self.settings = settings
-        self.url = settings.url
-        client: dict[str, Any] = {"timeout": timedelta(milliseconds=settings.timeout_ms),
-                                  "connect_timeout": timedelta(milliseconds=min(settings.timeout_ms, 10_000))}
-        client.update(settings.client)
-        kwargs: dict[str, Any] = {}
-        if self.url.startswith("file://"):
-            kwargs["mkdir"] = True
-        try:
-            # Retries are ours (one policy, one place, and it covers PUT timeouts too).
-            self.store = from_url(self.url, config=settings.config or None, client_options=client,
-                                  retry_config={"max_retries": 0}, **kwargs)
-        except (BaseError, ValueError, OSError) as e:
-            raise ConfigError(
-                f"systems.{settings.name}.path = {self.url!r}: cannot open the object store: {_first_line(e)}"
-            ) from e
-        self.requests: dict[str, int] = {"put": 0, "get": 0, "list": 0, "delete": 0}
-        self.bytes_put = 0
-        self.bytes_got = 0
-
-    def where(self, key: str) -> str:
-        return f"{self.url}/{key}"
-
-    def _retry(self, what: str, key: str, op: Callable[[], T]) -> T:
-        s = self.settings
-        for attempt in range(s.retries + 1):
-            try:
-                return op()
-            except (NotFoundError, AlreadyExistsError, PreconditionError, FileNotFoundError, FileExistsError):
-                raise
-            except (GenericError, OSError, TimeoutError) as e:
-                if attempt == s.retries:
-                    raise ChangelogError(
-                        f"object store: could not {what} {self.where(key)} after {attempt + 1} attempt(s): "
-                        f"{_first_line(e)}. Check that the store is reachable and the settings under "
-                        f"systems.{s.name}.*; nothing from this operation counts as done"
-                    ) from e
-                # full jitter: attempts of many tasks that failed together spread out
-                delay = random.uniform(0, min(_MAX_BACKOFF_S, s.retry_backoff_ms / 1000 * 2**attempt))
-                log.warning("object store: %s %s failed (%s); retry %d/%d in %.2fs",
-                            what, self.where(key), _first_line(e), attempt + 1, s.retries, delay)
-                time.sleep(delay)
-            except BaseError as e:  # permission, authentication, bad path: not retried
-                raise ChangelogError(
-                    f"object store: could not {what} {self.where(key)}: {_first_line(e)}"
-                ) from e
-        raise AssertionError("unreachable")
-
-    def put(self, key: str, data: bytes, *, create: bool = False) -> None:
-        """Upload ``data``; ``create=True`` fails with AlreadyExistsError if ``key`` exists."""
-        def op() -> None:
-            self.requests["put"] += 1
-            if create:
-                obstore.put(self.store, key, data, mode="create")
-            else:
-                obstore.put(self.store, key, data)
-        try:
-            self._retry("write", key, op)
-        except (NotFoundError, FileNotFoundError) as e:  # a PUT finds no bucket / container
-            raise ChangelogError(
-                f"object store: could not write {self.where(key)}: {_first_line(e)}. Does the bucket exist? "
-                f"(systems.{self.settings.name}.path = {self.url}); nothing from this operation counts as done"
-            ) from e
-        self.bytes_put += len(data)
-
-    def get(self, key: str) -> bytes:
-        """The object's bytes; raises NotFoundError/FileNotFoundError if it is missing."""
-        def op() -> bytes:
-            self.requests["get"] += 1
-            return bytes(obstore.get(self.store, key).bytes())
-        data = self._retry("read", key, op)
-        self.bytes_got += len(data)
-        return data
-
-    def list(self, prefix: str) -> list[tuple[str, int]]:
-        """``(name relative to prefix, size)`` of every object under ``prefix/``."""
-        def op() -> list[tuple[str, int]]:
-            out = []
-            self.requests["list"] += 1
-            for i, chunk in enumerate(obstore.list(self.store, prefix + "/")):
-                self.requests["list"] += i > 0
-                for meta in chunk:
-                    out.append((meta["path"][len(prefix) + 1:], int(meta["size"])))
-            return out
-        return self._retry("list", prefix + "/", op)
-
-    def delete(self, keys: list[str]) -> None:
-        if not keys:
-            return
-        def op() -> None:
-            self.requests["delete"] += 1
-            try:
-                obstore.delete(self.store, keys)
-            except (NotFoundError, FileNotFoundError):
-                pass  # already gone: a delete is idempotent
-        self._retry("delete", keys[0], op)
+class _ObjectGone(CorruptionError):
+    """A listed object of the chain is no longer in the store."""
 
 
 @dataclass
@@ -370,7 +176,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._sizes: dict[ObjectName, int] = {}
         self._written: list[_Written] = []
         self._commits_since_snapshot = 0
-        self._remote_files: dict[str, dict[str, Any]] = {}  # local file name -> {key, size, crc32}
+        self._snapshots = RemoteSnapshots(self.store, self.prefix, self.describe())
         self._load()
         if not readonly:
             # The writer epoch is the task instance's claim in its checkpoint sequence: one
@@ -379,12 +185,12 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self.epoch = system.checkpoints().claim(system.job, partition)
             newest = max((o for o in (*self._chain, *self._others)), key=lambda o: o.epoch, default=None)
             if newest is not None and newest.epoch >= self.epoch:
-                raise ChangelogError(
-                    f"{self.describe()}: object {self.store.where(self._key(newest))} was written by writer "
-                    f"epoch {newest.epoch}, not older than this task instance's claim {self.epoch} (under "
-                    f"{self.store.where(system.checkpoints().prefix(system.job, partition))}/): is another job "
-                    "writing to this changelog stream? Nothing was changed. Give each job its own streams"
-                )
+                # Objects of a writer not older than this instance's claim: a newer instance
+                # took over (then this one is fenced), or the checkpoint sequence was deleted
+                # or another job writes this stream (then claim above them; opening the task
+                # then refuses a log that no checkpoint explains).
+                self.epoch = system.checkpoints().claim_above(system.job, partition, newest.epoch + 1,
+                                                              why=self.store.where(self._key(newest)))
         self._end = self._chain[-1].end if self._chain else 0
         self._buffer_start = self._end
 
@@ -483,8 +289,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         key = self._key(o)
         try:
             return self.store.get(key)
-        except (NotFoundError, FileNotFoundError) as e:
-            raise CorruptionError(
+        except MISSING as e:
+            raise _ObjectGone(
                 f"{self.describe()}: object {self.store.where(key)} (offsets {o.start}..{o.end - 1}) is missing "
                 "(deleted while listed?). Nothing was changed. Restore it from a backup or a bucket version; "
                 "or give up the store's state with `localstate restore --reset STORE`"
@@ -514,16 +320,53 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             )
 
     def read_batches(self, start: int, stop: int) -> Iterator[tuple[list[ChangeRecord], int]]:
+        """The records of ``[start, stop)``. A chain object that is gone when fetched (the
+        previous instance of the task rolled it into a larger object after this one listed
+        the log) makes the chain be listed again once, and the read goes on from there."""
         stop = min(stop, self._end)
         if start >= stop:
             return
+        uploaded_end = min(stop, self._buffer_start)
+        pos = start
+        relisted = False
+        while pos < uploaded_end:
+            try:
+                for o, data in self._fetch_ahead(self._covering(pos, uploaded_end)):
+                    yield from _slice(self._decode(o, data), pos, stop)
+                    pos = min(o.end, uploaded_end)
+            except _ObjectGone:
+                if relisted or self._written:
+                    raise
+                relisted = True
+                self._load()
+        if stop > self._buffer_start and self._buffer:
+            tail = ObjectName(self._buffer_start, self._end, self.epoch)
+            yield from _slice(self._decode(tail, bytes(self._buffer)), start, stop)
+
+    def _covering(self, start: int, stop: int) -> list[ObjectName]:
+        """The chain objects that hold ``[start, stop)``; an error naming the first missing
+        offset if they do not (the chain was listed again and has a gap)."""
         wanted = [o for o in self._chain if o.end > start and o.start < stop]
-        buffered = stop > self._buffer_start and bool(self._buffer)
-        # fetch ahead (a GET's latency dominates small objects), bounded in count and bytes
+        at = start
+        for o in wanted:
+            if o.start > at:
+                break
+            at = o.end
+        if at < stop:
+            raise CorruptionError(
+                f"{self.describe()}: no object under {self.store.where(self.log_prefix)}/ holds offset {at} "
+                f"({at:020d}-*.lsb is missing). Nothing was changed. Restore the objects from a backup or a "
+                "bucket version; or give up the store's state with `localstate restore --reset STORE`"
+            )
+        return wanted
+
+    def _fetch_ahead(self, objects: list[ObjectName]) -> Iterator[tuple[ObjectName, bytes]]:
+        """``(object, bytes)`` in order, fetched ahead (a GET's latency dominates small
+        objects), at most ``_PREFETCH`` objects and ``_PREFETCH_BYTES`` beyond the first."""
         with ThreadPoolExecutor(max_workers=_PREFETCH) as pool:
             pending: deque[tuple[ObjectName, Future[bytes]]] = deque()
             inflight = 0
-            todo = iter(wanted)
+            todo = iter(objects)
             upcoming = next(todo, None)
             while pending or upcoming is not None:
                 while upcoming is not None and len(pending) < _PREFETCH and (
@@ -535,10 +378,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                 o, future = pending.popleft()
                 data = future.result()
                 inflight -= self._sizes.get(o, 0)
-                yield from _slice(self._decode(o, data), start, stop)
-        if buffered:
-            tail = ObjectName(self._buffer_start, self._end, self.epoch)
-            yield from _slice(self._decode(tail, bytes(self._buffer)), start, stop)
+                yield o, data
 
     def read_with_offsets(self, start: int, stop: int) -> Iterator[tuple[int, bytes, bytes | None]]:
         """``(offset, key, value)`` for inspection tools."""
@@ -572,7 +412,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             raise self.missing_committed(c)
         self._buffer.clear()
         # manifests first: a snapshot of records about to be discarded must never be used
-        self.store.delete([f"{self.prefix}/snapshots/{n}" for (off, _), n in self._manifests() if off > c])
+        self._snapshots.delete_past(c)
         doomed = [o for o in (*self._chain, *self._others) if o.start >= c]
         keep = [o for o in self._chain if o.start < c]
         if keep and keep[-1].end > c:
@@ -611,7 +451,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             empty = ObjectName(0, end, self.epoch)
             self.store.put(self._key(empty), encode_batch(0, [], offsets=[], span=end))
             old = [o for o in (*self._chain, *self._others) if o != empty]
-            self.store.delete([f"{self.prefix}/snapshots/{n}" for _, n in self._manifests()])
+            self._snapshots.delete_past(-1)
             self.store.delete([self._key(o) for o in old])
             self._chain, self._others, self._written = [empty], [], []
         return end
@@ -664,16 +504,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._written = [w for w in self._written if w.name.start >= end]
         return stats
 
-    # -- snapshots -------------------------------------------------------------------------
-    def _manifests(self) -> list[tuple[tuple[int, int], str]]:
-        """``((offset, epoch), name)`` of the snapshot manifests, oldest first."""
-        out = []
-        for name, _ in self.store.list(f"{self.prefix}/snapshots"):
-            m = _MANIFEST_NAME.match(name)
-            if m is not None:
-                out.append(((int(m.group(1)), int(m.group(2))), name))
-        return sorted(out)
-
+    # -- snapshots (kept remotely by RemoteSnapshots) ----------------------------------------
     def upload_snapshot(self, engine: Any, offset: int) -> bool:
         """After a commit at ``offset``: upload the engine's snapshot at ``offset`` if
         ``snapshot.every`` commits passed since the last upload. True if uploaded."""
@@ -683,117 +514,15 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._commits_since_snapshot += 1
         if self._commits_since_snapshot < every:
             return False
-        local = dict(engine.snapshots())
-        if offset not in local:
-            return False
-        directory: Path = local[offset]
-        if not self._remote_files:
-            self._learn_remote_files(directory)
-        files: dict[str, dict[str, Any]] = {}
-        inline: dict[str, str] = {}
-        for f in sorted(directory.iterdir()):
-            if f.suffix not in _SHARED_SUFFIXES:
-                inline[f.name] = base64.b64encode(f.read_bytes()).decode()
-                continue
-            known = self._remote_files.get(f.name)
-            if known is None or known["size"] != f.stat().st_size:
-                data = f.read_bytes()
-                known = {"key": f"{self.prefix}/sst/{self.epoch:010d}-{f.name}", "size": len(data),
-                         "crc32": zlib.crc32(data)}
-                self.store.put(known["key"], data)
-                self._remote_files[f.name] = known
-            files[f.name] = known
-        fault_point("objectstore.snapshot.before_manifest")
-        manifest = {"format": 1, "offset": offset, "epoch": self.epoch, "files": files, "inline": inline}
-        name = f"{offset:020d}-{self.epoch:010d}.json"
-        self.store.put(f"{self.prefix}/snapshots/{name}", json.dumps(manifest).encode())
-        self._commits_since_snapshot = 0
-        self._drop_old_snapshots(keep=name)
-        return True
-
-    def _learn_remote_files(self, directory: Path) -> None:
-        """Reuse the files the newest remote snapshot already holds (same name, size and
-        CRC32 as the local file), so a restarted task does not upload them again."""
-        manifests = self._manifests()
-        if not manifests:
-            return
-        manifest = self._read_manifest(manifests[-1][1])
-        for fname, meta in (manifest or {}).get("files", {}).items():
-            local = directory / fname
-            if local.is_file() and local.stat().st_size == meta["size"] and zlib.crc32(local.read_bytes()) == meta["crc32"]:
-                self._remote_files[fname] = meta
-
-    def _read_manifest(self, name: str) -> dict[str, Any] | None:
-        key = f"{self.prefix}/snapshots/{name}"
-        try:
-            manifest = json.loads(self.store.get(key))
-            if manifest.get("format") != 1 or not isinstance(manifest.get("files"), dict):
-                raise ValueError("not a snapshot manifest")
-            return manifest
-        except (NotFoundError, FileNotFoundError, ValueError, ChangelogError) as e:
-            log.warning("snapshot manifest %s is unusable (%s); it is skipped", self.store.where(key), e)
-            return None
-
-    def _drop_old_snapshots(self, keep: str) -> None:
-        """Keep the two newest manifests; delete older ones and the files only they use."""
-        manifests = [n for _, n in self._manifests()]
-        if keep not in manifests:
-            return
-        kept, dropped = manifests[-2:], manifests[:-2]
-        if not dropped:
-            return
-        in_use = set()
-        for name in kept:
-            in_use |= {m["key"] for m in (self._read_manifest(name) or {"files": {}})["files"].values()}
-        garbage = set()
-        for name in dropped:
-            garbage |= {m["key"] for m in (self._read_manifest(name) or {"files": {}})["files"].values()}
-        try:
-            self.store.delete([f"{self.prefix}/snapshots/{n}" for n in dropped])
-            self.store.delete(sorted(garbage - in_use))
-        except ChangelogError as e:
-            log.warning("%s: old snapshots not deleted (%s)", self.describe(), e)
+        if self._snapshots.upload(engine, offset, self.epoch):
+            self._commits_since_snapshot = 0
+            return True
+        return False
 
     def fetch_snapshot(self, engine: Any, committed: int, min_valid: int) -> int | None:
-        """Before a restore: download the newest remote snapshot at ``min_valid <= L <=
-        committed`` that is newer than every local one into ``engine.snapshot_path(L)``;
-        returns ``L``, or None if none was needed or usable (the replay covers it)."""
-        if not (hasattr(engine, "snapshots") and hasattr(engine, "snapshot_path")):
-            return None
-        local_best = max((o for o, _ in engine.snapshots() if min_valid <= o <= committed), default=-1)
-        parent = Path(engine.snapshot_path(0)).parent
-        for leftover in parent.glob(".fetch-*") if parent.is_dir() else ():
-            shutil.rmtree(leftover, ignore_errors=True)  # a download a crash interrupted
-        candidates = [(key, n) for key, n in self._manifests() if local_best < key[0] <= committed and key[0] >= min_valid]
-        for (offset, _epoch), name in reversed(candidates):
-            manifest = self._read_manifest(name)
-            if manifest is None or manifest.get("offset") != offset:
-                continue
-            target: Path = engine.snapshot_path(offset)
-            tmp = target.with_name(f".fetch-{target.name}")
-            try:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-                items = list(manifest["files"].items())
-                with ThreadPoolExecutor(max_workers=_PREFETCH) as pool:
-                    for (fname, meta), data in zip(items, pool.map(lambda it: self.store.get(it[1]["key"]), items)):
-                        if len(data) != meta["size"] or zlib.crc32(data) != meta["crc32"]:
-                            raise CorruptionError(f"{self.store.where(meta['key'])} does not match its size/CRC32 "
-                                                  f"in snapshot manifest {name}")
-                        (tmp / fname).write_bytes(data)
-                for fname, b64 in manifest.get("inline", {}).items():
-                    (tmp / fname).write_bytes(base64.b64decode(b64))
-                shutil.rmtree(target, ignore_errors=True)
-                os.replace(tmp, target)
-            except (CorruptionError, ChangelogError, NotFoundError, FileNotFoundError, ValueError, KeyError) as e:
-                shutil.rmtree(tmp, ignore_errors=True)
-                log.warning("%s: snapshot %s cannot be used (%s); trying an older one or replaying the changelog",
-                            self.describe(), name, _first_line(e))
-                continue
-            self._remote_files = {f: dict(m) for f, m in manifest["files"].items()}
-            log.info("%s: downloaded the snapshot at offset %d (%d files)", self.describe(), offset, len(items))
-            return offset
-        return None
+        """Before a restore: put the newest usable remote snapshot among the engine's local
+        ones (see :meth:`RemoteSnapshots.fetch`)."""
+        return self._snapshots.fetch(engine, committed, min_valid)
 
     def close(self) -> None:
         """Release the partition (idempotent). Does not flush: buffered records were never
@@ -901,7 +630,7 @@ class ObjectStoreCheckpointStore(CheckpointStore):
                         if len(found) == want:
                             break
                 return seqs, found
-            except (NotFoundError, FileNotFoundError):
+            except MISSING:
                 continue  # deleted by the writer's clean-up between the list and the get
             except CorruptionError as e:
                 raise CorruptionError(
@@ -930,13 +659,36 @@ class ObjectStoreCheckpointStore(CheckpointStore):
                 self._claim_after(job, partition, self._list(job, partition), [])
             return self._claimed[task]
 
-    def _claim_after(self, job: str, partition: int, seqs: list[int], found: list[tuple[int, Checkpoint]]) -> bool:
-        """Create a claim after the newest number in ``seqs``; False if another instance
-        took that number meanwhile (the caller reads again)."""
-        n = (seqs[-1] if seqs else -1) + 1
+    def claim_above(self, job: str, partition: int, floor: int, *, why: str) -> int:
+        """A new claim numbered ``floor`` or more, for a writer that found objects of epoch
+        ``floor - 1`` (named by ``why``). :class:`FencedError` if a newer instance of the
+        task claimed after this one: then those objects are its."""
+        task = (job, partition)
+        with self._lock:
+            mine = self._claimed.get(task, -1)
+            while True:
+                seqs = self._list(job, partition)
+                if seqs and seqs[-1] > mine >= 0:
+                    raise FencedError(
+                        f"{why} was written after this instance of task {job}/partition {partition} opened: a "
+                        "newer instance took over (claim "
+                        f"{self.store.where(self.prefix(job, partition))}/{seqs[-1]:020d}), so this one must "
+                        "stop without committing. Nothing was changed"
+                    )
+                log.warning("%s: writer epoch %d is not older than this instance's claim %d: the task's "
+                            "checkpoints were deleted, or another job writes this stream; claiming above it",
+                            why, floor - 1, mine)
+                if self._claim_after(job, partition, seqs, [], at_least=floor):
+                    return self._claimed[task]
+
+    def _claim_after(self, job: str, partition: int, seqs: list[int], found: list[tuple[int, Checkpoint]],
+                     *, at_least: int = 0) -> bool:
+        """Create a claim after the newest number in ``seqs`` (and at ``at_least`` or more);
+        False if another instance took that number meanwhile (the caller reads again)."""
+        n = max((seqs[-1] if seqs else -1) + 1, at_least)
         try:
             self.store.put(f"{self.prefix(job, partition)}/{n:020d}", _CLAIM_MAGIC + self._token, create=True)
-        except (AlreadyExistsError, PreconditionError, FileExistsError):
+        except EXISTS:
             return False
         known: dict[int, bool | None] = dict.fromkeys(seqs)
         known.update({seq: True for seq, _ in found})
@@ -967,10 +719,10 @@ class ObjectStoreCheckpointStore(CheckpointStore):
             fault_point("checkpoint.before_rename")
             try:
                 self.store.put(key, body, create=True)
-            except (AlreadyExistsError, PreconditionError, FileExistsError) as e:
+            except EXISTS as e:
                 try:
                     mine = self.store.get(key) == body  # our create, retried after a lost answer
-                except (NotFoundError, FileNotFoundError):
+                except MISSING:
                     mine = False
                 if not mine:
                     raise FencedError(
@@ -992,7 +744,7 @@ class ObjectStoreCheckpointStore(CheckpointStore):
             if known[seq] is None:
                 try:
                     known[seq] = self._load(job, partition, seq) is not None
-                except (NotFoundError, FileNotFoundError, LocalStateError):
+                except (*MISSING, LocalStateError):
                     continue
             if known[seq]:
                 previous = seq
@@ -1023,7 +775,7 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         super().__init__(name, options, job)
         self.settings = ObjectStoreSettings.parse(name, options)
-        self.store = _Store(self.settings)
+        self.store = ObjectStoreClient(self.settings)
         self._open: set[tuple[str, int]] = set()
         self._streams: dict[str, int] = {}
         self._checkpoints = ObjectStoreCheckpointStore(self)
@@ -1038,11 +790,11 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         body = json.dumps({"partitions": partitions}).encode()
         try:
             data = self.store.get(key)  # a GET first: it costs a twelfth of a PUT on S3
-        except (NotFoundError, FileNotFoundError):
+        except MISSING:
             try:
                 self.store.put(key, body, create=True)
                 data = body
-            except (AlreadyExistsError, PreconditionError, FileExistsError):
+            except EXISTS:
                 data = self.store.get(key)  # another task of the job created it meanwhile
         try:
             have = int(json.loads(data)["partitions"])

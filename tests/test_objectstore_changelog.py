@@ -144,19 +144,42 @@ def test_writer_epochs_follow_the_checkpoint_claims_not_the_open_order(where):
     b_sys.checkpoints().write("job", 0, Checkpoint(version=1, input_position=None, offsets={"st": 3}))
     reader = make_system(where).open_partition("st", 0, 1, readonly=True)
     assert list(reader.read(0, 3)) == recs(0, 3, b"b")
+    pa.close()
+    with pytest.raises(FencedError, match="a newer instance took over"):
+        a_sys.open_partition("st", 0, 1)  # the zombie opening again, after B wrote
 
 
-def test_a_second_job_writing_to_the_same_stream_is_refused(where):
-    p = make_system(where, "job-one").open_partition("shared", 0, 1)
-    p.append(recs(0, 2))
-    p.flush()
-    for _ in range(3):  # job-one's claims run ahead of job-two's
-        make_system(where, "job-one").open_partition("shared", 0, 1).close()
-    p2 = make_system(where, "job-one").open_partition("shared", 0, 1)
-    p2.append(recs(2, 4))
-    p2.flush()
-    with pytest.raises(ChangelogError, match="is another job writing to this changelog stream"):
-        make_system(where, "job-two").open_partition("shared", 0, 1)
+def test_a_second_job_on_the_same_stream_is_refused(where, tmp_path):
+    one = store_values(tmp_path, where)
+    with TaskStorage(Config.from_dict(one)) as s:
+        for i in range(3):  # job one's claims run ahead of job two's
+            s.store("kv").put("a", i)
+            s.commit(input_position=i)
+    two = {**one, "job.name": unique("other-job")}  # same stores.kv.changelog stream
+    with pytest.raises(CorruptionError, match="no checkpoint names the store"):
+        TaskStorage(moved(two, tmp_path, "machine-b"))
+    with TaskStorage(moved(one, tmp_path, "machine-c")) as s:  # job one is untouched
+        assert dump(s) == {"a": 2}
+
+
+def test_a_roll_up_by_the_previous_instance_after_the_listing_is_read_through(where):
+    """The previous instance rolls up (and deletes) objects a new reader has just listed:
+    the reader lists again and reads the merged object, never a false "missing" error."""
+    opts = {**where, "systems.s3.rollup.objects": 4}
+    old = make_system(opts).open_partition("st", 0, 1)
+    for i in range(0, 6, 2):
+        old.append(recs(i, i + 2))
+        old.flush()
+    reader = make_system(opts).open_partition("st", 0, 1, readonly=True)
+    old.append(recs(6, 8))
+    old.flush()  # the 4th object: the four are merged into one and deleted
+    assert len(old.store.list(old.log_prefix)) == 1
+    assert list(reader.read(0, 6)) == recs(0, 6)
+    # the merged object deleted too (damage): listing again finds nothing to read
+    (merged, _), = old.store.list(old.log_prefix)
+    old.store.delete([f"{old.log_prefix}/{merged}"])
+    with pytest.raises(CorruptionError, match=r"no object under .*/log/ holds offset 0"):
+        list(reader.read(0, 6))
 
 
 def test_discard_tail_past_the_end_is_corruption_naming_the_location(where):
@@ -332,6 +355,29 @@ def test_corrupt_latest_checkpoint_is_an_error_not_a_fall_back(where, tmp_path):
     system.store.put(f"{prefix}/{latest}", b"LSCKPT1\n" + b"0" * 32 + b"\nnot a checkpoint")
     with pytest.raises(CorruptionError, match=rf"{latest} is corrupt.*--use-previous-checkpoint"):
         TaskStorage(moved(values, tmp_path, "machine-b"))
+
+
+def test_checkpoints_deleted_is_an_error_then_the_operator_decides(where, tmp_path):
+    """Trust rules: a changelog no checkpoint explains is refused (never an empty store);
+    --accept-log-end takes what the log holds, --reset empties it (offsets go on)."""
+    from localstate.storage import Recovery
+
+    values = _committed_job(tmp_path, where)
+    system = make_system(values, values["job.name"])
+    prefix = f"_checkpoints/{values['job.name']}/partition-0"
+    system.store.delete([f"{prefix}/{n}" for n, _ in system.store.list(prefix)])
+    with pytest.raises(CorruptionError, match="no checkpoint names the store"):
+        TaskStorage(moved(values, tmp_path, "machine-b"))
+    with TaskStorage(moved(values, tmp_path, "machine-c"), recovery=Recovery(accept_log_end={"kv"})) as s:
+        assert dump(s) == {"k1": 1, "k2": 2, "k3": 3}
+        end = s.checkpoint.offsets["kv"] if s.checkpoint else None
+    with TaskStorage(moved(values, tmp_path, "machine-d"), recovery=Recovery(reset={"kv"})) as s:
+        assert dump(s) == {}
+        s.store("kv").put("new", 1)
+        s.commit(input_position=10)
+    with TaskStorage(moved(values, tmp_path, "machine-e")) as s:
+        assert dump(s) == {"new": 1}
+        assert end is None or s.checkpoint.offsets["kv"] > end  # offsets never go back
 
 
 def test_a_half_uploaded_tail_object_is_never_read(where, tmp_path):
@@ -514,6 +560,15 @@ def test_bad_config_names_the_key(tmp_path, keys, match):
         Config.from_dict(values)
 
 
+@pytest.mark.parametrize(("key", "match"), [("config.endpont", "'endpont' is not valid"),
+                                          ("client.allow_htp", "allow_htp")])
+def test_an_unknown_store_or_client_setting_is_a_config_error_at_open(tmp_path, key, match):
+    values = store_values(tmp_path, {"systems.s3.type": "objectstore", "systems.s3.path": "s3://b/p",
+                                     f"systems.s3.{key}": "x"})
+    with pytest.raises(ConfigError, match=rf"systems\.s3\.path = 's3://b/p': cannot open the object store: .*{match}"):
+        TaskStorage(Config.from_dict(values))
+
+
 def test_a_missing_bucket_is_an_error_naming_it(s3_server, tmp_path):
     opts = objectstore_options(s3_server.endpoint, "no-such-bucket-here", **{**FAST, "retries": 0})
     with pytest.raises(ChangelogError, match="no-such-bucket-here"):
@@ -623,3 +678,31 @@ def test_snapshots_past_the_committed_offset_are_deleted_with_the_tail(where, tm
     assert offsets and max(offsets) <= committed
     with TaskStorage(moved(values, tmp_path, "machine-c")) as s:
         assert dump(s) == _model(5)
+
+
+# -- crash trials (short CI form of `localstate torture --changelog objectstore`) ---------
+@pytest.mark.parametrize("engine", [n for n in ("memory", "rocksdb") if ENGINES.installed(n)[0]])
+def test_crash_trials_on_s3(engine, tmp_path, s3_server):
+    from localstate.testing import torture as T
+
+    try:
+        s3_server.create_bucket(T.TORTURE_BUCKET)
+    except Exception as e:  # created by the other engine's run
+        assert "BucketAlready" in str(e)
+    report = T.run_trials(engine, "objectstore", 2, seed=3003, workdir=tmp_path, batches=6, ops=20,
+                          bootstrap=s3_server.endpoint, jobs=2)
+    s = report.summary()
+    assert s["trials"] == 2 and s["divergences"] == 0, json.dumps(s["first_divergence"], indent=2, default=str)
+
+
+@needs_rocksdb
+def test_every_objectstore_fault_point_crashes_and_recovers(tmp_path):
+    """Each objectstore fault point really kills the child (file://), and the trial recovers."""
+    from localstate.testing import torture as T
+
+    for i, point in enumerate(T.OBJECTSTORE_POINTS):
+        plan = T.TrialPlan(seed=70 + i, engine="rocksdb", changelog="objectstore", batches=8, ops=30, keys=20,
+                           compact_every=0, retention_ms=0, faults=(f"{point}=kill@{1 if 'discard' in point else 2}",))
+        res = T.run_trial(plan, tmp_path / point)
+        assert res.ok, res.divergence
+        assert res.crashes == 1, f"{point} was never reached"

@@ -1,0 +1,221 @@
+"""The object-store client of the ``objectstore`` changelog: settings, one obstore store,
+and the retry policy every request goes through (errors name the URL: bucket and key).
+
+Retries are ours, not obstore's (its own are turned off): one policy in one place,
+which also covers PUT timeouts (obstore does not retry a PUT that timed out). Server
+errors (500, 503 SlowDown), dropped connections and timeouts are retried with
+exponential backoff and full jitter, ``retries`` times at most; then
+:class:`ChangelogError` names the URL and nothing of the operation counts as done.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from localstate.errors import ChangelogError, ConfigError
+from localstate.options import coerce
+
+try:
+    import obstore
+    from obstore.exceptions import (
+        AlreadyExistsError,
+        BaseError,
+        GenericError,
+        NotFoundError,
+        PreconditionError,
+    )
+    from obstore.store import from_url
+except ImportError as _e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "the objectstore changelog needs obstore: pip install 'localstate[objectstore]'"
+    ) from _e
+
+__all__ = ["ObjectStoreSettings", "ObjectStoreClient", "first_line", "MISSING", "EXISTS"]
+
+log = logging.getLogger("localstate.changelog.objectstore")
+
+T = TypeVar("T")
+
+_MAX_BACKOFF_S = 5.0
+MISSING = (NotFoundError, FileNotFoundError)
+"""What a GET, PUT or LIST of a missing object (or bucket) raises."""
+EXISTS = (AlreadyExistsError, PreconditionError, FileExistsError)
+"""What a create (``If-None-Match: *``) of an existing object raises."""
+
+
+@dataclass(frozen=True)
+class ObjectStoreSettings:
+    """The parsed ``systems.<name>.*`` keys of an object-store changelog system."""
+
+    name: str
+    url: str
+    timeout_ms: int = 30_000
+    retries: int = 5
+    retry_backoff_ms: int = 100
+    rollup_objects: int = 16
+    rollup_bytes: int = 64 * 1024 * 1024
+    snapshot_every: int = 10
+    config: dict[str, str] = field(default_factory=dict)
+    client: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, name: str, options: Mapping[str, Any]) -> ObjectStoreSettings:
+        """Validate ``options``; :class:`ConfigError` names ``systems.<name>.<key>``."""
+        pre = f"systems.{name}"
+        url = str(options.get("path", "")).strip()
+        if "://" not in url:
+            raise ConfigError(
+                f"{pre}.path = {url!r}: the objectstore changelog needs a URL such as "
+                "s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///absolute/dir"
+            )
+        if url.startswith("file://") and not url[len("file://"):].startswith("/"):
+            raise ConfigError(f"{pre}.path = {url!r}: a file:// URL needs an absolute path (file:///dir)")
+
+        def num(key: str, default: int, low: int) -> int:
+            value = coerce(options.get(key, default), int, f"{pre}.{key}")
+            if value < low:
+                raise ConfigError(f"{pre}.{key} = {value}: must be >= {low}")
+            return value
+
+        config: dict[str, str] = {}
+        client: dict[str, Any] = {}
+        for key, value in options.items():
+            head, dot, rest = key.partition(".")
+            if dot and head == "config":
+                config[rest] = str(value)
+            elif dot and head == "client":
+                client[rest] = _client_value(rest, value, f"{pre}.{key}")
+        return cls(
+            name=name,
+            url=url.rstrip("/"),
+            timeout_ms=num("timeout.ms", cls.timeout_ms, 100),
+            retries=num("retries", cls.retries, 0),
+            retry_backoff_ms=num("retry.backoff.ms", cls.retry_backoff_ms, 0),
+            rollup_objects=num("rollup.objects", cls.rollup_objects, 2),
+            rollup_bytes=num("rollup.bytes", cls.rollup_bytes, 4096),
+            snapshot_every=num("snapshot.every", cls.snapshot_every, 0),
+            config=config,
+            client=client,
+        )
+
+
+_BOOL_CLIENT_KEYS = frozenset({"allow_http", "allow_invalid_certificates", "http1_only", "http2_only"})
+
+
+def _client_value(key: str, value: Any, where: str) -> Any:
+    if key in _BOOL_CLIENT_KEYS:
+        return coerce(value, bool, where)
+    return str(value)
+
+
+def first_line(e: BaseException) -> str:
+    """obstore errors carry a multi-line debug dump; the first line says what happened."""
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+class ObjectStoreClient:
+    """One obstore store with the system's retry policy; every error names the URL."""
+
+    def __init__(self, settings: ObjectStoreSettings) -> None:
+        self.settings = settings
+        self.url = settings.url
+        client: dict[str, Any] = {"timeout": timedelta(milliseconds=settings.timeout_ms),
+                                  "connect_timeout": timedelta(milliseconds=min(settings.timeout_ms, 10_000))}
+        client.update(settings.client)
+        kwargs: dict[str, Any] = {}
+        if self.url.startswith("file://"):
+            kwargs["mkdir"] = True
+        try:
+            # Retries are ours (one policy, one place, and it covers PUT timeouts too).
+            self.store = from_url(self.url, config=settings.config or None, client_options=client,
+                                  retry_config={"max_retries": 0}, **kwargs)
+        except (BaseError, ValueError, OSError) as e:
+            raise ConfigError(
+                f"systems.{settings.name}.path = {self.url!r}: cannot open the object store: {first_line(e)}"
+            ) from e
+        self.requests: dict[str, int] = {"put": 0, "get": 0, "list": 0, "delete": 0}
+        self.bytes_put = 0
+        self.bytes_got = 0
+
+    def where(self, key: str) -> str:
+        return f"{self.url}/{key}"
+
+    def _retry(self, what: str, key: str, op: Callable[[], T]) -> T:
+        s = self.settings
+        for attempt in range(s.retries + 1):
+            try:
+                return op()
+            except (NotFoundError, AlreadyExistsError, PreconditionError, FileNotFoundError, FileExistsError):
+                raise
+            except (GenericError, OSError, TimeoutError) as e:
+                if attempt == s.retries:
+                    raise ChangelogError(
+                        f"object store: could not {what} {self.where(key)} after {attempt + 1} attempt(s): "
+                        f"{first_line(e)}. Check that the store is reachable and the settings under "
+                        f"systems.{s.name}.*; nothing from this operation counts as done"
+                    ) from e
+                # full jitter: attempts of many tasks that failed together spread out
+                delay = random.uniform(0, min(_MAX_BACKOFF_S, s.retry_backoff_ms / 1000 * 2**attempt))
+                log.warning("object store: %s %s failed (%s); retry %d/%d in %.2fs",
+                            what, self.where(key), first_line(e), attempt + 1, s.retries, delay)
+                time.sleep(delay)
+            except BaseError as e:  # permission, authentication, bad path: not retried
+                raise ChangelogError(
+                    f"object store: could not {what} {self.where(key)}: {first_line(e)}"
+                ) from e
+        raise AssertionError("unreachable")
+
+    def put(self, key: str, data: bytes, *, create: bool = False) -> None:
+        """Upload ``data``; ``create=True`` fails with AlreadyExistsError if ``key`` exists."""
+        def op() -> None:
+            self.requests["put"] += 1
+            if create:
+                obstore.put(self.store, key, data, mode="create")
+            else:
+                obstore.put(self.store, key, data)
+        try:
+            self._retry("write", key, op)
+        except (NotFoundError, FileNotFoundError) as e:  # a PUT finds no bucket / container
+            raise ChangelogError(
+                f"object store: could not write {self.where(key)}: {first_line(e)}. Does the bucket exist? "
+                f"(systems.{self.settings.name}.path = {self.url}); nothing from this operation counts as done"
+            ) from e
+        self.bytes_put += len(data)
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes; raises NotFoundError/FileNotFoundError if it is missing."""
+        def op() -> bytes:
+            self.requests["get"] += 1
+            return bytes(obstore.get(self.store, key).bytes())
+        data = self._retry("read", key, op)
+        self.bytes_got += len(data)
+        return data
+
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        """``(name relative to prefix, size)`` of every object under ``prefix/``."""
+        def op() -> list[tuple[str, int]]:
+            out = []
+            self.requests["list"] += 1
+            for i, chunk in enumerate(obstore.list(self.store, prefix + "/")):
+                self.requests["list"] += i > 0
+                for meta in chunk:
+                    out.append((meta["path"][len(prefix) + 1:], int(meta["size"])))
+            return out
+        return self._retry("list", prefix + "/", op)
+
+    def delete(self, keys: list[str]) -> None:
+        if not keys:
+            return
+        def op() -> None:
+            self.requests["delete"] += 1
+            try:
+                obstore.delete(self.store, keys)
+            except (NotFoundError, FileNotFoundError):
+                pass  # already gone: a delete is idempotent
+        self._retry("delete", keys[0], op)
