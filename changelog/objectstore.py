@@ -765,17 +765,13 @@ class ObjectStoreCheckpointStore(CheckpointStore):
 class ObjectStoreChangelogSystem(ChangelogSystem):
     """Changelog streams and task checkpoints as immutable objects in one bucket prefix."""
 
-    options_keys = ("path", "timeout.ms", "retries", "retry.backoff.ms", "rollup.objects", "rollup.bytes",
-                    "snapshot.every", "config.*", "client.*")
-
-    @classmethod
-    def validate_options(cls, name: str, options: Mapping[str, Any]) -> None:
-        ObjectStoreSettings.parse(name, options)
+    options_type = ObjectStoreSettings
+    pass_through = ("config", "client")
 
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         super().__init__(name, options, job)
-        self.settings = ObjectStoreSettings.parse(name, options)
-        self.store = ObjectStoreClient(self.settings)
+        self.settings: ObjectStoreSettings = self.parse_settings(name, options)
+        self.store = ObjectStoreClient(self.settings, name)
         self._open: set[tuple[str, int]] = set()
         self._streams: dict[str, int] = {}
         self._checkpoints = ObjectStoreCheckpointStore(self)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -51,10 +51,16 @@ EXISTS = (AlreadyExistsError, PreconditionError, FileExistsError)
 
 @dataclass(frozen=True)
 class ObjectStoreSettings:
-    """The parsed ``systems.<name>.*`` keys of an object-store changelog system."""
+    """``systems.<name>.*`` of an object-store changelog system (parsed by the options
+    mechanism engines use; ``config.*`` and ``client.*`` pass through to obstore)::
 
-    name: str
-    url: str
+        systems.s3.type = objectstore
+        systems.s3.path = s3://bucket/prefix        # gs://, az://, file:///absolute/dir
+        systems.s3.config.region = eu-west-1        # obstore store config
+        systems.s3.client.allow_http = true         # obstore client options
+    """
+
+    path: str = ""
     timeout_ms: int = 30_000
     retries: int = 5
     retry_backoff_ms: int = 100
@@ -62,47 +68,33 @@ class ObjectStoreSettings:
     rollup_bytes: int = 64 * 1024 * 1024
     snapshot_every: int = 10
     config: dict[str, str] = field(default_factory=dict)
-    client: dict[str, Any] = field(default_factory=dict)
+    client: dict[str, str] = field(default_factory=dict)
 
-    @classmethod
-    def parse(cls, name: str, options: Mapping[str, Any]) -> ObjectStoreSettings:
-        """Validate ``options``; :class:`ConfigError` names ``systems.<name>.<key>``."""
-        pre = f"systems.{name}"
-        url = str(options.get("path", "")).strip()
+    def validate(self, prefix: str) -> None:
+        url = self.path.strip()
         if "://" not in url:
             raise ConfigError(
-                f"{pre}.path = {url!r}: the objectstore changelog needs a URL such as "
+                f"{prefix}.path = {url!r}: the objectstore changelog needs a URL such as "
                 "s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///absolute/dir"
             )
         if url.startswith("file://") and not url[len("file://"):].startswith("/"):
-            raise ConfigError(f"{pre}.path = {url!r}: a file:// URL needs an absolute path (file:///dir)")
-
-        def num(key: str, default: int, low: int) -> int:
-            value = coerce(options.get(key, default), int, f"{pre}.{key}")
+            raise ConfigError(f"{prefix}.path = {url!r}: a file:// URL needs an absolute path (file:///dir)")
+        for key, value, low in (("timeout.ms", self.timeout_ms, 100), ("retries", self.retries, 0),
+                                ("retry.backoff.ms", self.retry_backoff_ms, 0),
+                                ("rollup.objects", self.rollup_objects, 2), ("rollup.bytes", self.rollup_bytes, 4096),
+                                ("snapshot.every", self.snapshot_every, 0)):
             if value < low:
-                raise ConfigError(f"{pre}.{key} = {value}: must be >= {low}")
-            return value
+                raise ConfigError(f"{prefix}.{key} = {value}: must be >= {low}")
+        for key, value in self.client.items():
+            _client_value(key, value, f"{prefix}.client.{key}")
 
-        config: dict[str, str] = {}
-        client: dict[str, Any] = {}
-        for key, value in options.items():
-            head, dot, rest = key.partition(".")
-            if dot and head == "config":
-                config[rest] = str(value)
-            elif dot and head == "client":
-                client[rest] = _client_value(rest, value, f"{pre}.{key}")
-        return cls(
-            name=name,
-            url=url.rstrip("/"),
-            timeout_ms=num("timeout.ms", cls.timeout_ms, 100),
-            retries=num("retries", cls.retries, 0),
-            retry_backoff_ms=num("retry.backoff.ms", cls.retry_backoff_ms, 0),
-            rollup_objects=num("rollup.objects", cls.rollup_objects, 2),
-            rollup_bytes=num("rollup.bytes", cls.rollup_bytes, 4096),
-            snapshot_every=num("snapshot.every", cls.snapshot_every, 0),
-            config=config,
-            client=client,
-        )
+    @property
+    def url(self) -> str:
+        return self.path.strip().rstrip("/")
+
+    def client_options(self) -> dict[str, Any]:
+        """``client.*`` with obstore's types (booleans for its flags)."""
+        return {k: _client_value(k, v, f"client.{k}") for k, v in self.client.items()}
 
 
 _BOOL_CLIENT_KEYS = frozenset({"allow_http", "allow_invalid_certificates", "http1_only", "http2_only"})
@@ -122,12 +114,13 @@ def first_line(e: BaseException) -> str:
 class ObjectStoreClient:
     """One obstore store with the system's retry policy; every error names the URL."""
 
-    def __init__(self, settings: ObjectStoreSettings) -> None:
+    def __init__(self, settings: ObjectStoreSettings, system: str = "objectstore") -> None:
         self.settings = settings
+        self.system = system
         self.url = settings.url
         client: dict[str, Any] = {"timeout": timedelta(milliseconds=settings.timeout_ms),
                                   "connect_timeout": timedelta(milliseconds=min(settings.timeout_ms, 10_000))}
-        client.update(settings.client)
+        client.update(settings.client_options())
         kwargs: dict[str, Any] = {}
         if self.url.startswith("file://"):
             kwargs["mkdir"] = True
@@ -137,7 +130,7 @@ class ObjectStoreClient:
                                   retry_config={"max_retries": 0}, **kwargs)
         except (BaseError, ValueError, OSError) as e:
             raise ConfigError(
-                f"systems.{settings.name}.path = {self.url!r}: cannot open the object store: {first_line(e)}"
+                f"systems.{system}.path = {self.url!r}: cannot open the object store: {first_line(e)}"
             ) from e
         self.requests: dict[str, int] = {"put": 0, "get": 0, "list": 0, "delete": 0}
         self.bytes_put = 0
@@ -158,7 +151,7 @@ class ObjectStoreClient:
                     raise ChangelogError(
                         f"object store: could not {what} {self.where(key)} after {attempt + 1} attempt(s): "
                         f"{first_line(e)}. Check that the store is reachable and the settings under "
-                        f"systems.{s.name}.*; nothing from this operation counts as done"
+                        f"systems.{self.system}.*; nothing from this operation counts as done"
                     ) from e
                 # full jitter: attempts of many tasks that failed together spread out
                 delay = random.uniform(0, min(_MAX_BACKOFF_S, s.retry_backoff_ms / 1000 * 2**attempt))
@@ -184,7 +177,7 @@ class ObjectStoreClient:
         except (NotFoundError, FileNotFoundError) as e:  # a PUT finds no bucket / container
             raise ChangelogError(
                 f"object store: could not write {self.where(key)}: {first_line(e)}. Does the bucket exist? "
-                f"(systems.{self.settings.name}.path = {self.url}); nothing from this operation counts as done"
+                f"(systems.{self.system}.path = {self.url}); nothing from this operation counts as done"
             ) from e
         self.bytes_put += len(data)
 
