@@ -166,6 +166,12 @@ class StoreSpec:
     """Every ``stores.<name>.*`` key with the prefix removed, as given."""
 
 
+def _bytes_serde() -> Serde:
+    from .serdes import get_serde
+
+    return get_serde("bytes")
+
+
 @dataclass
 class StoreContext:
     """Where and for whom an engine is built."""
@@ -177,8 +183,9 @@ class StoreContext:
     directory: Path
     change_logger: ChangeLogger
     metrics: StoreMetrics
-    key_serde: Serde | None = None
-    msg_serde: Serde | None = None
+    key_serde: Serde = field(default_factory=lambda: _bytes_serde())
+    """The store's key serde (``bytes`` unless configured): non-KV engines encode keys with it."""
+    msg_serde: Serde = field(default_factory=lambda: _bytes_serde())
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("localstate"))
 
 

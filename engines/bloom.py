@@ -189,7 +189,7 @@ class BloomEngine(StorageEngine):
         self.nwords, self.k = bloom_geometry(options.capacity, options.fp_rate)
         self._shifts = (np.arange(self.k, dtype=np.uint64) * np.uint64(6))[:, None]
         self._logger = context.change_logger
-        self._key: Serde | None = context.key_serde
+        self._key: Serde = context.key_serde
         self._meta = f"bloom;blocked64;{HASH_NAME};words={self.nwords};k={self.k}".encode()
         self._meta_logged = False
         self._filters: dict[bytes, _Filter] | None = {}
@@ -215,11 +215,9 @@ class BloomEngine(StorageEngine):
                 "true): pass key=..."
             )
         serde = self._key
-        if type(key) is bytes and (serde is None or serde.name == "bytes"):
+        if type(key) is bytes and serde.name == "bytes":
             prefix = key
         else:
-            if serde is None:
-                serde = Serde("bytes", bytes, bytes)
             try:
                 prefix = serde.encode(key)
             except Exception as e:

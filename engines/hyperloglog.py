@@ -97,7 +97,7 @@ class HyperLogLogEngine(StorageEngine):
         self._mask = (1 << p) - 1
         self._max_rank = 64 - p
         self._logger = context.change_logger
-        self._key: Serde | None = context.key_serde
+        self._key: Serde = context.key_serde
         self._meta = f"hll++;{HASH_NAME};p={p}".encode()
         self._meta_logged = False
         self._sparse_limit = self._m // 16 if p >= 8 else 0
@@ -116,11 +116,8 @@ class HyperLogLogEngine(StorageEngine):
         if key is None:
             raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
         serde = self._key
-        if serde is None or serde.name == "bytes":
-            if type(key) is bytes:
-                return key
-        if serde is None:
-            serde = Serde("bytes", bytes, bytes)
+        if type(key) is bytes and serde.name == "bytes":
+            return key
         try:
             return serde.encode(key)
         except Exception as e:

@@ -117,8 +117,8 @@ class TopNEngine(StorageEngine):
         self.order = options.order
         self._sign = -1 if options.order == "max" else 1
         self._logger = context.change_logger
-        self._key: Serde | None = context.key_serde
-        self._msg: Serde | None = context.msg_serde
+        self._key: Serde = context.key_serde
+        self._msg: Serde = context.msg_serde
         # member bytes -> (score, payload bytes | None); and (rank, member) sorted, rank
         # = sign * score so the best member is always first.
         self._entries: dict[bytes, tuple[int | float, bytes | None]] | None = {}
@@ -145,12 +145,9 @@ class TopNEngine(StorageEngine):
     def _enc_member(self, member: Any) -> bytes:
         if member is None:
             raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
-        if type(member) is bytes and (self._key is None or self._key.name == "bytes"):
-            return member
         serde = self._key
-        if serde is None:
-            raise describe_encode_error(self.name, "key", Serde("bytes", bytes, bytes), member,
-                                        TypeError("expected bytes"))
+        if type(member) is bytes and serde.name == "bytes":
+            return member
         try:
             return serde.encode(member)
         except Exception as e:
@@ -160,13 +157,12 @@ class TopNEngine(StorageEngine):
         if payload is None:
             return None
         serde = self._msg
-        if serde is None or serde.name == "bytes":
-            if type(payload) is bytes:
-                return payload
+        if type(payload) is bytes and serde.name == "bytes":
+            return payload
         try:
-            return serde.encode(payload) if serde is not None else bytes(payload)
+            return serde.encode(payload)
         except Exception as e:
-            raise describe_encode_error(self.name, "value", serde or Serde("bytes", bytes, bytes), payload, e) from e
+            raise describe_encode_error(self.name, "value", serde, payload, e) from e
 
     def _check_score(self, member: Any, score: Any) -> None:
         t = type(score)
