@@ -15,6 +15,7 @@ Config: ``stores.recent.factory = localstate.contrib.latest_events:LatestEventsF
 
 from __future__ import annotations
 
+import random
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,8 +30,9 @@ from localstate import (
     StoreContext,
     StoreSpec,
 )
+from localstate.testing.torture_adapters import WorkloadAdapter, register_adapter
 
-__all__ = ["LatestEvents", "LatestEventsFactory", "LatestEventsOptions"]
+__all__ = ["LatestEvents", "LatestEventsFactory", "LatestEventsOptions", "LatestEventsWorkload"]
 
 _SEQ = struct.Struct(">Q")
 _SLOT = struct.Struct(">H")
@@ -122,3 +124,29 @@ class LatestEventsFactory(StorageEngineFactory):
 
     def create(self, spec: StoreSpec, context: StoreContext) -> LatestEvents:
         return LatestEvents(context, spec.options)
+
+
+# -- crash trials: how `localstate torture` drives this engine ----------------------------------
+class LatestEventsWorkload(WorkloadAdapter):
+    """The contrib ``latest_events`` engine: appends (and a few clears) per key."""
+
+    store_options = {"key.serde": "string", "msg.serde": "string", "latest.size": 3}
+
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for i in range(ops):
+            k = f"k{rng.randrange(keys)}"
+            if rng.random() < 0.05:
+                store.clear(k)
+            else:
+                store.append(k, f"{batch}.{i}")
+
+    def observe(self, store: Any, keys: int) -> dict[str, Any]:
+        out = {}
+        for i in range(keys):
+            events = store.latest(f"k{i}")
+            if events:
+                out[f"k{i}"] = events
+        return out
+
+
+register_adapter("localstate.contrib.latest_events:LatestEventsFactory", LatestEventsWorkload)

@@ -1,0 +1,253 @@
+"""How crash trials drive each engine: one :class:`WorkloadAdapter` per engine type.
+
+Key-value engines use :class:`KeyValueWorkload` (read-modify-write counters); other
+engines register an adapter for their own API with :func:`register_adapter` — the
+built-in ones here, a plug-in's in its own module (e.g. ``localstate.contrib.latest_events``),
+which :func:`adapter_for` imports by resolving the engine first.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from localstate.errors import LocalStateError
+from localstate.kv import KeyValueStore
+from localstate.registry import available, resolve_factory
+
+__all__ = [
+    "WorkloadAdapter",
+    "KeyValueWorkload",
+    "TopNWorkload",
+    "HyperLogLogWorkload",
+    "BloomWorkload",
+    "SearchWorkload",
+    "register_adapter",
+    "adapter_for",
+    "torture_engines",
+    "CONTRIB_ENGINES",
+]
+
+CONTRIB_ENGINES = (
+    "localstate.contrib.sqlite_engine:SQLiteEngineFactory",
+    "localstate.contrib.latest_events:LatestEventsFactory",
+)
+"""The contrib example engines every torture run covers beside the registered ones."""
+
+
+class WorkloadAdapter(ABC):
+    """Drives one engine type with a deterministic workload and shows its state.
+
+    ``apply_batch`` must derive every operation from ``rng`` only (never from time or
+    state order), so a batch applied to the same state always has the same effect.
+    ``observe`` returns a JSON-serialisable view of the store as a user sees it.
+    """
+
+    store_options: dict[str, Any] = {}
+
+    @abstractmethod
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        """Apply input batch number ``batch`` (1-based) to ``store``."""
+
+    @abstractmethod
+    def observe(self, store: Any, keys: int) -> Any:
+        """The store's user-visible state (JSON-serialisable)."""
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        """Per-key differences between two ``observe`` results (dicts by default)."""
+        lost, extra, differs = [], [], []
+        for k in sorted(set(expected) | set(actual)):
+            if k not in actual:
+                lost.append(k)
+            elif k not in expected:
+                extra.append(k)
+            elif expected[k] != actual[k]:
+                differs.append(k)
+        return {"lost": lost, "resurrected": extra, "duplicated": [], "differs": differs}
+
+
+class KeyValueWorkload(WorkloadAdapter):
+    """Any KV engine: read-modify-write counters that record which operations hit them.
+
+    A value is ``{"n": updates, "ops": [last 4 operation ids]}``, so an input batch
+    applied twice shows as ``n`` too high (**duplicated**) and a lost commit as ``n``
+    too low or a missing key (**lost**); a deleted key coming back is **resurrected**.
+    """
+
+    store_options = {"key.serde": "string", "msg.serde": "json", "object.cache.size": 16,
+                     "write.batch.size": 8}
+
+    def apply_batch(self, store: KeyValueStore, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for i in range(ops):
+            r = rng.random()
+            op = f"{batch}.{i}"
+            if r < 0.15:
+                store.delete(f"k{rng.randrange(keys)}")
+            elif r < 0.25:
+                names = sorted({f"k{rng.randrange(keys)}" for _ in range(3)})
+                have = store.get_all(names)
+                store.put_all([(k, _bump(have.get(k), op)) for k in names])
+            else:
+                k = f"k{rng.randrange(keys)}"
+                store.put(k, _bump(store.get(k), op))
+
+    def observe(self, store: KeyValueStore, keys: int) -> dict[str, Any]:
+        with store.all() as it:
+            return dict(it)
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        return _by_counter(super().classify(expected, actual), expected, actual, _count_n)
+
+
+def _count_n(value: Any) -> Any:
+    return value.get("n", 0) if isinstance(value, dict) else 0
+
+
+def _by_counter(out: dict[str, list[str]], expected: Any, actual: Any,
+                count: Callable[[Any], Any]) -> dict[str, list[str]]:
+    """Split ``out["differs"]`` by a per-key update counter: higher = duplicated, lower = lost."""
+    differs, out["differs"] = out["differs"], []
+    for k in differs:
+        try:
+            e, a = count(expected[k]), count(actual[k])
+            kind = "duplicated" if a > e else "lost" if a < e else "differs"
+        except TypeError:
+            kind = "differs"
+        out[kind].append(k)
+    return out
+
+
+def _bump(value: Any, op: str) -> dict[str, Any]:
+    if value is None:
+        return {"n": 1, "ops": [op]}
+    return {"n": value["n"] + 1, "ops": (value["ops"] + [op])[-4:]}
+
+
+class TopNWorkload(WorkloadAdapter):
+    """``topn`` (capacity 10): score read-modify-write offers, removes and pops, so a
+    replayed batch shows as a score too high (**duplicated**), a lost one as too low."""
+
+    store_options = {"key.serde": "string", "msg.serde": "string", "topn.size": 10}
+
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for i in range(ops):
+            r = rng.random()
+            member = f"k{rng.randrange(keys)}"
+            if r < 0.1:
+                store.remove(member)
+            elif r < 0.13:
+                if store.top(1):
+                    store.pop()
+            else:
+                store.offer(member, (store.score(member) or 0) + rng.randrange(1, 100), f"{batch}.{i}")
+
+    def observe(self, store: Any, keys: int) -> dict[str, Any]:
+        return {e.member: [rank, e.score, e.payload] for rank, e in enumerate(store.top())}
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        return _by_counter(super().classify(expected, actual), expected, actual, lambda v: v[1])
+
+
+class HyperLogLogWorkload(WorkloadAdapter):
+    """``hyperloglog`` (precision 6): items added per key, a few deletes; the observed
+    state is every key's registers, so any lost or extra register update shows."""
+
+    store_options = {"key.serde": "string", "hyperloglog.precision": 6}
+
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for _ in range(ops):
+            k = f"k{rng.randrange(keys)}"
+            r = rng.random()
+            if r < 0.05:
+                store.delete(k)
+            elif r < 0.2:
+                store.add_all(k, [f"item{rng.randrange(10_000)}" for _ in range(5)])  # the bulk path
+            else:
+                store.add(k, f"item{rng.randrange(10_000)}")
+
+    def observe(self, store: Any, keys: int) -> dict[str, Any]:
+        return {k: [store.count(k), store.registers(k).tobytes().hex()] for k in sorted(store.keys())}
+
+
+class SearchWorkload(WorkloadAdapter):
+    """``search``: documents with a read-modify-write counter field and words, deletes;
+    the observed state is every document read back through the index plus per-word hit
+    counts (so the inverted index itself is checked, not only stored documents)."""
+
+    store_options = {"key.serde": "string", "search.fields": "words:text:stored, n:int:stored"}
+    _WORDS = 8
+
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for _ in range(ops):
+            k = f"k{rng.randrange(keys)}"
+            if rng.random() < 0.15:
+                store.delete(k)
+            else:
+                old = store.get(k)
+                words = " ".join(f"w{rng.randrange(self._WORDS)}" for _ in range(3))
+                store.index(k, {"words": words, "n": (old["n"] if old else 0) + 1})
+
+    def observe(self, store: Any, keys: int) -> dict[str, Any]:
+        out: dict[str, Any] = dict(store.documents())
+        out.update({f"#w{i}": store.count(f"words:w{i}") for i in range(self._WORDS)})
+        return out
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        return _by_counter(super().classify(expected, actual), expected, actual, _count_n)
+
+
+class BloomWorkload(WorkloadAdapter):
+    """``bloom`` (keyed, small filters): adds per key and a few key deletes; the observed
+    state is every key's filter words, so any lost or extra word update shows."""
+
+    store_options = {"key.serde": "string", "bloom.keyed": True, "bloom.capacity": 200,
+                     "bloom.fp.rate": 0.05}
+
+    def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        for _ in range(ops):
+            k = f"k{rng.randrange(keys)}"
+            r = rng.random()
+            if r < 0.05:
+                store.delete(key=k)
+            elif r < 0.2:
+                store.add_all([f"item{rng.randrange(10_000)}" for _ in range(5)], key=k)  # the bulk path
+            else:
+                store.add(f"item{rng.randrange(10_000)}", key=k)
+
+    def observe(self, store: Any, keys: int) -> dict[str, Any]:
+        return {k: store.words(key=k).tobytes().hex() for k in sorted(store.keys())}
+
+
+_ADAPTERS: dict[str, Callable[[], WorkloadAdapter]] = {
+    "topn": TopNWorkload,
+    "bloom": BloomWorkload,
+    "hyperloglog": HyperLogLogWorkload,
+    "search": SearchWorkload,
+}
+
+
+def register_adapter(engine: str, adapter: Callable[[], WorkloadAdapter]) -> None:
+    """Use ``adapter()`` to drive engine ``engine`` (a registry name or ``module:Factory``)."""
+    _ADAPTERS[engine] = adapter
+
+
+def adapter_for(engine: str) -> WorkloadAdapter:
+    """The registered adapter of ``engine``; key-value engines default to :class:`KeyValueWorkload`.
+
+    A plug-in engine's module may register its own adapter when it is imported (as the
+    contrib ``latest_events`` engine does), so the engine is resolved first."""
+    if engine not in _ADAPTERS:
+        try:
+            resolve_factory(engine)
+        except LocalStateError:
+            pass  # not resolvable here: the trial reports it when it opens the store
+    return _ADAPTERS.get(engine, KeyValueWorkload)()
+
+
+def torture_engines() -> list[str]:
+    """Every installed registered engine plus the contrib example engines."""
+    return [name for name, row in sorted(available().items()) if row["installed"]] + list(CONTRIB_ENGINES)
+
+
