@@ -29,6 +29,7 @@ __all__ = [
     "register_serde",
     "get_serde",
     "describe_encode_error",
+    "encode_for",
     "encoder_of_many",
     "decoder_of_many",
     "SERDES",
@@ -398,6 +399,18 @@ def get_serde(name: str, *, store: str | None = None) -> Serde:
             f"store {store!r}: serde {name!r} resolves to {obj!r}, not a localstate.Serde"
         )
     return obj
+
+
+def encode_for(store: str, what: str, serde: Serde, obj: Any) -> bytes:
+    """``obj`` encoded by ``serde`` for store ``store`` (``what``: ``"key"`` or
+    ``"value"``): bytes pass straight through the ``bytes`` serde; anything the serde
+    refuses is the standard :class:`SerializationError` naming the store and the fix."""
+    if type(obj) is bytes and serde.name == "bytes":
+        return obj
+    try:
+        return serde.encode(obj)
+    except Exception as e:
+        raise describe_encode_error(store, what, serde, obj, e) from e
 
 
 def describe_encode_error(store: str, what: str, serde: Serde, obj: Any, err: Exception) -> SerializationError:

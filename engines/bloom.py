@@ -55,7 +55,7 @@ from localstate.engine import (
     StoreSpec,
 )
 from localstate.errors import ConfigError, CorruptionError, InvalidValueError, StoreClosedError
-from localstate.serdes import Serde, describe_encode_error
+from localstate.serdes import Serde, encode_for
 
 from ._hashing import HASH_NAME, hash_item, hash_items
 
@@ -214,14 +214,7 @@ class BloomEngine(StorageEngine):
                 f"store {self.name!r} holds one Bloom filter per key (stores.{self.name}.bloom.keyed = "
                 "true): pass key=..."
             )
-        serde = self._key
-        if type(key) is bytes and serde.name == "bytes":
-            prefix = key
-        else:
-            try:
-                prefix = serde.encode(key)
-            except Exception as e:
-                raise describe_encode_error(self.name, "key", serde, key, e) from e
+        prefix = encode_for(self.name, "key", self._key, key)
         if not prefix:
             # an empty prefix is the single filter's: such a store could never be reopened
             raise InvalidValueError(

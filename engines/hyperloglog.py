@@ -48,7 +48,7 @@ from localstate.engine import (
     StoreSpec,
 )
 from localstate.errors import ConfigError, CorruptionError, InvalidValueError, StoreClosedError
-from localstate.serdes import Serde, describe_encode_error
+from localstate.serdes import Serde, encode_for
 
 from ._hashing import HASH_NAME, hash_item, hash_items
 
@@ -115,13 +115,7 @@ class HyperLogLogEngine(StorageEngine):
     def _enc_key(self, key: Any) -> bytes:
         if key is None:
             raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
-        serde = self._key
-        if type(key) is bytes and serde.name == "bytes":
-            return key
-        try:
-            return serde.encode(key)
-        except Exception as e:
-            raise describe_encode_error(self.name, "key", serde, key, e) from e
+        return encode_for(self.name, "key", self._key, key)
 
     def _new_sketch(self) -> HyperLogLogPlusPlus:
         return HyperLogLogPlusPlus(p=self.precision, hashfunc=item_hash)

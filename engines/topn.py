@@ -38,7 +38,7 @@ from localstate.engine import (
     StoreSpec,
 )
 from localstate.errors import ConfigError, CorruptionError, InvalidValueError, StoreClosedError
-from localstate.serdes import Serde, describe_encode_error
+from localstate.serdes import Serde, encode_for
 from sortedcontainers import SortedList
 
 __all__ = ["TopNEngine", "TopNEngineFactory", "TopNOptions", "Entry"]
@@ -145,24 +145,12 @@ class TopNEngine(StorageEngine):
     def _enc_member(self, member: Any) -> bytes:
         if member is None:
             raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
-        serde = self._key
-        if type(member) is bytes and serde.name == "bytes":
-            return member
-        try:
-            return serde.encode(member)
-        except Exception as e:
-            raise describe_encode_error(self.name, "key", serde, member, e) from e
+        return encode_for(self.name, "key", self._key, member)
 
     def _enc_payload(self, payload: Any) -> bytes | None:
         if payload is None:
             return None
-        serde = self._msg
-        if type(payload) is bytes and serde.name == "bytes":
-            return payload
-        try:
-            return serde.encode(payload)
-        except Exception as e:
-            raise describe_encode_error(self.name, "value", serde, payload, e) from e
+        return encode_for(self.name, "value", self._msg, payload)
 
     def _check_score(self, member: Any, score: Any) -> None:
         t = type(score)
