@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, ConfigError, CorruptionError
 from localstate.faults import fault_point
-from localstate.locking import FileLock, fsync_dir, io_error
+from localstate.locking import FileLock, atomic_write, fsync_dir, io_error
 from localstate.records import ChangeRecord
 
-from .base import ChangelogPartition, ChangelogSystem, CheckpointStore, CurrentFn
+from .base import ChangelogPartition, ChangelogSystem, CurrentFn
+from .file_checkpoints import FileCheckpointStore
 from .format import (
     FLAG_COMPACTED,
     HEADER_SIZE,
@@ -52,28 +52,12 @@ from .format import (
     walk,
 )
 
-__all__ = ["FileChangelogSystem", "FileChangelogPartition", "FileCheckpointStore", "fsync_dir", "atomic_write"]
+__all__ = ["FileChangelogSystem", "FileChangelogPartition", "FileCheckpointStore", "FileChangelogOptions"]
 
 log = logging.getLogger("localstate.changelog.file")
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 DEFAULT_RETENTION_MS = 24 * 3600 * 1000
-
-
-def atomic_write(path: Path, data: bytes, *, before_rename: str | None = None) -> None:
-    """Write ``data`` to ``path`` atomically: temp file + fsync + rename + dir fsync.
-
-    The temp name is unique per process, so tasks in several processes (Spark Python
-    workers) writing the same shared file (``stream.json``) do not rename each other's."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    if before_rename:
-        fault_point(before_rename)
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 @dataclass
@@ -581,76 +565,6 @@ class FileChangelogPartition(ChangelogPartition):
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-
-
-class FileCheckpointStore(CheckpointStore):
-    """Checkpoints as small checksummed files, replaced atomically; the previous one kept."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-
-    def _paths(self, job: str, partition: int) -> tuple[Path, Path]:
-        d = self.root / job
-        return d / f"partition-{partition}.ckpt", d / f"partition-{partition}.ckpt.prev"
-
-    def _load(self, path: Path) -> Checkpoint | None:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise io_error(e, "read checkpoint", path) from e
-        return Checkpoint.from_bytes(data, where=f"checkpoint {path}")
-
-    def read(self, job: str, partition: int) -> Checkpoint | None:
-        current, prev = self._paths(job, partition)
-        try:
-            ckpt = self._load(current)
-        except CorruptionError as e:
-            raise CorruptionError(f"{e}. {self._recovery(prev)}") from e
-        if ckpt is None and prev.exists():
-            raise CorruptionError(
-                f"checkpoint {current} is missing but {prev.name} exists: the latest checkpoint was deleted "
-                f"(a commit never leaves only {prev.name}). Nothing was changed. {self._recovery(prev)}"
-            )
-        return ckpt
-
-    @staticmethod
-    def _recovery(prev: Path) -> str:
-        return (
-            f"Restore the file from a backup; or go back one commit with `localstate restore "
-            f"--use-previous-checkpoint` (uses {prev.name}: the last commit is undone and its input is "
-            "processed again); or decide each store's state with `localstate restore --accept-log-end STORE` "
-            "or `--reset STORE`"
-        )
-
-    def previous(self, job: str, partition: int) -> Checkpoint | None:
-        """The checkpoint the latest one replaced (``.prev``), None if there is none."""
-        _, prev = self._paths(job, partition)
-        return self._load(prev)
-
-    def write(self, job: str, partition: int, checkpoint: Checkpoint) -> None:
-        current, prev = self._paths(job, partition)
-        try:
-            current.parent.mkdir(parents=True, exist_ok=True)
-            tmp = current.with_name(current.name + ".tmp")
-            with open(tmp, "wb") as f:
-                f.write(checkpoint.to_bytes())
-                f.flush()
-                os.fsync(f.fileno())
-            fault_point("checkpoint.before_rename")
-            if current.exists():
-                # .prev becomes a second name of the current file, then the new file is
-                # renamed over .ckpt: at every moment .ckpt is a complete checkpoint.
-                link = prev.with_name(prev.name + ".tmp")
-                link.unlink(missing_ok=True)
-                os.link(current, link)
-                os.replace(link, prev)
-            os.replace(tmp, current)
-            fault_point("checkpoint.after_rename")
-            fsync_dir(current.parent)
-        except OSError as e:
-            raise io_error(e, "write checkpoint", current) from e
 
 
 @dataclass(frozen=True)

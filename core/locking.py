@@ -1,5 +1,5 @@
 """Local-file primitives: process-exclusive locks, durable directory steps
-(:func:`fsync_dir`, :func:`remove_tree`) and the standard I/O error translation."""
+(:func:`fsync_dir`, :func:`remove_tree`, :func:`atomic_write`) and the standard I/O error translation."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import shutil
 from pathlib import Path
 
 from .errors import ChangelogError, StoreLockedError
+from .faults import fault_point
 
-__all__ = ["FileLock", "io_error", "fsync_dir", "remove_tree"]
+__all__ = ["FileLock", "io_error", "fsync_dir", "remove_tree", "atomic_write"]
 
 
 def io_error(e: OSError, what: str, path: Path, error: type[Exception] = ChangelogError) -> Exception:
@@ -78,3 +79,19 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(aside)
     elif path.exists() or path.is_symlink():
         path.unlink()
+
+
+def atomic_write(path: Path, data: bytes, *, before_rename: str | None = None) -> None:
+    """Write ``data`` to ``path`` atomically: temp file + fsync + rename + dir fsync.
+
+    The temp name is unique per process, so tasks in several processes (Spark Python
+    workers) writing the same shared file (``stream.json``) do not rename each other's."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if before_rename:
+        fault_point(before_rename)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

@@ -601,7 +601,7 @@ def update_config_file(path: str | Path, to: int) -> None:
     """Set ``job.partitions = to`` in the config file at ``path`` (TOML or properties),
     atomically, and only if the file then loads to the same config with the new count;
     otherwise raise :class:`ConfigError` asking for the edit by hand (the file is unchanged)."""
-    from localstate.changelog.file import atomic_write
+    from localstate.locking import atomic_write
 
     p = Path(path)
     before = Config.load(p)

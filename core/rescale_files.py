@@ -78,7 +78,8 @@ def streams(job: JobFiles) -> list[str]:
 
 
 def _write_partition(job: JobFiles, directory: Path, records: Iterable[ChangeRecord]) -> int:
-    from localstate.changelog.file import FileChangelogPartition, atomic_write
+    from localstate.changelog.file import FileChangelogPartition
+    from localstate.locking import atomic_write
 
     part = FileChangelogPartition(directory, segment_bytes=job.system.segment_bytes, fsync=job.system.fsync)
     try:
@@ -119,7 +120,8 @@ def write_staging(job: JobFiles, ends: Mapping[str, list[int]], counts: Mapping[
                    position: Any, ckpts: Mapping[int, Checkpoint]) -> None:
     """Complete the new job under ``staging/new`` (whose changelog partitions are
     written): stream counts, checkpoints, and the manifest last — the commit point."""
-    from localstate.changelog.file import FileCheckpointStore, atomic_write, fsync_dir
+    from localstate.changelog.file_checkpoints import FileCheckpointStore
+    from localstate.locking import atomic_write, fsync_dir
 
     staging = job.staging
     new = staging / "new"
@@ -153,7 +155,7 @@ def write_staging(job: JobFiles, ends: Mapping[str, list[int]], counts: Mapping[
 def swap(job: JobFiles, manifest: Mapping[str, Any]) -> None:
     """Rename every new stream and the new checkpoints into place (idempotent: a re-run
     after a crash continues where it stopped). Checkpoints go last."""
-    from localstate.changelog.file import fsync_dir
+    from localstate.locking import fsync_dir
 
     staging = job.staging
     pairs = [(job.root / s, staging / "new" / s, staging / "old" / s) for s in manifest["streams"]]
