@@ -1,0 +1,181 @@
+"""The state commands of the ``localstate`` CLI: ``get`` and ``dump`` (read a job's
+committed state, read-only, beside a running job) and ``rescale`` (re-partition a
+stopped job). Registered on the group of :mod:`localstate.cli`."""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from typing import Any
+
+import click
+
+from .cli import PARTITION, _load_config, cli
+from .errors import LocalStateError
+
+__all__: list[str] = []
+
+
+def _parse_key(text: str, serde: str, store: str) -> Any:
+    """A key typed on the command line, as the store's key serde wants it."""
+    if serde == "string":
+        return text
+    if serde == "bytes":
+        return text.encode()
+    try:
+        if serde in ("int", "long"):
+            return int(text)
+        value = json.loads(text)
+    except ValueError as e:
+        raise click.BadParameter(
+            f"{text!r} is not a key of store {store!r} (key.serde {serde!r}): {e}", param_hint="KEY"
+        ) from e
+    return tuple(value) if serde == "tuple" and isinstance(value, list) else value
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (bytes, bytearray)):
+        return {"base64": base64.b64encode(bytes(obj)).decode()}
+    return repr(obj)
+
+
+def _show(obj: Any) -> str:
+    return obj if isinstance(obj, str) else json.dumps(obj, default=_json_default, sort_keys=True)
+
+
+def _read_partitions(config: Any, store: str, partition: int | None) -> list[int]:
+    if store not in config.stores:
+        from .registry import did_you_mean
+
+        raise click.ClickException(f"no store named {store!r} in job {config.job_name!r}.{did_you_mean(store, config.stores)}")
+    if partition is None:
+        return list(range(config.partitions))
+    if not 0 <= partition < config.partitions:
+        raise click.BadParameter(f"{partition} is out of range: job.partitions = {config.partitions}", param_hint="--partition")
+    return [partition]
+
+
+@cli.command()
+@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
+@click.option("--partition", "-p", type=PARTITION, default=None, help="only this task partition [default: look in all]")
+@click.option("--json", "as_json", is_flag=True, help="print {partition, key, value} as JSON")
+@click.argument("store")
+@click.argument("key")
+def get(config_path: str | None, overrides: tuple[str, ...], partition: int | None, as_json: bool,
+        store: str, key: str) -> None:
+    """Print the committed value of KEY in STORE (exit 1 if absent).
+
+    Reads the state as of each task's last commit, beside the running job (no lock, no
+    writes). KEY is parsed for the store's key serde: text for ``string``, a number
+    for ``int``/``long``, JSON for ``json``/``tuple`` (``'[1, "u"]'``).
+    """
+    from .reader import StateReader
+
+    config = _load_config(config_path, overrides)
+    spec = config.stores.get(store)
+    parts = _read_partitions(config, store, partition)
+    wanted = _parse_key(key, spec.key_serde, store)
+    try:
+        for p in parts:
+            with StateReader(config, p) as reader:
+                value = reader.get(store, wanted)
+            if value is not None:
+                if as_json:
+                    click.echo(json.dumps({"partition": p, "key": wanted, "value": value}, default=_json_default))
+                else:
+                    click.echo(_show(value))
+                return
+    except LocalStateError as e:
+        raise click.ClickException(str(e)) from e
+    click.echo(f"key {wanted!r} is not in the committed state of store {store!r} (partitions {parts})", err=True)
+    sys.exit(1)
+
+
+@cli.command()
+@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
+@click.option("--partition", "-p", type=PARTITION, default=None, help="only this task partition [default: all]")
+@click.option("--limit", "-n", type=click.IntRange(min=0), default=None, help="stop after N records")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per line: {partition, key, value}")
+@click.option("--on-disk", is_flag=True, help="rebuild each partition with the store's engine in a temp dir, not in memory")
+@click.argument("store")
+def dump(config_path: str | None, overrides: tuple[str, ...], partition: int | None, limit: int | None,
+         as_json: bool, on_disk: bool, store: str) -> None:
+    """Print the committed state of STORE: ``partition<TAB>key<TAB>value`` lines in key
+    order per partition, or JSON lines. Reads beside the running job (no lock, no writes)."""
+    from .reader import read_committed
+
+    config = _load_config(config_path, overrides)
+    parts = _read_partitions(config, store, partition)
+    if limit == 0:
+        return
+    n = 0
+    try:
+        for p, k, v in read_committed(config, store, parts, in_memory=not on_disk):
+            if as_json:
+                click.echo(json.dumps({"partition": p, "key": k, "value": v}, default=_json_default))
+            else:
+                click.echo(f"{p}\t{_show(k)}\t{_show(v)}")
+            n += 1
+            if limit is not None and n >= limit:
+                break
+    except LocalStateError as e:
+        raise click.ClickException(str(e)) from e
+
+
+@cli.command("rescale")
+@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), required=True,
+              help=".toml or .properties job config (its job.partitions is updated when done)")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
+@click.option("--to", "to", type=click.IntRange(min=1), required=True, help="the new partition (task) count")
+@click.option("--input-position", "input_position", default=None, metavar="JSON",
+              help="the input position every new task resumes from [default: the old tasks' common one]")
+@click.option("--spark-runner", is_flag=True,
+              help="the job is run by StatefulJob: new tasks resume after the committed micro-batch")
+@click.option("--spark", "use_spark", is_flag=True, help="read, route and write the state on Spark executors")
+@click.option("--master", default="local[*]", show_default=True, help="Spark master for --spark")
+@click.option("--keep-config", is_flag=True, help="do not rewrite job.partitions in the config file")
+def rescale_command(config_path: str, overrides: tuple[str, ...], to: int, input_position: str | None,
+                    spark_runner: bool, use_spark: bool, master: str, keep_config: bool) -> None:
+    """Re-partition a stopped job's committed state into --to tasks (docs/rescale.md).
+
+    Every key's state moves to the task Spark routes its rows to. Refuses (changing
+    nothing) while the job runs, when its tasks are not at one commit, or when a
+    store cannot be split. A crash midway leaves the old job intact, or a rescale
+    that running the same command again completes.
+    """
+    from .rescale import SAME_POSITION, rescale, update_config_file
+
+    if input_position is not None and spark_runner:
+        raise click.BadParameter("give --input-position or --spark-runner, not both")
+    position: Any = SAME_POSITION
+    if input_position is not None:
+        try:
+            position = json.loads(input_position)
+        except ValueError as e:
+            raise click.BadParameter(f"{input_position!r} is not JSON: {e}", param_hint="--input-position") from e
+    elif spark_runner:
+        from localstate.contrib.spark.streaming import rescaled_position
+
+        position = rescaled_position
+    config = _load_config(config_path, overrides)
+    spark = None
+    if use_spark:
+        from localstate.contrib.spark.runner import spark_session
+
+        spark = spark_session(master, app_name=f"localstate-rescale-{config.job_name}")
+    try:
+        result = rescale(config, to, input_position=position, spark=spark)
+        if not keep_config:
+            update_config_file(config_path, to)
+    except LocalStateError as e:
+        raise click.ClickException(str(e)) from e
+    if result.already_done:
+        click.echo(f"{config.job_name}: already at {to} partitions; job.partitions updated")
+        return
+    click.echo(f"{config.job_name}: rescaled from {result.from_partitions} to {result.to_partitions} partitions at "
+               f"version {result.version} in {result.seconds:.2f}s; records per store: {result.records}")
+    if keep_config:
+        click.echo(f"set job.partitions = {to} in {config_path} before the job runs again")
