@@ -92,7 +92,7 @@ def _restore(values: dict[str, Any], root: Path, n: int) -> tuple[float, dict[st
     return dt, requests
 
 
-def run(quick: bool = False, repeats: int = 3) -> list[dict[str, Any]]:
+def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     """Commit latency, requests per commit and restore rate: file changelog, objectstore on
     file:// and on moto S3, 500 records per commit (60 commits; 20 when ``quick``)."""
     commits = 20 if quick else 60

@@ -36,11 +36,19 @@ rebuild from the changelog).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
-from localstate import Checkpoint, Config, ConfigError, LocalStateError, TaskStorage
-from localstate.layout import task_lock
+from localstate import (
+    Checkpoint,
+    Config,
+    ConfigError,
+    LocalStateError,
+    StoreLockedError,
+    TaskStorage,
+)
+from localstate.layout import LOCK_RETRY_S, task_lock
 from localstate.storage import open_system
 
 __all__ = [
@@ -162,14 +170,28 @@ def open_version(config: Config, partition: int, version: int | None, lock_wait_
     it is closed, rolled back and opened again.
     """
     if version is None:
-        return TaskStorage(config, partition, lock_wait_s=lock_wait_s)
+        return _open_task(config, partition, lock_wait_s)
     while True:
         prepare_version(config, partition, version, lock_wait_s)
-        storage = TaskStorage(config, partition, lock_wait_s=lock_wait_s)
+        storage = _open_task(config, partition, lock_wait_s)
         current = storage.checkpoint
         if current is None or current.version < version:
             return storage
         storage.close()
+
+
+def _open_task(config: Config, partition: int, lock_wait_s: float) -> TaskStorage:
+    """``TaskStorage(config, partition)``, retrying for up to ``lock_wait_s`` while another
+    attempt of the task holds one of its locks: the state-dir task lock, or — an attempt
+    on another executor, with its own state dir — a changelog partition's."""
+    deadline = time.monotonic() + lock_wait_s
+    while True:
+        try:
+            return TaskStorage(config, partition, lock_wait_s=max(0.0, deadline - time.monotonic()))
+        except StoreLockedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(LOCK_RETRY_S)
 
 
 def commit_version(storage: TaskStorage, version: int | None, rows: int) -> None:
