@@ -283,13 +283,8 @@ class KeyValueStoreConformance:
                 k = rng.choice(keys)
                 assert store.get(k) == model.get(k), f"step {step}: get({k!r})"
             else:
-                a, b = sorted(rng.sample(keys, 2))
-                expect = sorted((x, y) for x, y in model.items() if a <= x < b)
-                assert _items(store.range(a, b)) == expect, f"step {step}: range({a!r}, {b!r})"
-        assert _items(store.all()) == sorted(model.items())
-        changelog_state = getattr(store, "changelog_state", None)
-        if changelog_state is not None:
-            assert changelog_state() == model
+                _check_range(store, model, rng, keys, step)
+        _check_final(store, model)
 
     # -- scans -----------------------------------------------------------------------
     def test_range_is_half_open_and_ordered(self, store: KeyValueStore) -> None:
@@ -420,10 +415,21 @@ class KeyValueStoreConformance:
             elif r < 0.9:
                 assert store.get(k) == model.get(k), f"step {step}: get({k!r})"
             else:
-                a, b = sorted(rng.sample(keys, 2))
-                expect = sorted((x, y) for x, y in model.items() if a <= x < b)
-                assert _items(store.range(a, b)) == expect, f"step {step}: range({a!r}, {b!r})"
-        assert _items(store.all()) == sorted(model.items())
-        changelog_state = getattr(store, "changelog_state", None)
-        if changelog_state is not None:
-            assert changelog_state() == model
+                _check_range(store, model, rng, keys, step)
+        _check_final(store, model)
+
+
+def _check_range(store: Any, model: dict[bytes, bytes], rng: Any, keys: list[bytes], step: int) -> None:
+    """A random ``range(a, b)`` of ``store`` equals the model's pairs in ``[a, b)``."""
+    a, b = sorted(rng.sample(keys, 2))
+    expect = sorted((x, y) for x, y in model.items() if a <= x < b)
+    assert _items(store.range(a, b)) == expect, f"step {step}: range({a!r}, {b!r})"
+
+
+def _check_final(store: Any, model: dict[bytes, bytes]) -> None:
+    """After a random run: every pair equals the model, and so does the changelog where
+    the test store exposes it (``changelog_state()``)."""
+    assert _items(store.all()) == sorted(model.items())
+    changelog_state = getattr(store, "changelog_state", None)
+    if changelog_state is not None:
+        assert changelog_state() == model
