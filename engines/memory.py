@@ -29,6 +29,13 @@ __all__ = ["MemoryEngine", "MemoryEngineFactory"]
 _CHUNK = 1024
 
 
+def _compact(value: bytes) -> bytes:
+    """``value`` in an allocation of its own size. orjson (3.13) returns small results
+    inside a larger buffer: 300,000 json values of ~10 bytes held 1.19 GB, their copies
+    29 MB. This engine keeps every value for the task's life, so it copies (~0.1 µs)."""
+    return bytes(memoryview(value))
+
+
 class MemoryEngine(KeyValueEngine):
     """A ``SortedDict[bytes, bytes]``. Iterators are weakly consistent: they never fail
     when the map changes underneath; keys are fetched in chunks after the last one seen."""
@@ -61,7 +68,7 @@ class MemoryEngine(KeyValueEngine):
             if value is None:
                 reject_none(self.name, key, value)
             require_bytes(self.name, "value", value)
-        d[key] = value
+        d[key] = _compact(value)
 
     def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
         d = self._d()
@@ -72,6 +79,7 @@ class MemoryEngine(KeyValueEngine):
             raise
         if not (set(map(type, batch)) <= {bytes} and set(map(type, batch.values())) <= {bytes}):
             require_bytes_pairs(self.name, batch.items())  # raises, naming the first bad key or value
+        batch = dict(zip(batch, map(_compact, batch.values())))
         new_keys = list(filterfalse(d.__contains__, batch))
         if new_keys:
             d.update({k: batch[k] for k in new_keys})
