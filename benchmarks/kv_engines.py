@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 from localstate import Config, TaskStorage
 from localstate.checkpoint import Checkpoint
+from localstate.engine import StoreContext
 from localstate.storage import open_system
 
 from .core_figures import json_values
@@ -260,8 +261,8 @@ def _get_rows(n: int, repeats: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     try:
         ours = {
-            "rocksdb": lambda: RocksDBEngine(root / "rocksdb", "bench"),
-            "leveldb": lambda: LevelDBEngine(root / "leveldb", "bench"),
+            "rocksdb": lambda: RocksDBEngine(StoreContext.local(root / "rocksdb", "bench")),
+            "leveldb": lambda: LevelDBEngine(StoreContext.local(root / "leveldb", "bench")),
         }
         raws = {
             "rocksdict": lambda: rocksdict.Rdict(str(root / "rocksdict"), RocksDBOptions().to_native()),

@@ -112,7 +112,7 @@ CACHE = 10_000
 
 def _stack(metered: bool) -> Any:
     return build_store(
-        MemoryEngine("bench"), name="bench", key_serde=get_serde("string"), msg_serde=get_serde("json"),
+        MemoryEngine(), name="bench", key_serde=get_serde("string"), msg_serde=get_serde("json"),
         cache_size=CACHE, batch_size=1_000, metrics=StoreMetrics(), metered=metered,
     )
 

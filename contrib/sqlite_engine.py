@@ -80,9 +80,10 @@ def _translate(e: sqlite3.Error, path: Path, store: str) -> Exception:
 class SQLiteEngine(KeyValueEngine):
     """``KeyValueStore[bytes, bytes]`` over one SQLite file."""
 
-    def __init__(self, path: Path, name: str = "sqlite", options: SQLiteOptions | None = None) -> None:
-        self.name = name
-        self.path = Path(path)
+    def __init__(self, context: StoreContext, options: SQLiteOptions | None = None) -> None:
+        """One SQLite file, ``store.sqlite`` in ``context.directory``."""
+        self.name = context.store
+        self.path = Path(context.directory) / "store.sqlite"
         self.options = options or SQLiteOptions()
         self._db: sqlite3.Connection | None = None
         self._open()
@@ -236,4 +237,4 @@ class SQLiteEngineFactory(StorageEngineFactory):
     """Its change records are ``key -> value``: ``localstate rescale`` may split them by key."""
 
     def create(self, spec: StoreSpec, context: StoreContext) -> SQLiteEngine:
-        return SQLiteEngine(context.directory / "store.sqlite", spec.name, spec.options)
+        return SQLiteEngine(context, spec.options)

@@ -174,7 +174,9 @@ def _bytes_serde() -> Serde:
 
 @dataclass
 class StoreContext:
-    """Where and for whom an engine is built."""
+    """Where and for whom an engine is built: every built-in engine is constructed as
+    ``Engine(context, options)``. :meth:`local` makes one for an engine used on its own
+    (tests, benchmarks, a plug-in's conformance suite)."""
 
     job: str
     store: str
@@ -187,6 +189,31 @@ class StoreContext:
     """The store's key serde (``bytes`` unless configured): non-KV engines encode keys with it."""
     msg_serde: Serde = field(default_factory=lambda: _bytes_serde())
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("localstate"))
+    logged: bool | None = None
+    """Whether the store has a changelog to rebuild from (None: the change logger says)."""
+
+    @property
+    def rebuildable(self) -> bool:
+        """The store has a changelog, so a damaged or stale local copy may be set aside
+        and rebuilt from it (a store without one must keep its local copy durable)."""
+        return self.change_logger.enabled if self.logged is None else self.logged
+
+    @classmethod
+    def local(cls, directory: Path | str, store: str = "store", *, logged: bool = False,
+              key_serde: str = "bytes", msg_serde: str = "bytes") -> StoreContext:
+        """A context for an engine used on its own: files under ``directory`` (created),
+        no change logger; ``logged=True`` builds the engine as it would be for a store
+        with a changelog (RocksDB then writes without a WAL)."""
+        from .changelogger import NullChangeLogger
+        from .metrics import StoreMetrics
+        from .serdes import get_serde
+
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        metrics = StoreMetrics()
+        return cls(job="local", store=store, partition=0, partitions=1, directory=path,
+                   change_logger=NullChangeLogger(store, metrics), metrics=metrics,
+                   key_serde=get_serde(key_serde), msg_serde=get_serde(msg_serde), logged=logged)
 
 
 class StorageEngineFactory(ABC):

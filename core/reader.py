@@ -202,7 +202,7 @@ class StateReader:
 
         factory = resolve_factory(spec.factory, store=spec.name)
         if self.in_memory and _creates_kv(factory):
-            return MemoryEngine(spec.name)
+            return MemoryEngine()
         if self._scratch is None:
             self._scratch = Path(tempfile.mkdtemp(prefix=f"localstate-reader-{self.job}-"))
         directory = self._scratch / spec.name
@@ -217,7 +217,7 @@ class StateReader:
         if self.in_memory and isinstance(engine, KeyValueStore):  # a plug-in that did not declare its type
             engine.close()
             shutil.rmtree(directory, ignore_errors=True)
-            return MemoryEngine(spec.name)
+            return MemoryEngine()
         return engine
 
     def _load(self, spec: StoreSpec) -> Any:

@@ -28,7 +28,7 @@ from operator import is_
 from pathlib import Path
 from typing import Any, ClassVar
 
-from localstate.engine import KeyValueEngine
+from localstate.engine import KeyValueEngine, StoreContext
 from localstate.errors import CorruptionError, EngineError, LocalStateError, StoreClosedError
 from localstate.kv import KeyValueIterator
 from localstate.locking import FileLock, io_error, remove_tree
@@ -141,11 +141,11 @@ class NativeKVEngine(KeyValueEngine):
     write_batch_records: ClassVar[int] = 100_000
     """Records per write batch of a restore."""
 
-    def __init__(self, directory: Path, name: str, options: Any, *, rebuildable: bool) -> None:
-        self.name = name
-        self.directory = Path(directory)
+    def __init__(self, context: StoreContext, options: Any) -> None:
+        self.name = name = context.store
+        self.directory = Path(context.directory)
         self.options = options
-        self.rebuildable = rebuildable
+        self.rebuildable = rebuildable = context.rebuildable
         self.live_dir = self.directory / "db"
         self._iterators = IteratorRegistry()
         self._db: Any = None

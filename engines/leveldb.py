@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import compress, repeat
 from operator import is_not
-from pathlib import Path
 from typing import Any
 
 import plyvel
@@ -129,19 +128,12 @@ class LevelDBEngine(NativeKVEngine):
 
     kind = "leveldb"
 
-    def __init__(
-        self,
-        directory: Path,
-        name: str = "leveldb",
-        options: LevelDBOptions | None = None,
-        *,
-        rebuildable: bool = False,
-    ) -> None:
-        """``rebuildable``: the store has a changelog, so a local copy that LevelDB finds
-        damaged on open is set aside and rebuilt instead of being an error."""
+    def __init__(self, context: StoreContext, options: LevelDBOptions | None = None) -> None:
+        """A store with a changelog (``context.rebuildable``): a local copy that LevelDB
+        finds damaged on open is set aside and rebuilt instead of being an error."""
         self._raw: plyvel.DB | None = None
         self._offset_on_disk = False
-        super().__init__(directory, name, options or LevelDBOptions(), rebuildable=rebuildable)
+        super().__init__(context, options or LevelDBOptions())
 
     # -- plumbing -------------------------------------------------------------------------
     def _translate(self, e: BaseException, action: str) -> LocalStateError:
@@ -356,5 +348,4 @@ class LevelDBEngineFactory(StorageEngineFactory):
     description = "LevelDB (plyvel): persistent, changelog offset stored in the database for incremental restore"
 
     def create(self, spec: StoreSpec, context: StoreContext) -> LevelDBEngine:
-        return LevelDBEngine(context.directory, spec.name, spec.options or LevelDBOptions(),
-                             rebuildable=spec.changelog is not None)
+        return LevelDBEngine(context, spec.options)

@@ -40,8 +40,15 @@ class MemoryEngine(KeyValueEngine):
     """A ``SortedDict[bytes, bytes]``. Iterators are weakly consistent: they never fail
     when the map changes underneath; keys are fetched in chunks after the last one seen."""
 
-    def __init__(self, name: str = "memory") -> None:
-        self.name = name
+    def __init__(self, context: StoreContext | str | None = None, options: None = None) -> None:
+        """Nothing of the context is needed but the store's name (a memory engine keeps no
+        files); ``MemoryEngine()`` is an anonymous one. A plain name (``MemoryEngine("s")``,
+        the form before every engine took a context) is still accepted: plug-ins subclass
+        this engine."""
+        if isinstance(context, str):
+            self.name = context
+        else:
+            self.name = context.store if context is not None else "memory"
         self._data: SortedDict | None = SortedDict()
 
     def _d(self) -> SortedDict:
@@ -168,4 +175,4 @@ class MemoryEngineFactory(StorageEngineFactory):
     description = "sorted in-memory map (sortedcontainers); rebuilt from the changelog on open"
 
     def create(self, spec: StoreSpec, context: StoreContext) -> MemoryEngine:
-        return MemoryEngine(spec.name)
+        return MemoryEngine(context)

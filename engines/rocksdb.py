@@ -183,24 +183,17 @@ class RocksDBEngine(NativeKVEngine):
 
     kind = "rocksdb"
 
-    def __init__(
-        self,
-        directory: Path,
-        name: str = "rocksdb",
-        options: RocksDBOptions | None = None,
-        *,
-        rebuildable: bool = False,
-    ) -> None:
-        """``rebuildable``: the store has a changelog, so it writes without a WAL (its
-        durable local copy is the snapshot taken at commit) and a live database that
+    def __init__(self, context: StoreContext, options: RocksDBOptions | None = None) -> None:
+        """A store with a changelog (``context.rebuildable``) writes without a WAL (its
+        durable local copy is the snapshot taken at commit), and a live database that
         does not open is set aside and rebuilt."""
         options = options or RocksDBOptions()
-        self.use_wal = not rebuildable
-        self.snapshot_dir = Path(directory) / "snapshots"
+        self.use_wal = not context.rebuildable
+        self.snapshot_dir = Path(context.directory) / "snapshots"
         self._native = options.to_native()
         self._write_opts = rocksdict.WriteOptions()
         self._write_opts.disable_wal = not self.use_wal
-        super().__init__(directory, name, options, rebuildable=rebuildable)
+        super().__init__(context, options)
 
     def _damaged(self, e: LocalStateError) -> bool:
         # a kill while a directory was being deleted can leave CURRENT naming a lost MANIFEST
@@ -584,9 +577,4 @@ class RocksDBEngineFactory(StorageEngineFactory):
     description = "RocksDB (rocksdict): persistent, bulk restore (write batches or SST ingestion), hard-link snapshots for incremental restore"
 
     def create(self, spec: StoreSpec, context: StoreContext) -> RocksDBEngine:
-        return RocksDBEngine(
-            context.directory,
-            spec.name,
-            spec.options or RocksDBOptions(),
-            rebuildable=spec.changelog is not None,
-        )
+        return RocksDBEngine(context, spec.options)

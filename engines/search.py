@@ -89,7 +89,7 @@ from localstate.errors import (
 )
 from localstate.faults import fault_point
 from localstate.locking import io_error
-from localstate.serdes import Serde, get_serde
+from localstate.serdes import Serde
 
 from .search_schema import (
     DOC_FIELD,
@@ -154,15 +154,12 @@ class SearchEngine(StorageEngine):
     plus one stored-document fetch per hit.
     """
 
-    def __init__(
-        self,
-        directory: Path,
-        name: str = "search",
-        options: SearchOptions | None = None,
-        *,
-        change_logger: Any = None,
-        key_serde: Serde | None = None,
-    ) -> None:
+    def __init__(self, context: StoreContext, options: SearchOptions | None = None) -> None:
+        """The index lives in ``context.directory``; documents are logged through
+        ``context.change_logger`` and their ids encoded with ``context.key_serde``."""
+        directory, name = context.directory, context.store
+        change_logger: Any = context.change_logger
+        key_serde: Serde = context.key_serde
         self.name = name
         self.directory = Path(directory)
         self.options = options = options or SearchOptions(fields="text:text:stored")
@@ -176,7 +173,7 @@ class SearchEngine(StorageEngine):
         self._floats = [f.name for f in self._fields if f.type == "float"]
         self._schema_names = frozenset(f.name for f in self._fields)
         self._encode_doc, self._decode_doc = _codec(options.document_format)
-        self._key_serde = key_serde or get_serde("bytes")
+        self._key_serde = key_serde
         self._logger = change_logger
         self._log = change_logger.log if change_logger is not None else None
         self._log_all = change_logger.log_all if change_logger is not None else None
@@ -841,10 +838,4 @@ class SearchEngineFactory(StorageEngineFactory):
                 f"store {spec.name!r}: set stores.{spec.name}.search.fields, e.g. "
                 "'name:text:stored, bio:text, city:string:stored'"
             )
-        return SearchEngine(
-            context.directory,
-            spec.name,
-            options,
-            change_logger=context.change_logger,
-            key_serde=context.key_serde,
-        )
+        return SearchEngine(context, options)

@@ -56,7 +56,7 @@ class RecordingPartition:
 
 
 def _stack(cache_size: int = 8, batch_size: int = 4) -> tuple[Any, MemoryEngine, RecordingPartition, StoreMetrics]:
-    engine = MemoryEngine("bulk")
+    engine = MemoryEngine()
     partition = RecordingPartition()
     metrics = StoreMetrics()
     logger = ChangeLogger("bulk", partition, batch_size, metrics)  # type: ignore[arg-type]

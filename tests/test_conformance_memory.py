@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from localstate.engine import StoreContext
 from localstate.engines.memory import MemoryEngine
 from localstate.testing import LAYER_COMBOS, KeyValueStoreConformance, layer_stack
 
@@ -10,5 +11,5 @@ from localstate.testing import LAYER_COMBOS, KeyValueStoreConformance, layer_sta
 class TestMemoryConformance(KeyValueStoreConformance):
     @pytest.fixture(params=LAYER_COMBOS)
     def store(self, request, tmp_path):
-        with layer_stack(MemoryEngine("mem"), request.param, tmp_path) as s:
+        with layer_stack(MemoryEngine(StoreContext.local(tmp_path / "mem", "mem")), request.param, tmp_path) as s:
             yield s

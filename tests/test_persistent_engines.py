@@ -18,6 +18,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 from localstate import Config, TaskStorage, faults
+from localstate.engine import StoreContext
 from localstate.engines.leveldb import LevelDBEngine, LevelDBOptions
 from localstate.engines.rocksdb import RocksDBEngine, RocksDBOptions
 from localstate.errors import (
@@ -40,7 +41,7 @@ ENGINES = {"rocksdb": RocksDBEngine, "leveldb": LevelDBEngine}
 class TestRocksDBConformance(KeyValueStoreConformance):
     @pytest.fixture(params=LAYER_COMBOS)
     def store(self, request, tmp_path):
-        with layer_stack(RocksDBEngine(tmp_path / "rocks", "rocks"), request.param, tmp_path) as s:
+        with layer_stack(RocksDBEngine(StoreContext.local(tmp_path / "rocks", "rocks")), request.param, tmp_path) as s:
             yield s
 
 
@@ -49,14 +50,14 @@ class TestRocksDBNoWalConformance(KeyValueStoreConformance):
 
     @pytest.fixture
     def store(self, tmp_path):
-        with layer_stack(RocksDBEngine(tmp_path / "rocks", "rocks", rebuildable=True), "logged+cached+serialized", tmp_path) as s:
+        with layer_stack(RocksDBEngine(StoreContext.local(tmp_path / "rocks", "rocks", logged=True)), "logged+cached+serialized", tmp_path) as s:
             yield s
 
 
 class TestLevelDBConformance(KeyValueStoreConformance):
     @pytest.fixture(params=LAYER_COMBOS)
     def store(self, request, tmp_path):
-        with layer_stack(LevelDBEngine(tmp_path / "level", "level"), request.param, tmp_path) as s:
+        with layer_stack(LevelDBEngine(StoreContext.local(tmp_path / "level", "level")), request.param, tmp_path) as s:
             yield s
 
 
@@ -104,11 +105,11 @@ def test_bulk_restore_dedupes_and_drops_tombstones_across_chunks(tmp_path, monke
         else:
             model[k] = v
     if mode is None:
-        engine = ENGINES[factory](tmp_path / "db", "bulk")
+        engine = ENGINES[factory](StoreContext.local(tmp_path / "db", "bulk"))
     else:
         from localstate.engines.rocksdb import RocksDBOptions
 
-        engine = ENGINES[factory](tmp_path / "db", "bulk", RocksDBOptions(restore_mode=mode))
+        engine = ENGINES[factory](StoreContext.local(tmp_path / "db", "bulk"), RocksDBOptions(restore_mode=mode))
     try:
         engine.restore(iter(records), into_empty=True)
         with engine.all() as it:
@@ -122,7 +123,7 @@ def test_bulk_restore_dedupes_and_drops_tombstones_across_chunks(tmp_path, monke
 
 @engines
 def test_current_reports_each_key_or_a_tombstone(tmp_path, factory):
-    engine = ENGINES[factory](tmp_path / "db", "cur")
+    engine = ENGINES[factory](StoreContext.local(tmp_path / "db", "cur"))
     try:
         engine.put_all([(b"a", b"1"), (b"b", b"")])
         assert list(engine.current([b"b", b"zz", b"a"])) == [(b"b", b""), (b"zz", None), (b"a", b"1")]
@@ -133,7 +134,7 @@ def test_current_reports_each_key_or_a_tombstone(tmp_path, factory):
 
 @engines
 def test_iterator_left_open_then_close_releases_the_database(tmp_path, factory):
-    engine = ENGINES[factory](tmp_path / "db", "it")
+    engine = ENGINES[factory](StoreContext.local(tmp_path / "db", "it"))
     engine.put_all([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")])
     left_open = engine.all()
     assert next(left_open) == (b"a", b"1")
@@ -144,7 +145,7 @@ def test_iterator_left_open_then_close_releases_the_database(tmp_path, factory):
         next(left_open)
     with pytest.raises(StoreClosedError):
         next(also_open)
-    reopened = ENGINES[factory](tmp_path / "db", "it")  # the native lock was released
+    reopened = ENGINES[factory](StoreContext.local(tmp_path / "db", "it"))  # the native lock was released
     try:
         with reopened.all() as it:
             assert [k for k, _ in it] == [b"a", b"b", b"c"]
@@ -156,7 +157,7 @@ def test_iterator_left_open_then_close_releases_the_database(tmp_path, factory):
 def test_abandoned_iterator_is_released_without_the_cyclic_gc(tmp_path, factory):
     import gc
 
-    engine = ENGINES[factory](tmp_path / "db", "it")
+    engine = ENGINES[factory](StoreContext.local(tmp_path / "db", "it"))
     gc.disable()
     try:
         engine.put(b"a", b"1")
@@ -184,7 +185,7 @@ def test_iterator_left_open_in_a_task_then_close_and_reopen(tmp_path, factory):
 
 
 def test_rocksdb_snapshots_keep_last_two_and_skip_same_offset(tmp_path):
-    engine = RocksDBEngine(tmp_path / "db", "snap", rebuildable=True)
+    engine = RocksDBEngine(StoreContext.local(tmp_path / "db", "snap", logged=True))
     try:
         for offset in (5, 9, 9, 14):
             engine.put(b"k%d" % offset, b"v")
@@ -221,7 +222,7 @@ def test_rocksdb_damaged_snapshot_falls_back_to_an_older_one(tmp_path, damage):
 
 
 def test_leveldb_offset_is_invalidated_by_the_next_write(tmp_path):
-    engine = LevelDBEngine(tmp_path / "db", "lvl")
+    engine = LevelDBEngine(StoreContext.local(tmp_path / "db", "lvl"))
     try:
         engine.put(b"a", b"1")
         assert engine.persisted_offset() is None
@@ -234,7 +235,7 @@ def test_leveldb_offset_is_invalidated_by_the_next_write(tmp_path):
         engine.checkpoint(2)
     finally:
         engine.close()
-    engine = LevelDBEngine(tmp_path / "db", "lvl")
+    engine = LevelDBEngine(StoreContext.local(tmp_path / "db", "lvl"))
     try:
         assert engine.prepare_restore(3, 0) == 2
         assert engine.prepare_restore(1, 0) == 0  # persisted past the commit: dirty, wiped
@@ -388,8 +389,9 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
+    from localstate.engine import StoreContext
     from localstate.engines.{module} import {cls}
-    engine = {cls}(Path(sys.argv[1]), "held")
+    engine = {cls}(StoreContext.local(Path(sys.argv[1]), "held"))
     print("ready", flush=True)
     time.sleep(60)
     """
@@ -404,11 +406,11 @@ def test_directory_held_by_another_process(tmp_path, factory):
     try:
         assert proc.stdout.readline().strip() == "ready"
         with pytest.raises(StoreLockedError, match=f"locked by pid {proc.pid}"):
-            cls(tmp_path / "db", "second")
+            cls(StoreContext.local(tmp_path / "db", "second"))
     finally:
         proc.kill()
         proc.wait()
-    cls(tmp_path / "db", "second").close()  # free again once the holder is gone
+    cls(StoreContext.local(tmp_path / "db", "second")).close()  # free again once the holder is gone
 
 
 def test_rocksdb_database_with_incompatible_options(tmp_path):
@@ -420,10 +422,10 @@ def test_rocksdb_database_with_incompatible_options(tmp_path):
     )
     subprocess.run([sys.executable, "-c", foreign, str(tmp_path / "store" / "db")], check=True)
     with pytest.raises(EngineError, match="incompatible options.*raw"):
-        RocksDBEngine(tmp_path / "store", "kv")
-    RocksDBEngine(tmp_path / "other", "kv").close()  # and the lock was released on failure
+        RocksDBEngine(StoreContext.local(tmp_path / "store", "kv"))
+    RocksDBEngine(StoreContext.local(tmp_path / "other", "kv")).close()  # and the lock was released on failure
     with pytest.raises(EngineError, match="incompatible"):
-        RocksDBEngine(tmp_path / "store", "kv")
+        RocksDBEngine(StoreContext.local(tmp_path / "store", "kv"))
 
 
 def test_leveldb_database_with_incompatible_options(tmp_path):
@@ -436,7 +438,7 @@ def test_leveldb_database_with_incompatible_options(tmp_path):
     )
     foreign.close()
     with pytest.raises(EngineError, match="incompatible options"):
-        LevelDBEngine(tmp_path / "store", "kv")
+        LevelDBEngine(StoreContext.local(tmp_path / "store", "kv"))
 
 
 def _corrupt_tables(directory: Path, suffixes: tuple[str, ...]) -> int:
@@ -491,7 +493,7 @@ def test_localstate_restore_rebuilds_a_corrupt_store(tmp_path, factory):
 
 @engines
 def test_non_bytes_reaching_the_engine_names_the_serde(tmp_path, factory):
-    engine = ENGINES[factory](tmp_path / "db", "raw")
+    engine = ENGINES[factory](StoreContext.local(tmp_path / "db", "raw"))
     try:
         for op in (
             lambda: engine.put("text", b"v"),
@@ -552,6 +554,6 @@ def test_options_reach_the_native_libraries(tmp_path):
     assert "compression=kZSTD" in text and "write_buffer_size=1048576" in text
     lvl = LevelDBOptions(compression="none", bloom_bits_per_key=0).to_options()
     assert lvl["compression"] is None and lvl["bloom_filter_bits"] == 0
-    engine = LevelDBEngine(tmp_path / "lvl", "lvl", LevelDBOptions(compression="none", block_size_bytes=1024))
+    engine = LevelDBEngine(StoreContext.local(tmp_path / "lvl", "lvl"), LevelDBOptions(compression="none", block_size_bytes=1024))
     engine.put(b"k", b"v")
     engine.close()

@@ -44,7 +44,7 @@ from localstate import StorageEngineFactory
 class Factory(StorageEngineFactory):
     description = "a plug-in from an entry point"
     def create(self, spec, context):
-        return MemoryEngine(spec.name)
+        return MemoryEngine(context)
 """
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,9 +20,8 @@ from localstate import (
     SerializationError,
     StoreLockedError,
     TaskStorage,
-    get_serde,
 )
-from localstate.changelogger import NullChangeLogger
+from localstate.engine import StoreContext
 from localstate.engines.search import (
     InvalidQueryError,
     SearchEngine,
@@ -55,7 +55,7 @@ def _store_dir(tmp_path: Path) -> Path:
 
 def _engine(path: Path, fields: str = FIELDS, **opts: object) -> SearchEngine:
     options = SearchOptions(fields=fields, **opts)  # type: ignore[arg-type]
-    return SearchEngine(path, "profiles", options, key_serde=get_serde("string"))
+    return SearchEngine(StoreContext.local(path, "profiles", key_serde="string"), options)
 
 
 PEOPLE = {
@@ -370,7 +370,7 @@ def test_restore_into_a_non_empty_index_and_current(tmp_path):
 
 
 def test_engine_without_changelog_logger_still_works(tmp_path):
-    e = SearchEngine(tmp_path, "s", SearchOptions(fields="t:text"), change_logger=NullChangeLogger("s"))
+    e = SearchEngine(StoreContext.local(tmp_path, "s"), SearchOptions(fields="t:text"))
     with e:
         e.index(b"k", {"t": "hello"})
         assert e.search("hello")[0][0] == b"k"
@@ -539,7 +539,9 @@ def test_a_rebuild_never_wipes_an_index_another_writer_holds(tmp_path):
             live.flush()
             other = SearchOptions(fields="title:text")  # a schema change would wipe and rebuild
             with pytest.raises(StoreLockedError, match="was not wiped"):
-                SearchEngine(tmp_path / "store", "profiles", other, change_logger=ChangeLogger("profiles", partition, 10))
+                logged = dataclasses.replace(StoreContext.local(tmp_path / "store", "profiles"),
+                                             change_logger=ChangeLogger("profiles", partition, 10), logged=None)
+                SearchEngine(logged, other)
             assert live.documents() == PEOPLE
     finally:
         partition.close()

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 from localstate import Config, CorruptionError, TaskStorage
 from localstate.contrib.sqlite_engine import SQLiteEngine
+from localstate.engine import StoreContext
 from localstate.testing import LAYER_COMBOS, KeyValueStoreConformance, layer_stack
 
 FACTORY = "localstate.contrib.sqlite_engine:SQLiteEngineFactory"
@@ -19,7 +20,7 @@ FACTORY = "localstate.contrib.sqlite_engine:SQLiteEngineFactory"
 class TestSQLiteConformance(KeyValueStoreConformance):
     @pytest.fixture(params=LAYER_COMBOS)
     def store(self, request, tmp_path):
-        with layer_stack(SQLiteEngine(tmp_path / "db.sqlite", "sq"), request.param, tmp_path) as s:
+        with layer_stack(SQLiteEngine(StoreContext.local(tmp_path / "db", "sq")), request.param, tmp_path) as s:
             yield s
 
 

@@ -8,7 +8,7 @@ Usage in a plug-in's tests::
     class TestMyEngine(KeyValueStoreConformance):
         @pytest.fixture(params=LAYER_COMBOS)
         def store(self, request, tmp_path):
-            engine = MyEngine(tmp_path / "db")
+            engine = MyEngine(StoreContext.local(tmp_path / "db"))  # Engine(context, options)
             with layer_stack(engine, request.param, tmp_path) as s:
                 yield s
 
