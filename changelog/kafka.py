@@ -401,7 +401,6 @@ class KafkaChangelogSystem(ChangelogSystem):
         super().__init__(name, options, job)
         self.settings: KafkaSettings = self.parse_settings(name, options)
         self.client = KafkaClient(self.settings, where=f"systems.{name}", group_id=f"localstate-restore-{job}")
-        self.timeout_s = self.settings.timeout_s
         self._writers: dict[tuple[str, int], _TaskWriter] = {}
         self._open: set[tuple[str, int]] = set()
         self._checkpoints = KafkaCheckpointStore(self)

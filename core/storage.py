@@ -215,7 +215,6 @@ class TaskStorage:
         *,
         restore_listener: RestoreListener | None = None,
         recovery: Recovery | None = None,
-        lock_wait_s: float = 0.0,
         discard_local: bool = False,
     ) -> None:
         if not isinstance(config, Config):
@@ -241,7 +240,7 @@ class TaskStorage:
         self.last_restore: dict[str, RestoreProgress] = {}
         """Per store: how the restore at open went (records, bytes, seconds)."""
         self.task_metrics = TaskMetrics()
-        self._lock = task_lock(config, partition, lock_wait_s)
+        self._lock = task_lock(config, partition)
         if discard_local:
             self._discard_local_copies()
         self._recovery = recovery

@@ -187,7 +187,7 @@ def _open_task(config: Config, partition: int, lock_wait_s: float) -> TaskStorag
     deadline = time.monotonic() + lock_wait_s
     while True:
         try:
-            return TaskStorage(config, partition, lock_wait_s=max(0.0, deadline - time.monotonic()))
+            return TaskStorage(config, partition)
         except StoreLockedError:
             if time.monotonic() >= deadline:
                 raise
