@@ -8,18 +8,35 @@ survivors.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from localstate.checkpoint import Checkpoint
-from localstate.errors import CorruptionError
+from localstate.errors import ChangelogError, CorruptionError
 from localstate.records import ChangeRecord
 
-__all__ = ["ChangelogPartition", "ChangelogSystem", "CheckpointStore", "CurrentFn"]
+__all__ = ["ChangelogPartition", "ChangelogSystem", "CheckpointStore", "CurrentFn", "check_stream_partitions"]
 
 CurrentFn = Callable[[Iterable[bytes]], Iterable[ChangeRecord]]
 """``engine.current``: the committed change record for each change-record key."""
+
+
+def check_stream_partitions(stream: str, where: str, data: bytes, partitions: int, fix: str) -> None:
+    """Check a stream's recorded partition count (``stream.json`` at ``where``) against
+    ``job.partitions``: a corrupt record is a :class:`CorruptionError`, another count a
+    :class:`ChangelogError` ending with ``fix``; nothing is changed either way."""
+    try:
+        have = int(json.loads(data)["partitions"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptionError(f"{where} is corrupt ({e}); nothing was changed") from e
+    if have != partitions:
+        raise ChangelogError(
+            f"changelog stream {stream!r} at {where} has {have} partitions but the job has "
+            f"job.partitions = {partitions}; state is partitioned by task, so the counts must "
+            f"match. {fix.format(have=have)}"
+        )
 
 
 class ChangelogPartition(ABC):

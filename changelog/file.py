@@ -39,7 +39,7 @@ from localstate.faults import fault_point
 from localstate.locking import FileLock, atomic_write, fsync_dir, io_error
 from localstate.records import ChangeRecord
 
-from .base import ChangelogPartition, ChangelogSystem, CurrentFn
+from .base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
 from .file_checkpoints import FileCheckpointStore
 from .format import (
     FLAG_COMPACTED,
@@ -615,17 +615,11 @@ class FileChangelogSystem(ChangelogSystem):
                 raise io_error(e, "create changelog directory", sdir) from e
             meta = sdir / "stream.json"
             if meta.exists():
-                try:
-                    have = int(json.loads(meta.read_text())["partitions"])
-                except (ValueError, KeyError, TypeError) as e:
-                    raise CorruptionError(f"{meta} is corrupt ({e})") from e
-                if have != partitions:
-                    raise ChangelogError(
-                        f"changelog stream {stream!r} at {sdir} has {have} partitions but the job has "
-                        f"job.partitions = {partitions}; state is partitioned by task, so the counts must "
-                        f"match. Set job.partitions = {have} (`localstate rescale --to N` changes the count of a "
-                        "stopped job), or use a new changelog stream."
-                    )
+                check_stream_partitions(
+                    stream, str(meta), meta.read_bytes(), partitions,
+                    "Set job.partitions = {have} (`localstate rescale --to N` changes the count of a stopped "
+                    "job), or use a new changelog stream.",
+                )
             else:
                 try:
                     atomic_write(meta, json.dumps({"partitions": partitions}).encode())

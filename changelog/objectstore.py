@@ -91,7 +91,7 @@ from localstate.errors import (
 )
 from localstate.faults import fault_point
 
-from .base import ChangelogPartition, ChangelogSystem, CurrentFn
+from .base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
 from .format import HEADER_SIZE, BatchHeader, check_crc, decode_payload, encode_batch, walk
 from .objectstore_checkpoints import ObjectStoreCheckpointStore
 from .objectstore_client import EXISTS, MISSING, ObjectStoreClient, ObjectStoreSettings
@@ -598,16 +598,8 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
                 data = body
             except EXISTS:
                 data = self.store.get(key)  # another task of the job created it meanwhile
-        try:
-            have = int(json.loads(data)["partitions"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptionError(f"{self.store.where(key)} is corrupt ({e}); nothing was changed") from e
-        if have != partitions:
-            raise ChangelogError(
-                f"changelog stream {stream!r} at {self.store.where(stream)} has {have} partitions but the "
-                f"job has job.partitions = {partitions}; state is partitioned by task, so the counts must "
-                "match. Set job.partitions back, or use a new changelog stream."
-            )
+        check_stream_partitions(stream, self.store.where(key), data, partitions,
+                                "Set job.partitions back, or use a new changelog stream.")
         self._streams[stream] = partitions
 
     def open_partition(self, stream: str, partition: int, partitions: int, *,
