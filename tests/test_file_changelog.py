@@ -6,12 +6,23 @@ import logging
 import time
 
 import pytest
-from localstate.changelog.file import FileChangelogPartition
+from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
 from localstate.errors import ChangelogError, CorruptionError, StoreLockedError
+from localstate.testing.changelog_conformance import ChangelogSystemConformance, unique
+from localstate.testing.changelog_conformance import records as recs
 
 
-def recs(lo, hi, prefix=b"k"):
-    return [(prefix + b"%d" % i, b"v%d" % i) for i in range(lo, hi)]
+class TestFileChangelogConformance(ChangelogSystemConformance):
+    fenced_match = None  # the partition lock admits one writer; a second is refused at open
+
+    @pytest.fixture
+    def make_system(self, tmp_path):
+        job = unique("job")
+        return lambda: FileChangelogSystem("file", {"path": str(tmp_path / "log")}, job)
+
+    @pytest.fixture
+    def job_values(self, tmp_path):
+        return {"systems.file.path": str(tmp_path / "log")}
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The Kafka changelog against a real Kafka-protocol broker (tansu on 127.0.0.1, never a mock).
 
-* a changelog conformance set run over both ``file`` and ``kafka`` partitions;
-* every installed KV engine restored from Kafka equals the committed state;
+* the shipped changelog conformance suite (partition contract, every installed KV engine
+  restored from Kafka equals the committed state, zombie fencing);
 * SIGKILL between the changelog flush and the checkpoint → trim → full restore == last commit;
 * zombie fencing; broker killed / paused during a commit; wrong existing topics; config errors.
 
@@ -13,169 +13,52 @@ watermark, aborted records visible to read_committed consumers).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import random
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from localstate import Config, TaskStorage
-from localstate.changelog.base import ChangelogPartition
-from localstate.changelog.file import FileChangelogSystem
 from localstate.changelog.kafka import KafkaChangelogSystem
 from localstate.checkpoint import Checkpoint
-from localstate.errors import ChangelogError, ConfigError, CorruptionError, FencedError
-from localstate.registry import ENGINES
+from localstate.errors import ChangelogError, ConfigError, CorruptionError
 from localstate.testing import torture as T
+from localstate.testing.changelog_conformance import (
+    ChangelogSystemConformance,
+    apply_records,
+    dump,
+    records,
+    task_values,
+    unique,
+)
+from localstate.testing.changelog_conformance import on_another_machine as moved
 
 pytestmark = pytest.mark.kafka
 
 FAST = {"timeout.ms": 1500, "retries": 1, "retry.backoff.ms": 100}
 
 
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+class TestKafkaChangelogConformance(ChangelogSystemConformance):
+    fenced_match = "fenced by a newer instance"
+
+    @pytest.fixture
+    def make_system(self, kafka_broker) -> Callable[[], KafkaChangelogSystem]:
+        job = unique("job")
+        return lambda: KafkaChangelogSystem("kafka", {"bootstrap.servers": kafka_broker, **FAST}, job)
+
+    @pytest.fixture
+    def job_values(self, kafka_broker) -> dict[str, Any]:
+        return {"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": kafka_broker}
 
 
-def recs(lo: int, hi: int, prefix: bytes = b"k") -> list[tuple[bytes, bytes | None]]:
-    return [(prefix + b"%d" % i, b"v%d" % i) for i in range(lo, hi)]
-
-
-def apply(records: Any, into: dict | None = None) -> dict:
-    state = {} if into is None else into
-    for k, v in records:
-        if v is None:
-            state.pop(k, None)
-        else:
-            state[k] = v
-    return state
-
-
-# -- changelog conformance over file and kafka ------------------------------------------------
-@pytest.fixture(params=["file", "kafka"])
-def open_partition(request, tmp_path) -> Iterator[Callable[..., ChangelogPartition]]:
-    """``open_partition(partition=0, partitions=1)`` on one fresh stream of either backend;
-    each call is a new system instance (like a restarted task)."""
-    stream = unique("conf")
-    job = unique("job")
-    systems: list[Any] = []
-    if request.param == "kafka":
-        bootstrap = request.getfixturevalue("kafka_broker")
-
-        def make_system() -> Any:
-            return KafkaChangelogSystem("kafka", {"bootstrap.servers": bootstrap, **FAST}, job)
-    else:
-
-        def make_system() -> Any:
-            return FileChangelogSystem("file", {"path": str(tmp_path / "log")}, job)
-
-    opened: list[ChangelogPartition] = []
-
-    def open_(partition: int = 0, partitions: int = 1) -> ChangelogPartition:
-        system = make_system()
-        systems.append(system)
-        p = system.open_partition(stream, partition, partitions)
-        opened.append(p)
-        return p
-
-    yield open_
-    for p in opened:
-        p.close()
-    for s in systems:
-        s.close()
-
-
-def test_append_flush_read_ranges(open_partition):
-    p = open_partition()
-    assert p.end_offset() == 0
-    assert list(p.read(0, 10)) == []
-    p.append(recs(0, 10))
-    p.append(recs(10, 15))
-    e1 = p.flush()
-    assert e1 == p.end_offset() >= 15
-    assert list(p.read(0, e1)) == recs(0, 15)
-    assert list(p.read(3, 12)) == recs(3, 12)  # one flush: dense offsets
-    assert list(p.read(14, e1)) == recs(14, 15)
-    assert list(p.read(7, 7)) == []
-    p.append([(b"gone", None), (b"k1", b"again")])
-    e2 = p.flush()
-    assert e2 > e1
-    assert list(p.read(e1, e2)) == [(b"gone", None), (b"k1", b"again")]
-    assert list(p.read(0, e2)) == recs(0, 15) + [(b"gone", None), (b"k1", b"again")]
-
-
-def test_reopen_sees_every_flushed_record(open_partition):
-    p = open_partition()
-    p.append(recs(0, 2000))
-    e1 = p.flush()
-    p.append(recs(0, 500, b"x"))
-    e2 = p.flush()
-    p.close()
-    q = open_partition()
-    assert q.end_offset() >= e2
-    assert list(q.read(0, e2)) == recs(0, 2000) + recs(0, 500, b"x")
-    assert list(q.read(e1, q.end_offset())) == recs(0, 500, b"x")
-    batches = list(q.read_batches(0, e2))
-    assert sum(len(r) for r, _ in batches) == 2500
-    assert all(n > 0 for _, n in batches)
-
-
-def test_partitions_are_independent(open_partition):
-    p0 = open_partition(0, 2)
-    p1 = open_partition(1, 2)
-    p0.append(recs(0, 5))
-    p1.append(recs(100, 103))
-    e0, e1 = p0.flush(), p1.flush()
-    assert list(p0.read(0, e0)) == recs(0, 5)
-    assert list(p1.read(0, e1)) == recs(100, 103)
-
-
-def test_discard_tail_leaves_the_committed_state(open_partition):
-    p = open_partition()
-    p.append(recs(0, 20))
-    p.append([(b"k3", None)])
-    committed = p.flush()
-    model = apply(p.read(0, committed))
-    p.append([(b"k1", b"uncommitted"), (b"new", b"uncommitted"), (b"k3", b"back"), (b"k5", None)])
-    p.flush()
-    p.close()  # crash before the checkpoint
-
-    q = open_partition()
-    asked: list[bytes] = []
-
-    def current(keys):
-        asked.extend(keys)
-        return [(k, model.get(k)) for k in keys]
-
-    q.discard_tail(committed, current)
-    end = q.end_offset()
-    # a full read to the end (what compaction keeps) and a read to the commit agree
-    assert apply(q.read(0, end)) == model == apply(q.read(0, committed))
-    if asked:  # kafka re-writes the tail keys; file truncates
-        assert sorted(asked) == sorted([b"k1", b"new", b"k3", b"k5"])
-    q.append([(b"after", b"1")])
-    e = q.flush()
-    assert apply(q.read(0, e)) == {**model, b"after": b"1"}
-
-
-def test_discard_tail_past_the_end_is_corruption(open_partition):
-    p = open_partition()
-    p.append(recs(0, 3))
-    p.flush()
-    with pytest.raises(CorruptionError, match="committed records are missing"):
-        p.discard_tail(10_000, lambda keys: [])
-
-
-def test_discard_tail_at_the_end_is_a_no_op(open_partition):
-    p = open_partition()
-    p.append(recs(0, 3))
-    e = p.flush()
-    p.discard_tail(e, lambda keys: pytest.fail("no tail, nothing to trim"))
-    assert list(p.read(0, p.end_offset())) == recs(0, 3)
+def test_a_takeover_bumps_the_producer_epoch(kafka_broker, tmp_path):
+    values = kafka_values(tmp_path, kafka_broker)
+    with TaskStorage(Config.from_dict(values)) as a:
+        first = a.epoch
+    with TaskStorage(moved(values, tmp_path, "machine-b")) as b:
+        assert b.epoch == first + 1
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -264,90 +147,9 @@ def test_created_topic_is_compacted_with_task_count_partitions(kafka_broker):
 
 
 # -- TaskStorage over Kafka ------------------------------------------------------------------------------
-def _engine_names() -> list[Any]:
-    out = []
-    for name in ("memory", "rocksdb", "leveldb"):
-        module_exists = importlib.util.find_spec(f"localstate.engines.{name}") is not None
-        marks = () if module_exists else (pytest.mark.skip(reason=f"engines/{name}.py does not exist yet"),)
-        out.append(pytest.param(name, marks=marks))
-    return out
-
-
 def kafka_values(tmp_path: Path, bootstrap: str, factory: str = "memory", **extra: Any) -> dict[str, Any]:
-    job = unique("job")
-    values = {
-        "job.name": job,
-        "job.state.dir": str(tmp_path / "state"),
-        "stores.kv.factory": factory,
-        "stores.kv.changelog": f"kafka.{job}-kv",
-        "stores.kv.key.serde": "string",
-        "stores.kv.msg.serde": "json",
-        "stores.kv.object.cache.size": 64,
-        "stores.kv.write.batch.size": 32,
-        "systems.kafka.bootstrap.servers": bootstrap,
-    }
-    values.update(extra)
-    return values
-
-
-def moved(values: dict[str, Any], tmp_path: Path, name: str) -> Config:
-    """The same job on "another machine": an empty state directory."""
-    return Config.from_dict({**values, "job.state.dir": str(tmp_path / name)})
-
-
-def dump(storage: TaskStorage) -> dict:
-    with storage.store("kv").all() as it:
-        return dict(it)
-
-
-@pytest.mark.parametrize("factory", _engine_names())
-def test_every_engine_restored_from_kafka_equals_the_committed_state(kafka_broker, tmp_path, factory):
-    ok, why = ENGINES.installed(factory)
-    assert ok, why
-    values = kafka_values(tmp_path, kafka_broker, factory)
-    rng = random.Random(7)
-    model: dict[str, int] = {}
-    with TaskStorage(Config.from_dict(values)) as s:
-        kv = s.store("kv")
-        for batch in range(1, 4):
-            for _ in range(300):
-                k = f"k{rng.randrange(200)}"
-                if rng.random() < 0.2:
-                    kv.delete(k)
-                    model.pop(k, None)
-                else:
-                    kv.put(k, batch * 1000 + rng.randrange(1000))
-                    model[k] = kv.get(k)
-            s.commit(input_position=batch)
-        for i in range(50):  # never committed
-            kv.put(f"k{i}", -1)
-            kv.delete(f"k{i + 100}")
-        kv.flush()
-    with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
-        assert s.checkpoint.input_position == 3
-        assert s.last_restore["kv"].records > 0
-        assert dump(s) == model
-    with TaskStorage(Config.from_dict(values)) as s:  # the original machine, local state kept
-        assert dump(s) == model
-
-
-def test_a_zombie_instance_is_fenced(kafka_broker, tmp_path):
-    values = kafka_values(tmp_path, kafka_broker)
-    a = TaskStorage(Config.from_dict(values))
-    a.store("kv").put("x", 1)
-    a.commit(input_position=1)
-    a.store("kv").put("x", 2)
-    b = TaskStorage(moved(values, tmp_path, "machine-b"))  # takes over the task
-    assert b.epoch == a.epoch + 1
-    with pytest.raises(FencedError, match="fenced by a newer instance"):
-        a.commit(input_position=2)
-    a.close()
-    assert b.store("kv").get("x") == 1
-    b.store("kv").put("x", 3)
-    b.commit(input_position=2)
-    b.close()
-    with TaskStorage(moved(values, tmp_path, "machine-c")) as c:
-        assert c.store("kv").get("x") == 3 and c.checkpoint.input_position == 2
+    return task_values({"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": bootstrap},
+                       tmp_path, factory, **extra)
 
 
 def changelog_contents(bootstrap: str, stream: str) -> dict[str, Any]:
@@ -356,7 +158,7 @@ def changelog_contents(bootstrap: str, stream: str) -> dict[str, Any]:
     system = KafkaChangelogSystem("kafka", {"bootstrap.servers": bootstrap}, unique("reader"))
     try:
         p = system.open_partition(stream, 0, 1)
-        state = apply(p.read(0, p.end_offset()))
+        state = apply_records(p.read(0, p.end_offset()))
         p.close()
     finally:
         system.close()
@@ -383,16 +185,16 @@ def test_sigkill_between_changelog_flush_and_checkpoint_then_trim(kafka_broker, 
         # a checkpoint produced but never committed is invisible on Kafka (read_committed);
         # a broker that shows aborted records may expose it: still a consistent commit
         assert pos == 2 or (point == "checkpoint.before_rename" and pos == 3)
-        assert dump_store(s, T.STORE) == reference[pos]
+        assert dump(s, T.STORE) == reference[pos]
     # after the trim, the whole log (what compaction keeps) is the committed state
     assert changelog_contents(kafka_broker, stream) == reference[pos]
     with TaskStorage(moved(values, tmp_path, "machine-c")) as s:
-        assert dump_store(s, T.STORE) == reference[pos]
+        assert dump(s, T.STORE) == reference[pos]
     rc, _, err = T.run_child(plan, values, None)
     assert rc == 0, err
     with TaskStorage(moved(values, tmp_path, "machine-d")) as s:
         assert s.checkpoint.input_position == 5
-        assert dump_store(s, T.STORE) == reference[5]
+        assert dump(s, T.STORE) == reference[5]
 
 
 def test_broker_killed_during_commit_fails_the_commit(fresh_kafka_broker, tmp_path):
@@ -453,12 +255,12 @@ def test_snapshots_older_than_the_tombstone_retention_are_not_valid(kafka_broker
     try:
         p = system.open_partition(unique("horizon"), 0, 1)
         assert p.min_valid_snapshot_offset() == 0  # empty log
-        p.append(recs(0, 10))
+        p.append(records(0, 10))
         first_end = p.flush()
         assert p.min_valid_snapshot_offset() == 0  # everything is recent
         time.sleep(1.7)
         assert p.min_valid_snapshot_offset() == 10  # all older than the horizon: only the end is safe
-        p.append(recs(10, 20))
+        p.append(records(10, 20))
         p.flush()
         assert first_end <= p.min_valid_snapshot_offset() <= first_end + 1  # the first new record
     finally:
@@ -490,17 +292,12 @@ def test_two_stores_two_partitions_share_one_transaction_per_task(kafka_broker, 
             s.commit(input_position=p)
             b.put("uncommitted", 1)
             s.store("b").flush()
-            expected[p] = (dump_store(s, "a"), dump_store(s, "b"))
+            expected[p] = (dump(s, "a"), dump(s, "b"))
             expected[p][1].pop("uncommitted")
     for p in (0, 1):
         with TaskStorage(moved(values, tmp_path, f"b{p}"), partition=p) as s:
             assert s.checkpoint.input_position == p
-            assert (dump_store(s, "a"), dump_store(s, "b")) == expected[p]
-
-
-def dump_store(storage: TaskStorage, name: str) -> dict:
-    with storage.store(name).all() as it:
-        return dict(it)
+            assert (dump(s, "a"), dump(s, "b")) == expected[p]
 
 
 def test_corrupt_latest_checkpoint_is_an_error_not_a_fall_back(kafka_broker):

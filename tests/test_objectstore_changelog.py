@@ -1,8 +1,10 @@
 """The objectstore changelog against a real S3 API (moto_server on 127.0.0.1) and ``file://``.
 
-* partition conformance (append/flush/read/discard_tail) over ``s3`` and ``file``;
-* exact restore to the last commit, uncommitted tail never visible (every KV engine);
-* a zombie task instance is fenced; roll-up and compaction keep fallback checkpoints;
+* the shipped changelog conformance suite over ``s3`` and ``file``: the partition
+  contract, exact restore to the last commit with the uncommitted tail never visible
+  (every KV engine), a zombie task instance fenced;
+* object-store specifics: zombie uploads never enter the chain, epochs follow the
+  checkpoint claims; roll-up and compaction keep fallback checkpoints;
 * a missing / corrupt / half-uploaded object is an error naming bucket and key, and
   nothing is changed; SIGKILL between the changelog flush and the checkpoint;
 * the endpoint stopped mid-commit, 500 / 503 SlowDown answers and slowness (through
@@ -13,10 +15,8 @@
 from __future__ import annotations
 
 import json
-import random
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +27,19 @@ from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, ConfigError, CorruptionError, FencedError
 from localstate.registry import ENGINES
 from localstate.testing import torture as T
+from localstate.testing.changelog_conformance import (
+    ChangelogSystemConformance,
+    dump,
+    records,
+    task_values,
+    unique,
+)
+from localstate.testing.changelog_conformance import on_another_machine as moved
 from localstate.testing.s3 import FaultProxy, MotoServer, objectstore_options
 
 pytestmark = pytest.mark.s3
 
 FAST = {"timeout.ms": 2000, "retries": 2, "retry.backoff.ms": 20}
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def recs(lo: int, hi: int, prefix: bytes = b"k") -> list[tuple[bytes, bytes | None]]:
-    return [(prefix + b"%d" % i, b"v%d" % i) for i in range(lo, hi)]
 
 
 def system_options(opts: dict[str, Any], name: str = "s3") -> dict[str, Any]:
@@ -62,66 +62,59 @@ def make_system(opts: dict[str, Any], job: str = "job") -> ObjectStoreChangelogS
 
 
 def store_values(tmp_path: Path, opts: dict[str, Any], factory: str = "memory", **extra: Any) -> dict[str, Any]:
-    job = unique("job")
-    values = {
-        "job.name": job,
-        "job.state.dir": str(tmp_path / "state"),
-        "job.changelog.system": "s3",
-        "job.checkpoint.system": "s3",
-        "stores.kv.factory": factory,
-        "stores.kv.changelog": f"s3.{job}-kv",
-        "stores.kv.key.serde": "string",
-        "stores.kv.msg.serde": "json",
-        "stores.kv.write.batch.size": 32,
-        **opts,
-    }
-    values.update(extra)
-    return values
+    return task_values(job_values(opts), tmp_path, factory, **extra)
 
 
-def moved(values: dict[str, Any], tmp_path: Path, name: str) -> Config:
-    """The same job on "another machine": an empty state directory."""
-    return Config.from_dict({**values, "job.state.dir": str(tmp_path / name)})
+def job_values(opts: dict[str, Any]) -> dict[str, Any]:
+    return {"job.changelog.system": "s3", "job.checkpoint.system": "s3", **opts}
 
 
-def dump(storage: TaskStorage) -> dict:
-    with storage.store("kv").all() as it:
-        return dict(it)
+class TestObjectStoreChangelogConformance(ChangelogSystemConformance):
+    fenced_match = r"_checkpoints/.*was already written by a newer instance"
+
+    @pytest.fixture
+    def make_system(self, where) -> Callable[[], ObjectStoreChangelogSystem]:
+        job = unique("job")
+        return lambda: make_system(where, job)
+
+    @pytest.fixture
+    def job_values(self, where) -> dict[str, Any]:
+        return job_values(where)
 
 
 # -- partition conformance -----------------------------------------------------------------
 def test_append_flush_read_reopen(where):
     p = make_system(where).open_partition("st", 0, 1)
-    p.append(recs(0, 5))
-    p.append(recs(5, 8))
+    p.append(records(0, 5))
+    p.append(records(5, 8))
     assert p.flush() == 8
-    p.append(recs(8, 10))
+    p.append(records(8, 10))
     assert p.end_offset() == 10
-    assert list(p.read(3, 9)) == recs(3, 9)  # reads the unflushed buffer too
+    assert list(p.read(3, 9)) == records(3, 9)  # reads the unflushed buffer too
     p.close()
     q = make_system(where).open_partition("st", 0, 1)  # a new instance: only what was uploaded
     assert q.end_offset() == 8
-    assert list(q.read(0, 8)) == recs(0, 8)
-    assert list(q.read(6, 100)) == recs(6, 8)
+    assert list(q.read(0, 8)) == records(0, 8)
+    assert list(q.read(6, 100)) == records(6, 8)
     q.close()
 
 
 def test_discard_tail_and_a_zombie_upload_never_enter_the_chain(where):
     a = make_system(where).open_partition("st", 0, 1)
-    a.append(recs(0, 4))
+    a.append(records(0, 4))
     a.flush()
-    a.append(recs(4, 9, b"tail"))
+    a.append(records(4, 9, b"tail"))
     a.flush()  # uncommitted: the checkpoint will say 4
     b = make_system(where).open_partition("st", 0, 1)  # the newer instance
     assert b.epoch > a.epoch and b.end_offset() == 9
     b.discard_tail(4, lambda keys: [])
     assert b.end_offset() == 4
-    a.append(recs(9, 12, b"zombie"))
+    a.append(records(9, 12, b"zombie"))
     a.flush()  # the zombie goes on uploading past the cut
-    b.append(recs(4, 6, b"new"))
+    b.append(records(4, 6, b"new"))
     assert b.flush() == 6
     c = make_system(where).open_partition("st", 0, 1, readonly=True)
-    assert list(c.read(0, 6)) == recs(0, 4) + recs(4, 6, b"new")
+    assert list(c.read(0, 6)) == records(0, 4) + records(4, 6, b"new")
     a.close()
     b.close()
 
@@ -135,15 +128,15 @@ def test_writer_epochs_follow_the_checkpoint_claims_not_the_open_order(where):
     pb = b_sys.open_partition("st", 0, 1)
     pa = a_sys.open_partition("st", 0, 1)
     assert pb.epoch > pa.epoch
-    pb.append(recs(0, 3, b"b"))
+    pb.append(records(0, 3, b"b"))
     pb.flush()
-    pa.append(recs(0, 5, b"a"))
+    pa.append(records(0, 5, b"a"))
     pa.flush()  # the zombie's upload of the same offsets, after B's
     with pytest.raises(FencedError, match="newer instance"):
         a_sys.checkpoints().write("job", 0, Checkpoint(version=1, input_position=None, offsets={"st": 5}))
     b_sys.checkpoints().write("job", 0, Checkpoint(version=1, input_position=None, offsets={"st": 3}))
     reader = make_system(where).open_partition("st", 0, 1, readonly=True)
-    assert list(reader.read(0, 3)) == recs(0, 3, b"b")
+    assert list(reader.read(0, 3)) == records(0, 3, b"b")
     pa.close()
     with pytest.raises(FencedError, match="a newer instance took over"):
         a_sys.open_partition("st", 0, 1)  # the zombie opening again, after B wrote
@@ -168,13 +161,13 @@ def test_a_roll_up_by_the_previous_instance_after_the_listing_is_read_through(wh
     opts = {**where, "systems.s3.rollup.objects": 4}
     old = make_system(opts).open_partition("st", 0, 1)
     for i in range(0, 6, 2):
-        old.append(recs(i, i + 2))
+        old.append(records(i, i + 2))
         old.flush()
     reader = make_system(opts).open_partition("st", 0, 1, readonly=True)
-    old.append(recs(6, 8))
+    old.append(records(6, 8))
     old.flush()  # the 4th object: the four are merged into one and deleted
     assert len(old.store.list(old.log_prefix)) == 1
-    assert list(reader.read(0, 6)) == recs(0, 6)
+    assert list(reader.read(0, 6)) == records(0, 6)
     # the merged object deleted too (damage): listing again finds nothing to read
     (merged, _), = old.store.list(old.log_prefix)
     old.store.delete([f"{old.log_prefix}/{merged}"])
@@ -184,11 +177,11 @@ def test_a_roll_up_by_the_previous_instance_after_the_listing_is_read_through(wh
 
 def test_discard_tail_past_the_end_is_corruption_naming_the_location(where):
     p = make_system(where).open_partition("st", 0, 1)
-    p.append(recs(0, 3))
+    p.append(records(0, 3))
     p.flush()
     with pytest.raises(CorruptionError, match=r"ends at offset 3.*00000000000000000003-\*\.lsb.*Nothing was changed"):
         p.discard_tail(5, lambda keys: [])
-    assert list(p.read(0, 3)) == recs(0, 3)
+    assert list(p.read(0, 3)) == records(0, 3)
 
 
 def test_partition_count_is_fixed_per_stream(where):
@@ -201,74 +194,22 @@ def test_roll_up_merges_objects_and_keeps_every_offset(where):
     opts = {**where, "systems.s3.rollup.objects": 4}
     p = make_system(opts).open_partition("st", 0, 1)
     for i in range(0, 40, 2):  # 20 flushes
-        p.append(recs(i, i + 2))
+        p.append(records(i, i + 2))
         p.flush()
     names = p.store.list(p.log_prefix)
     # 20 objects -> 5 of level 1 -> 1 of level 2 + 1 of level 1
     assert len(names) == 2, names
-    assert list(p.read(0, 40)) == recs(0, 40)
+    assert list(p.read(0, 40)) == records(0, 40)
     for stop in (1, 7, 16, 33, 40):  # every offset a checkpoint may name is reconstructible
-        assert list(p.read(0, stop)) == recs(0, stop)
+        assert list(p.read(0, stop)) == records(0, stop)
     p.close()
     q = make_system(opts).open_partition("st", 0, 1)
-    assert list(q.read(0, 40)) == recs(0, 40)
+    assert list(q.read(0, 40)) == records(0, 40)
     assert q.verify()["problems"] == []
     q.close()
 
 
 # -- the commit protocol -------------------------------------------------------------------
-def _engine_names() -> list[str]:
-    return [n for n in ("memory", "rocksdb", "leveldb") if ENGINES.installed(n)[0]]
-
-
-@pytest.mark.parametrize("factory", _engine_names())
-def test_exact_restore_to_the_last_commit_uncommitted_tail_invisible(where, tmp_path, factory):
-    values = store_values(tmp_path, where, factory)
-    rng = random.Random(7)
-    model: dict[str, int] = {}
-    with TaskStorage(Config.from_dict(values)) as s:
-        kv = s.store("kv")
-        for batch in range(1, 4):
-            for _ in range(200):
-                k = f"k{rng.randrange(100)}"
-                if rng.random() < 0.2:
-                    kv.delete(k)
-                    model.pop(k, None)
-                else:
-                    kv.put(k, batch * 1000 + rng.randrange(1000))
-                    model[k] = kv.get(k)
-            s.commit(input_position=batch)
-        for i in range(50):  # never committed, but flushed to the store
-            kv.put(f"k{i}", -1)
-            kv.delete(f"k{i + 50}")
-        kv.flush()
-        s.changelog("kv").flush()
-    with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
-        assert s.checkpoint.input_position == 3
-        assert s.last_restore["kv"].records > 0
-        assert dump(s) == model
-    with TaskStorage(Config.from_dict(values)) as s:  # the first machine, local state kept
-        assert dump(s) == model
-
-
-def test_a_zombie_instance_is_fenced(where, tmp_path):
-    values = store_values(tmp_path, where)
-    a = TaskStorage(Config.from_dict(values))
-    a.store("kv").put("x", 1)
-    a.commit(input_position=1)
-    a.store("kv").put("x", 2)
-    b = TaskStorage(moved(values, tmp_path, "machine-b"))  # takes over the task
-    with pytest.raises(FencedError, match=r"_checkpoints/.*was already written by a newer instance"):
-        a.commit(input_position=2)
-    a.close()
-    assert b.store("kv").get("x") == 1
-    b.store("kv").put("x", 3)
-    b.commit(input_position=2)
-    b.close()
-    with TaskStorage(moved(values, tmp_path, "machine-c")) as c:
-        assert c.store("kv").get("x") == 3 and c.checkpoint.input_position == 2
-
-
 def test_compaction_and_roll_up_keep_the_previous_checkpoint_reconstructible(where, tmp_path):
     values = store_values(tmp_path, where, **{"systems.s3.rollup.objects": 3})
     with TaskStorage(Config.from_dict(values)) as s:
@@ -527,17 +468,12 @@ def test_sigkill_inside_the_commit_restores_the_last_commit(request, tmp_path, p
     with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
         pos = s.checkpoint.input_position
         assert pos == (3 if point == "objectstore.rollup.after_put" else 2)
-        assert dump_store(s) == reference[pos]
+        assert dump(s, T.STORE) == reference[pos]
     rc, _, err = T.run_child(plan, values, None)
     assert rc == 0, err
     with TaskStorage(moved(values, tmp_path, "machine-c")) as s:
         assert s.checkpoint.input_position == 5
-        assert dump_store(s) == reference[5]
-
-
-def dump_store(storage: TaskStorage) -> dict:
-    with storage.store(T.STORE).all() as it:
-        return dict(it)
+        assert dump(s, T.STORE) == reference[5]
 
 
 # -- configuration -------------------------------------------------------------------------

@@ -1,0 +1,287 @@
+"""The changelog-system conformance suite (shipped, so a plug-in changelog can run it).
+
+Every changelog system — the embedded file log, Kafka, the object store, or a user's
+own — must give a task the same guarantees: records read back exactly as flushed,
+partitions independent, the uncommitted tail cut back on takeover, a restore on an
+empty machine equal to the last commit, and a zombie instance fenced. This suite
+checks them through the partition API and through :class:`TaskStorage`.
+
+Usage in a plug-in's tests::
+
+    import pytest
+    from localstate.testing.changelog_conformance import ChangelogSystemConformance
+
+    class TestMyChangelog(ChangelogSystemConformance):
+        fenced_match = "fenced"  # what the zombie's commit error says
+
+        @pytest.fixture
+        def make_system(self, tmp_path):
+            return lambda: MyChangelogSystem("mine", {"path": str(tmp_path)}, "job")
+
+        @pytest.fixture
+        def job_values(self, tmp_path):
+            return {"systems.mine.type": "mine", "systems.mine.path": str(tmp_path),
+                    "job.changelog.system": "mine", "job.checkpoint.system": "mine"}
+
+``make_system()`` returns a new system instance each call (like a restarted task) on
+one shared location; ``job_values`` are the config keys that put a job's changelog
+and checkpoints on that system (the suite adds the job name, state directory and a
+``kv`` store).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localstate.changelog.base import ChangelogPartition, ChangelogSystem
+from localstate.config import Config
+from localstate.errors import CorruptionError, FencedError, StoreLockedError
+from localstate.registry import ENGINES
+from localstate.storage import TaskStorage
+
+__all__ = ["ChangelogSystemConformance", "records", "unique", "on_another_machine", "dump", "apply_records",
+           "KV_ENGINES", "task_values"]
+
+KV_ENGINES = tuple(n for n in ("memory", "rocksdb", "leveldb") if ENGINES.installed(n)[0])
+"""The built-in KV engines installed here (the exact-restore check runs over each)."""
+
+
+def unique(prefix: str) -> str:
+    """``prefix`` plus a random suffix: a stream, topic or job name no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def records(lo: int, hi: int, prefix: bytes = b"k") -> list[tuple[bytes, bytes | None]]:
+    """Changelog records ``prefix<i> -> v<i>`` for ``i`` in ``[lo, hi)``."""
+    return [(prefix + b"%d" % i, b"v%d" % i) for i in range(lo, hi)]
+
+
+def apply_records(recs: Any, into: dict | None = None) -> dict:
+    """The state a sequence of ``(key, value-or-None)`` records leaves behind."""
+    state = {} if into is None else into
+    for k, v in recs:
+        if v is None:
+            state.pop(k, None)
+        else:
+            state[k] = v
+    return state
+
+
+def on_another_machine(values: dict[str, Any], tmp_path: Path, name: str) -> Config:
+    """The same job on "another machine": an empty state directory."""
+    return Config.from_dict({**values, "job.state.dir": str(tmp_path / name)})
+
+
+def dump(storage: TaskStorage, store: str = "kv") -> dict:
+    """Everything ``store`` holds, as a dict."""
+    with storage.store(store).all() as it:
+        return dict(it)
+
+
+def task_values(job_values: dict[str, Any], tmp_path: Path, factory: str = "memory", **extra: Any) -> dict[str, Any]:
+    """Config of a fresh job (unique name, state under ``tmp_path``) with one ``kv`` store
+    (string keys, JSON values, a small cache and write batch) logged to the changelog
+    system ``job_values`` configure (``job.changelog.system``, else ``file``)."""
+    job = unique("job")
+    system = job_values.get("job.changelog.system", "file")
+    return {
+        "job.name": job,
+        "job.state.dir": str(tmp_path / "state"),
+        "stores.kv.factory": factory,
+        "stores.kv.changelog": f"{system}.{job}-kv",
+        "stores.kv.key.serde": "string",
+        "stores.kv.msg.serde": "json",
+        "stores.kv.object.cache.size": 64,
+        "stores.kv.write.batch.size": 32,
+        **job_values,
+        **extra,
+    }
+
+
+class ChangelogSystemConformance:
+    """Subclass in a pytest module and provide the ``make_system`` and ``job_values``
+    fixtures (see the module docstring); set ``fenced_match`` to a regex the zombie's
+    :class:`FencedError` must match. A system that admits only one writer at a time
+    (the file log's lock) sets ``fenced_match = None``: a second instance is then refused
+    at open and the first goes on."""
+
+    fenced_match: str | None = ""
+
+    # -- fixtures the subclass provides ------------------------------------------------------
+    @pytest.fixture
+    def make_system(self) -> Callable[[], ChangelogSystem]:
+        raise NotImplementedError("provide a make_system fixture returning a system factory")
+
+    @pytest.fixture
+    def job_values(self) -> dict[str, Any]:
+        raise NotImplementedError("provide a job_values fixture with the system's config keys")
+
+    # -- the suite's own fixtures -------------------------------------------------------------
+    @pytest.fixture
+    def open_partition(self, make_system: Callable[[], ChangelogSystem]) -> Iterator[Callable[..., ChangelogPartition]]:
+        """``open_partition(partition=0, partitions=1)`` on one fresh stream; each call
+        opens it through a new system instance."""
+        stream = unique("conf")
+        systems: list[ChangelogSystem] = []
+        opened: list[ChangelogPartition] = []
+
+        def open_(partition: int = 0, partitions: int = 1) -> ChangelogPartition:
+            system = make_system()
+            systems.append(system)
+            p = system.open_partition(stream, partition, partitions)
+            opened.append(p)
+            return p
+
+        yield open_
+        for p in opened:
+            p.close()
+        for s in systems:
+            s.close()
+
+    def task_values(self, job_values: dict[str, Any], tmp_path: Path, factory: str = "memory") -> dict[str, Any]:
+        return task_values(job_values, tmp_path, factory)
+
+    # -- the partition contract ---------------------------------------------------------------
+    def test_append_flush_read_ranges(self, open_partition):
+        p = open_partition()
+        assert p.end_offset() == 0
+        assert list(p.read(0, 10)) == []
+        p.append(records(0, 10))
+        p.append(records(10, 15))
+        e1 = p.flush()
+        assert e1 == p.end_offset() >= 15
+        assert list(p.read(0, e1)) == records(0, 15)
+        assert list(p.read(3, 12)) == records(3, 12)  # one flush: dense offsets
+        assert list(p.read(14, e1)) == records(14, 15)
+        assert list(p.read(7, 7)) == []
+        p.append([(b"gone", None), (b"k1", b"again")])
+        e2 = p.flush()
+        assert e2 > e1
+        assert list(p.read(e1, e2)) == [(b"gone", None), (b"k1", b"again")]
+        assert list(p.read(0, e2)) == records(0, 15) + [(b"gone", None), (b"k1", b"again")]
+
+    def test_reopen_sees_every_flushed_record(self, open_partition):
+        p = open_partition()
+        p.append(records(0, 2000))
+        e1 = p.flush()
+        p.append(records(0, 500, b"x"))
+        e2 = p.flush()
+        p.close()
+        q = open_partition()
+        assert q.end_offset() >= e2
+        assert list(q.read(0, e2)) == records(0, 2000) + records(0, 500, b"x")
+        assert list(q.read(e1, q.end_offset())) == records(0, 500, b"x")
+        batches = list(q.read_batches(0, e2))
+        assert sum(len(r) for r, _ in batches) == 2500
+        assert all(n > 0 for _, n in batches)
+
+    def test_partitions_are_independent(self, open_partition):
+        p0 = open_partition(0, 2)
+        p1 = open_partition(1, 2)
+        p0.append(records(0, 5))
+        p1.append(records(100, 103))
+        e0, e1 = p0.flush(), p1.flush()
+        assert list(p0.read(0, e0)) == records(0, 5)
+        assert list(p1.read(0, e1)) == records(100, 103)
+
+    def test_discard_tail_leaves_the_committed_state(self, open_partition):
+        p = open_partition()
+        p.append(records(0, 20))
+        p.append([(b"k3", None)])
+        committed = p.flush()
+        model = apply_records(p.read(0, committed))
+        p.append([(b"k1", b"uncommitted"), (b"new", b"uncommitted"), (b"k3", b"back"), (b"k5", None)])
+        p.flush()
+        p.close()  # crash before the checkpoint
+
+        q = open_partition()
+        asked: list[bytes] = []
+
+        def current(keys):
+            asked.extend(keys)
+            return [(k, model.get(k)) for k in keys]
+
+        q.discard_tail(committed, current)
+        end = q.end_offset()
+        # a full read to the end (what compaction keeps) and a read to the commit agree
+        assert apply_records(q.read(0, end)) == model == apply_records(q.read(0, committed))
+        if asked:  # a log that cannot truncate (Kafka) re-writes the tail keys' committed values
+            assert sorted(asked) == sorted([b"k1", b"new", b"k3", b"k5"])
+        q.append([(b"after", b"1")])
+        e = q.flush()
+        assert apply_records(q.read(0, e)) == {**model, b"after": b"1"}
+
+    def test_discard_tail_past_the_end_is_corruption(self, open_partition):
+        p = open_partition()
+        p.append(records(0, 3))
+        p.flush()
+        with pytest.raises(CorruptionError, match=r"10000|10,000"):  # names the committed offset
+            p.discard_tail(10_000, lambda keys: [])
+        assert list(p.read(0, p.end_offset())) == records(0, 3)  # and changes nothing
+
+    def test_discard_tail_at_the_end_is_a_no_op(self, open_partition):
+        p = open_partition()
+        p.append(records(0, 3))
+        e = p.flush()
+        p.discard_tail(e, lambda keys: pytest.fail("no tail, nothing to trim"))
+        assert list(p.read(0, p.end_offset())) == records(0, 3)
+
+    # -- the task contract --------------------------------------------------------------------
+    @pytest.mark.parametrize("factory", KV_ENGINES)
+    def test_exact_restore_to_the_last_commit_uncommitted_tail_invisible(self, job_values, tmp_path, factory):
+        values = self.task_values(job_values, tmp_path, factory)
+        rng = random.Random(7)
+        model: dict[str, int] = {}
+        with TaskStorage(Config.from_dict(values)) as s:
+            kv = s.store("kv")
+            for batch in range(1, 4):
+                for _ in range(200):
+                    k = f"k{rng.randrange(100)}"
+                    if rng.random() < 0.2:
+                        kv.delete(k)
+                        model.pop(k, None)
+                    else:
+                        kv.put(k, batch * 1000 + rng.randrange(1000))
+                        model[k] = kv.get(k)
+                s.commit(input_position=batch)
+            for i in range(50):  # never committed, but flushed to the store and the log
+                kv.put(f"k{i}", -1)
+                kv.delete(f"k{i + 50}")
+            kv.flush()
+            s.changelog("kv").flush()
+        with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as s:
+            assert s.checkpoint.input_position == 3
+            assert s.last_restore["kv"].records > 0
+            assert dump(s) == model
+        with TaskStorage(Config.from_dict(values)) as s:  # the first machine, local state kept
+            assert dump(s) == model
+
+    def test_a_zombie_instance_is_fenced(self, job_values, tmp_path):
+        values = self.task_values(job_values, tmp_path)
+        a = TaskStorage(Config.from_dict(values))
+        a.store("kv").put("x", 1)
+        a.commit(input_position=1)
+        a.store("kv").put("x", 2)
+        if self.fenced_match is None:  # one writer at a time: the newcomer is refused
+            with pytest.raises(StoreLockedError):
+                TaskStorage(on_another_machine(values, tmp_path, "machine-b"))
+            a.commit(input_position=2)
+            a.close()
+            with TaskStorage(on_another_machine(values, tmp_path, "machine-c")) as c:
+                assert c.store("kv").get("x") == 2 and c.checkpoint.input_position == 2
+            return
+        b = TaskStorage(on_another_machine(values, tmp_path, "machine-b"))  # takes over the task
+        with pytest.raises(FencedError, match=self.fenced_match):
+            a.commit(input_position=2)
+        a.close()
+        assert b.store("kv").get("x") == 1
+        b.store("kv").put("x", 3)
+        b.commit(input_position=2)
+        b.close()
+        with TaskStorage(on_another_machine(values, tmp_path, "machine-c")) as c:
+            assert c.store("kv").get("x") == 3 and c.checkpoint.input_position == 2
