@@ -30,6 +30,15 @@ def pdir(tmp_path):
     return tmp_path / "stream" / "0"
 
 
+def segmented(pdir, count: int) -> FileChangelogPartition:
+    """A partition of small (4 KiB) segments holding ``recs(0, count)``, flushed, open."""
+    p = FileChangelogPartition(pdir, segment_bytes=4096)
+    for lo in range(0, count, 20):
+        p.append(recs(lo, min(lo + 20, count)))
+    p.flush()
+    return p
+
+
 def test_append_flush_read_ranges(pdir):
     p = FileChangelogPartition(pdir)
     p.append(recs(0, 10))
@@ -46,10 +55,7 @@ def test_append_flush_read_ranges(pdir):
 
 
 def test_segments_roll_by_size(pdir):
-    p = FileChangelogPartition(pdir, segment_bytes=4096)
-    for i in range(50):
-        p.append(recs(i * 20, i * 20 + 20))
-    p.flush()
+    p = segmented(pdir, 1000)
     assert len(p.segments()) > 3
     assert list(p.read(0, 1000)) == recs(0, 1000)
     assert list(p.read(333, 777)) == recs(333, 777)
@@ -105,10 +111,7 @@ def test_flipped_byte_mid_log_raises_naming_file_and_offset(pdir):
 
 
 def test_corrupt_closed_segment_is_detected_on_read(pdir):
-    p = FileChangelogPartition(pdir, segment_bytes=4096)
-    for i in range(30):
-        p.append(recs(i * 20, i * 20 + 20))
-    p.flush()
+    p = segmented(pdir, 600)
     first = p.segments()[0][2]
     p.close()
     data = bytearray(first.read_bytes())
@@ -121,10 +124,7 @@ def test_corrupt_closed_segment_is_detected_on_read(pdir):
 
 
 def test_deleted_middle_segment_is_detected(pdir):
-    p = FileChangelogPartition(pdir, segment_bytes=4096)
-    for i in range(30):
-        p.append(recs(i * 20, i * 20 + 20))
-    p.flush()
+    p = segmented(pdir, 600)
     segs = p.segments()
     p.close()
     segs[1][2].unlink()
@@ -133,10 +133,7 @@ def test_deleted_middle_segment_is_detected(pdir):
 
 
 def test_deleted_first_segment_is_detected_but_a_reset_log_opens(pdir):
-    p = FileChangelogPartition(pdir, segment_bytes=4096)
-    for i in range(30):
-        p.append(recs(i * 20, i * 20 + 20))
-    p.flush()
+    p = segmented(pdir, 600)
     segs = p.segments()
     p.close()
     first_base, second_base, first_path = segs[0][0], segs[1][0], segs[0][2]
@@ -159,10 +156,7 @@ def test_deleted_first_segment_is_detected_but_a_reset_log_opens(pdir):
 
 
 def test_discard_tail_truncates_uncommitted_records(pdir):
-    p = FileChangelogPartition(pdir, segment_bytes=4096)
-    for i in range(30):
-        p.append(recs(i * 20, i * 20 + 20))
-    p.flush()
+    p = segmented(pdir, 600)
     p.discard_tail(333, lambda keys: [])  # mid-batch, mid-log
     assert p.end_offset() == 333
     p.append(recs(1000, 1005))
