@@ -86,51 +86,51 @@ class {cls}Engine(KeyValueEngine):
         self.options = options or {cls}Options()
         self._data: dict[bytes, bytes] | None = {{}}
 
-    def _d(self) -> dict[bytes, bytes]:
+    def _require_open(self) -> dict[bytes, bytes]:
         if self._data is None:
             raise StoreClosedError(f"store {{self.name!r}} is closed")
         return self._data
 
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        return self._d().get(key, default)
+        return self._require_open().get(key, default)
 
     def put(self, key: bytes, value: bytes) -> None:
         if value is None:
             raise InvalidValueError(f"store {{self.name!r}}: put(key, None); use delete(key)")
         if type(key) is not bytes or type(value) is not bytes:
             raise SerializationError(f"store {{self.name!r}}: keys and values must be bytes; configure serdes")
-        self._d()[key] = value
+        self._require_open()[key] = value
 
     def delete(self, key: bytes) -> None:
-        self._d().pop(key, None)
+        self._require_open().pop(key, None)
 
     def _scan(self, start: bytes | None, stop: bytes | None) -> Iterator[tuple[bytes, bytes]]:
         # localstate's iterator rule: the store as of this call, so copy the pairs now
         # (a generator reading the dict later would see writes made while iterating)
-        data = self._d()
+        data = self._require_open()
         pairs = [(k, data[k]) for k in sorted(data)
                  if (start is None or k >= start) and (stop is None or k < stop)]
         return iter(pairs)
 
     def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
-        self._d()
+        self._require_open()
         return KeyValueIterator(self._scan(start, stop))
 
     def prefix(self, prefix: bytes) -> KeyValueIterator[bytes, bytes]:
-        self._d()
+        self._require_open()
         return KeyValueIterator((kv for kv in self._scan(prefix, None) if kv[0].startswith(prefix)))
 
     def all(self) -> KeyValueIterator[bytes, bytes]:
         return self.range(None, None)
 
     def flush(self) -> None:
-        self._d()
+        self._require_open()
 
     def close(self) -> None:
         self._data = None
 
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
-        data = self._d()
+        data = self._require_open()
         for k, v in records:
             if v is None:
                 data.pop(k, None)

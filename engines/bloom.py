@@ -195,7 +195,7 @@ class BloomEngine(StorageEngine):
         self._filters: dict[bytes, _Filter] | None = {}
 
     # -- helpers -----------------------------------------------------------------------------------
-    def _live(self) -> dict[bytes, _Filter]:
+    def _require_open(self) -> dict[bytes, _Filter]:
         filters = self._filters
         if filters is None:
             raise StoreClosedError(f"store {self.name!r} (bloom engine) is closed")
@@ -246,7 +246,7 @@ class BloomEngine(StorageEngine):
     # -- the filter API ------------------------------------------------------------------------------------
     def add(self, item: Any, *, key: Any = None) -> bool:
         """Add ``item``; ``True`` if it was definitely not in the filter before. O(1)."""
-        filters = self._live()
+        filters = self._require_open()
         prefix = self._prefix(key)
         w, mask = self._probe_one(hash_item(self.name, item))
         f = self._filter_for_write(filters, prefix)
@@ -261,7 +261,7 @@ class BloomEngine(StorageEngine):
     def add_all(self, items: Iterable[Any], *, key: Any = None) -> None:
         """Add every item, vectorised in chunks. Every item is validated (hashed) before
         any bit changes. O(len(items))."""
-        filters = self._live()
+        filters = self._require_open()
         prefix = self._prefix(key)
         hashes = hash_items(self.name, items)
         if not len(hashes):
@@ -282,7 +282,7 @@ class BloomEngine(StorageEngine):
         """``False``: ``item`` was never added; ``True``: probably added (``fp.rate``)."""
         prefix = self._prefix(key)
         h = hash_item(self.name, item)
-        f = self._live().get(prefix)
+        f = self._require_open().get(prefix)
         if f is None:
             return False
         w, mask = self._probe_one(h)
@@ -292,7 +292,7 @@ class BloomEngine(StorageEngine):
         """:meth:`might_contain` for each item, as a ``bool`` array (vectorised)."""
         prefix = self._prefix(key)
         hashes = hash_items(self.name, items)
-        f = self._live().get(prefix)
+        f = self._require_open().get(prefix)
         out = np.zeros(len(hashes), dtype=np.bool_)
         if f is None:
             return out
@@ -314,7 +314,7 @@ class BloomEngine(StorageEngine):
 
     def delete(self, *, key: Any) -> bool:
         """Drop the filter of ``key`` (keyed stores); ``True`` if it existed."""
-        filters = self._live()
+        filters = self._require_open()
         prefix = self._prefix(key)
         f = filters.pop(prefix, None)
         if f is None:
@@ -325,7 +325,7 @@ class BloomEngine(StorageEngine):
 
     def keys(self) -> Iterator[Any]:
         """Keys that have a filter, decoded by ``key.serde`` (keyed stores; a snapshot)."""
-        filters = self._live()
+        filters = self._require_open()
         if not self.keyed:
             return iter([])
         decode = self._key.decode if self._key is not None else bytes
@@ -334,7 +334,7 @@ class BloomEngine(StorageEngine):
     def fill_ratio(self, *, key: Any = None) -> float:
         """Fraction of bits set."""
         prefix = self._prefix(key)
-        f = self._live().get(prefix)
+        f = self._require_open().get(prefix)
         if f is None:
             return 0.0
         return int(np.unpackbits(f.words.view(np.uint8)).sum()) / (64 * self.nwords)
@@ -342,17 +342,17 @@ class BloomEngine(StorageEngine):
     def words(self, *, key: Any = None) -> np.ndarray:
         """A copy of the filter's 64-bit words (zeros if it has none)."""
         prefix = self._prefix(key)
-        f = self._live().get(prefix)
+        f = self._require_open().get(prefix)
         return np.zeros(self.nwords, dtype=np.uint64) if f is None else f.words.copy()
 
     def __len__(self) -> int:
         """Number of allocated filters (0 or 1 when not keyed)."""
-        return len(self._live())
+        return len(self._require_open())
 
     # -- StorageEngine -------------------------------------------------------------------------------------
     def prepare_commit(self) -> None:
         """Log the words that changed since the last commit (one record each)."""
-        filters = self._live()
+        filters = self._require_open()
         records: list[ChangeRecord] = []
         for prefix, f in filters.items():
             idx = np.flatnonzero(f.dirty)
@@ -371,7 +371,7 @@ class BloomEngine(StorageEngine):
             self._logger.log_all(records)
 
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
-        filters = self._live()
+        filters = self._require_open()
         latest: dict[bytes, dict[int, bytes | None]] = {}
         unpack = _WORD_INDEX.unpack
         for rk, v in records:
@@ -418,7 +418,7 @@ class BloomEngine(StorageEngine):
         )
 
     def current(self, keys: Iterable[bytes]) -> list[ChangeRecord]:
-        filters = self._live()
+        filters = self._require_open()
         out: list[ChangeRecord] = []
         for rk in keys:
             if rk == META_KEY:
@@ -431,14 +431,14 @@ class BloomEngine(StorageEngine):
         return out
 
     def flush(self) -> None:
-        self._live()
+        self._require_open()
 
     def close(self) -> None:
         self._filters = None
 
     def _check(self) -> None:
         """Verify every invariant in O(total words); raises AssertionError."""
-        filters = self._live()
+        filters = self._require_open()
         for prefix, f in filters.items():
             assert (prefix != b"") == self.keyed, prefix
             assert f.words.dtype == np.uint64 and f.words.shape == (self.nwords,), prefix

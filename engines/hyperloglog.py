@@ -106,7 +106,7 @@ class HyperLogLogEngine(StorageEngine):
         self._dirty: dict[bytes, set[int]] = {}
 
     # -- helpers ------------------------------------------------------------------------------
-    def _live(self) -> dict[bytes, HyperLogLogPlusPlus | dict[int, int]]:
+    def _require_open(self) -> dict[bytes, HyperLogLogPlusPlus | dict[int, int]]:
         sketches = self._sketches
         if sketches is None:
             raise StoreClosedError(f"store {self.name!r} (hyperloglog engine) is closed")
@@ -150,7 +150,7 @@ class HyperLogLogEngine(StorageEngine):
     # -- the counter API -----------------------------------------------------------------------------
     def add(self, key: Any, item: Any) -> bool:
         """Count ``item`` under ``key``; ``True`` if a register grew. O(1)."""
-        sketches = self._live()
+        sketches = self._require_open()
         k = self._enc_key(key)
         h = hash_item(self.name, item)
         idx = h & self._mask
@@ -182,7 +182,7 @@ class HyperLogLogEngine(StorageEngine):
     def add_all(self, key: Any, items: Iterable[Any]) -> int:
         """Count every item under ``key`` (one vectorised pass); returns how many registers
         grew. Items are all validated before any register changes. O(len(items))."""
-        sketches = self._live()
+        sketches = self._require_open()
         k = self._enc_key(key)
         hashes = hash_items(self.name, items)
         if not len(hashes):
@@ -219,7 +219,7 @@ class HyperLogLogEngine(StorageEngine):
 
     def count(self, key: Any) -> int:
         """The estimated number of distinct items added under ``key`` (0 if none)."""
-        sk = self._live().get(self._enc_key(key))
+        sk = self._require_open().get(self._enc_key(key))
         if sk is None:
             return 0
         if type(sk) is dict:
@@ -229,7 +229,7 @@ class HyperLogLogEngine(StorageEngine):
     def merge_into(self, key: Any, other_keys: Iterable[Any]) -> None:
         """Make ``key``'s sketch the union of itself and ``other_keys``' sketches (keys
         never added to are empty). The others are unchanged. O(2**p) per other key."""
-        sketches = self._live()
+        sketches = self._require_open()
         k = self._enc_key(key)
         others = [sketches.get(self._enc_key(o)) for o in other_keys]
         regs = [self._dense_regs(o) for o in others if o is not None]
@@ -244,7 +244,7 @@ class HyperLogLogEngine(StorageEngine):
 
     def delete(self, key: Any) -> bool:
         """Forget ``key``'s sketch; ``True`` if it existed (not an error otherwise)."""
-        sketches = self._live()
+        sketches = self._require_open()
         k = self._enc_key(key)
         sk = sketches.pop(k, None)
         self._dirty.pop(k, None)
@@ -257,11 +257,11 @@ class HyperLogLogEngine(StorageEngine):
     def keys(self) -> Iterator[Any]:
         """Every key with a non-empty sketch, decoded by ``key.serde`` (a snapshot)."""
         decode = self._key.decode if self._key is not None else bytes
-        return iter([decode(k) for k in self._live()])
+        return iter([decode(k) for k in self._require_open()])
 
     def registers(self, key: Any) -> np.ndarray:
         """A copy of ``key``'s registers (``int8[2**p]``, zeros if none)."""
-        sk = self._live().get(self._enc_key(key))
+        sk = self._require_open().get(self._enc_key(key))
         return sk.reg.copy() if type(sk) is HyperLogLogPlusPlus else self._dense_regs(sk)
 
     def sketch(self, key: Any) -> HyperLogLogPlusPlus:
@@ -269,15 +269,15 @@ class HyperLogLogEngine(StorageEngine):
         return HyperLogLogPlusPlus(reg=self.registers(key), hashfunc=item_hash)
 
     def __len__(self) -> int:
-        return len(self._live())
+        return len(self._require_open())
 
     def __contains__(self, key: Any) -> bool:
-        return self._enc_key(key) in self._live()
+        return self._enc_key(key) in self._require_open()
 
     # -- StorageEngine -------------------------------------------------------------------------------
     def prepare_commit(self) -> None:
         """Log the registers that grew since the last commit (one record each)."""
-        sketches = self._live()
+        sketches = self._require_open()
         dirty = self._dirty
         if not dirty:
             return
@@ -297,7 +297,7 @@ class HyperLogLogEngine(StorageEngine):
         self._logger.log_all(records)
 
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
-        sketches = self._live()
+        sketches = self._require_open()
         m = self._m
         latest: dict[bytes, dict[int, int]] = {}
         unpack = _IDX.unpack
@@ -337,7 +337,7 @@ class HyperLogLogEngine(StorageEngine):
         )
 
     def current(self, keys: Iterable[bytes]) -> list[ChangeRecord]:
-        sketches = self._live()
+        sketches = self._require_open()
         out: list[ChangeRecord] = []
         for rk in keys:
             if rk == META_KEY:
@@ -350,7 +350,7 @@ class HyperLogLogEngine(StorageEngine):
         return out
 
     def flush(self) -> None:
-        self._live()
+        self._require_open()
 
     def close(self) -> None:
         self._sketches = None
@@ -358,7 +358,7 @@ class HyperLogLogEngine(StorageEngine):
 
     def _check(self) -> None:
         """Verify every invariant in O(total registers); raises AssertionError."""
-        sketches = self._live()
+        sketches = self._require_open()
         for k, sk in sketches.items():
             if type(sk) is dict:
                 assert 0 < len(sk) <= self._sparse_limit, (k, len(sk))

@@ -51,7 +51,7 @@ class MemoryEngine(KeyValueEngine):
             self.name = context.store if context is not None else "memory"
         self._data: SortedDict | None = SortedDict()
 
-    def _d(self) -> SortedDict:
+    def _require_open(self) -> SortedDict:
         d = self._data
         if d is None:
             raise StoreClosedError(f"store {self.name!r} (memory engine) is closed")
@@ -59,16 +59,16 @@ class MemoryEngine(KeyValueEngine):
 
     # -- KeyValueStore ------------------------------------------------------------------
     def get(self, key: bytes, default: bytes | None = None) -> bytes | None:
-        return self._d().get(key, default)
+        return self._require_open().get(key, default)
 
     def get_all(self, keys: Iterable[bytes]) -> dict[bytes, bytes]:
-        d = self._d()
+        d = self._require_open()
         keys = keys if isinstance(keys, list) else list(keys)
         values = list(map(d.get, keys))
         return dict(compress(zip(keys, values), map(is_not, values, repeat(None))))
 
     def put(self, key: bytes, value: bytes) -> None:
-        d = self._d()
+        d = self._require_open()
         if type(key) is not bytes:
             require_bytes(self.name, "key", key)
         if type(value) is not bytes:
@@ -78,7 +78,7 @@ class MemoryEngine(KeyValueEngine):
         d[key] = _compact(value)
 
     def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
-        d = self._d()
+        d = self._require_open()
         try:
             batch = entries if isinstance(entries, dict) else dict(entries)  # later pairs for one key win
         except TypeError:  # an unhashable key: name it the way every engine does
@@ -95,10 +95,10 @@ class MemoryEngine(KeyValueEngine):
         dict.update(d, batch)
 
     def delete(self, key: bytes) -> None:
-        self._d().pop(key, None)
+        self._require_open().pop(key, None)
 
     def delete_all(self, keys: Iterable[bytes]) -> None:
-        d = self._d()
+        d = self._require_open()
         present = list(dict.fromkeys(filter(d.__contains__, keys)))
         if len(present) * 4 < len(d):
             pop = d.pop
@@ -114,13 +114,13 @@ class MemoryEngine(KeyValueEngine):
     def _scan(self, keys: list[bytes], values: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
         for i in range(0, len(keys), _CHUNK):
             if self._data is None:
-                self._d()  # closed mid-scan: StoreClosedError
+                self._require_open()  # closed mid-scan: StoreClosedError
             yield from zip(keys[i : i + _CHUNK], values[i : i + _CHUNK])
 
     def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
         """The pairs of ``[start, stop)`` as of this call (copied now, in C): writes made
         while iterating are not seen and cannot make the scan run forever."""
-        d = self._d()
+        d = self._require_open()
         keys = list(d) if start is None and stop is None else list(d.irange(start, stop, inclusive=(True, False)))
         values = list(map(d.__getitem__, keys))
         return KeyValueIterator(self._scan(keys, values), what=f"store {self.name!r} iterator")
@@ -132,14 +132,14 @@ class MemoryEngine(KeyValueEngine):
         return self.range(None, None)
 
     def flush(self) -> None:
-        self._d()
+        self._require_open()
 
     def close(self) -> None:
         self._data = None
 
     # -- StorageEngine --------------------------------------------------------------------
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
-        d = self._d()
+        d = self._require_open()
         if into_empty and not d:
             # one C-speed dict build (last write wins) and one sort, no intermediate dict
             built = SortedDict(records)
@@ -160,13 +160,13 @@ class MemoryEngine(KeyValueEngine):
                 d[k] = v
 
     def wipe(self) -> None:
-        self._d().clear()
+        self._require_open().clear()
 
     def __len__(self) -> int:
-        return len(self._d())
+        return len(self._require_open())
 
     def stats(self) -> dict[str, float]:
-        return {"estimated_keys": float(len(self._d()))}
+        return {"estimated_keys": float(len(self._require_open()))}
 
 
 class MemoryEngineFactory(StorageEngineFactory):

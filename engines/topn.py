@@ -126,7 +126,7 @@ class TopNEngine(StorageEngine):
         self._deferred: list[ChangeRecord] = []
 
     # -- helpers ---------------------------------------------------------------------------
-    def _live(self) -> dict[bytes, tuple[int | float, bytes | None]]:
+    def _require_open(self) -> dict[bytes, tuple[int | float, bytes | None]]:
         """The entries of the open heap (reads: no side effect)."""
         entries = self._entries
         if entries is None:
@@ -136,7 +136,7 @@ class TopNEngine(StorageEngine):
     def _writable(self) -> dict[bytes, tuple[int | float, bytes | None]]:
         """The entries, for a mutation or a commit: first logs the tombstones of members
         evicted while restoring into a smaller capacity (never logged during restore)."""
-        entries = self._live()
+        entries = self._require_open()
         if self._deferred:
             self._logger.log_all(self._deferred)
             self._deferred = []
@@ -258,18 +258,18 @@ class TopNEngine(StorageEngine):
 
     def score(self, member: Any) -> int | float | None:
         """``member``'s score, or ``None`` if it is not kept. O(1)."""
-        entry = self._live().get(self._enc_member(member))
+        entry = self._require_open().get(self._enc_member(member))
         return None if entry is None else entry[0]
 
     def get(self, member: Any) -> Entry | None:
         """``member``'s :class:`Entry` (score and payload), or ``None``. O(1)."""
         m = self._enc_member(member)
-        entry = self._live().get(m)
+        entry = self._require_open().get(m)
         return None if entry is None else self._entry(m, *entry)
 
     def top(self, k: int | None = None) -> list[Entry]:
         """The best ``k`` entries (all if ``None``), best first. O(k + log n)."""
-        entries = self._live()
+        entries = self._require_open()
         if k is not None and k < 0:
             raise InvalidValueError(f"store {self.name!r}: top(k) needs k >= 0, got {k}")
         members = self._order[:k] if k is not None else list(self._order)
@@ -316,10 +316,10 @@ class TopNEngine(StorageEngine):
         return out
 
     def __len__(self) -> int:
-        return len(self._live())
+        return len(self._require_open())
 
     def __contains__(self, member: Any) -> bool:
-        return self._enc_member(member) in self._live()
+        return self._enc_member(member) in self._require_open()
 
     # -- StorageEngine -------------------------------------------------------------------------------
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
@@ -372,7 +372,7 @@ class TopNEngine(StorageEngine):
 
     def _check(self) -> None:
         """Verify every invariant in O(n log n); raises AssertionError on violation."""
-        entries = self._live()
+        entries = self._require_open()
         order = self._order
         order._check()
         assert len(order) == len(entries), (len(order), len(entries))
