@@ -64,6 +64,7 @@ from localstate import (
     StoreContext,
     StoreSpec,
 )
+from localstate.records import apply_records
 
 
 @dataclass(frozen=True)
@@ -130,12 +131,7 @@ class {cls}Engine(KeyValueEngine):
         self._data = None
 
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
-        data = self._require_open()
-        for k, v in records:
-            if v is None:
-                data.pop(k, None)
-            else:
-                data[k] = v
+        apply_records(records, self._require_open())
 
 
 class {cls}Factory(StorageEngineFactory):

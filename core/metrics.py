@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .storage import TaskStorage
 
-__all__ = ["StoreMetrics", "TaskMetrics", "LatencyHistogram", "RestoreProgress", "open_storages", "COUNTER_FIELDS"]
+__all__ = ["StoreMetrics", "TaskMetrics", "LatencyHistogram", "RestoreProgress", "TransferRate", "open_storages", "COUNTER_FIELDS"]
 
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -122,8 +122,25 @@ def open_storages() -> list[TaskStorage]:
     return list(_OPEN)
 
 
+class TransferRate:
+    """Rates of something that moved ``records`` records of ``bytes`` bytes in ``seconds``
+    (a mix-in: the dataclass that uses it declares those three fields)."""
+
+    records: int
+    bytes: int
+    seconds: float
+
+    @property
+    def records_per_second(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def mb_per_second(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else float("inf")
+
+
 @dataclass(frozen=True)
-class RestoreProgress:
+class RestoreProgress(TransferRate):
     """What a restore listener is told: ``done`` is True on the last call of a store."""
 
     store: str
@@ -135,10 +152,3 @@ class RestoreProgress:
     stop_offset: int
     done: bool = False
 
-    @property
-    def records_per_second(self) -> float:
-        return self.records / self.seconds if self.seconds > 0 else float("inf")
-
-    @property
-    def mb_per_second(self) -> float:
-        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else float("inf")

@@ -8,7 +8,22 @@ document)``. Change loggers append them to the changelog; ``restore`` replays th
 
 from __future__ import annotations
 
-__all__ = ["ChangeRecord"]
+from collections.abc import Iterable
+
+__all__ = ["ChangeRecord", "apply_records"]
 
 ChangeRecord = tuple[bytes, "bytes | None"]
 """``(key, value)``; a ``None`` value is a tombstone."""
+
+
+def apply_records(records: Iterable[ChangeRecord], into: dict[bytes, bytes] | None = None) -> dict[bytes, bytes]:
+    """The key-value state a run of change records leaves behind (last write wins, a
+    tombstone removes): what compaction keeps and what a restore into a KV engine holds.
+    Updates and returns ``into`` when given."""
+    state: dict[bytes, bytes] = {} if into is None else into
+    for k, v in records:
+        if v is None:
+            state.pop(k, None)
+        else:
+            state[k] = v
+    return state

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from localstate import KeyValueEngine, StorageEngineFactory
+from localstate.records import apply_records
 from localstate.testing import StorageEngineConformance
 
 
@@ -79,11 +80,7 @@ class TrustingEngine(KeyValueEngine):
         return self.range(None, None)
 
     def restore(self, records, *, into_empty=False):
-        for k, v in records:
-            if v is None:
-                self.data.pop(k, None)
-            else:
-                self.data[k] = v
+        apply_records(records, self.data)
 
     def prepare_restore(self, committed_offset, min_valid_offset):
         if min_valid_offset <= self.offset <= committed_offset:

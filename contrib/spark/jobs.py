@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from localstate import Config, KeyValueStore, LocalStateError, RestoreProgress, TaskStorage
 from localstate.layout import job_dir
+from localstate.metrics import TransferRate
 from localstate.registry import resolve_factory
 from localstate.terminal import make_console, quiet_stderr
 
@@ -190,7 +191,7 @@ def snapshot_state(
 
 
 @dataclass
-class RestoreReport:
+class RestoreReport(TransferRate):
     """Totals of a restore from the changelog, over every store and partition."""
 
     snapshot: StateSnapshot
@@ -199,13 +200,6 @@ class RestoreReport:
     seconds: float
     """Wall time of opening every task, restore included (the state dump is not)."""
 
-    @property
-    def records_per_second(self) -> float:
-        return self.records / self.seconds if self.seconds > 0 else float("inf")
-
-    @property
-    def mb_per_second(self) -> float:
-        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else float("inf")
 
 
 def restore_state(config: Config, listener: Callable[[RestoreProgress], None] | None = None) -> RestoreReport:

@@ -41,6 +41,7 @@ import pytest
 from localstate.changelog.base import ChangelogPartition, ChangelogSystem
 from localstate.config import Config
 from localstate.errors import CorruptionError, FencedError, StoreLockedError
+from localstate.records import apply_records
 from localstate.registry import ENGINES
 from localstate.storage import TaskStorage
 
@@ -59,17 +60,6 @@ def unique(prefix: str) -> str:
 def records(lo: int, hi: int, prefix: bytes = b"k") -> list[tuple[bytes, bytes | None]]:
     """Changelog records ``prefix<i> -> v<i>`` for ``i`` in ``[lo, hi)``."""
     return [(prefix + b"%d" % i, b"v%d" % i) for i in range(lo, hi)]
-
-
-def apply_records(recs: Any, into: dict | None = None) -> dict:
-    """The state a sequence of ``(key, value-or-None)`` records leaves behind."""
-    state = {} if into is None else into
-    for k, v in recs:
-        if v is None:
-            state.pop(k, None)
-        else:
-            state[k] = v
-    return state
 
 
 def on_another_machine(values: dict[str, Any], tmp_path: Path, name: str) -> Config:
