@@ -21,6 +21,13 @@ Checkpoints: ``partition-<p>.ckpt`` always exists once written (the previous one
 hard-linked to ``.prev`` before the new one is renamed over it, so no crash leaves
 only ``.prev``). A missing or corrupt ``.ckpt`` is damage and an error; ``.prev`` is
 used only when asked (``localstate restore --use-previous-checkpoint``).
+
+Why one module of ~630 lines: it is one concern, the segmented log of a partition,
+read top to bottom in the order of a partition's life (recover on open, append and
+roll, read, cut the tail, reset, verify, compact, close); every method works on the
+same list of segments and its invariants (dense offsets, only the last segment open
+for writing). The byte format is in ``format.py`` and the checkpoints in
+``file_checkpoints.py``.
 """
 
 from __future__ import annotations
@@ -540,9 +547,6 @@ class FileChangelogPartition(ChangelogPartition):
             fault_point("compaction.mid")
         fsync_dir(self.directory)
         return stats
-
-    def size_bytes(self) -> int:
-        return sum(s.size for s in self._segments)
 
     def segments(self) -> list[tuple[int, int, Path]]:
         """``(base_offset, next_offset, path)`` per segment, oldest first."""
