@@ -32,6 +32,7 @@ from localstate.cli import cli
 from localstate.engines.memory import MemoryEngineFactory
 from localstate.partitioning import task_for
 from localstate.rescale import rescale, update_config_file
+from localstate.storage import Recovery
 
 USERS = [f"user-{i}" for i in range(200)]
 
@@ -706,3 +707,38 @@ def test_kafka_and_objectstore_refusals_change_nothing(tmp_path, remote):
     run_tasks(config, {}, version=3)
     assert state_of(rescale(config, 6).config) == {
         q: {**want, **({mine: {"n": 5}} if task_for(mine, 6) == q else {})} for q, want in expected(6).items()}
+
+
+# -- `localstate restore --reset STORE` with a local copy of the old state left elsewhere --------------
+def test_reset_never_resurrects_a_local_copy_left_on_another_machine(tmp_path):
+    """Machine B holds a RocksDB copy of the store at its last commit; the operator resets
+    the store on machine A. When the task moves back to B, the copy must be discarded
+    (before the fix the file and objectstore logs accepted a snapshot at the reset log's
+    end, and replaying the empty log over it brought the whole state back)."""
+    _reset_on_a_then_open_on_b(tmp_path, job_values(tmp_path, "rocksdb", 1))
+
+
+def test_kafka_and_objectstore_reset_never_resurrects_a_local_copy(tmp_path, remote):
+    _reset_on_a_then_open_on_b(tmp_path, remote(tmp_path, 1, "rocksdb"))
+
+
+def _reset_on_a_then_open_on_b(tmp_path: Path, values: dict[str, Any]) -> None:
+    machine_a = Config.from_dict({**values, "job.state.dir": str(tmp_path / "machine-a")})
+    machine_b = Config.from_dict({**values, "job.state.dir": str(tmp_path / "machine-b")})
+    with TaskStorage(machine_b, 0) as storage:
+        storage.store("counts").put_all({u: {"n": 1} for u in USERS})
+        storage.commit("p1")
+    with TaskStorage(machine_b, 0) as storage:  # a second commit with nothing new: snapshot at the end
+        storage.commit("p2")
+    with TaskStorage(machine_a, 0, recovery=Recovery(reset={"counts"})) as storage:
+        with storage.store("counts").all() as items:
+            assert dict(items) == {}
+        storage.commit("p3")
+    with TaskStorage(machine_b, 0) as storage:
+        with storage.store("counts").all() as items:
+            assert dict(items) == {}, "the reset state came back from machine B's local copy"
+        storage.store("counts")["new"] = {"n": 2}
+        storage.commit("p4")
+    with TaskStorage(machine_a, 0) as storage:
+        with storage.store("counts").all() as items:
+            assert dict(items) == {"new": {"n": 2}}
