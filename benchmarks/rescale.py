@@ -12,12 +12,21 @@ each from a fresh copy of the job's directories:
   state (what a job pays after losing its machine).
 
 ``ratio`` = rescale / full restore. Rates are state records (keys) per second.
+
+Then the same rescale (memory engine) by changelog, interleaved run by run so the shared
+machine's load hits each alike: ``file`` (fsync), ``objectstore`` on a local moto S3
+endpoint, ``kafka`` on a local tansu broker (both started here, on 127.0.0.1). Each run
+rescales a freshly built job (building is not timed); ``ratio`` = rate / file's rate.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +34,7 @@ from localstate import Config, TaskStorage
 from localstate.partitioning import task_for
 from localstate.rescale import rescale
 
-from .runner import paired_rows, rows_per_engine
+from .runner import error_row, make_row, paired_rows, rows_per_engine
 
 __all__ = ["run"]
 
@@ -35,7 +44,10 @@ ENGINES = ("memory", "rocksdb")
 OLD, NEW = 4, 6
 
 
-def _values(root: Path, engine: str) -> dict[str, Any]:
+CHANGELOGS = ("file", "objectstore (moto S3)", "kafka (tansu)")
+
+
+def _values(root: Path, engine: str, system: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "job.name": "rescale",
         "job.partitions": OLD,
@@ -46,11 +58,12 @@ def _values(root: Path, engine: str) -> dict[str, Any]:
         "stores.kv.msg.serde": "string",
         "stores.kv.object.cache.size": 10_000,
         "stores.kv.write.batch.size": 5_000,
+        **(system or {}),
     }
 
 
-def _build(root: Path, engine: str, records: int) -> None:
-    config = Config.from_dict(_values(root, engine))
+def _build(root: Path, engine: str, records: int, system: dict[str, Any] | None = None) -> Config:
+    config = Config.from_dict(_values(root, engine, system))
     keys = [f"key{i:013d}" for i in range(records)]
     value = "v" * 100
     for version, chosen in ((0, keys), (1, keys[: records // 10])):
@@ -62,6 +75,7 @@ def _build(root: Path, engine: str, records: int) -> None:
                 if version:
                     kv.delete_all([k for k in keys[-records // 10:] if task_for(k, OLD) == p])
                 s.commit("input", version=version)
+    return config
 
 
 def _fresh(pristine: Path, work: Path, engine: str) -> Config:
@@ -100,9 +114,66 @@ def _measure(engine: str, records: int, repeats: int, root: Path) -> list[dict[s
     )
 
 
+@contextlib.contextmanager
+def _servers() -> Iterator[dict[str, Any]]:
+    """A moto S3 endpoint and a tansu broker on 127.0.0.1 for the changelog rows."""
+    from localstate.testing.kafka import TansuBroker
+    from localstate.testing.s3 import MotoServer
+
+    with MotoServer() as s3, TansuBroker() as broker:
+        yield {"s3": s3, "bucket": s3.create_bucket(), "kafka": broker.bootstrap}
+
+
+def _system(kind: str, servers: dict[str, Any], job: str) -> dict[str, Any]:
+    if kind.startswith("objectstore"):
+        from localstate.testing.s3 import objectstore_options
+
+        return {"job.name": job, "job.changelog.system": "s3", "stores.kv.changelog": f"s3.{job}-kv",
+                **objectstore_options(servers["s3"].endpoint, servers["bucket"], job)}
+    if kind.startswith("kafka"):
+        return {"job.name": job, "job.changelog.system": "kafka", "stores.kv.changelog": f"kafka.{job}-kv",
+                "systems.kafka.bootstrap.servers": servers["kafka"], "systems.kafka.checkpoint.topic": f"{job}-ckpt"}
+    return {"job.name": job}
+
+
+def _changelog_rows(records: int, repeats: int, root: Path) -> list[dict[str, Any]]:
+    """``rescale 4 -> 6`` of the memory engine on each of :data:`CHANGELOGS`, interleaved."""
+    state = records - records // 10
+    params = {"state_records": state, "from": OLD, "to": NEW, "engine": "memory"}
+    runs: dict[str, list[float]] = {kind: [] for kind in CHANGELOGS}
+    with _servers() as servers:
+        for r in range(repeats + 1):  # the first round warms up
+            for kind in CHANGELOGS:
+                job = f"rescale-{r}-{os.urandom(3).hex()}"
+                config = _build(root / job, "memory", records, _system(kind, servers, job))
+                t0 = time.perf_counter()
+                rescale(config, NEW)
+                if r:
+                    runs[kind].append(state / (time.perf_counter() - t0))
+    rows = [make_row(f"rescale {OLD} -> {NEW} by changelog", kind, params, "records/s", runs[kind],
+                     baseline=None if kind == "file" else "file",
+                     notes="memory engine; each run a freshly built job; servers on 127.0.0.1")
+            for kind in CHANGELOGS]
+    base = statistics.median(runs["file"])
+    for row in rows[1:]:
+        row["ratio"] = row["median"] / base if base else None
+    return rows
+
+
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
-    """Rows for every installed engine of :data:`ENGINES`."""
+    """Rows for every installed engine of :data:`ENGINES`, then by changelog."""
+    import tempfile
+
     records = QUICK_RECORDS if quick else FULL_RECORDS
-    return rows_per_engine(ENGINES, lambda engine, root: _measure(engine, records, repeats, root),
+    rows = rows_per_engine(ENGINES, lambda engine, root: _measure(engine, records, repeats, root),
                            workload=f"rescale {OLD} -> {NEW}", params={"records": records}, unit="records/s",
                            prefix="localstate-rescale-")
+    root = Path(tempfile.mkdtemp(prefix="localstate-rescale-changelogs-"))
+    try:
+        rows += _changelog_rows(records, repeats, root)
+    except Exception as e:  # a server that cannot start: one error row, the file rows stand
+        rows.append(error_row(f"rescale {OLD} -> {NEW} by changelog", "kafka/objectstore", {"records": records},
+                              "records/s", f"{type(e).__name__}: {e}"))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return rows

@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, CorruptionError
 from localstate.records import ChangeRecord
 
-__all__ = ["ChangelogPartition", "ChangelogSystem", "CheckpointStore", "CurrentFn", "check_stream_partitions"]
+__all__ = [
+    "ChangelogPartition",
+    "ChangelogSystem",
+    "CheckpointStore",
+    "CurrentFn",
+    "Generation",
+    "check_stream_partitions",
+]
 
 CurrentFn = Callable[[Iterable[bytes]], Iterable[ChangeRecord]]
 """``engine.current``: the committed change record for each change-record key."""
@@ -37,6 +45,57 @@ def check_stream_partitions(stream: str, where: str, data: bytes, partitions: in
             f"job.partitions = {partitions}; state is partitioned by task, so the counts must "
             f"match. {fix.format(have=have)}"
         )
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Which streams and checkpoints a job's state lives in, on a changelog that cannot
+    swap them in place (``kafka``: a topic's partitions cannot shrink; ``objectstore``:
+    no rename). Generation 0 is the configured names; ``localstate rescale`` writes
+    generation ``n`` beside the old one — streams ``<stream>.gen<n>``, checkpoints of
+    ``<job>.gen<n>`` — and then records it, the one write that switches the job over.
+
+    ``horizons[stream][p]`` is the first offset a local snapshot of partition ``p`` may
+    be tagged with: one past what the rescale wrote, so a local copy of the *old* task
+    ``p`` that survived on some machine (tagged with offsets of the old log) is never
+    loaded for the new task ``p``.
+    """
+
+    number: int = 0
+    partitions: int | None = None
+    previous_partitions: int | None = None
+    horizons: Mapping[str, Sequence[int]] = field(default_factory=dict)
+
+    def stream(self, stream: str) -> str:
+        """The physical stream (topic, prefix) of ``stream`` in this generation."""
+        return stream if self.number == 0 else f"{stream}.gen{self.number}"
+
+    def job(self, job: str) -> str:
+        """The name the job's task checkpoints are kept under in this generation."""
+        return job if self.number == 0 else f"{job}.gen{self.number}"
+
+    def horizon(self, stream: str, partition: int) -> int:
+        per_task = self.horizons.get(stream, ())
+        return int(per_task[partition]) if partition < len(per_task) else 0
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"generation": self.number, "partitions": self.partitions,
+                           "previous_partitions": self.previous_partitions,
+                           "horizons": {k: list(v) for k, v in self.horizons.items()}}, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Generation:
+        """Parse a generation record; :class:`CorruptionError` naming ``where``."""
+        try:
+            d = json.loads(data)
+            return cls(int(d["generation"]), int(d["partitions"]),
+                       None if d.get("previous_partitions") is None else int(d["previous_partitions"]),
+                       {str(k): [int(x) for x in v] for k, v in d.get("horizons", {}).items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CorruptionError(
+                f"the job's generation record {where} is corrupt ({e}); nothing was changed. It says which "
+                "streams a rescaled job's state is in: restore it from a backup"
+            ) from e
 
 
 class ChangelogPartition(ABC):
@@ -193,6 +252,10 @@ class ChangelogSystem(ABC):
     def describe(self) -> str:
         """Where this system keeps data, for messages (path, bootstrap servers)."""
         return self.name
+
+    def generation(self) -> Generation:
+        """The job's current :class:`Generation` (systems that rescale in place: always 0)."""
+        return Generation()
 
     def close(self) -> None:
         """Release resources (idempotent)."""

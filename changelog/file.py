@@ -415,7 +415,10 @@ class FileChangelogPartition(ChangelogPartition):
 
     def reset(self) -> int:
         """Remove every segment; the next segment starts at the old end offset, so offsets
-        never go back, and that offset becomes the horizon (the log's recorded start)."""
+        never go back. The horizon (the log's recorded start) goes one past it: a local
+        copy of the given-up state left on another machine, tagged with an offset at or
+        below the end (its last commit), is never loaded — replaying the empty log over it
+        would change nothing and bring the whole state back."""
         self._check_writable()
         if self._writer is not None:
             self._writer.close()
@@ -423,8 +426,8 @@ class FileChangelogPartition(ChangelogPartition):
         # The new start is recorded first (as the horizon: no snapshot of the given-up state
         # is valid), so a crash part-way leaves a log whose head is accounted for and a reset
         # that can run again.
-        atomic_write(self.directory / "compaction.json", json.dumps({"tombstone_horizon": self._end}).encode())
-        self._horizon = self._end
+        atomic_write(self.directory / "compaction.json", json.dumps({"tombstone_horizon": self._end + 1}).encode())
+        self._horizon = self._end + 1
         for seg in self._segments:
             seg.path.unlink(missing_ok=True)
         if self._torn is not None:

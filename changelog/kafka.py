@@ -17,6 +17,10 @@ How it maps onto Kafka:
   :class:`FencedError`.
 * Task checkpoints are records keyed ``<job>/<partition>`` in one compacted topic
   (``checkpoint.topic``), written in their own transaction by the same producer.
+* After ``localstate rescale`` the job's state is in a new generation of topics,
+  ``<topic>.gen<n>`` with the new partition count (a topic's partitions cannot shrink,
+  and growing them would move keys), and its checkpoints are keyed ``<job>.gen<n>/<p>``;
+  the record ``<job>/generation`` in the checkpoint topic says which (``Generation``).
 * Offsets are Kafka offsets and may have gaps (transaction markers, compaction). Reads
   stop at the requested offset and detect the end of a partition with partition EOF;
   the high watermark is never trusted for correctness, and correctness never depends
@@ -45,7 +49,7 @@ from localstate.errors import (
 from localstate.faults import fault_point
 from localstate.records import ChangeRecord
 
-from .base import ChangelogPartition, ChangelogSystem, CurrentFn
+from .base import ChangelogPartition, ChangelogSystem, CurrentFn, Generation
 from .kafka_checkpoints import KafkaCheckpointStore
 from .kafka_client import KafkaClient, KafkaSettings, client_log, connect_timeout_ms, is_fenced
 
@@ -178,7 +182,8 @@ class KafkaChangelogPartition(ChangelogPartition):
 
     def __init__(self, system: KafkaChangelogSystem, writer: _TaskWriter, stream: str, partition: int) -> None:
         self.system = system
-        self.stream = stream
+        self.logical_stream = stream
+        self.stream = system.generation().stream(stream)
         self.partition = partition
         self._writer = writer
         self._consumer: Any = None
@@ -303,15 +308,17 @@ class KafkaChangelogPartition(ChangelogPartition):
         )[0]
         if found.error is not None:
             raise ChangelogError(f"looking up offsets by time in {self.where} failed: {found.error}")
+        # a rescaled job's new topics: no local copy of an old task may be loaded
+        rescaled = self.system.generation().horizon(self.logical_stream, self.partition)
         if found.offset < 0:
-            return self._records_end()
+            return max(rescaled, self._records_end())
         # Verify the answer (tansu answers offset 0 for any time): the first record with
         # a timestamp at or after the horizon, scanning on only when the answer was wrong.
         for msgs, _ in self._scan(int(found.offset), None):
             for m in msgs:
                 if m.timestamp()[1] >= horizon_ms:
-                    return int(m.offset())
-        return self._records_end()
+                    return max(rescaled, int(m.offset()))
+        return max(rescaled, self._records_end())
 
     def _records_end(self) -> int:
         """Offset after the last record (a trailing transaction marker not counted)."""
@@ -388,7 +395,7 @@ class KafkaChangelogPartition(ChangelogPartition):
         if self._consumer is not None:
             consumer, self._consumer = self._consumer, None
             consumer.close()
-        self.system._release(self.stream, self.partition)
+        self.system._release(self.logical_stream, self.partition)
 
 
 class KafkaChangelogSystem(ChangelogSystem):
@@ -404,6 +411,7 @@ class KafkaChangelogSystem(ChangelogSystem):
         self._writers: dict[tuple[str, int], _TaskWriter] = {}
         self._open: set[tuple[str, int]] = set()
         self._checkpoints = KafkaCheckpointStore(self)
+        self._generation: Generation | None = None
         self._closed = False
 
     def describe(self) -> str:
@@ -422,9 +430,32 @@ class KafkaChangelogSystem(ChangelogSystem):
         if self._closed:
             raise ChangelogError(f"{self.describe()} is closed")
 
+    # -- generations (after a rescale) -------------------------------------------------------
+    def generation(self) -> Generation:
+        """The job's current generation (read from the checkpoint topic once)."""
+        if self._generation is None:
+            self._generation = self._checkpoints.read_generation(self.job)
+        return self._generation
+
+    def pin_generation(self, generation: Generation) -> None:
+        """Read and write ``generation`` from here on (rescale writes the next one with it)."""
+        self._generation = generation
+
+    def generation_used(self, generation: Generation, streams: list[str]) -> bool:
+        """Whether a topic of ``generation`` exists already (a crashed earlier attempt)."""
+        return any(self.client.topic_exists(generation.stream(s)) for s in streams)
+
+    def write_generation(self, generation: Generation) -> None:
+        """Record ``generation`` as the job's current one: the commit point of a rescale."""
+        self._checkpoints.write_generation(self.job, generation)
+        self._generation = generation
+
     # -- the ChangelogSystem interface ------------------------------------------------------
     def topic_exists(self, topic: str) -> bool:
-        """Whether ``topic`` exists (read-only tools check before reading would create it)."""
+        """Whether ``topic`` exists (read-only tools check before reading would create it);
+        a changelog stream's name is mapped to its topic in the job's generation."""
+        if topic != self.settings.checkpoint_topic:
+            topic = self.generation().stream(topic)
         return self.client.topic_exists(topic)
 
     def open_partition(
@@ -441,7 +472,7 @@ class KafkaChangelogSystem(ChangelogSystem):
             raise StoreLockedError(
                 f"kafka topic {stream!r} partition {partition} is already open for writing in this task"
             )
-        self.client.ensure_topic(stream, partitions)
+        self.client.ensure_topic(self.generation().stream(stream), partitions)
         writer = self.writer(self.job, partition)
         self._open.add((stream, partition))
         return KafkaChangelogPartition(self, writer, stream, partition)

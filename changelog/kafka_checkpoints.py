@@ -11,7 +11,7 @@ from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, CorruptionError
 from localstate.faults import fault_point
 
-from .base import CheckpointStore
+from .base import CheckpointStore, Generation
 
 try:
     from confluent_kafka import KafkaException
@@ -37,7 +37,31 @@ class KafkaCheckpointStore(CheckpointStore):
         self.topic = system.settings.checkpoint_topic
 
     def _key(self, job: str, partition: int) -> bytes:
+        if job == self.system.job:
+            job = self.system.generation().job(job)
         return f"{job}/{partition}".encode()
+
+    def read_generation(self, job: str) -> Generation:
+        """The job's generation record (``<job>/generation``); generation 0 if none (or no
+        checkpoint topic yet: reading would create it)."""
+        if not self.system.client.topic_exists(self.topic):
+            return Generation()
+        found, _ = self._scan(f"{job}/generation".encode())
+        if not found or found[-1] is None:
+            return Generation()
+        return Generation.from_bytes(found[-1], f"{job}/generation in kafka topic {self.topic!r}")
+
+    def write_generation(self, job: str, generation: Generation) -> None:
+        """Write the job's generation record in its own transaction (the rescale's commit point)."""
+        s = self.system
+        s.client.ensure_topic(self.topic, 1, checkpoint=True)
+        writer = s.writer(job, 0)
+        writer.begin()
+        try:
+            writer.producer.produce(self.topic, generation.to_bytes(), f"{job}/generation".encode(), 0)
+        except KafkaException as e:
+            raise writer.fail(e.args[0], f"write the generation record to topic {self.topic!r}") from e
+        writer.commit(f"checkpoint topic {self.topic!r}")
 
     def read(self, job: str, partition: int, *, fence: bool = True) -> Checkpoint | None:
         """The latest checkpoint of the task (``fence=False`` for read-only tools)."""

@@ -20,10 +20,15 @@ Layout under ``path`` (object stores have no append, so nothing is ever modified
     <stream>/<p>/log/<start:020d>-<end:020d>-<epoch:010d>.lsb
                                                   record batches (changelog/format.py) of
                                                   offsets [start, end), written by ``epoch``
+    <stream>/<p>/log/horizon-<offset:020d>        written by a reset: no local snapshot
+                                                  below ``offset`` may be loaded
     <stream>/<p>/sst/<epoch:010d>-<file>          immutable snapshot files (RocksDB SSTs), shared
     <stream>/<p>/snapshots/<offset:020d>-<epoch:010d>.json
                                                   a snapshot at a committed offset: its files
     _checkpoints/<job>/partition-<p>/<seq:020d>   checkpoints and claims, If-None-Match
+    _generations/<job>/<n:010d>                   after ``localstate rescale``: the job's state
+                                                  is in ``<stream>.gen<n>`` and checkpoints of
+                                                  ``<job>.gen<n>`` (changelog/base.Generation)
 
 **The log.** Records appended between flushes are encoded into one local buffer and
 uploaded as one object at :meth:`ObjectStoreChangelogPartition.flush`, which returns
@@ -42,7 +47,8 @@ only concatenates batches, so every offset stays reconstructible; until the dele
 are done the larger object wins the chain (same epoch, larger end).
 :meth:`~ObjectStoreChangelogPartition.compact` keeps the latest record per key below
 the offset both kept checkpoints have passed; it keeps tombstones, so every local
-snapshot stays usable (``min_valid_snapshot_offset`` is 0).
+snapshot stays usable (``min_valid_snapshot_offset`` is 0 unless a reset or a rescale
+set a horizon past the log end: then no local copy of the state before it can be loaded).
 
 **Checkpoints and fencing.** Checkpoint objects have increasing sequence numbers and
 are only ever *created* (``If-None-Match: *``). A task instance that reads its
@@ -91,7 +97,13 @@ from localstate.errors import (
 )
 from localstate.faults import fault_point
 
-from .base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
+from .base import (
+    ChangelogPartition,
+    ChangelogSystem,
+    CurrentFn,
+    Generation,
+    check_stream_partitions,
+)
 from .format import HEADER_SIZE, BatchHeader, check_crc, decode_payload, encode_batch, walk
 from .objectstore_checkpoints import ObjectStoreCheckpointStore
 from .objectstore_client import EXISTS, MISSING, ObjectStoreClient, ObjectStoreSettings
@@ -108,6 +120,8 @@ __all__ = [
 log = logging.getLogger("localstate.changelog.objectstore")
 
 _LOG_NAME = re.compile(r"^(\d{20})-(\d{20})-(\d{10})\.lsb$")
+_HORIZON_NAME = re.compile(r"^horizon-(\d{20})$")
+_GENERATION_NAME = re.compile(r"^\d{10}$")
 _PREFETCH = 8  # objects fetched ahead during restore ...
 _PREFETCH_BYTES = 64 * 1024 * 1024  # ... and at most this many bytes of them (beyond the first)
 
@@ -155,9 +169,12 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                  readonly: bool = False) -> None:
         self.system = system
         self.store = system.store
-        self.stream = stream
+        self.generation = system.generation()
+        self.logical_stream = stream
+        self.stream = stream = self.generation.stream(stream)
         self.partition = partition
         self.readonly = readonly
+        self._horizon = 0  # the largest horizon-<offset> marker a reset left
         self.prefix = f"{stream}/{partition}"
         self.log_prefix = f"{self.prefix}/log"
         self._closed = False
@@ -191,6 +208,10 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
     def _load(self) -> None:
         objects: list[ObjectName] = []
         for name, size in self.store.list(self.log_prefix):
+            horizon = _HORIZON_NAME.match(name)
+            if horizon is not None:
+                self._horizon = max(self._horizon, int(horizon.group(1)))
+                continue
             parsed = ObjectName.parse(name)
             if parsed is None:
                 raise CorruptionError(
@@ -436,10 +457,17 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
 
     def reset(self) -> int:
         """Replace the log by one object holding no records for ``[0, end)``: a restore
-        then yields an empty state, and offsets never go back."""
+        then yields an empty state, and offsets never go back. A ``horizon-<end + 1>``
+        marker, written first, keeps every local copy of the state before the reset from
+        being loaded (one on another machine, tagged with an offset at or below ``end``,
+        would otherwise come back whole: replaying the empty log changes nothing)."""
         self._check_writable()
         self._buffer.clear()
         end = self._end = self._buffer_start = max(self._end, self._chain[-1].end if self._chain else 0)
+        horizon = end + 1
+        if horizon > self._horizon:
+            self.store.put(f"{self.log_prefix}/horizon-{horizon:020d}", b"")
+            self._horizon = horizon
         if end:
             empty = ObjectName(0, end, self.epoch)
             self.store.put(self._key(empty), encode_batch(0, [], offsets=[], span=end))
@@ -448,6 +476,10 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self.store.delete([self._key(o) for o in old])
             self._chain, self._others, self._written = [empty], [], []
         return end
+
+    def min_valid_snapshot_offset(self) -> int:
+        """0 (compaction keeps tombstones), unless a reset or a rescale set a horizon."""
+        return max(self._horizon, self.generation.horizon(self.logical_stream, self.partition))
 
     def verify(self) -> dict[str, Any]:
         """Read every object of the chain back (CRC32 of every batch, dense offsets)."""
@@ -524,7 +556,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             return
         self._closed = True
         self._buffer.clear()
-        self.system._release(self.stream, self.partition)
+        self.system._release(self.logical_stream, self.partition)
 
 
 def _chain_of(objects: list[ObjectName]) -> tuple[list[ObjectName], list[ObjectName]]:
@@ -580,10 +612,48 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         self.store = ObjectStoreClient(self.settings, name)
         self._open: set[tuple[str, int]] = set()
         self._streams: dict[str, int] = {}
+        self._generation: Generation | None = None
         self._checkpoints = ObjectStoreCheckpointStore(self)
 
     def describe(self) -> str:
         return f"objectstore changelog at {self.settings.url}"
+
+    def generation_prefix(self) -> str:
+        return f"_generations/{self.job}"
+
+    def generation(self) -> Generation:
+        """The job's current generation: the highest ``_generations/<job>/<n>`` (one LIST
+        when the system first needs it; 0 when there is none)."""
+        if self._generation is None:
+            prefix = self.generation_prefix()
+            numbers = sorted(n for n, _ in self.store.list(prefix) if _GENERATION_NAME.match(n))
+            if not numbers:
+                self._generation = Generation()
+            else:
+                key = f"{prefix}/{numbers[-1]}"
+                self._generation = Generation.from_bytes(self.store.get(key), self.store.where(key))
+        return self._generation
+
+    def pin_generation(self, generation: Generation) -> None:
+        """Read and write ``generation`` from here on (rescale writes the next one with it)."""
+        self._generation = generation
+        self._streams.clear()
+
+    def generation_used(self, generation: Generation, streams: list[str]) -> bool:
+        """Whether anything of ``generation`` exists already (a crashed earlier attempt)."""
+        prefixes = [generation.stream(s) for s in streams] + [f"_checkpoints/{generation.job(self.job)}"]
+        return any(self.store.list(p) for p in prefixes)
+
+    def write_generation(self, generation: Generation) -> None:
+        """Record ``generation`` as the job's current one (create-only): the commit point of
+        a rescale. :class:`ChangelogError` if another rescale recorded that number first."""
+        key = f"{self.generation_prefix()}/{generation.number:010d}"
+        try:
+            self.store.put(key, generation.to_bytes(), create=True)
+        except EXISTS as e:
+            raise ChangelogError(f"{self.store.where(key)} exists: another rescale of job {self.job!r} "
+                                 "committed first; nothing of this one counts") from e
+        self._generation = generation
 
     def _check_stream(self, stream: str, partitions: int) -> None:
         if self._streams.get(stream) == partitions:
@@ -610,7 +680,7 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
             return ObjectStoreChangelogPartition(self, stream, partition, readonly=True)
         if (stream, partition) in self._open:
             raise StoreLockedError(f"{self.store.where(f'{stream}/{partition}')} is already open for writing in this task")
-        self._check_stream(stream, partitions)
+        self._check_stream(self.generation().stream(stream), partitions)
         self._open.add((stream, partition))
         try:
             return ObjectStoreChangelogPartition(self, stream, partition)

@@ -51,7 +51,10 @@ class ObjectStoreCheckpointStore(CheckpointStore):
         self._lock = threading.Lock()
 
     def prefix(self, job: str, partition: int) -> str:
-        """Where the task's checkpoints and claims live (relative to the system's URL)."""
+        """Where the task's checkpoints and claims live (relative to the system's URL); in a
+        rescaled job's generation ``n``, under ``<job>.gen<n>``."""
+        if job == self.system.job:
+            job = self.system.generation().job(job)
         return f"_checkpoints/{job}/partition-{partition}"
 
     def _list(self, job: str, partition: int) -> list[int]:

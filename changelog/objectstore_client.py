@@ -77,6 +77,14 @@ class ObjectStoreSettings:
                 f"{prefix}.path = {url!r}: the objectstore changelog needs a URL such as "
                 "s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///absolute/dir"
             )
+        scheme = url.split("://", 1)[0].lower()
+        if scheme in _HDFS_SCHEMES:
+            raise ConfigError(
+                f"{prefix}.path = {url!r}: the objectstore changelog cannot reach HDFS — obstore has no HDFS "
+                "client, and fsspec's goes through libhdfs, which needs a Hadoop installation (JVM, "
+                "HADOOP_HOME/CLASSPATH) on every executor. Use the cluster's object store (s3://, gs://, "
+                "az://, abfs://) or the file changelog on an HDFS mount (NFS gateway or FUSE)"
+            )
         if url.startswith("file://") and not url[len("file://"):].startswith("/"):
             raise ConfigError(f"{prefix}.path = {url!r}: a file:// URL needs an absolute path (file:///dir)")
         for key, value, low in (("timeout.ms", self.timeout_ms, 100), ("retries", self.retries, 0),
@@ -96,6 +104,8 @@ class ObjectStoreSettings:
         """``client.*`` with obstore's types (booleans for its flags)."""
         return {k: _client_value(k, v, f"client.{k}") for k, v in self.client.items()}
 
+
+_HDFS_SCHEMES = frozenset({"hdfs", "viewfs", "webhdfs", "swebhdfs"})
 
 _BOOL_CLIENT_KEYS = frozenset({"allow_http", "allow_invalid_certificates", "http1_only", "http2_only"})
 
@@ -200,6 +210,17 @@ class ObjectStoreClient:
                 for meta in chunk:
                     out.append((meta["path"][len(prefix) + 1:], int(meta["size"])))
             return out
+        return self._retry("list", prefix + "/", op)
+
+    def children(self, prefix: str) -> tuple[list[str], list[tuple[str, int]]]:
+        """One level under ``prefix`` ("" for the system's root): the names of the
+        "directories" and ``(name, size)`` of the objects (for inspection)."""
+        def op() -> tuple[list[str], list[tuple[str, int]]]:
+            self.requests["list"] += 1
+            found = obstore.list_with_delimiter(self.store, prefix or None)
+            cut = len(prefix) + 1 if prefix else 0
+            return ([p[cut:] for p in found["common_prefixes"]],
+                    [(o["path"][cut:], int(o["size"])) for o in found["objects"]])
         return self._retry("list", prefix + "/", op)
 
     def delete(self, keys: list[str]) -> None:

@@ -218,16 +218,30 @@ def _with_root(columns: tuple[str, ...], rows: list[dict[str, Any]], values: lis
 
 
 @cli.command()
-@click.argument("path", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("path", required=False)
+@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="inspect the objectstore system(s) of this job config")
+@click.option("--system", "system_name", help="with -c: only this system")
+@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="a setting of an object-store URL's system, e.g. config.endpoint=http://host:9000")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def inspect(path: Path, as_json: bool) -> None:
-    """Describe a changelog directory (systems.file.path) or a state directory.
+def inspect(path: str | None, config_path: str | None, system_name: str | None, options: tuple[str, ...],
+            as_json: bool) -> None:
+    """Describe a changelog directory (systems.file.path), a state directory, or an
+    objectstore changelog (a URL such as s3://bucket/prefix, or -c job.toml).
 
     Read-only: never locks, truncates or writes, so it is safe on a live task.
     """
-    from .inspect import inspect_path
+    from .inspect import inspect_path, inspect_remote
 
-    report = inspect_path(path)
+    if config_path is not None or (path is not None and "://" in path):
+        report = inspect_remote(path, config_path, system_name, options)
+    elif path is None:
+        raise click.UsageError("give a directory, an object-store URL, or -c job.toml")
+    elif not Path(path).is_dir():
+        raise click.BadParameter(f"{path!r} is not a directory (nor an object-store URL)", param_hint="PATH")
+    else:
+        report = inspect_path(Path(path))
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
         return
@@ -256,6 +270,13 @@ def inspect(path: Path, as_json: bool) -> None:
               f"{s['files']:,} files, {s['bytes']:,} bytes" if s["files"] else "in memory (no local files)")
              for s in rows])
         console.print(_table(f"local stores under {path}", columns, values))
+    if report.get("generations"):
+        rows = report["generations"]
+        console.print(_table(f"rescaled jobs under {path or config_path}", ("job", "generation", "partitions", "was",
+                                                                          "checkpoints of"),
+                             [(g["job"], g.get("generation", "?"), g.get("partitions", "?"),
+                               g.get("previous_partitions", "?"), g.get("checkpoints_of", g.get("error", "")))
+                              for g in rows]))
     if not any(report.values()):
         console.print(f"nothing localstate recognises under {_escape(path)}")
 

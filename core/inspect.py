@@ -5,14 +5,15 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .checkpoint import Checkpoint
-from .errors import LocalStateError
+from .errors import ConfigError, LocalStateError
 from .layout import LOCKS
 
-__all__ = ["inspect_path", "lock_holder", "count_records"]
+__all__ = ["inspect_path", "inspect_remote", "lock_holder", "count_records"]
 
 
 def lock_holder(lock: Path) -> str | None:
@@ -141,4 +142,41 @@ def inspect_path(path: Path) -> dict[str, Any]:
                 report["stores"].append({"job": jobdir.name, "store": sdir.name, "partition": int(pdir.name),
                                          "files": files, "bytes": size, "path": str(pdir),
                                          "root": _root(path, jobdir.parent)})
+    return report
+
+
+def inspect_remote(url: str | None, config_path: str | None = None, system: str | None = None,
+                   options: Sequence[str] = ()) -> dict[str, Any]:
+    """What objectstore changelogs hold: the one at ``url`` (with ``options``, ``KEY=VALUE``
+    settings of its ``systems.<name>.*``), or every objectstore system of the job config
+    at ``config_path`` (only ``system`` if given). Rows as :func:`inspect_path` gives,
+    plus ``generations`` (rescaled jobs). Raises :class:`ConfigError` naming what is wrong."""
+    from .config import Config
+
+    targets: list[tuple[str, dict[str, Any]]] = []
+    if config_path is not None:
+        if url is not None:
+            raise ConfigError(f"inspect: give an object-store URL ({url}) or -c {config_path}, not both")
+        config = Config.load(config_path)
+        for name, opts in sorted(config.systems.items()):
+            if str(opts.get("type", name)) == "objectstore" and system in (None, name):
+                targets.append((name, dict(opts)))
+        if not targets:
+            raise ConfigError(f"{config_path} has no objectstore system"
+                              + (f" named {system!r}" if system else "") + " to inspect")
+    else:
+        assert url is not None
+        opts: dict[str, Any] = {"type": "objectstore", "path": url}
+        for item in options:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ConfigError(f"inspect -o {item!r}: expected KEY=VALUE (e.g. config.endpoint=http://host:9000)")
+            opts[key.strip()] = value.strip()
+        targets.append(("objectstore", opts))
+    from localstate.changelog.objectstore_inspect import inspect_objectstore
+
+    report: dict[str, list[dict[str, Any]]] = {"checkpoints": [], "partitions": [], "stores": [], "generations": []}
+    for name, opts in targets:
+        for section, rows in inspect_objectstore(name, opts).items():
+            report[section].extend(rows)
     return report

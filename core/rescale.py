@@ -37,9 +37,18 @@ function of ``(version, {old partition: position})``); a job run by
 Per-task inputs (a Kafka input topic with one partition per task) must be
 re-partitioned by the same key to the new count first: see docs/rescale.md.
 
-Supported: the file changelog (checkpoints and every logged store in one
-``systems.<name>`` of type ``file``). Steps 3–4 (the files) live in
-:mod:`localstate.rescale_files`; this module decides what is refused and what goes where.
+Supported: one changelog system holding the checkpoints and every logged store:
+
+* ``file``: steps 3–4 as above (:mod:`localstate.rescale_files`);
+* ``kafka`` and ``objectstore``, which cannot swap streams in place (a Kafka topic's
+  partitions cannot shrink; an object store has no rename): the new job is written as
+  the next *generation* — streams ``<stream>.gen<n>``, checkpoints of ``<job>.gen<n>``
+  — beside the old one, and one create-only generation record switches the job over
+  (:mod:`localstate.rescale_generations`). The config does not change (the system maps
+  the names); the old topics stay until the user deletes them.
+
+Where each record goes is :mod:`localstate.rescale_routing`; this module decides what
+is refused and runs the steps.
 """
 
 from __future__ import annotations
@@ -47,13 +56,11 @@ from __future__ import annotations
 import json
 import logging
 import numbers
-import re
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from .checkpoint import Checkpoint
 from .config import Config
@@ -61,10 +68,10 @@ from .engine import StoreSpec
 from .errors import ChangelogError, ConfigError, CorruptionError, InvalidValueError, LocalStateError
 from .layout import task_lock
 from .locking import FileLock, io_error
-from .partitioning import spark_hash, spark_hashes
-from .registry import resolve_factory
+from .rescale_config import update_config_file
 from .rescale_files import (
     JobFiles,
+    drop_local_copies,
     manifest_still_valid,
     pending,
     stream_count,
@@ -73,7 +80,7 @@ from .rescale_files import (
     write_new_partition,
     write_staging,
 )
-from .serdes import get_serde
+from .rescale_routing import RecordLayout, layout_for, merge_records, route_of, route_store
 from .storage import _store_meta, check_input_position, open_system
 
 __all__ = [
@@ -92,104 +99,6 @@ log = logging.getLogger("localstate.rescale")
 
 SAME_POSITION: Any = type("SamePosition", (), {"__repr__": lambda self: "SAME_POSITION"})()
 """Default of ``input_position``: every old task must hold the same one; it is copied."""
-
-_META_KEY = b"\x00"
-
-
-@dataclass(frozen=True)
-class RecordLayout:
-    """How a store's change records relate to its keys, for rescaling.
-
-    ``kind = "key"``: a record key is the store's encoded key followed by
-    ``key_suffix`` bytes (a register or word index); records go to the task of their
-    key. ``kind = "task"``: the records describe the whole task (one filter per task);
-    they can only be merged — old task ``p`` goes to new task ``p % N``, which is where
-    its keys go exactly when ``N`` divides the old count — and ``merge`` combines the
-    values two old tasks hold for one record key. ``shared_keys`` are records every
-    task holds alike (an engine's meta record); each new task gets them.
-    """
-
-    kind: Literal["key", "task"] = "key"
-    key_suffix: int = 0
-    shared_keys: frozenset[bytes] = frozenset()
-    merge: Callable[[bytes, bytes], bytes] | None = None
-
-
-def _or_words(a: bytes, b: bytes) -> bytes:
-    return (int.from_bytes(a, "big") | int.from_bytes(b, "big")).to_bytes(len(a), "big")
-
-
-_KEYED = RecordLayout()
-_NOT_SPLITTABLE = {
-    "topn": "a topn store keeps one heap of the best N members per task; members an old task evicted are "
-            "gone, so neither splitting nor merging the heaps gives the heap a task of the new job would "
-            "hold. Rebuild it from its source, or start it over with `localstate restore --reset STORE` "
-            "after the rescale (drop it from the config for the rescale)",
-}
-
-
-def layout_for(spec: StoreSpec) -> RecordLayout:
-    """The :class:`RecordLayout` of ``spec``'s engine; raises :class:`ConfigError`
-    naming the store when its state cannot be re-partitioned.
-
-    Built in: ``memory``, ``rocksdb``, ``leveldb``, ``search`` (record key = key),
-    ``hyperloglog`` and keyed ``bloom`` (key + register/word index; meta record
-    shared), a single ``bloom`` filter per task (merged by OR on scale-down to a
-    divisor of the count); ``topn`` is refused. A plug-in declares its layout as the
-    factory attribute ``rescale_layout``.
-    """
-    name = spec.factory
-    if name in ("memory", "rocksdb", "leveldb", "search"):
-        return _KEYED
-    if name == "hyperloglog":
-        return RecordLayout(key_suffix=2, shared_keys=frozenset({_META_KEY}))
-    if name == "bloom":
-        if getattr(spec.options, "keyed", False):
-            return RecordLayout(key_suffix=4, shared_keys=frozenset({_META_KEY}))
-        return RecordLayout(kind="task", shared_keys=frozenset({_META_KEY}), merge=_or_words)
-    if name in _NOT_SPLITTABLE:
-        raise ConfigError(f"store {spec.name!r} ({name}) cannot be rescaled: {_NOT_SPLITTABLE[name]}")
-    layout = getattr(resolve_factory(name, store=spec.name), "rescale_layout", None)
-    if isinstance(layout, RecordLayout):
-        return layout
-    raise ConfigError(
-        f"store {spec.name!r}: engine {name!r} does not say how its change records split by key "
-        "(a factory attribute rescale_layout = localstate.rescale.RecordLayout(...)), so it cannot be rescaled"
-    )
-
-
-_ROUTE = re.compile(r"^key(?:\[(\d+)\])?(\s+as\s+int32)?$")
-
-
-def route_of(spec: StoreSpec) -> Callable[[bytes], Any]:
-    """``stores.<s>.rescale.key``: how to get the routing value (the input key column's
-    value) from a store key's bytes. ``key`` (default): the decoded key itself;
-    ``key[i]``: element ``i`` of a tuple key (``tuple`` serde); ``... as int32``: the
-    input key column is int32, not int64 (Spark hashes them differently)."""
-    text = str(spec.raw.get("rescale.key", "key")).strip()
-    m = _ROUTE.match(text)
-    if not m:
-        raise ConfigError(
-            f"stores.{spec.name}.rescale.key = {text!r}: expected 'key', 'key[i]' (element i of a tuple key), "
-            "optionally followed by ' as int32'"
-        )
-    decode = get_serde(spec.key_serde, store=spec.name).decode
-    index = None if m.group(1) is None else int(m.group(1))
-    int32 = m.group(2) is not None
-    if index is not None and spec.key_serde != "tuple":
-        raise ConfigError(f"stores.{spec.name}.rescale.key = {text!r} needs key.serde = tuple, not {spec.key_serde!r}")
-
-    def route(key: bytes) -> Any:
-        value = decode(key)
-        if index is not None:
-            if not isinstance(value, tuple) or index >= len(value):
-                raise InvalidValueError(f"store {spec.name!r}: key {value!r} has no element {index}")
-            value = value[index]
-        return value
-
-    route.as_int32 = int32  # type: ignore[attr-defined]
-    return route
-
 
 @dataclass
 class RescaleResult:
@@ -235,17 +144,19 @@ def _job(config: Config, to: Any) -> JobFiles:
     if len(names) != 1:
         raise ConfigError(
             f"job {config.job_name!r} keeps state in several changelog systems ({sorted(names)}); rescale "
-            "supports one file changelog system for every store and the checkpoints"
+            "supports one changelog system (file, kafka or objectstore) for every store and the checkpoints"
         )
     (name,) = names
     system = open_system(config, name)
-    if not isinstance(system, FileChangelogSystem):
+    if isinstance(system, FileChangelogSystem):
+        return JobFiles(config, config.partitions, to, system, system.root, stores)
+    if not all(hasattr(system, a) for a in ("generation", "pin_generation", "write_generation")):
         system.close()
         raise ConfigError(
-            f"job {config.job_name!r}: rescale supports the file changelog; systems.{name} is "
-            f"{type(system).__name__} ({system.describe()}). Nothing was changed."
+            f"job {config.job_name!r}: rescale supports the file, kafka and objectstore changelogs; "
+            f"systems.{name} is {type(system).__name__} ({system.describe()}). Nothing was changed."
         )
-    return JobFiles(config, config.partitions, to, system, system.root, stores)
+    return JobFiles(config, config.partitions, to, system, None, stores)
 
 
 class _Locks:
@@ -258,11 +169,13 @@ class _Locks:
             if "{executor}" not in str(config.state_dir):
                 for p in range(job.old):
                     self._held.append(task_lock(config, p))
-            for stream in streams(job):
+            for stream in streams(job) if job.root is not None else ():
                 for p in range(job.old):
                     d = job.root / stream / str(p)
                     if d.is_dir():
                         self._held.append(FileLock(d / ".lock", f"changelog partition {d}"))
+            # kafka, objectstore: reading each old task's checkpoint fences its instances
+            # (a new transactional producer; a claim in its checkpoint sequence)
         except OSError as e:
             self.release()
             raise io_error(e, "take the task locks under", config.state_dir, LocalStateError) from e
@@ -364,92 +277,6 @@ def _committed_records(job: JobFiles, spec: StoreSpec, p: int, ckpt: Checkpoint)
         part.close()
 
 
-def _route_store(
-    job: JobFiles, spec: StoreSpec, states: Mapping[int, dict[bytes, bytes]]
-) -> list[dict[bytes, bytes]]:
-    """The new tasks' records of one store from the old tasks' states."""
-    layout = layout_for(spec)
-    out: list[dict[bytes, bytes]] = [{} for _ in range(job.new)]
-    shared: dict[bytes, bytes] = {}
-    for p, state in states.items():
-        for key in layout.shared_keys & state.keys():
-            value = state.pop(key)
-            if shared.setdefault(key, value) != value:
-                raise CorruptionError(
-                    f"store {spec.name!r}: old tasks hold different {key!r} records ({shared[key]!r} vs {value!r} in "
-                    f"partition {p}); they were written with different engine settings. Nothing was changed."
-                )
-    if layout.kind == "task":
-        if job.old % job.new:
-            raise ConfigError(
-                f"store {spec.name!r} ({spec.factory}) holds one structure per task: it can only be merged, old "
-                f"task p into new task p % N, which keeps each key with its rows only when N divides the old count "
-                f"({job.old}); {job.new} does not. Rescale to a divisor of {job.old}. Nothing was changed."
-            )
-        merge = layout.merge
-        for p, state in states.items():
-            target = out[p % job.new]
-            for k, v in state.items():
-                before = target.get(k)
-                target[k] = v if before is None or merge is None else merge(before, v)
-    else:
-        route = route_of(spec)
-        int32 = getattr(route, "as_int32", False)
-        suffix = layout.key_suffix
-        checkable = job.old > 1 or "rescale.key" in spec.raw
-        if not checkable:
-            raise ConfigError(
-                f"store {spec.name!r}: with one old task nothing shows that its keys are the input's keys (a "
-                f"task-level store, e.g. a watermark, would be split wrongly). Say how they are: set "
-                f"stores.{spec.name}.rescale.key = key (or key[i] for an element of a tuple key). Nothing was changed."
-            )
-        for p, state in states.items():
-            keys = list(state)
-            values = [_route_value(spec, route, p, k, suffix) for k in keys]
-            try:
-                hashes = spark_hashes(values, as_int32=int32)
-            except LocalStateError:  # name the key: hash one at a time to find it
-                hashes = [_hash_value(spec, p, k, value, int32) for k, value in zip(keys, values)]
-            # task_for(value, n) is spark_hash(value) % n: one hash serves both counts.
-            for k, value, h in zip(keys, values, hashes):
-                if h % job.old != p:
-                    raise ConfigError(
-                        f"store {spec.name!r}: key {value!r} is held by old task {p} but its input rows go to task "
-                        f"{h % job.old}: the store is not partitioned by the input key (a task-level store such as "
-                        f"a watermark, or keys with the input key inside: set stores.{spec.name}.rescale.key = "
-                        "key[i]). Its state cannot be moved with the rows. Nothing was changed."
-                    )
-                out[h % job.new][k] = state[k]
-    if shared:
-        for target in out:
-            target.update(shared)
-    return out
-
-
-def _route_value(spec: StoreSpec, route: Callable[[bytes], Any], p: int, key: bytes, suffix: int) -> Any:
-    """The routing value of record key ``key`` of old task ``p``, or an error naming it."""
-    if suffix and len(key) < suffix:
-        raise CorruptionError(
-            f"store {spec.name!r} partition {p}: change record key {key!r} is shorter than the "
-            f"{spec.factory} layout allows. Nothing was changed."
-        )
-    try:
-        return route(key[:-suffix] if suffix else key)
-    except LocalStateError as e:
-        raise type(e)(f"store {spec.name!r} partition {p}: key {key!r}: {e}. Nothing was changed.") from e
-    except Exception as e:
-        raise InvalidValueError(
-            f"store {spec.name!r} partition {p}: key {key!r} does not decode with key.serde = "
-            f"{spec.key_serde!r} ({e}). Nothing was changed."
-        ) from e
-
-
-def _hash_value(spec: StoreSpec, p: int, key: bytes, value: Any, int32: bool) -> int:
-    try:
-        return spark_hash(value, as_int32=int32)
-    except LocalStateError as e:
-        raise type(e)(f"store {spec.name!r} partition {p}: key {key!r}: {e}. Nothing was changed.") from e
-
 
 # -- the entry point ------------------------------------------------------------------------------------
 def rescale(
@@ -483,6 +310,8 @@ def rescale(
 
 
 def _run(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleResult:
+    if job.root is None:
+        return _run_generation(job, input_position, spark, t0)
     config = job.config
     new_config = config.with_overrides({"job.partitions": job.new})
     manifest = pending(job)
@@ -515,13 +344,7 @@ def _run(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleRe
                 f"changelog stream {stream!r} at {job.root / stream} has {count} partitions but the job has "
                 f"job.partitions = {job.old}: rescale from the count the state is at. Nothing was changed."
             )
-    ckpts = _read_checkpoints(job)
-    _check_stores(job, ckpts)
-    for spec in job.stores.values():  # refuse an unsplittable store before reading anything
-        if layout_for(spec).kind == "key":
-            route_of(spec)
-    version = next(iter(ckpts.values())).version
-    position = _positions(job, ckpts, input_position, version)
+    ckpts, version, position = _prepare(job, input_position)
     if job.staging.exists():
         shutil.rmtree(job.staging)
     ends: dict[str, list[int]] = {}
@@ -533,9 +356,7 @@ def _run(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleRe
             ends, records = stage_with_spark(spark, job, ckpts)
         else:
             for name, spec in job.stores.items():
-                states = {p: _committed_records(job, spec, p, c) for p, c in ckpts.items()}
-                parts = _route_store(job, spec, states)
-                del states
+                parts = _new_parts(job, spec, ckpts)
                 ends[name] = [write_new_partition(job, name, q, part) for q, part in enumerate(parts)]
                 records[name] = sum(len(part) for part in parts)
         write_staging(job, ends, records, version, position, ckpts)
@@ -557,13 +378,60 @@ def _run(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleRe
     return RescaleResult(new_config, job.old, job.new, version, records, time.perf_counter() - t0)
 
 
+def _prepare(job: JobFiles, input_position: Any) -> tuple[dict[int, Checkpoint], int, Any]:
+    """The refusals every changelog shares, before anything is written: the old tasks'
+    checkpoints (at one commit), the stores, and the new tasks' input position."""
+    ckpts = _read_checkpoints(job)
+    _check_stores(job, ckpts)
+    for spec in job.stores.values():  # refuse an unsplittable store before reading anything
+        if layout_for(spec).kind == "key":
+            route_of(spec)
+    version = next(iter(ckpts.values())).version
+    return ckpts, version, _positions(job, ckpts, input_position, version)
+
+
+def _new_parts(job: JobFiles, spec: StoreSpec, ckpts: Mapping[int, Checkpoint]) -> list[dict[bytes, bytes]]:
+    """Store ``spec``'s committed state, re-partitioned: one dict per new task."""
+    states = {p: _committed_records(job, spec, p, c) for p, c in ckpts.items()}
+    return route_store(spec, job.old, job.new, states)
+
+
+def _run_generation(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleResult:
+    """Kafka, objectstore: write the next generation and switch the job over to it."""
+    from .rescale_generations import already_done, check_generation, write_generation
+
+    config = job.config
+    new_config = config.with_overrides({"job.partitions": job.new})
+    if already_done(job):
+        drop_local_copies(job.config)  # a crash after the switch may have left some
+        ckpt = job.system.checkpoints().read(config.job_name, 0, fence=False)
+        log.warning("job %r: its state is already at %d partitions (an earlier rescale finished)",
+                    config.job_name, job.new)
+        return RescaleResult(new_config, job.old, job.new, ckpt.version if ckpt else -1, {},
+                             time.perf_counter() - t0, already_done=True)
+    if job.old == job.new:
+        raise InvalidValueError(f"job {config.job_name!r} already has {job.new} partitions: nothing to rescale")
+    check_generation(job)
+    if spark is not None:
+        raise ConfigError(
+            f"job {config.job_name!r}: rescale on Spark (spark= / --spark) writes through a shared file system and "
+            f"supports the file changelog; rescale this {job.system.describe()} without it. Nothing was changed."
+        )
+    ckpts, version, position = _prepare(job, input_position)
+    records = write_generation(job, lambda spec: _new_parts(job, spec, ckpts), version, position, ckpts)
+    drop_local_copies(job.config)
+    log.info("job %r rescaled from %d to %d partitions at version %d: %s", config.job_name, job.old, job.new,
+             version, records)
+    return RescaleResult(new_config, job.old, job.new, version, records, time.perf_counter() - t0)
+
+
 def route_old_task(config: Config, to: int, name: str, p: int, ckpt: Checkpoint) -> list[dict[bytes, bytes]]:
     """Old task ``p``'s committed records of store ``name``, per new task (run on a
     Spark executor by ``rescale(spark=...)``; the locks are held by the driver)."""
     job = _job(config, to)
     try:
         spec = job.stores[name]
-        return _route_store(job, spec, {p: _committed_records(job, spec, p, ckpt)})
+        return route_store(spec, job.old, job.new, {p: _committed_records(job, spec, p, ckpt)})
     finally:
         job.system.close()
 
@@ -574,59 +442,9 @@ def write_task_partition(config: Config, to: int, name: str, q: int,
     into the staging area; returns ``(end offset, records)`` (run on a Spark executor)."""
     job = _job(config, to)
     try:
-        records = _merge_records(job.stores[name], pieces)
+        records = merge_records(job.stores[name], pieces)
         return write_new_partition(job, name, q, records), len(records)
     finally:
         job.system.close()
 
 
-def _merge_records(spec: StoreSpec, parts: Iterable[Mapping[bytes, bytes]]) -> dict[bytes, bytes]:
-    """One new task's records of ``spec`` from the pieces several old tasks sent it."""
-    merge = layout_for(spec).merge
-    out: dict[bytes, bytes] = {}
-    for part in parts:
-        for k, v in part.items():
-            before = out.get(k)
-            out[k] = v if before is None or merge is None else merge(before, v)
-    return out
-
-
-_PARTITIONS_LINE = {
-    ".toml": re.compile(r'^(\s*(?:"?job\.partitions"?|job\s*\.\s*partitions|partitions)\s*=\s*)(\S+)', re.M),
-    ".properties": re.compile(r"^(\s*job\.partitions\s*[=:\s]\s*)(\S+)", re.M),
-}
-
-
-def update_config_file(path: str | Path, to: int) -> None:
-    """Set ``job.partitions = to`` in the config file at ``path`` (TOML or properties),
-    atomically, and only if the file then loads to the same config with the new count;
-    otherwise raise :class:`ConfigError` asking for the edit by hand (the file is unchanged)."""
-    from localstate.locking import atomic_write
-
-    p = Path(path)
-    before = Config.load(p)
-    text = p.read_text(encoding="utf-8")
-    kind = ".toml" if p.suffix == ".toml" else ".properties"
-    new_text, n = _PARTITIONS_LINE[kind].subn(lambda m: m.group(1) + str(to), text)
-    if n == 0:
-        line = f"job.partitions = {to}\n"
-        new_text = line + text if kind == ".toml" else text + ("" if text.endswith("\n") or not text else "\n") + line
-    tmp = p.with_name(f".{p.stem}.rescale-check{p.suffix}")
-    try:
-        tmp.write_text(new_text, encoding="utf-8")
-        try:
-            after = Config.load(tmp)
-        except ConfigError:
-            after = None
-    finally:
-        tmp.unlink(missing_ok=True)
-
-    def rest(c: Config) -> dict[str, Any]:
-        return {k: str(v) for k, v in c.to_dict().items() if k != "job.partitions"}
-
-    if after is None or after.partitions != to or rest(after) != rest(before):
-        raise ConfigError(
-            f"could not set job.partitions = {to} in {p} safely (its layout is unusual); the state is rescaled: "
-            f"edit the file by hand to job.partitions = {to}"
-        )
-    atomic_write(p, new_text.encode("utf-8"))

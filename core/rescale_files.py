@@ -27,6 +27,7 @@ from .storage import _store_meta
 
 __all__ = [
     "JobFiles",
+    "drop_local_copies",
     "manifest_still_valid",
     "pending",
     "stream_count",
@@ -49,21 +50,27 @@ class JobFiles:
     old: int
     new: int
     system: Any
-    root: Path
+    root: Path | None
+    """The file changelog's directory; None for a changelog rescaled by generations."""
     stores: dict[str, StoreSpec]
     """Every store of the job (each has a changelog: rescale refuses unlogged stores)."""
 
     @property
+    def files(self) -> Path:
+        assert self.root is not None, "a file changelog step on a changelog rescaled by generations"
+        return self.root
+
+    @property
     def staging(self) -> Path:
-        return self.root / "_rescale" / self.config.job_name
+        return self.files / "_rescale" / self.config.job_name
 
     def checkpoint_dir(self) -> Path:
-        return self.root / "_checkpoints" / self.config.job_name
+        return self.files / "_checkpoints" / self.config.job_name
 
 
 def stream_count(job: JobFiles, stream: str) -> int | None:
     """The partition count ``stream.json`` records for ``stream`` (None: no such stream)."""
-    meta = job.root / stream / "stream.json"
+    meta = job.files / stream / "stream.json"
     try:
         return int(json.loads(meta.read_text())["partitions"])
     except FileNotFoundError:
@@ -158,7 +165,7 @@ def swap(job: JobFiles, manifest: Mapping[str, Any]) -> None:
     from localstate.locking import fsync_dir
 
     staging = job.staging
-    pairs = [(job.root / s, staging / "new" / s, staging / "old" / s) for s in manifest["streams"]]
+    pairs = [(job.files / s, staging / "new" / s, staging / "old" / s) for s in manifest["streams"]]
     pairs.append((job.checkpoint_dir(), staging / "new" / "_checkpoints" / job.config.job_name,
                   staging / "old" / "_checkpoints"))
     (staging / "old").mkdir(exist_ok=True)
@@ -172,29 +179,29 @@ def swap(job: JobFiles, manifest: Mapping[str, Any]) -> None:
         os.replace(new, live)
         fsync_dir(live.parent)
     fault_point("rescale.after_swap")
-    _drop_local_copies(job)
+    drop_local_copies(job.config)
     shutil.rmtree(staging)
     try:
         staging.parent.rmdir()  # only when no other job's rescale is pending there
     except OSError:
         pass
-    fsync_dir(job.root)
+    fsync_dir(job.files)
 
 
-def _drop_local_copies(job: JobFiles) -> None:
+def drop_local_copies(config: Config) -> None:
     """Delete every reachable local copy of the job's stores (all partitions): they hold
     the old tasks' keys. With ``{executor}`` in ``job.state.dir`` every executor's
     directory on this file system is found by pattern."""
-    state_dir = str(job.config.state_dir)
+    state_dir = str(config.state_dir)
     if "{executor}" in state_dir:
         parent = Path(state_dir.split("{executor}")[0]).parent
         pattern = state_dir.replace("{executor}", "*")
         roots = [p for p in parent.glob(str(Path(pattern).relative_to(parent)))] if parent.exists() else []
     else:
-        roots = [job.config.state_dir]
+        roots = [config.state_dir]
     for root in roots:
-        for name in job.config.stores:
-            d = root / job.config.job_name / name
+        for name in config.stores:
+            d = root / config.job_name / name
             if d.exists():
                 shutil.rmtree(d)
 

@@ -1,0 +1,138 @@
+"""Where ``localstate rescale`` writes on a changelog that cannot swap streams in place.
+
+A Kafka topic's partition count cannot shrink (and growing it moves keys to other
+partitions); an object store has no rename. So the rescaled job is written beside the
+old one, as the job's next :class:`~localstate.changelog.base.Generation` ``n``:
+
+1. one changelog partition per new task and store in the stream ``<stream>.gen<n>``
+   (a new topic with the new partition count; a new prefix), records sorted by key;
+2. the new tasks' checkpoints, kept under the job name ``<job>.gen<n>``;
+3. the generation record (Kafka: ``<job>/generation`` in the checkpoint topic, its own
+   transaction; objectstore: ``_generations/<job>/<n>``, create-only) — **the commit
+   point**: every open of the job reads it and maps stream and checkpoint names.
+
+Until step 3 nothing the old job reads has changed (the old tasks were only fenced:
+their next instance claims again), so a crash leaves the old job intact; a re-run
+skips the numbers a crashed attempt used (its objects or topics are garbage, named in
+the log) and writes ``n + 1``. After step 3 a re-run finds the job already rescaled.
+The record also sets each new partition's snapshot horizon one past what was written,
+so a local copy of an old task left on another machine is never loaded for the new
+task with the same number. The old generation's data stays (Kafka topics: delete them
+when satisfied; objectstore: deleted here after the switch, best effort).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .checkpoint import Checkpoint
+from .engine import StoreSpec
+from .errors import ChangelogError, LocalStateError
+from .faults import fault_point
+from .rescale_files import JobFiles, streams
+from .storage import _store_meta, open_system
+
+__all__ = ["already_done", "check_generation", "write_generation"]
+
+log = logging.getLogger("localstate.rescale")
+
+_WRITE_CHUNK = 10_000
+
+
+def already_done(job: JobFiles) -> bool:
+    """Whether the job's current generation is a finished rescale from ``old`` to ``new``."""
+    g = job.system.generation()
+    return g.number > 0 and g.partitions == job.new and g.previous_partitions == job.old
+
+
+def check_generation(job: JobFiles) -> None:
+    """Refuse a job whose current generation is at another count than ``job.partitions``."""
+    g = job.system.generation()
+    if g.number > 0 and g.partitions != job.old:
+        raise ChangelogError(
+            f"job {job.config.job_name!r}: its state was rescaled to {g.partitions} partitions (generation "
+            f"{g.number} in {job.system.describe()}) but the config has job.partitions = {job.old}: rescale "
+            "from the count the state is at. Nothing was changed."
+        )
+
+
+def write_generation(job: JobFiles, new_parts: Callable[[StoreSpec], list[dict[bytes, bytes]]], version: int,
+                     position: Any, ckpts: Mapping[int, Checkpoint]) -> dict[str, int]:
+    """Write the job's next generation from ``new_parts(spec)`` (each store's records per
+    new task) and switch the job over to it; returns the records written per store."""
+    from localstate.changelog.base import Generation
+
+    current = job.system.generation()
+    names = streams(job)
+    number = current.number + 1
+    while job.system.generation_used(Generation(number), names):
+        log.warning("job %r: generation %d was partly written by a rescale that crashed; it stays as garbage "
+                    "(%s) and generation %d is written", job.config.job_name, number,
+                    ", ".join(Generation(number).stream(s) for s in names), number + 1)
+        number += 1
+    # A system instance of its own, pinned to the new generation: its streams, its
+    # checkpoint names and its writers' state never mix with the old generation's.
+    target = open_system(job.config, job.system.name)
+    try:
+        target.pin_generation(Generation(number, job.new, job.old))
+        ends: dict[str, list[int]] = {}
+        records: dict[str, int] = {}
+        for name, spec in job.stores.items():
+            parts = new_parts(spec)
+            ends[name] = [_write_partition(target, spec, q, job.new, part) for q, part in enumerate(parts)]
+            records[name] = sum(len(part) for part in parts)
+        meta = {name: _store_meta(spec) for name, spec in job.stores.items()}
+        epoch = max(c.epoch for c in ckpts.values()) + 1
+        checkpoints = target.checkpoints()
+        for q in range(job.new):
+            offsets = {name: per_task[q] for name, per_task in ends.items()}
+            checkpoints.write(job.config.job_name, q, Checkpoint(version=version, input_position=position,
+                                                                 offsets=offsets, epoch=epoch, stores=meta))
+        fault_point("rescale.before_manifest")
+        horizons: dict[str, list[int]] = {}
+        for name, per_task in ends.items():
+            stream = job.stores[name].changelog[1]  # type: ignore[index]
+            before = horizons.get(stream, [0] * job.new)
+            horizons[stream] = [max(b, end + 1) for b, end in zip(before, per_task)]
+        target.write_generation(Generation(number, job.new, job.old, horizons))
+        fault_point("rescale.after_manifest")
+    finally:
+        target.close()
+    _drop_old_generation(job, current)
+    return records
+
+
+def _write_partition(system: Any, spec: StoreSpec, q: int, partitions: int, records: dict[bytes, bytes]) -> int:
+    """New task ``q``'s records of ``spec``, sorted by key; returns the committed end offset."""
+    stream = spec.changelog[1]  # type: ignore[index]
+    part = system.open_partition(stream, q, partitions)
+    try:
+        items = sorted(records.items())
+        for i in range(0, len(items), _WRITE_CHUNK):
+            part.append(items[i:i + _WRITE_CHUNK])
+        end = part.flush()
+    finally:
+        part.close()
+    fault_point("rescale.staging")
+    return end
+
+
+def _drop_old_generation(job: JobFiles, old: Any) -> None:
+    """Delete the old generation's objects (objectstore; best effort: what is left is only
+    garbage). Kafka topics stay: deleting topics is the operator's call."""
+    store = getattr(job.system, "store", None)
+    if store is None or not hasattr(store, "list"):
+        log.warning("job %r: the old changelog topics (%s) are no longer used; delete them when satisfied",
+                    job.config.job_name, ", ".join(old.stream(s) for s in streams(job)))
+        return
+    prefixes = [old.stream(s) for s in streams(job)] + [f"_checkpoints/{old.job(job.config.job_name)}"]
+    try:
+        for prefix in prefixes:
+            keys = [f"{prefix}/{name}" for name, _ in store.list(prefix)]
+            for i in range(0, len(keys), 1000):
+                store.delete(keys[i:i + 1000])
+    except LocalStateError as e:
+        log.warning("job %r: the old generation's objects under %s were not all deleted (%s); they are garbage",
+                    job.config.job_name, ", ".join(store.where(p) for p in prefixes), e)
