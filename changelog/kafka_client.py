@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from localstate.errors import ChangelogError, ConfigError, FencedError
 
 try:
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
     from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 except ImportError as _e:  # pragma: no cover - exercised only without the extra
     raise ImportError("Kafka support needs confluent-kafka: pip install 'localstate[kafka]'") from _e
@@ -40,6 +40,7 @@ PRODUCER_FIXED = {"enable.idempotence": "true", "acks": "all", "transactional.id
 CONSUMER_FIXED = {"enable.auto.commit": "false", "enable.partition.eof": "true"}
 _POLL_S = 0.2
 _CONSUME_BATCH = 2000
+_error_of = Message.error
 
 
 @dataclass(frozen=True)
@@ -231,8 +232,10 @@ class KafkaClient:
                     continue
                 idle_since = time.monotonic()
                 tail = msgs[-1]
+                # the common batch: no error or EOF event in it (C-level check: an error
+                # is a truthy KafkaError), all below ``stop``
                 if tail.error() is None and (stop is None or tail.offset() < stop) and not any(
-                    m.error() is not None for m in msgs
+                    map(_error_of, msgs)
                 ):
                     last = tail.offset()
                     yield msgs, last

@@ -1,0 +1,160 @@
+"""The fast restore paths: a long replay into rocksdb (through a vector memtable, see
+engines/rocksdb.py) from the file and the Kafka changelog, failures and a SIGKILL in
+the middle of it, and the options a reopened rocksdb database runs with.
+
+``RocksDBEngine.write_batch_records`` is lowered so that a few hundred records take the
+long-replay path; the real engine, changelog files and broker are used throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+from localstate import Config, TaskStorage, faults
+from localstate.engine import StoreContext
+from localstate.engines.rocksdb import RocksDBEngine, RocksDBOptions
+from localstate.faults import InjectedFault
+
+BATCH = 64
+"""Write batch of a restore in these tests: replays longer than this take the vector memtable."""
+
+
+@pytest.fixture(autouse=True)
+def _small_restore_batches(monkeypatch):
+    monkeypatch.setattr(RocksDBEngine, "write_batch_records", BATCH)
+
+
+def _values(tmp_path: Path, changelog: str = "file", bootstrap: str = "") -> dict[str, str]:
+    job = f"rp-{uuid.uuid4().hex[:8]}"
+    values = {
+        "job.name": job,
+        "job.state.dir": str(tmp_path / "state"),
+        "stores.kv.factory": "rocksdb",
+        "stores.kv.key.serde": "string",
+        "stores.kv.msg.serde": "json",
+    }
+    if changelog == "kafka":
+        values["stores.kv.changelog"] = f"kafka.{job}-kv"
+        values["systems.kafka.bootstrap.servers"] = bootstrap
+        values["systems.kafka.checkpoint.topic"] = f"{job}-checkpoints"
+    else:
+        values["stores.kv.changelog"] = f"file.{job}-kv"
+        values["systems.file.path"] = str(tmp_path / "changelog")
+    return values
+
+
+def _elsewhere(values: dict[str, str], tmp_path: Path, name: str) -> Config:
+    """The same task on a machine with no local state."""
+    return Config.from_dict({**values, "job.state.dir": str(tmp_path / name)})
+
+
+def _write_history(values: dict[str, str], commits: int = 4, per_commit: int = 300) -> dict[str, int]:
+    """Commits of random puts and deletes over 250 keys (overwrites and tombstones in
+    every write batch of the replay), then an uncommitted tail; returns the committed state."""
+    rng = random.Random(11)
+    model: dict[str, int] = {}
+    with TaskStorage(Config.from_dict(values)) as s:
+        kv = s.store("kv")
+        for commit in range(1, commits + 1):
+            for i in range(per_commit):
+                k = f"k{rng.randrange(250)}"
+                if rng.random() < 0.25:
+                    kv.delete(k)
+                    model.pop(k, None)
+                else:
+                    kv.put(k, commit * 10_000 + i)
+                    model[k] = commit * 10_000 + i
+            s.commit(input_position=commit)
+        for i in range(200):  # never committed: must not be restored
+            kv.put(f"k{i}", -1)
+            kv.delete(f"k{i + 20}")
+        kv.flush()
+    return model
+
+
+def _dump(storage: TaskStorage) -> dict:
+    with storage.store("kv").all() as it:
+        return dict(it)
+
+
+def _newest_options_file(store_dir: Path) -> str:
+    return max((store_dir / "db").glob("OPTIONS-*"), key=lambda p: int(p.name.split("-")[1])).read_text()
+
+
+def _store_dir(config: Config) -> Path:
+    return Path(config.state_dir) / config.job_name / "kv" / "0"
+
+
+@pytest.mark.parametrize("changelog", ["file", "kafka"])
+def test_long_restore_into_rocksdb_is_exact_and_ends_on_the_normal_memtable(tmp_path, request, monkeypatch, changelog):
+    bootstrap = request.getfixturevalue("kafka_broker") if changelog == "kafka" else ""
+    values = _values(tmp_path, changelog, bootstrap)
+    model = _write_history(values)
+    config = _elsewhere(values, tmp_path, "machine-b")
+    vector_opens = []
+    real = RocksDBEngine._restore_native
+    monkeypatch.setattr(RocksDBEngine, "_restore_native", lambda self: vector_opens.append(1) or real(self))
+    with TaskStorage(config) as s:
+        assert s.last_restore["kv"].records > BATCH and vector_opens == [1]
+        assert _dump(s) == model
+        # the live database is back on the skip list: reads and writes as before
+        assert "memtable_factory=SkipListFactory" in _newest_options_file(_store_dir(config))
+        s.store("kv").put("after", 1)
+        s.commit(input_position=99)
+    with TaskStorage(config) as s:  # reopened from its own snapshot: replays nothing
+        assert s.last_restore["kv"].records == 0
+        assert _dump(s) == {**model, "after": 1}
+
+
+def test_failure_in_the_middle_of_a_long_restore_changes_nothing(tmp_path):
+    values = _values(tmp_path)
+    model = _write_history(values)
+    config = _elsewhere(values, tmp_path, "machine-b")
+    faults.configure("restore.mid=raise")
+    try:
+        with pytest.raises(InjectedFault):
+            TaskStorage(config)
+    finally:
+        faults.configure(None)
+    with TaskStorage(config) as s:
+        assert _dump(s) == model
+
+
+def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path):
+    values = _values(tmp_path)
+    model = _write_history(values)
+    config_values = {**values, "job.state.dir": str(tmp_path / "machine-b")}
+    child = textwrap.dedent(f"""
+        import json, sys
+        from localstate import Config, TaskStorage
+        from localstate.engines.rocksdb import RocksDBEngine
+        RocksDBEngine.write_batch_records = {BATCH}
+        TaskStorage(Config.from_dict(json.loads(sys.argv[1])))
+        sys.exit(5)  # the kill must come first
+    """)
+    env = {**os.environ, "LOCALSTATE_FAULTS": "restore.mid=kill"}
+    proc = subprocess.run([sys.executable, "-c", child, json.dumps(config_values)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    with TaskStorage(Config.from_dict(config_values)) as s:
+        assert _dump(s) == model
+
+
+def test_a_reopened_rocksdb_database_runs_with_the_configured_options(tmp_path):
+    options = RocksDBOptions(block_cache_size_bytes=3 << 20, write_buffer_size_bytes=1 << 20)
+    for _ in range(2):  # created, then reopened
+        engine = RocksDBEngine(StoreContext.local(tmp_path / "db", "kv"), options)
+        try:
+            engine.put(b"k", b"v")
+            db = engine._require_open()
+            assert db.property_int_value("rocksdb.block-cache-capacity") == 3 << 20
+        finally:
+            engine.close()
