@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .checkpoint import Checkpoint
+from .commit import check_input_position
 from .config import Config
 from .engine import StoreSpec
 from .errors import ChangelogError, ConfigError, CorruptionError, InvalidValueError, LocalStateError
@@ -74,7 +75,7 @@ from .rescale_files import (
     write_staging,
 )
 from .serdes import get_serde
-from .storage import _store_meta, check_input_position, open_system
+from .store_open import _store_meta, open_system
 
 __all__ = [
     "RecordLayout",
