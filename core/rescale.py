@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checkpoint import Checkpoint
+from .commit import check_input_position
 from .config import Config
 from .engine import StoreSpec
 from .errors import ChangelogError, ConfigError, CorruptionError, InvalidValueError, LocalStateError
@@ -81,7 +82,7 @@ from .rescale_files import (
     write_staging,
 )
 from .rescale_routing import RecordLayout, layout_for, merge_records, route_of, route_store
-from .storage import _store_meta, check_input_position, open_system
+from .store_open import _store_meta, open_system
 
 __all__ = [
     "RecordLayout",

@@ -23,7 +23,7 @@ from .config import Config
 from .engine import ChangeRecord, StoreSpec
 from .errors import CorruptionError
 from .faults import fault_point
-from .storage import _store_meta
+from .store_open import _store_meta
 
 __all__ = [
     "JobFiles",

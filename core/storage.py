@@ -1,203 +1,62 @@
 """TaskStorage: the stores of one task partition, with commit and exact restore.
 
-Commit (DESIGN §4), in this order:
-
-1. flush caches into engines; ``engine.prepare_commit()``;
-2. flush change loggers → changelog appends → durable changelog ``flush()`` → end offsets;
-3. ``engine.persist(offset)``: ``flush()`` and ``checkpoint(offset)`` (local snapshot tagged with it);
-4. write the task checkpoint ``{version, input_position, offsets}`` atomically.
-
-Nothing counts as committed before step 4. Restore of a store reads the committed
-offset ``C`` from the checkpoint, lets the engine pick local state at ``L <= C``,
-replays ``[L, C)`` straight into the engine (never logged, never cached) and then
-removes the uncommitted tail ``[C, end)`` before the task writes again.
+The facade a task uses: it takes the task lock, reads the checkpoint, opens every
+store (:mod:`localstate.store_open`: checks, committed offset, restore), hands out the
+stores, commits (:mod:`localstate.commit`: the four steps of DESIGN §4) and closes.
+The names of those modules are re-exported here, so ``from localstate.storage import
+TaskStorage, Recovery, open_system, ...`` keeps working.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-import math
 import numbers
-import shutil
-import time
-from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from .changelogger import ChangeLogger, NullChangeLogger
 from .checkpoint import Checkpoint
+from .commit import TaskCommit, check_input_position
 from .config import Config
-from .engine import StorageEngine, StoreContext, StoreSpec
+from .engine import StorageEngine
 from .errors import (
-    ChangelogError,
     ConfigError,
     CorruptionError,
-    EngineError,
     InvalidValueError,
     LocalStateError,
     StoreClosedError,
 )
-from .faults import fault_point, paused
+from .faults import paused
 from .kv import KeyValueStore
-from .layers import build_store
-from .layers.ttl import wall_clock_ns
 from .layout import home_path, store_dir, task_lock
 from .locking import io_error, remove_tree
 from .metrics import RestoreProgress, StoreMetrics, TaskMetrics, track, untrack
-from .records import ChangeRecord
-from .registry import SYSTEMS, did_you_mean, resolve_factory
+from .registry import did_you_mean
 from .serdes import get_serde
+from .store_open import (
+    Recovery,
+    RestoreListener,
+    StoreOpening,
+    _OpenStore,
+    engine_phase,
+    open_system,
+    task_partition,
+)
 from .typed import check_store_types
 
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogPartition, ChangelogSystem
 
-__all__ = ["TaskStorage", "RestoreListener", "Recovery", "open_system"]
+# the names of store_open and commit a caller may import from here, as before the split
+__all__ = ["TaskStorage", "RestoreListener", "Recovery", "open_system", "task_partition", "check_input_position",
+           "engine_phase"]
 
 log = logging.getLogger("localstate")
 
-RestoreListener = Callable[[RestoreProgress], None]
 K = TypeVar("K")
 V = TypeVar("V")
-_REPORT_EVERY_S = 0.5
 
 
-def open_system(config: Config, name: str) -> ChangelogSystem:
-    """Instantiate the changelog system ``name`` declared (or defaulted) in ``config``."""
-    options = config.systems.get(name)
-    if options is None:
-        raise ChangelogError(f"changelog system {name!r} is not configured (systems.{name}.*)")
-    cls = SYSTEMS.get(str(options.get("type", name)))
-    return cls(name, options, config.job_name)
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """Explicit operator decisions for states that opening a task refuses on its own
-    (``localstate restore --accept-log-end/--reset/--use-previous-checkpoint/
-    --accept-config-change``; RELIABILITY.md, "operator damage"). Each names stores.
-
-    - ``accept_log_end``: take what the store's changelog holds, up to its last readable
-      record, as committed (a checkpoint was lost, or committed records are damaged).
-    - ``reset``: give up the store's state: its changelog is emptied (file: segments
-      removed; Kafka: a tombstone for every key) and its local copy deleted.
-    - ``use_previous_checkpoint``: the latest task checkpoint is lost or damaged; go
-      back to the one before it (its commit is undone; the input is replayed from there).
-    - ``accept_config_change``: the store's engine or serdes changed since its last
-      commit and the new ones read the same change records; the local copy is rebuilt.
-    """
-
-    accept_log_end: Collection[str] = field(default_factory=frozenset)
-    reset: Collection[str] = field(default_factory=frozenset)
-    use_previous_checkpoint: bool = False
-    accept_config_change: Collection[str] = field(default_factory=frozenset)
-
-    def __bool__(self) -> bool:
-        return bool(self.accept_log_end or self.reset or self.use_previous_checkpoint or self.accept_config_change)
-
-
-@contextmanager
-def engine_phase(spec: StoreSpec, phase: str) -> Iterator[None]:
-    """Errors a plug-in raises in ``phase`` reach the user as :class:`EngineError`
-    naming the store, the phase and the engine (raised ``from`` the original);
-    localstate's own errors pass unchanged."""
-    try:
-        yield
-    except LocalStateError:
-        raise
-    except Exception as e:
-        raise EngineError(
-            f"store {spec.name!r}: engine {spec.factory!r} failed in {phase}(): {type(e).__name__}: {e}"
-        ) from e
-
-
-def task_partition(partition: Any) -> int:
-    """``partition`` as an ``int`` (numpy integers fine); anything else is an error —
-    ``0.0`` or ``False`` would otherwise name a different task directory."""
-    if isinstance(partition, numbers.Integral) and not isinstance(partition, bool):
-        return int(partition)
-    raise InvalidValueError(
-        f"partition must be an int, got {partition!r} ({type(partition).__name__})"
-    )
-
-
-PLAIN_VALUES = "plain"
-TTL_VALUES = "ttl-expiry-ns-v1"
-
-
-def _store_meta(spec: StoreSpec) -> dict[str, str]:
-    meta = {"factory": spec.factory, "key.serde": spec.key_serde, "msg.serde": spec.msg_serde}
-    if spec.changelog is not None:
-        meta["changelog"] = ".".join(spec.changelog)
-    if spec.ttl is not None:
-        meta["value.format"] = TTL_VALUES  # absent means PLAIN_VALUES (checkpoints from before TTL)
-    return meta
-
-
-def _value_format_change(spec: StoreSpec, before: dict[str, str] | None, meta: dict[str, str]) -> str | None:
-    """A message when TTL was added to or removed from a committed store: its records carry
-    (or lack) the 8-byte expiry prefix, so the new config would misread every value."""
-    if before is None:
-        return None
-    was, now = before.get("value.format", PLAIN_VALUES), meta.get("value.format", PLAIN_VALUES)
-    if was == now:
-        return None
-    what = "added to" if now == TTL_VALUES else "removed from"
-    return (
-        f"stores.{spec.name}.ttl.ms was {what} store {spec.name!r}, which was committed with value format "
-        f"{was!r} (now {now!r}): TTL stores keep an expiry with every value, so its stored records would "
-        "be misread. Nothing was changed. Set the config back; or start the store over with "
-        f"`localstate restore --reset {spec.name}`; or copy the data into a new store with the new setting."
-    )
-
-
-def check_input_position(value: Any, path: str = "input_position") -> None:
-    """Raise :class:`InvalidValueError` unless ``value`` survives the checkpoint's JSON
-    exactly: None, bool, int, finite float, str, lists and str-keyed dicts of those."""
-    if value is None or isinstance(value, (bool, str)):
-        return
-    if isinstance(value, int):
-        return
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return
-        raise InvalidValueError(f"{path} = {value!r}: NaN and infinities cannot be stored in a checkpoint")
-    if isinstance(value, list):
-        for i, v in enumerate(value):
-            check_input_position(v, f"{path}[{i}]")
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise InvalidValueError(
-                    f"{path} has the key {k!r} ({type(k).__name__}): checkpoint keys are strings "
-                    f"(JSON would bring it back as {str(k)!r}); use str keys, e.g. {{str(partition): offset}}"
-                )
-            check_input_position(v, f"{path}[{k!r}]")
-        return
-    hint = " (a tuple would come back as a list: use a list)" if isinstance(value, tuple) else ""
-    raise InvalidValueError(
-        f"{path} = {value!r} ({type(value).__name__}) cannot be stored exactly in a checkpoint{hint}; "
-        "use None, bool, int, float, str, lists and dicts with str keys"
-    )
-
-
-@dataclass
-class _OpenStore:
-    spec: StoreSpec
-    engine: StorageEngine
-    view: Any
-    logger: ChangeLogger
-    changelog: ChangelogPartition | None
-    metrics: StoreMetrics
-    directory: Path
-
-
-class TaskStorage:
+class TaskStorage(StoreOpening, TaskCommit):
     """Opens every store of ``config`` for task ``partition``, restoring each first.
 
     A context manager; ``close()`` is idempotent and does **not** commit.
@@ -346,217 +205,6 @@ class TaskStorage:
         """``job.state.dir/<job>/<store>/<partition>`` (:func:`localstate.layout.store_dir`)."""
         return store_dir(self.config, name, self.partition)
 
-    def _check_meta(self, spec: StoreSpec, directory: Path) -> None:
-        """A store whose engine or serdes changed since its last commit is an error
-        (its records would be misread), unless the operator accepted the change."""
-        meta = _store_meta(spec)
-        before = self._meta.get(spec.name)
-        if before == meta:
-            return
-        format_change = _value_format_change(spec, before, meta)
-        if format_change is not None and spec.name not in self._recovery.reset:
-            raise ConfigError(format_change)  # --accept-config-change cannot help: records differ
-        self._register = True
-        self._meta[spec.name] = meta
-        changed = {k: (before[k], v) for k, v in meta.items() if before is not None and k in before and before[k] != v}
-        if not changed:
-            return  # new store, or a checkpoint from before a key was recorded
-        if spec.name in self._recovery.accept_config_change or spec.name in self._recovery.reset:
-            log.warning("store %r: %s changed since its last commit (accepted); rebuilding its local copy",
-                        spec.name, ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-            shutil.rmtree(directory, ignore_errors=True)
-            return
-        raise ConfigError(
-            f"store {spec.name!r} of task {self.job}/partition {self.partition} was committed with "
-            + ", ".join(f"stores.{spec.name}.{k} = {a!r}" for k, (a, _) in changed.items())
-            + " but the config now says "
-            + ", ".join(f"{b!r}" for _, b in changed.values())
-            + ": its stored records would be misread or not found. Nothing was changed. Set the config back; or, if the "
-            f"new settings read the same change records, run `localstate restore --accept-config-change "
-            f"{spec.name}`; or start the store over with `localstate restore --reset {spec.name}`."
-        )
-
-    def _committed_offset(self, spec: StoreSpec, changelog: ChangelogPartition) -> int:
-        """The offset the store's state is restored to, checked against the changelog
-        *before* anything is read, cut or written."""
-        name, rec = spec.name, self._recovery
-        committed = self._offsets.get(name)
-        if name in rec.reset:
-            end = changelog.reset()
-            log.warning("store %r partition %d: state reset as asked (changelog emptied up to offset %d)",
-                        name, self.partition, end)
-            self._offsets[name] = end
-            return end
-        end = changelog.end_offset()
-        if name in rec.accept_log_end:
-            log.warning("store %r partition %d: the changelog's readable end (offset %d) taken as committed "
-                        "as asked (checkpoint said %s)", name, self.partition, end, committed)
-            self._offsets[name] = end
-            return end
-        if committed is None:
-            if end:
-                raise CorruptionError(
-                    f"store {name!r} of task {self.job}/partition {self.partition}: its changelog "
-                    f"({changelog.describe()}) holds records up to offset {end}, but no checkpoint names the "
-                    "store (the checkpoint was deleted, or the store's changelog stream is shared with "
-                    "another store or job). Nothing was changed. If these records are the store's committed "
-                    f"state, run `localstate restore --accept-log-end {name}`; to start the store empty, "
-                    f"`localstate restore --reset {name}`."
-                )
-            self._offsets[name] = 0
-            self._register = True
-            return 0
-        if committed > end:
-            raise changelog.missing_committed(committed)
-        return committed
-
-    def _open_store(self, spec: StoreSpec) -> None:
-        directory = self.store_dir(spec.name)
-        self._check_meta(spec, directory)
-        if spec.name in self._recovery.reset:
-            shutil.rmtree(directory, ignore_errors=True)
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise io_error(e, "create store directory", directory, LocalStateError) from e
-        metrics = StoreMetrics()
-        changelog: ChangelogPartition | None = None
-        if spec.changelog is not None:
-            system, stream = spec.changelog
-            changelog = self._system(system).open_partition(stream, self.partition, self.config.partitions)
-            logger: ChangeLogger = ChangeLogger(spec.name, changelog, spec.write_batch_size, metrics)
-        else:
-            logger = NullChangeLogger(spec.name, metrics)
-        key_serde = get_serde(spec.key_serde, store=spec.name)
-        msg_serde = get_serde(spec.msg_serde, store=spec.name)
-        context = StoreContext(
-            job=self.job,
-            store=spec.name,
-            partition=self.partition,
-            partitions=self.config.partitions,
-            directory=directory,
-            change_logger=logger,
-            metrics=metrics,
-            key_serde=key_serde,
-            msg_serde=msg_serde,
-        )
-        factory = resolve_factory(spec.factory, store=spec.name)
-        try:
-            with engine_phase(spec, "create"):
-                engine = factory.create(spec, context)
-        except BaseException:
-            if changelog is not None:
-                changelog.close()
-            raise
-        if not isinstance(engine, StorageEngine):
-            if changelog is not None:
-                changelog.close()
-            raise EngineError(
-                f"store {spec.name!r}: factory {spec.factory!r} returned {type(engine).__name__}, "
-                "which is not a localstate.StorageEngine; create() must return a StorageEngine subclass"
-            )
-        if spec.ttl is not None and not isinstance(engine, KeyValueStore):
-            engine.close()
-            if changelog is not None:
-                changelog.close()
-            raise ConfigError(
-                f"stores.{spec.name}.ttl.ms: engine {spec.factory!r} is not a key-value store and has no TTL; "
-                "remove the ttl.* keys or use a key-value engine"
-            )
-        entry = _OpenStore(spec, engine, engine, logger, changelog, metrics, directory)
-        self._stores[spec.name] = entry
-        if changelog is not None:
-            committed = self._committed_offset(spec, changelog)
-            self._restore(entry, committed)
-            with engine_phase(spec, "current"):
-                changelog.discard_tail(committed, engine.current)
-        if isinstance(engine, KeyValueStore):
-            entry.view = build_store(
-                engine,
-                name=spec.name,
-                logger=logger,
-                key_serde=key_serde,
-                msg_serde=msg_serde,
-                cache_size=spec.object_cache_size,
-                batch_size=spec.write_batch_size,
-                metrics=metrics,
-                ttl=spec.ttl,
-                clock=self._event_clock_ns if spec.ttl is not None and spec.ttl.time == "event" else wall_clock_ns,
-            )
-
-    def _restore(self, entry: _OpenStore, committed: int) -> RestoreProgress:
-        changelog = entry.changelog
-        assert changelog is not None
-        name = entry.spec.name
-        min_valid = changelog.min_valid_snapshot_offset()
-        fetch = getattr(changelog, "fetch_snapshot", None)
-        if fetch is not None:
-            # a changelog that keeps engine snapshots remotely (objectstore) puts the newest
-            # usable one among the local snapshots; the engine then picks it like its own
-            fetch(entry.engine, committed, min_valid)
-        with engine_phase(entry.spec, "prepare_restore"):
-            start = entry.engine.prepare_restore(committed, min_valid)
-        if not (0 <= start <= committed) or (start and start < min_valid):
-            raise EngineError(
-                f"store {name!r}: engine {entry.spec.factory!r} chose local state at offset {start}, "
-                f"outside [{min_valid}, {committed}]; its prepare_restore() is wrong"
-            )
-        listener = self._listener
-        t0 = time.perf_counter()
-        state = {"records": 0, "bytes": 0, "last": t0}
-
-        def progress(done: bool) -> RestoreProgress:
-            return RestoreProgress(
-                name, self.partition, state["records"], state["bytes"],
-                time.perf_counter() - t0, start, committed, done,
-            )
-
-        def batches() -> Iterator[list[ChangeRecord]]:
-            first = True
-            for records, nbytes in changelog.read_batches(start, committed):
-                state["records"] += len(records)
-                state["bytes"] += nbytes
-                yield records
-                if first:
-                    first = False
-                    fault_point("restore.mid")
-                if listener is not None:
-                    now = time.perf_counter()
-                    if now - state["last"] >= _REPORT_EVERY_S:
-                        state["last"] = now
-                        listener(progress(False))
-
-        if start < committed:
-            # Restore allocates millions of acyclic record tuples; the cyclic GC would
-            # traverse them again and again (~15% of a memory-engine restore) for nothing.
-            gc_was_enabled = gc.isenabled()
-            gc.disable()
-            try:
-                with engine_phase(entry.spec, "restore"):
-                    entry.engine.restore(chain.from_iterable(batches()), into_empty=start == 0)
-            finally:
-                if gc_was_enabled:
-                    gc.enable()
-            # The protocol step every engine needs, here once: the restored state is
-            # durable and tagged with C, so a reopen before the next commit replays nothing.
-            with engine_phase(entry.spec, "persist"):
-                entry.engine.persist(committed)
-        final = progress(True)
-        m = entry.metrics
-        m.records_restored += final.records
-        m.bytes_restored += final.bytes
-        m.restore_seconds += final.seconds
-        m.restore_latency.observe(final.seconds)
-        self.last_restore[name] = final
-        if listener is not None:
-            listener(final)
-        if final.records:
-            log.info(
-                "restored store %r partition %d: %d records (%d bytes) from offsets [%d, %d) in %.3fs",
-                name, self.partition, final.records, final.bytes, start, committed, final.seconds,
-            )
-        return final
-
     # -- time -----------------------------------------------------------------------------------------
     def advance_event_time(self, timestamp_ms: int) -> int:
         """Move the task's event-time clock forward to ``timestamp_ms`` (never back) and
@@ -621,115 +269,6 @@ class TaskStorage:
         """The last committed checkpoint (``input_position``, per-store ``offsets``), or
         None before the first commit."""
         return self._checkpoint
-
-    def _write_checkpoint(self, version: int, input_position: Any) -> Checkpoint:
-        ckpt = Checkpoint(
-            version=version,
-            input_position=input_position,
-            offsets=dict(self._offsets),
-            epoch=self.epoch,
-            stores={k: dict(v) for k, v in self._meta.items()},
-            event_time=self.event_time,
-        )
-        self._checkpoints.write(self.job, self.partition, ckpt)
-        self._committed = ckpt
-        if ckpt.committed:
-            self._checkpoint = ckpt
-        return ckpt
-
-    # -- commit -----------------------------------------------------------------------------------
-    def commit(self, input_position: Any = None, *, version: int | None = None) -> Checkpoint:
-        """Run the commit protocol and return the new :class:`Checkpoint`.
-
-        ``input_position`` (any JSON value) is stored with the state offsets, so after a
-        crash the input resumes exactly where the state stands. ``version`` defaults to
-        the previous version + 1 (Spark passes its batch id). If a commit fails, the
-        error is raised and this TaskStorage refuses further commits: close it and open
-        it again, which restores the last successful commit.
-        """
-        if self._closed:
-            raise StoreClosedError(f"TaskStorage of {self.job}/partition {self.partition} is closed")
-        if self._failed is not None:
-            raise LocalStateError(
-                f"a previous commit of {self.job}/partition {self.partition} failed ({self._failed}); "
-                "close this TaskStorage and open it again to restore the last commit"
-            ) from self._failed
-        version = self._next_version(version)
-        check_input_position(input_position)
-        try:
-            return self._commit(input_position, version)
-        except BaseException as e:
-            self._failed = e
-            raise
-
-    def _next_version(self, version: Any) -> int:
-        prev = self._checkpoint
-        if version is None:
-            return prev.version + 1 if prev is not None else 1
-        if not isinstance(version, numbers.Integral) or isinstance(version, bool):
-            raise InvalidValueError(f"commit version must be an int, got {version!r} ({type(version).__name__})")
-        version = int(version)
-        if version < 0:
-            raise InvalidValueError(f"commit version must be >= 0, got {version}")
-        if prev is not None and version <= prev.version:
-            raise InvalidValueError(
-                f"commit version {version} of {self.job}/partition {self.partition} does not follow the "
-                f"committed version {prev.version}: versions only go up (a re-run of a version is rolled "
-                "back first, see localstate.contrib.spark.streaming.prepare_version)"
-            )
-        return version
-
-    def _commit(self, input_position: Any, version: int) -> Checkpoint:
-        clock = time.perf_counter
-        started = clock()
-        entries = list(self._stores.values())
-        flush_seconds = {}
-        for e in entries:
-            t0 = clock()
-            if e.view is not e.engine:
-                e.view.flush()
-            with engine_phase(e.spec, "prepare_commit"):
-                e.engine.prepare_commit()
-            flush_seconds[e.spec.name] = clock() - t0
-        fault_point("commit.before_changelog_flush")
-        offsets: dict[str, int] = {}
-        for e in entries:
-            if e.changelog is not None:
-                t0 = clock()
-                offsets[e.spec.name] = e.logger.flush()
-                flush_seconds[e.spec.name] += clock() - t0
-        fault_point("commit.after_changelog_flush")
-        for e in entries:
-            t0 = clock()
-            with engine_phase(e.spec, "persist"):
-                e.engine.persist(offsets.get(e.spec.name))
-            e.metrics.persist_latency.observe(clock() - t0)
-            e.metrics.flush_latency.observe(flush_seconds[e.spec.name])
-            e.metrics.commits += 1
-        fault_point("commit.after_engine_checkpoint")
-        # Stores not opened this time (dropped from the config for a deploy) keep their
-        # offsets: self._offsets carries them forward.
-        self._offsets.update(offsets)
-        checkpoint = self._write_checkpoint(version, input_position)
-        self.task_metrics.commits += 1
-        self.task_metrics.commit_latency.observe(clock() - started)
-        self._upload_snapshots(entries, offsets)
-        return checkpoint
-
-    def _upload_snapshots(self, entries: list[_OpenStore], offsets: dict[str, int]) -> None:
-        """After the commit point: changelogs that keep engine snapshots remotely
-        (objectstore) upload the snapshot at the committed offset. Only an optimization of
-        later restores, so a failure is logged and the commit stands."""
-        for e in entries:
-            upload = getattr(e.changelog, "upload_snapshot", None)
-            if upload is None or e.spec.name not in offsets:
-                continue
-            try:
-                upload(e.engine, offsets[e.spec.name])
-            except (LocalStateError, OSError) as err:
-                log.warning("store %r partition %d: snapshot upload failed (%s); restores replay more of "
-                            "the changelog until the next one", e.spec.name, self.partition, err)
-
     def pending_records(self, name: str) -> int:
         """Change records of store ``name`` buffered in its change logger (not yet in
         the changelog)."""
@@ -740,25 +279,6 @@ class TaskStorage:
         or never committed)."""
         self._entry(name)
         return self._offsets.get(name)
-
-    def compact(self) -> dict[str, dict[str, int]]:
-        """Compact every store's changelog below the oldest offset any kept checkpoint
-        names (the latest and the one before it), so going back to the previous
-        checkpoint still rebuilds exactly the state it committed."""
-        out = {}
-        try:
-            previous = self._checkpoints.previous(self.job, self.partition)
-        except CorruptionError:
-            previous = None
-        for name, e in self._stores.items():
-            if e.changelog is None or name not in self._offsets:
-                continue
-            up_to = self._offsets[name]
-            if previous is not None and name in previous.offsets:
-                up_to = min(up_to, previous.offsets[name])
-            out[name] = e.changelog.compact(up_to)
-        return out
-
     # -- closing --------------------------------------------------------------------------------------
     def close(self) -> None:
         """Close every store, changelog and lock; idempotent; does **not** commit.
@@ -822,4 +342,3 @@ class TaskStorage:
 
     def __repr__(self) -> str:
         return f"TaskStorage(job={self.job!r}, partition={self.partition}, stores={self.stores})"
-

@@ -140,6 +140,9 @@ class NativeKVEngine(KeyValueEngine):
     kind: ClassVar[str] = "native"
     write_batch_records: ClassVar[int] = 100_000
     """Records per write batch of a restore."""
+    records_written: int = 0
+    """Puts and deletes applied since the engine's last local snapshot (rocksdb counts
+    from its last snapshot; restores count too)."""
 
     def __init__(self, context: StoreContext, options: Any) -> None:
         self.name = name = context.store
@@ -244,6 +247,7 @@ class NativeKVEngine(KeyValueEngine):
             explain_bad_pairs(self.name, entries.items() if isinstance(entries, Mapping) else entries)
             raise self._translate(e, "build a write batch") from e
         self._write_batch(batch)
+        self.records_written += len(entries)
 
     def delete_all(self, keys: Iterable[bytes]) -> None:
         self._require_open()
@@ -259,6 +263,7 @@ class NativeKVEngine(KeyValueEngine):
                 explain_bad_key(self.name, k)
             raise self._translate(e, "build a write batch") from e
         self._write_batch(batch)
+        self.records_written += len(keys)
 
     def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
         db = self._require_open()
@@ -296,6 +301,8 @@ class NativeKVEngine(KeyValueEngine):
         replays nothing.
         """
         db = self._require_writable()
+        # the persist after a restore always snapshots: the next open replays nothing
+        self.records_written = max(self.records_written, 1 << 62)
         try:
             if into_empty and self._bulk_loads() and self._is_empty(db):
                 self._bulk_load(db, iter(records))

@@ -9,10 +9,16 @@ Layout under the store directory (``job.state.dir/<job>/<store>/<partition>``)::
 
 Fault tolerance (host affinity, incremental restore):
 
-* at every commit ``checkpoint(offset)`` flushes the memtable and takes a RocksDB
+* at a commit, once ``snapshot.interval.records`` records were written since the last
+  snapshot, ``checkpoint(offset)`` flushes the memtable and takes a RocksDB
   hard-link checkpoint into ``snapshots/.tmp-<offset>``, then renames it to
   ``snapshots/<offset>`` (the rename is the commit point of the snapshot; the last
-  ``snapshots.keep`` are kept);
+  ``snapshots.keep`` are kept). Commits in between leave the memtable alone: a
+  snapshot per commit flushed one small L0 file per commit, and with random keys
+  every L0→L1 compaction rewrote all of L1, so writes slowed with the state size
+  (benchmarks/RESULTS.md, issue 17). A reopen replays at most that many records past
+  the newest snapshot; a clean close right after a commit takes the deferred
+  snapshot, so it replays nothing;
 * the live database is **never trusted** on open: after a clean close without commit
   it may hold writes past the committed offset ``C``. ``prepare_restore(C, min_valid)``
   deletes snapshots past ``C`` (from commit attempts that never completed) and those
@@ -100,6 +106,9 @@ class RocksDBOptions:
     * ``background.jobs`` — flush/compaction threads (default 2).
     * ``snapshots.keep`` — local checkpoints kept for incremental restore (default 2;
       at least 2, so the last committed one survives a failed commit).
+    * ``snapshot.interval.records`` — a commit takes a local snapshot once this many
+      records were written since the last one (default 500,000; ``0`` = at every
+      commit). Bounds what a reopen after a crash replays from the changelog.
     * ``statistics`` — collect RocksDB's statistics (default ``false``): adds the block
       cache hit/miss counters to the store's metrics (``localstate_engine_*``) at the
       cost RocksDB documents for statistics (a few percent on reads).
@@ -121,6 +130,7 @@ class RocksDBOptions:
     max_open_files: int = -1
     background_jobs: int = 2
     snapshots_keep: int = 2
+    snapshot_interval_records: int = 500_000
     restore_mode: Literal["batch", "sst"] = "batch"
     statistics: bool = False
 
@@ -135,6 +145,7 @@ class RocksDBOptions:
             ("max.open.files", self.max_open_files == -1 or self.max_open_files >= 16, "-1 (unlimited) or >= 16"),
             ("background.jobs", 1 <= self.background_jobs <= 64, "between 1 and 64"),
             ("snapshots.keep", self.snapshots_keep >= 2, ">= 2"),
+            ("snapshot.interval.records", self.snapshot_interval_records >= 0, ">= 0"),
         )
         for key, ok, rule in checks:
             if not ok:
@@ -198,6 +209,9 @@ class RocksDBEngine(NativeKVEngine):
         self._native = options.to_native()
         self._write_opts = rocksdict.WriteOptions()
         self._write_opts.disable_wal = not self.use_wal
+        self._deferred_snapshot: int | None = None
+        """The offset of the last ``persist`` that left its snapshot for later."""
+        self._written_at_persist = 0
         super().__init__(context, options)
 
     def _damaged(self, e: LocalStateError) -> bool:
@@ -378,6 +392,7 @@ class RocksDBEngine(NativeKVEngine):
         db = self._require_open()
         try:
             db.put(key, value)
+            self.records_written += 1
         except Exception as e:
             if value is None:
                 reject_none(self.name, key, value)
@@ -388,6 +403,7 @@ class RocksDBEngine(NativeKVEngine):
         db = self._require_open()
         try:
             db.delete(key)
+            self.records_written += 1
         except Exception as e:
             explain_bad_key(self.name, key)
             raise self._translate(e, "delete") from e
@@ -570,6 +586,43 @@ class RocksDBEngine(NativeKVEngine):
                 shutil.copy2(f, tmp / f.name)  # MANIFEST, CURRENT, OPTIONS, WAL: rewritten in place
         os.replace(tmp, target)
 
+    def persist(self, offset: int | None) -> None:
+        """Commit step 3: a snapshot at ``offset`` once ``snapshot.interval.records``
+        records were written since the last one; otherwise the snapshot is deferred (the
+        changelog holds everything past the newest snapshot, and a reopen replays it)."""
+        self.flush()
+        if offset is None:
+            return
+        self._written_at_persist = self.records_written
+        if self.records_written < self.options.snapshot_interval_records and self._snapshots():
+            self._deferred_snapshot = offset
+            return
+        self.checkpoint(offset)
+
+    def ensure_snapshot(self, offset: int) -> bool:
+        """Take the snapshot ``persist(offset)`` deferred, if the live database still
+        equals the changelog prefix ``[0, offset)`` (nothing written since). True when a
+        snapshot at ``offset`` exists afterwards. Called before a changelog compaction, a
+        snapshot upload and a close."""
+        if (self.snapshot_dir / f"{offset:020d}" / "CURRENT").is_file():
+            return True
+        if self._deferred_snapshot != offset or self.records_written != self._written_at_persist:
+            return False
+        self.checkpoint(offset)
+        return True
+
+    def close(self) -> None:
+        """Take a deferred snapshot when nothing was written since the commit (so the
+        next open replays nothing), then close as the base does."""
+        deferred = self._deferred_snapshot
+        if self._db is not None and deferred is not None:
+            try:
+                self.ensure_snapshot(deferred)
+            except LocalStateError as e:  # only an optimization of the next open
+                log.warning("rocksdb store %r: the snapshot at close failed (%s); the next open "
+                            "replays the changelog from the previous one", self.name, e)
+        super().close()
+
     def checkpoint(self, offset: int) -> None:
         """Take a hard-link snapshot tagged with ``offset``; keep the newest ``snapshots.keep``."""
         db = self._require_open()
@@ -591,6 +644,8 @@ class RocksDBEngine(NativeKVEngine):
             snapshots = self._snapshots()
             for _offset, path in snapshots[: -self.options.snapshots_keep]:
                 remove_tree(path)
+            self.records_written = self._written_at_persist = 0
+            self._deferred_snapshot = None
         except OSError as e:
             raise io_error(e, "write a snapshot to", tmp, EngineError) from e
         except LocalStateError:

@@ -143,6 +143,10 @@ class TrialPlan:
     """``systems.file.fsync``: a SIGKILL loses no page-cache data, so process-crash trials
     do not need it (power loss is outside what a process-level trial can cause); the
     checkpoint file is fsync'd either way."""
+    snapshot_interval: int = 0
+    """``rocksdb.snapshot.interval.records`` of a rocksdb trial: ``0`` snapshots at every
+    commit (each named snapshot point is reached), more defers snapshots between commits
+    (reopens replay from an older snapshot)."""
 
     def values(self, root: Path, bootstrap: str | None, tag: str, *, changelog: str | None = None,
                namespace: str = "") -> dict[str, Any]:
@@ -184,6 +188,8 @@ class TrialPlan:
                 values["systems.objectstore.path"] = f"file://{root.resolve()}/objects"
         for k, v in adapter_for(self.engine).store_options.items():
             values[f"stores.{STORE}.{k}"] = v
+        if self.engine == "rocksdb":
+            values[f"stores.{STORE}.rocksdb.snapshot.interval.records"] = self.snapshot_interval
         return values
 
 
@@ -207,7 +213,7 @@ def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops
     return TrialPlan(
         seed=seed, engine=engine, changelog=changelog, batches=batches, ops=ops, keys=keys,
         compact_every=rng.choice((0, 2, 3)), retention_ms=rng.choice((0, 86_400_000)),
-        faults=tuple(faults), fsync=fsync,
+        faults=tuple(faults), fsync=fsync, snapshot_interval=rng.choice((0, 25, 100)),
     )
 
 

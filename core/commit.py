@@ -1,0 +1,223 @@
+"""Committing one task's stores (DESIGN §4), in this order:
+
+1. flush caches into engines; ``engine.prepare_commit()``;
+2. flush change loggers → changelog appends → durable changelog ``flush()`` → end offsets;
+3. ``engine.persist(offset)``: make local state durable (rocksdb: a local snapshot tagged
+   with the offset once enough was written since the last one);
+4. write the task checkpoint ``{version, input_position, offsets}`` atomically.
+
+Nothing counts as committed before step 4. :class:`TaskCommit` is the part of
+:class:`~localstate.TaskStorage` that does it, with the changelog compaction that
+depends on the kept checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import time
+from typing import TYPE_CHECKING, Any
+
+from .checkpoint import Checkpoint
+from .errors import CorruptionError, InvalidValueError, LocalStateError, StoreClosedError
+from .faults import fault_point
+from .store_open import _OpenStore, engine_phase
+
+__all__ = ["check_input_position", "TaskCommit"]
+
+log = logging.getLogger("localstate")
+
+
+def check_input_position(value: Any, path: str = "input_position") -> None:
+    """Raise :class:`InvalidValueError` unless ``value`` survives the checkpoint's JSON
+    exactly: None, bool, int, finite float, str, lists and str-keyed dicts of those."""
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if isinstance(value, int):
+        return
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return
+        raise InvalidValueError(f"{path} = {value!r}: NaN and infinities cannot be stored in a checkpoint")
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            check_input_position(v, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidValueError(
+                    f"{path} has the key {k!r} ({type(k).__name__}): checkpoint keys are strings "
+                    f"(JSON would bring it back as {str(k)!r}); use str keys, e.g. {{str(partition): offset}}"
+                )
+            check_input_position(v, f"{path}[{k!r}]")
+        return
+    hint = " (a tuple would come back as a list: use a list)" if isinstance(value, tuple) else ""
+    raise InvalidValueError(
+        f"{path} = {value!r} ({type(value).__name__}) cannot be stored exactly in a checkpoint{hint}; "
+        "use None, bool, int, float, str, lists and dicts with str keys"
+    )
+
+
+class TaskCommit:
+    """The commit half of :class:`~localstate.TaskStorage`."""
+
+    job: str
+    partition: int
+    epoch: int
+    event_time: int | None
+    _closed: bool
+    _failed: BaseException | None
+    _stores: dict[str, _OpenStore]
+    _offsets: dict[str, int]
+    _meta: dict[str, dict[str, str]]
+    _checkpoint: Checkpoint | None
+    _committed: Checkpoint | None
+    _checkpoints: Any
+    task_metrics: Any
+
+    if TYPE_CHECKING:  # provided by TaskStorage
+        def _entry(self, name: str) -> _OpenStore: ...
+
+    def _write_checkpoint(self, version: int, input_position: Any) -> Checkpoint:
+        ckpt = Checkpoint(
+            version=version,
+            input_position=input_position,
+            offsets=dict(self._offsets),
+            epoch=self.epoch,
+            stores={k: dict(v) for k, v in self._meta.items()},
+            event_time=self.event_time,
+        )
+        self._checkpoints.write(self.job, self.partition, ckpt)
+        self._committed = ckpt
+        if ckpt.committed:
+            self._checkpoint = ckpt
+        return ckpt
+
+    # -- commit -----------------------------------------------------------------------------------
+    def commit(self, input_position: Any = None, *, version: int | None = None) -> Checkpoint:
+        """Run the commit protocol and return the new :class:`Checkpoint`.
+
+        ``input_position`` (any JSON value) is stored with the state offsets, so after a
+        crash the input resumes exactly where the state stands. ``version`` defaults to
+        the previous version + 1 (Spark passes its batch id). If a commit fails, the
+        error is raised and this TaskStorage refuses further commits: close it and open
+        it again, which restores the last successful commit.
+        """
+        if self._closed:
+            raise StoreClosedError(f"TaskStorage of {self.job}/partition {self.partition} is closed")
+        if self._failed is not None:
+            raise LocalStateError(
+                f"a previous commit of {self.job}/partition {self.partition} failed ({self._failed}); "
+                "close this TaskStorage and open it again to restore the last commit"
+            ) from self._failed
+        version = self._next_version(version)
+        check_input_position(input_position)
+        try:
+            return self._commit(input_position, version)
+        except BaseException as e:
+            self._failed = e
+            raise
+
+    def _next_version(self, version: Any) -> int:
+        prev = self._checkpoint
+        if version is None:
+            return prev.version + 1 if prev is not None else 1
+        if not isinstance(version, numbers.Integral) or isinstance(version, bool):
+            raise InvalidValueError(f"commit version must be an int, got {version!r} ({type(version).__name__})")
+        version = int(version)
+        if version < 0:
+            raise InvalidValueError(f"commit version must be >= 0, got {version}")
+        if prev is not None and version <= prev.version:
+            raise InvalidValueError(
+                f"commit version {version} of {self.job}/partition {self.partition} does not follow the "
+                f"committed version {prev.version}: versions only go up (a re-run of a version is rolled "
+                "back first, see localstate.contrib.spark.streaming.prepare_version)"
+            )
+        return version
+
+    def _commit(self, input_position: Any, version: int) -> Checkpoint:
+        clock = time.perf_counter
+        started = clock()
+        entries = list(self._stores.values())
+        flush_seconds = {}
+        for e in entries:
+            t0 = clock()
+            if e.view is not e.engine:
+                e.view.flush()
+            with engine_phase(e.spec, "prepare_commit"):
+                e.engine.prepare_commit()
+            flush_seconds[e.spec.name] = clock() - t0
+        fault_point("commit.before_changelog_flush")
+        offsets: dict[str, int] = {}
+        for e in entries:
+            if e.changelog is not None:
+                t0 = clock()
+                offsets[e.spec.name] = e.logger.flush()
+                flush_seconds[e.spec.name] += clock() - t0
+        fault_point("commit.after_changelog_flush")
+        for e in entries:
+            t0 = clock()
+            with engine_phase(e.spec, "persist"):
+                e.engine.persist(offsets.get(e.spec.name))
+            e.metrics.persist_latency.observe(clock() - t0)
+            e.metrics.flush_latency.observe(flush_seconds[e.spec.name])
+            e.metrics.commits += 1
+        fault_point("commit.after_engine_checkpoint")
+        # Stores not opened this time (dropped from the config for a deploy) keep their
+        # offsets: self._offsets carries them forward.
+        self._offsets.update(offsets)
+        checkpoint = self._write_checkpoint(version, input_position)
+        self.task_metrics.commits += 1
+        self.task_metrics.commit_latency.observe(clock() - started)
+        self._upload_snapshots(entries, offsets)
+        return checkpoint
+
+    def _upload_snapshots(self, entries: list[_OpenStore], offsets: dict[str, int]) -> None:
+        """After the commit point: changelogs that keep engine snapshots remotely
+        (objectstore) upload the snapshot at the committed offset. Only an optimization of
+        later restores, so a failure is logged and the commit stands."""
+        for e in entries:
+            upload = getattr(e.changelog, "upload_snapshot", None)
+            if upload is None or e.spec.name not in offsets:
+                continue
+            try:
+                upload(e.engine, offsets[e.spec.name])
+            except (LocalStateError, OSError) as err:
+                log.warning("store %r partition %d: snapshot upload failed (%s); restores replay more of "
+                            "the changelog until the next one", e.spec.name, self.partition, err)
+
+    def pending_records(self, name: str) -> int:
+        """Change records of store ``name`` buffered in its change logger (not yet in
+        the changelog)."""
+        return self._entry(name).logger.pending_count()
+
+    def committed_offset(self, name: str) -> int | None:
+        """The changelog offset store ``name``'s last commit covers (None: not logged
+        or never committed)."""
+        self._entry(name)
+        return self._offsets.get(name)
+
+    def compact(self) -> dict[str, dict[str, int]]:
+        """Compact every store's changelog below the oldest offset any kept checkpoint
+        names (the latest and the one before it), so going back to the previous
+        checkpoint still rebuilds exactly the state it committed."""
+        out = {}
+        try:
+            previous = self._checkpoints.previous(self.job, self.partition)
+        except CorruptionError:
+            previous = None
+        for name, e in self._stores.items():
+            if e.changelog is None or name not in self._offsets:
+                continue
+            up_to = self._offsets[name]
+            ensure = getattr(e.engine, "ensure_snapshot", None)
+            if ensure is not None:
+                # a snapshot deferred at the last commit is taken now: older ones may fall
+                # below the compaction horizon and could no longer be used
+                ensure(up_to)
+            if previous is not None and name in previous.offsets:
+                up_to = min(up_to, previous.offsets[name])
+            out[name] = e.changelog.compact(up_to)
+        return out
