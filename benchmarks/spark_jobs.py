@@ -1,5 +1,9 @@
 """Issue 6's Spark figures, and issue 7's comparison with Spark's own RocksDB state store.
 
+The suite also runs issue 17's streaming shapes on the same session: the windowed count
+as a Structured Streaming query over micro-batches (:mod:`.spark_streaming`) and Kafka
+end to end against Quix Streams (:mod:`.spark_kafka`); their rows are described there.
+
 The job is the windowed count of the examples (:class:`PageViewsPerHour`: page views
 per user per hour, emitted when the hour closes) over the synthetic page views of
 :mod:`localstate.contrib.spark.workload`: 5M events, 100k users, 6 hours, 4 tasks on
@@ -405,9 +409,26 @@ def _run(sizes: Sizes, repeats: int, work: Path) -> list[dict[str, Any]]:
     try:
         rows += _spark_rows(spark, full_dir, sample_dir, n, n_sample, params | {"master": master},
                             sample_params | {"master": master}, repeat, work)
+        rows += _streaming_shapes(spark, work, sizes is QUICK, repeats)
     finally:
         if owned:
             spark.stop()
+    return rows
+
+
+def _streaming_shapes(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
+    """Issue 17's streaming shapes on the same session (:mod:`.spark_streaming`,
+    :mod:`.spark_kafka`); a shape that fails becomes one error row, the others stay."""
+    from .runner import describe_error, error_row
+    from .spark_kafka import kafka_rows
+    from .spark_streaming import stream_rows
+
+    rows: list[dict[str, Any]] = []
+    for workload, shape in (("stream_e2e", stream_rows), ("kafka_e2e", kafka_rows)):
+        try:
+            rows += shape(spark, work, quick, repeats)
+        except Exception as e:
+            rows.append(error_row(workload, "-", {}, "events/s", describe_error(e)))
     return rows
 
 

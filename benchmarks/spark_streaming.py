@@ -53,7 +53,8 @@ from .runner import make_row
 from .spark_jobs import ENGINE, HOURS, SPARK_STATE_STORE, TASKS, Sizes, events, timed_task
 
 __all__ = ["StreamSizes", "STREAM_FULL", "STREAM_QUICK", "FILES_PER_TRIGGER", "write_stream_files",
-           "localstate_stream", "spark_stream", "StreamRun", "stream_rows"]
+           "localstate_stream", "spark_stream", "StreamRun", "stream_rows", "finish_query",
+           "format_parts", "latencies_ms", "localstate_breakdown", "spark_breakdown", "batch_stages"]
 
 FILES_PER_TRIGGER = 5
 INPUT_SCHEMA = "ts long, user_id string"
@@ -131,7 +132,7 @@ def localstate_stream(spark: Any, input_dir: Path, root: Path, *, collect: bool 
     t0 = time.perf_counter()
     query = job.run_stream(_stream(spark, input_dir), checkpoint_location=str(root / "spark-checkpoint"),
                            trigger={"availableNow": True}, output=output)
-    return _finish(spark, query, t0, collected if collect else None)
+    return finish_query(spark, query, t0, collected if collect else None)
 
 
 def spark_stream(spark: Any, input_dir: Path, checkpoint: Path, *, collect: bool = False) -> StreamRun:
@@ -157,10 +158,10 @@ def spark_stream(spark: Any, input_dir: Path, checkpoint: Path, *, collect: bool
         writer = writer.format("noop")
     t0 = time.perf_counter()
     query = writer.trigger(availableNow=True).start()
-    return _finish(spark, query, t0, collected if collect else None)
+    return finish_query(spark, query, t0, collected if collect else None)
 
 
-def _finish(spark: Any, query: Any, t0: float, collected: list[pa.Table] | None) -> StreamRun:
+def finish_query(spark: Any, query: Any, t0: float, collected: list[pa.Table] | None) -> StreamRun:
     """Wait for ``query`` (started at ``t0``) to end and gather what it reported."""
     query.awaitTermination()
     seconds = time.perf_counter() - t0
@@ -241,11 +242,11 @@ def localstate_breakdown(runs: list[StreamRun], task_docs: list[list[dict[str, A
             add("micro-batch (triggerExecution)", trigger)
             add("driver: offsets, planning, offset/commit logs", trigger - add_batch)
             stages = run.stages.get(batch, [])
-            read = [s for s in stages if s["input_rows"] > 0]
+            read = [s for s in stages if s["shuffle_read"] == 0]
             python = [s for s in stages if s["shuffle_read"] > 0]
             stage_wall = sum(s["wall"] for s in read + python)
             add("addBatch: job scheduling and gaps between stages", add_batch - stage_wall)
-            add("stage 1 wall: Parquet read + shuffle write", sum(s["wall"] for s in read))
+            add("stage 1 wall: read input + shuffle write", sum(s["wall"] for s in read))
             add("stage 2 wall: shuffle read + Python tasks", sum(s["wall"] for s in python))
             add("stage 1 task-s", sum(s["task_s"] for s in read))
             add("stage 2 task-s", sum(s["task_s"] for s in python))
@@ -271,7 +272,7 @@ def spark_breakdown(runs: list[StreamRun]) -> dict[str, float]:
                 ("micro-batch (triggerExecution)", trigger),
                 ("driver: offsets, planning, offset/commit logs", trigger - add_batch),
                 ("stage 1 wall: Parquet read + partial aggregate + shuffle write",
-                 sum(s["wall"] for s in stages if s["input_rows"] > 0)),
+                 sum(s["wall"] for s in stages if s["shuffle_read"] == 0)),
                 ("stage 2 wall: shuffle read + aggregate + state store",
                  sum(s["wall"] for s in stages if s["shuffle_read"] > 0)),
                 ("state store: updates (task-s)", state.get("allUpdatesTimeMs", 0) / 1000),
@@ -282,7 +283,7 @@ def spark_breakdown(runs: list[StreamRun]) -> dict[str, float]:
     return {k: statistics.mean(v) for k, v in parts.items()}
 
 
-def _format(parts: dict[str, float]) -> str:
+def format_parts(parts: dict[str, float]) -> str:
     return "; ".join(f"{k} {v * 1000:,.0f} ms" for k, v in parts.items())
 
 
@@ -369,7 +370,7 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[
     ours_parts = localstate_breakdown(our_runs, our_docs)
     peer_parts = spark_breakdown(peer_runs)
     rows.append(make_row("stream_breakdown", ls_name, params, "ms per micro-batch",
-                         [ours_parts["micro-batch (triggerExecution)"] * 1000], notes=_format(ours_parts)))
+                         [ours_parts["micro-batch (triggerExecution)"] * 1000], notes=format_parts(ours_parts)))
     rows.append(make_row("stream_breakdown", baseline, params, "ms per micro-batch",
-                         [peer_parts["micro-batch (triggerExecution)"] * 1000], notes=_format(peer_parts)))
+                         [peer_parts["micro-batch (triggerExecution)"] * 1000], notes=format_parts(peer_parts)))
     return rows
