@@ -1,5 +1,9 @@
 """Issue 6's Spark figures, and issue 7's comparison with Spark's own RocksDB state store.
 
+The suite also runs issue 17's streaming shapes on the same session: the windowed count
+as a Structured Streaming query over micro-batches (:mod:`.spark_streaming`) and Kafka
+end to end against Quix Streams (:mod:`.spark_kafka`); their rows are described there.
+
 The job is the windowed count of the examples (:class:`PageViewsPerHour`: page views
 per user per hour, emitted when the hour closes) over the synthetic page views of
 :mod:`localstate.contrib.spark.workload`: 5M events, 100k users, 6 hours, 4 tasks on
@@ -114,20 +118,31 @@ def timed_task(base: type[StreamTask], timing_dir: str) -> type[StreamTask]:
     ``process_batch``, ``window`` and the runner's ``storage.commit``, written as one
     JSON file per task run under ``timing_dir`` when the task closes.
 
+    Also recorded (not part of :attr:`TaskTimes.parts`): ``open``, the runner's storage
+    open before ``init`` (:attr:`TaskContext.open_seconds`); ``input``, the wall time
+    between the task's calls while the runner waits for the next input batch (shuffle
+    read and Arrow transfer from the JVM) or hands output batches back; ``version``,
+    the version the run committed (the micro-batch id when streaming).
+
     Built in a function so Spark pickles the class (and ``timing_dir``) by value.
     """
 
     class Timed(base):  # type: ignore[valid-type, misc]
         def init(self, context: TaskContext) -> None:
-            self._timing: dict[str, Any] = {"partition": context.partition, "rows": 0}
+            self._timing: dict[str, Any] = {"partition": context.partition, "rows": 0,
+                                            "open": context.open_seconds, "input": 0.0}
             self._clock("init", super().init, context)
-            storage = context.storage
+            self._storage = storage = context.storage
             commit = storage.commit
 
             def timed_commit(*args: Any, **kwargs: Any) -> Any:
                 return self._clock("commit", commit, *args, **kwargs)
 
             storage.commit = timed_commit  # type: ignore[method-assign]
+            self._idle_since = time.perf_counter()
+
+        def _waited(self) -> None:
+            self._timing["input"] += time.perf_counter() - self._idle_since
 
         def _clock(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             wall, cpu = time.perf_counter(), time.thread_time()
@@ -139,14 +154,19 @@ def timed_task(base: type[StreamTask], timing_dir: str) -> type[StreamTask]:
                 t["cpu"] = t.get("cpu", 0.0) + time.thread_time() - cpu
 
         def process_batch(self, batch: pa.RecordBatch, emit: Emitter) -> None:
+            self._waited()
             self._timing["rows"] += batch.num_rows
             self._clock("process_batch", super().process_batch, batch, emit)
+            self._idle_since = time.perf_counter()
 
         def window(self, emit: Emitter) -> None:
+            self._waited()
             self._clock("window", super().window, emit)
 
         def close(self) -> None:
             super().close()
+            checkpoint = self._storage.checkpoint if hasattr(self, "_storage") else None
+            self._timing["version"] = checkpoint.version if checkpoint is not None else None
             path = Path(timing_dir) / f"{self._timing['partition']}-{uuid.uuid4().hex}.json"
             path.write_text(json.dumps(self._timing))
 
@@ -389,9 +409,26 @@ def _run(sizes: Sizes, repeats: int, work: Path) -> list[dict[str, Any]]:
     try:
         rows += _spark_rows(spark, full_dir, sample_dir, n, n_sample, params | {"master": master},
                             sample_params | {"master": master}, repeat, work)
+        rows += _streaming_shapes(spark, work, sizes is QUICK, repeats)
     finally:
         if owned:
             spark.stop()
+    return rows
+
+
+def _streaming_shapes(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
+    """Issue 17's streaming shapes on the same session (:mod:`.spark_streaming`,
+    :mod:`.spark_kafka`); a shape that fails becomes one error row, the others stay."""
+    from .runner import describe_error, error_row
+    from .spark_kafka import kafka_rows
+    from .spark_streaming import stream_rows
+
+    rows: list[dict[str, Any]] = []
+    for workload, shape in (("stream_e2e", stream_rows), ("kafka_e2e", kafka_rows)):
+        try:
+            rows += shape(spark, work, quick, repeats)
+        except Exception as e:
+            rows.append(error_row(workload, "-", {}, "events/s", describe_error(e)))
     return rows
 
 

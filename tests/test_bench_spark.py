@@ -1,5 +1,6 @@
 """``localstate bench --suite spark`` at its quick size: every figure of issue 6 (and the
-Spark state-store comparison of issue 7) is produced, positive, without error cells.
+Spark state-store comparison of issue 7, and issue 17's streaming and Kafka shapes) is
+produced, positive, without error cells.
 
 Runs the CLI in a subprocess: the suite starts its own ``local[2]`` session, which cannot
 coexist with the session-scoped ``spark`` fixture of other tests in this process.
@@ -49,4 +50,16 @@ def test_spark_suite_runs_quick_and_reports_every_figure(tmp_path: Path) -> None
     restores = [r for r in rows if r["workload"] == "windowed_restore" and r["unit"] == "records/s"]
     assert len(restores) == 2 and all(r["params"]["restored_records"] > 0 for r in restores)
     assert cells[("spark_session_start", "local[2]", "s")]["median"] > 0
+    # issue 17's streaming shapes: same session, the peers in the same run
+    stream = [r for r in rows if r["workload"] == "stream_e2e"]
+    assert len(stream) == 2 and "checked identical" in stream[0]["notes"], stream
+    ours = next(r for r in stream if r["baseline"])
+    assert ours["ratio"] == pytest.approx(ours["median"] / next(r for r in stream if not r["baseline"])["median"])
+    assert {r["unit"] for r in rows if r["workload"] == "stream_batch_latency"} == {"ms (median)", "ms (p95)"}
+    breakdown = [r for r in rows if r["workload"] == "stream_breakdown"]
+    assert len(breakdown) == 2 and "python task-s: commit" in breakdown[0]["notes"]
+    kafka = [r for r in rows if r["workload"] == "kafka_e2e"]
+    assert kafka and "localstate-kafka" in kafka[0]["engine"] and "users" in kafka[0]["notes"]
+    # the Quix peer runs only where quixstreams is installed (LOCALSTATE_QUIX_PYTHON or this venv)
+    assert len(kafka) == 2 or "Quix not run" in kafka[0]["notes"]
     assert "windowed_e2e" in (out / "results.md").read_text()

@@ -268,6 +268,42 @@ def test_kafka_stream_respects_the_read_limit_and_continues_exactly_after_restar
 
 
 @pytest.mark.kafka
+def test_kafka_reads_in_one_worker_reuse_one_consumer_and_a_broken_off_read_closes_it(
+    sources: Any, kafka_broker: str
+) -> None:
+    """A Python worker keeps one idle consumer between input partitions (and micro-batches);
+    each read still returns exactly its range, and a read stopped early does not hand its
+    consumer on (it may hold a half-read fetch)."""
+    from localstate.contrib.spark.sources import kafka as kafka_source
+    from localstate.contrib.spark.sources._base import _Range
+    from pyspark.sql.types import StructType
+
+    topic = _topic(kafka_broker, 3)
+    records = _views(90)
+    _produce(kafka_broker, topic, records)
+    reader = kafka_source._KafkaReader({"bootstrap.servers": kafka_broker, "topic": topic},
+                                       StructType.fromDDL(kafka_source.KAFKA_SCHEMA))
+    kafka_source._IDLE_CONSUMERS.clear()
+
+    def read(partition: int, start: int, stop: int) -> list[tuple[int, bytes]]:
+        return [(r["offset"], r["value"]) for b in reader.read(_Range(partition, start, stop)) for r in b.to_pylist()]
+
+    values = {p: [v for q, _k, v in records if q == p] for p in range(3)}
+    assert read(0, 0, 30) == list(enumerate(values[0]))
+    (idle,) = kafka_source._IDLE_CONSUMERS.values()
+    assert read(2, 5, 12) == list(enumerate(values[2]))[5:12]
+    assert list(kafka_source._IDLE_CONSUMERS.values()) == [idle]  # the same consumer, handed on
+    assert read(1, 0, 30) == list(enumerate(values[1]))
+
+    broken_off = reader.read(_Range(0, 0, 30))
+    next(broken_off)
+    assert kafka_source._IDLE_CONSUMERS == {}  # borrowed
+    broken_off.close()
+    assert kafka_source._IDLE_CONSUMERS == {}  # closed, not handed on
+    assert read(0, 28, 30) == list(enumerate(values[0]))[28:30]
+
+
+@pytest.mark.kafka
 def test_kafka_bad_input_is_clear(sources: Any, kafka_broker: str) -> None:
     with pytest.raises(Exception) as e:
         sources.read.format("localstate-kafka").option("topic", "t").load().collect()

@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import pyarrow as pa
 import pytest
-from localstate import Config, TaskStorage
+from localstate import Config, ConfigError, TaskStorage
 from localstate.contrib.spark import TaskContext
 from localstate.contrib.spark.job_engines import (
     DistinctViewers,
@@ -35,7 +35,7 @@ from localstate.contrib.spark.job_joins import (
     PageViewEnrich,
     ProfileSettingsJoin,
 )
-from localstate.contrib.spark.job_windowed import ALLOWED_LATENESS_S, PageViewsPerHour
+from localstate.contrib.spark.job_windowed import ALLOWED_LATENESS_S, CLOCK_WINDOW, PageViewsPerHour
 from localstate.contrib.spark.jobs import (
     JOBS,
     default_kv_engine,
@@ -117,6 +117,11 @@ def store_items(config: Config, store: str) -> dict[Any, Any]:
     return items
 
 
+def open_windows(config: Config) -> dict[tuple[int, str], int]:
+    """The windows the ``hourly`` store holds (without the task clock's two keys)."""
+    return {k: v for k, v in store_items(config, "hourly").items() if k[0] != CLOCK_WINDOW}
+
+
 @pytest.fixture(scope="module")
 def workload() -> Any:
     return generate(20_000, hours=4, seed=11)
@@ -133,7 +138,7 @@ def test_hourly_counts_emitted_plus_open_windows_equal_exact_counts(tmp_path: Pa
         key = (row["window_start"], row["user_id"])
         assert key not in emitted, f"window {key} emitted twice"
         emitted[key] = row["views"]
-    still_open = store_items(config, "hourly")
+    still_open = open_windows(config)
     assert not set(emitted) & set(still_open), "an emitted window is still in the store"
     assert emitted + Counter(still_open) == exact
     assert sum(t.late_events for t in tasks.values()) == 0
@@ -163,11 +168,28 @@ def test_hourly_late_event_is_dropped_and_counted(tmp_path: Path) -> None:
     late = pa.table({"ts": [t0 + 30, t0 + 2 * HOUR + 6 * 60], "user_id": ["a", "b"]})
     out, tasks = run_task(PageViewsPerHour, config, late)
     assert out == [] and tasks[0].late_events == 1
-    assert store_items(config, "hourly") == {(t0 + 2 * HOUR, "b"): 2}
+    assert open_windows(config) == {(t0 + 2 * HOUR, "b"): 2}
     # The hour mark plus the allowed lateness closes the last window.
     closer = pa.table({"ts": [t0 + 3 * HOUR + ALLOWED_LATENESS_S], "user_id": ["c"]})
     out, _ = run_task(PageViewsPerHour, config, closer)
     assert out == [{"window_start": t0 + 2 * HOUR, "user_id": "b", "views": 2}]
+    assert store_items(config, "hourly")[(CLOCK_WINDOW, "watermark")] == t0 + 3 * HOUR + ALLOWED_LATENESS_S
+
+
+def test_hourly_state_of_the_former_clock_store_layout_is_refused_unchanged(tmp_path: Path) -> None:
+    """State committed by the layout before issue 17 (watermark in a store ``clock``) is
+    refused with a message naming it, and nothing is written."""
+    former = job_config(PageViewsPerHour, tmp_path, partitions=1, engine=ENGINE, extra={
+        "stores.clock.factory": ENGINE, "stores.clock.key.serde": "string", "stores.clock.msg.serde": "long"})
+    with TaskStorage(former, 0) as storage:
+        storage.store("clock")["watermark"] = 1_767_225_600
+        storage.store("hourly")[(1_767_225_600, "a")] = 3
+        storage.commit({"rows": 3})
+    config = job_config(PageViewsPerHour, tmp_path, partitions=1, engine=ENGINE)
+    with pytest.raises(ConfigError, match="older PageViewsPerHour .* store 'clock'"):
+        run_task(PageViewsPerHour, config, pa.table({"ts": [1_767_229_200], "user_id": ["b"]}))
+    assert store_items(former, "hourly") == {(1_767_225_600, "a"): 3}
+    assert store_items(former, "clock") == {"watermark": 1_767_225_600}
 
 
 # -- 2. table-table join --------------------------------------------------------------------------
@@ -371,7 +393,7 @@ def check_hourly(config: Config, w: Any, out: list[dict[str, Any]]) -> None:
     exact = Counter((ts - ts % HOUR, u) for ts, u in zip(views["ts"].to_pylist(), views["user_id"].to_pylist()))
     emitted = Counter({(r["window_start"], r["user_id"]): r["views"] for r in out})
     assert len(emitted) == len(out), "a window was emitted twice"
-    assert emitted + Counter(store_items(config, "hourly")) == exact
+    assert emitted + Counter(open_windows(config)) == exact
     assert emitted
 
 

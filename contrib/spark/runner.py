@@ -82,6 +82,9 @@ class TaskContext:
     storage: TaskStorage
     timer_store: str = "timers"
     """The store that keeps this task's timers (:attr:`StreamTask.timer_store`)."""
+    open_seconds: float = 0.0
+    """Wall seconds the runner spent opening the storage before :meth:`StreamTask.init`
+    (the task lock, the checkpoint, a rollback of a re-run batch, a restore)."""
     _timers: dict[bytes, Timers] = field(default_factory=dict, init=False, repr=False)
 
     @overload
@@ -333,12 +336,14 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
     sees the resolved config).
     """
     config = executor_state_dir(run.config)
+    opening = time.perf_counter()
     storage = open_version(config, partition, run.batch_id, run.lock_wait_s)
+    open_seconds = time.perf_counter() - opening
     task: StreamTask | None = None
     try:
         emit = Emitter(run.output_schema)
         task = run.task()
-        context = TaskContext(partition, config.partitions, config, storage, task.timer_store)
+        context = TaskContext(partition, config.partitions, config, storage, task.timer_store, open_seconds)
         task.init(context)
         rows = 0
         process_batch = task.process_batch

@@ -141,7 +141,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        end = _cap(self.reader.ends(), self.target)
+        # Under availableNow the end is the snapshot taken when the trigger started: ends
+        # never move backwards, so asking the source again (for Kafka, reading every
+        # partition's last batch to EOF) each micro-batch would only return it again.
+        end = self.target if self.target is not None else self.reader.ends()
         end = {p: max(int(o), int(start.get(p, 0))) for p, o in end.items()}
         if isinstance(limit, ReadMaxRows):
             end = _limit_rows({p: int(o) for p, o in start.items()}, end, limit.max_rows)
@@ -182,12 +185,3 @@ def _limit_rows(start: dict[str, int], end: dict[str, int], max_rows: int) -> di
         budget -= take
         out[p] = start.get(p, 0) + take
     return out
-
-
-def _cap(end: dict[str, Any], target: dict[str, Any] | None) -> dict[str, Any]:
-    """``end`` no further than ``target`` (the ``availableNow`` snapshot), per partition."""
-    if target is None:
-        return end
-    return {p: min(int(o), int(target.get(p, o))) for p, o in end.items()}
-
-

@@ -38,6 +38,15 @@ _KAFKA_RANGE = 500_000
 _BATCH_ROWS = 100_000
 
 
+_IDLE_CONSUMERS: dict[tuple[Any, ...], Any] = {}
+"""Per Python worker process: one idle assign-only consumer per client configuration.
+Spark reuses its Python workers across tasks and micro-batches, and a new consumer costs
+a broker connection and a metadata round trip before its first fetch — per input
+partition per micro-batch. A consumer holds no group membership or offsets (it
+uses ``assign``, and :meth:`KafkaClient.scan` unassigns when done), so the next read can
+take it over; one whose read failed or stopped early is closed instead."""
+
+
 class _KafkaReader:
     """Shared by the batch and the streaming Kafka readers: one client (and one
     consumer, kept between calls on the driver) per reader."""
@@ -99,7 +108,8 @@ class _KafkaReader:
     def read(self, part: _Range) -> Iterator[pa.RecordBatch]:
         if part.stop <= part.start:
             return
-        consumer = self.client.consumer()
+        consumer = self._borrow_consumer()
+        finished = False
         try:
             keys: list[bytes | None] = []
             values: list[bytes | None] = []
@@ -116,8 +126,26 @@ class _KafkaReader:
                     keys, values, offsets, stamps = [], [], [], []
             if offsets:
                 yield self._batch(part.part, keys, values, offsets, stamps)
+            finished = True
         finally:
-            consumer.close()
+            if finished:
+                self._return_consumer(consumer)
+            else:
+                consumer.close()
+
+    def _consumer_key(self) -> tuple[Any, ...]:
+        settings = self.client.settings
+        return (settings.bootstrap_servers, self.client.group_id, tuple(sorted(settings.consumer.items())))
+
+    def _borrow_consumer(self) -> Any:
+        """The worker's idle consumer for this configuration, or a new one."""
+        return _IDLE_CONSUMERS.pop(self._consumer_key(), None) or self.client.consumer()
+
+    def _return_consumer(self, consumer: Any) -> None:
+        spare = _IDLE_CONSUMERS.pop(self._consumer_key(), None)
+        if spare is not None:  # two reads of one worker overlapped: keep one consumer
+            spare.close()
+        _IDLE_CONSUMERS[self._consumer_key()] = consumer
 
     def _batch(self, partition: int, keys: list, values: list, offsets: list, stamps: list) -> pa.RecordBatch:
         if self.json:
