@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from itertools import islice
 from operator import itemgetter
 from typing import Any, Generic, TypeVar, overload
 
@@ -82,6 +83,19 @@ class CloseableIterator(Generic[T]):
             self._exhausted = True
             self.close()
             raise
+
+    def take(self, n: int) -> list[T]:
+        """The next ``n`` items (fewer at the end; ``[]`` once exhausted) in one call:
+        a batch scan pays no Python call per item. Same closed/exhausted rules as ``next``."""
+        if self._closed:
+            if self._exhausted:
+                return []
+            raise StoreClosedError(f"{self._what} is closed; open a new range()/all() iterator")
+        items = list(islice(self._it, n))
+        if len(items) < n:
+            self._exhausted = True
+            self.close()
+        return items
 
     def map(self, fn: Callable[[T], U]) -> CloseableIterator[U]:
         """A new iterator applying ``fn`` to each item; closing it closes this one."""

@@ -25,8 +25,10 @@ in ``(ts, key)`` order (keys of one type in their natural order; types grouped b
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable
-from itertools import islice
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from .errors import ConfigError, InvalidValueError
@@ -40,6 +42,9 @@ EVENT_TIME = b"e"
 PROCESSING_TIME = b"p"
 _BIAS = 1 << 63
 _MARK = b"\x01"
+_HEAD = struct.Struct(">cQ")
+_SECOND = itemgetter(1)
+"""The domain byte and the biased timestamp that start every record key."""
 _FETCH = 4096
 _TUPLE = get_serde("tuple")
 _STR, _INT, _BYTES, _OTHER = b"s", b"i", b"b", b"t"
@@ -78,6 +83,15 @@ def _decode_keys(record_keys: list[bytes]) -> list[Any]:
     if {k[9] for k in record_keys} == {_STR[0]}:
         return [k[10:].decode() for k in record_keys]
     return [_decode_key(k[9:]) for k in record_keys]
+
+
+def _timestamps(timestamps: Iterable[Any]) -> list[int]:
+    """Every timestamp checked as :func:`_timestamp` does, in C-level passes when all are
+    plain ints in range (the batch path); otherwise one check each, naming the bad one."""
+    stamps = timestamps if isinstance(timestamps, list) else list(timestamps)
+    if stamps and set(map(type, stamps)) <= {int} and min(stamps) >= -_BIAS and max(stamps) < _BIAS:
+        return stamps
+    return [_timestamp(t, "register_all") for t in stamps]
 
 
 def check_timer_store(name: str, spec: Any) -> None:
@@ -139,17 +153,23 @@ class Timers:
             self._registered_due = True
 
     def register_all(self, keys: Iterable[Any], timestamps: Iterable[int]) -> None:
-        """:meth:`register` for pairs of ``keys`` and ``timestamps`` in one batch."""
-        keys, stamps = list(keys), [_timestamp(t, "register_all") for t in timestamps]
+        """:meth:`register` for pairs of ``keys`` and ``timestamps`` in one batch (one
+        serde pass, one engine write batch, one changelog hand-over)."""
+        keys, stamps = list(keys), _timestamps(timestamps)
         if len(keys) != len(stamps):
             raise InvalidValueError(f"register_all: {len(keys)} keys but {len(stamps)} timestamps")
+        if not keys:
+            return
         try:
             encoded = _encode_keys(keys)
         except (TypeError, ValueError) as e:
             raise InvalidValueError(f"a timer key cannot be stored: {e}") from None
+        head = _HEAD.pack
         d = self.domain
-        self.store.put_all([(d + (t + _BIAS).to_bytes(8, "big") + k, _MARK) for k, t in zip(encoded, stamps)])
-        if self._current is not None and stamps and min(stamps) <= self._current:
+        # a dict: later duplicates of one (key, ts) collapse before any layer sees them
+        self.store.put_all(dict.fromkeys(map(bytes.__add__, map(head, repeat(d), map(_BIAS.__add__, stamps)),
+                                             encoded), _MARK))
+        if self._current is not None and min(stamps) <= self._current:
             self._registered_due = True
 
     def delete(self, key: Any, ts: int) -> None:
@@ -175,21 +195,23 @@ class Timers:
         stop = self._stop(up_to)
         fired = 0
         self._current = up_to
+        start = self.domain
         try:
             while True:
-                with self.store.range(self.domain, stop) as it:
-                    due = list(islice(it, _FETCH))
+                with self.store.range(start, stop) as it:
+                    due = it.take(_FETCH)
                 if not due:
                     return fired
                 self._registered_due = False
-                for i, (record_key, _) in enumerate(due):
+                for record_key, _ in due:
                     self.store.delete(record_key)
                     key, ts = _decode(record_key)
                     on_timer(key, ts)
                     fired += 1
                     fault_point("timers.after_fire")
-                    if self._registered_due and i + 1 < len(due):
-                        break  # a new timer may sort before the rest: scan again
+                    if self._registered_due:
+                        break  # a new timer may sort before the rest: scan again from the start
+                start = self.domain if self._registered_due else record_key + b"\x00"
         finally:
             self._current = None
 
@@ -197,20 +219,33 @@ class Timers:
                    chunk: int = 65536) -> int:
         """The vectorised :meth:`fire`: hands due timers to ``on_timers(keys, timestamps)``
         in chunks (each chunk in ``(ts, key)`` order, deleted in one batch first). Timers
-        that ``on_timers`` registers at or before ``up_to`` fire in a later chunk."""
+        that ``on_timers`` registers at or before ``up_to`` fire in a later chunk.
+
+        Each chunk is one range scan that starts after the previous chunk's last timer
+        (so it never walks the deletions of earlier chunks), or again at the start of
+        the domain when ``on_timers`` registered a due timer that may sort before it.
+        """
         up_to = self.now() if up_to is None else up_to
         stop = self._stop(up_to)
         fired = 0
-        while True:
-            with self.store.range(self.domain, stop) as it:
-                due = [k for k, _ in islice(it, chunk)]
-            if not due:
-                return fired
-            self.store.delete_all(due)
-            stamps = [int.from_bytes(k[1:9], "big") - _BIAS for k in due]
-            keys = _decode_keys(due)
-            on_timers(keys, stamps)
-            fired += len(due)
+        self._current = up_to
+        start = self.domain
+        try:
+            while True:
+                with self.store.range(start, stop) as it:
+                    due = [k for k, _ in it.take(chunk)]
+                if not due:
+                    return fired
+                self.store.delete_all(due)
+                stamps = list(map(_BIAS.__rsub__, map(_SECOND, map(_HEAD.unpack_from, due))))
+                keys = _decode_keys(due)
+                self._registered_due = False
+                on_timers(keys, stamps)
+                fired += len(due)
+                fault_point("timers.after_fire")
+                start = self.domain if self._registered_due else due[-1] + b"\x00"
+        finally:
+            self._current = None
 
 
 def _decode(record_key: bytes) -> tuple[Any, int]:

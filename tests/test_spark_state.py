@@ -125,6 +125,13 @@ def test_streaming_progress_carries_state_metrics(spark, tmp_path: Path) -> None
     assert counts["customMetrics"]["records_logged"] == 5
     assert counts["customMetrics"]["commits"] == 2
     assert counts["commitTimeMs"] >= 0
+    # the same figures inside Spark's own StreamingQueryProgress, as observed metrics
+    observed = query.lastProgress["observedMetrics"]
+    assert set(observed) == {"localstate.counts"}
+    row = observed["localstate.counts"]
+    assert (row["numRowsUpdated"], row["numRowsTotal"], row["numTasks"]) == (5, 5, 2)
+    assert (row["records_logged"], row["commits"], row["numRowsRemoved"]) == (5, 2, 0)
+    assert row["commitTimeMs"] >= 0
     # a batch run (an action) gathers the same per-store figures under its version
     batch = spark.createDataFrame([(f"u{i % 5}",) for i in range(10)], "user_id string")
     job.run(batch)
@@ -135,3 +142,20 @@ def test_streaming_progress_carries_state_metrics(spark, tmp_path: Path) -> None
     job_file.write_text("\n".join(f"{k} = {v}" for k, v in config.to_dict().items()) + "\n")
     state = spark.read.format("localstate-state").option("config", str(job_file)).option("store", "counts").load()
     assert {r.key: r.value for r in state.collect()} == {f"u{i}": 10 for i in range(5)}
+
+
+def test_a_stream_plan_evaluated_outside_its_query_is_refused_and_commits_nothing(spark, tmp_path: Path) -> None:
+    """The tasks of run_stream's plan take their commit version from Spark's micro-batch;
+    evaluated as a plain batch DataFrame they have none: a clear error, no state written."""
+    from localstate import TaskStorage
+    from localstate.contrib.spark import StatefulJob
+    from localstate.testing.spark import KeyCount, key_count_config, key_count_task
+
+    config = key_count_config(tmp_path, partitions=2, engine="memory", name="kcx")
+    job = StatefulJob(config, key_count_task(), key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
+    df = spark.createDataFrame([("u1",), ("u2",)], "user_id string")
+    with pytest.raises(Exception, match="streaming.sql.batchId"):
+        job.transform(df, in_stream_plan=True).collect()
+    for p in range(2):
+        with TaskStorage(config, p) as st:
+            assert st.checkpoint is None and dict(st.store("counts")) == {}

@@ -90,6 +90,54 @@ def test_fire_batch_gives_chunks_in_order(make_config):
         assert seen == list(range(1, 701))
 
 
+@pytest.mark.parametrize("factory", ["memory", "rocksdb"])
+def test_fire_batch_fires_what_on_timers_registers_even_before_the_last_fired_timer(make_config, factory):
+    # each chunk's scan resumes after the previous chunk; a timer registered while firing
+    # that sorts before that point must still fire (the scan restarts at the domain start)
+    with TaskStorage(make_config(timers={**TIMERS, "factory": factory})) as st:
+        t = event_timers(st)
+        t.register_all([f"k{i:04d}" for i in range(300)], [i * 2 for i in range(300)])
+        seen: list[tuple[Any, int]] = []
+
+        def on_timers(keys: list[Any], stamps: list[int]) -> None:
+            seen.extend(zip(keys, stamps))
+            if len(seen) == 100:
+                t.register_all(["early", "due-late", "future"], [1, 500, 10_000])
+
+        assert t.fire_batch(on_timers, up_to=598, chunk=100) == 302
+        assert seen[100] == ("early", 1)  # the next chunk: the rescan finds it first
+        assert [ts for _, ts in seen[101:]] == sorted(ts for _, ts in seen[101:])
+        assert ("due-late", 500) in seen and len(set(seen)) == 302
+        assert t.pending() == [("future", 10_000)]
+
+
+@pytest.mark.parametrize("factory", ["memory", "rocksdb"])
+def test_fire_resumes_after_each_chunk_and_fires_everything_once(make_config, factory):
+    with TaskStorage(make_config(timers={**TIMERS, "factory": factory})) as st:
+        t = event_timers(st)
+        n = 10_000  # more than one scan chunk of fire()
+        t.register_all([f"u{i}" for i in range(n)], [i % 97 for i in range(n)])
+        fired: list[tuple[Any, int]] = []
+        assert t.fire(lambda k, ts: fired.append((k, ts)), up_to=96) == n
+        assert len(set(fired)) == n and [ts for _, ts in fired] == sorted(ts for _, ts in fired)
+        assert t.pending() == []
+
+
+def test_register_all_collapses_duplicates_and_checks_every_timestamp(make_config):
+    import numpy as np
+
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        t = event_timers(st)
+        t.register_all(["a", "a", "b"], [5, 5, np.int64(7)])  # numpy ints are ints
+        t.register_all([], [])
+        assert t.pending() == [("a", 5), ("b", 7)]
+        with pytest.raises(InvalidValueError, match="'x'"):
+            t.register_all(["k1", "k2"], [3, "x"])  # the bad one is named; nothing stored
+        with pytest.raises(InvalidValueError, match="timestamp must be an int"):
+            t.register_all(["k1", "k2"], [3, -(1 << 63) - 1])
+        assert t.pending() == [("a", 5), ("b", 7)]
+
+
 @pytest.mark.parametrize("ts", [1.5, "10", True, None, 1 << 64])
 def test_bad_timestamps_are_errors_that_change_nothing(make_config, ts):
     with TaskStorage(make_config(timers=TIMERS)) as st:

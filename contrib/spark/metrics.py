@@ -1,22 +1,31 @@
-"""State metrics of Spark runs, gathered from the tasks on the executors to the driver.
+"""State metrics of Spark runs: in the streaming query's progress, and on the driver.
 
 A task's :class:`~localstate.TaskStorage` lives only while its Spark task runs, so a
-Prometheus scrape of an executor would see nothing. Each task therefore adds a
-snapshot of its stores' metrics (:func:`task_snapshot`) to a Spark accumulator when
-it has committed; the driver reads the sum per micro-batch and keeps it beside the
-streaming query's progress, shaped like the ``stateOperators`` entry Spark's own
-state stores report in ``StreamingQueryProgress`` (``numRowsTotal``,
-``numRowsUpdated``, ``numRowsRemoved``, ``commitTimeMs``, ``customMetrics``)::
+Prometheus scrape of an executor would see nothing. The metrics leave the task two ways:
 
-    query = job.run_stream(df, checkpoint_location=...)
-    ...
-    progress = state_progress(job, query)   # query.lastProgress + "localstateStores"
+* **in** ``StreamingQueryProgress.observedMetrics`` (streaming runs): the tasks run
+  inside the streaming query's own plan, and each ends its output with one extra row
+  that carries its stores' metrics in a hidden map column (:data:`METRICS_COLUMN`).
+  :func:`observe_state` sums those rows with ``DataFrame.observe`` — one observation
+  ``localstate.<store>`` per store, shaped like the ``stateOperators`` entries of
+  Spark's own state stores (:data:`OBSERVED_FIELDS`) — and drops them before the
+  user's ``output`` sees the batch. So ``query.lastProgress["observedMetrics"]
+  ["localstate.counts"]["numRowsUpdated"]`` is that micro-batch's puts, and a
+  ``StreamingQueryListener`` gets them with every progress event::
 
-Why not Spark's observed metrics: ``df.observe`` inside ``foreachBatch`` does not reach
-the query's progress (measured with PySpark 4.3: ``observedMetrics`` stays empty), and
-an observation on the streaming DataFrame runs before the tasks touch their state.
-Spark counts accumulator updates of a retried task again: under task retries the
-sums over-count (the state itself is exact; see streaming.py).
+      query = job.run_stream(df, checkpoint_location=...)
+      query.lastProgress["observedMetrics"]["localstate.counts"]
+
+  (``df.observe`` *inside* ``foreachBatch`` does not reach the progress — measured with
+  PySpark 4.3: ``observedMetrics`` stays empty — and an observation on the input runs
+  before the tasks touch their state: hence rows from the tasks themselves.)
+* **to the driver**: each task also adds a snapshot (:func:`task_snapshot`, engine
+  gauges included) to a Spark accumulator; the driver keeps the per-batch sums in
+  ``job.batch_metrics`` (batch runs too), read by :func:`state_progress` and the
+  Prometheus collector.
+
+Spark counts accumulator updates and observed rows of a retried task again: under task
+retries the sums over-count (the state itself is exact; see streaming.py).
 """
 
 from __future__ import annotations
@@ -24,16 +33,34 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from localstate.metrics import COUNTER_FIELDS
 from pyspark.accumulators import AccumulatorParam
 
 if TYPE_CHECKING:
     from localstate import TaskStorage
+    from pyspark.sql import DataFrame
     from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.types import StructType
 
     from .runner import StatefulJob
 
-__all__ = ["StateMetricsParam", "task_snapshot", "metrics_delta", "batch_progress", "state_progress"]
+__all__ = [
+    "StateMetricsParam", "task_snapshot", "metrics_delta", "batch_progress", "state_progress",
+    "METRICS_COLUMN", "OBSERVED_FIELDS", "observation_name", "with_metrics_column", "with_null_metrics",
+    "metrics_batch", "observe_state",
+]
+
+METRICS_COLUMN = "__localstate_metrics"
+"""The hidden output column (``map<string, double>``, keys ``<store>.<field>``) of a task's
+metrics row; null on every row the task emits."""
+
+OBSERVED_FIELDS: tuple[str, ...] = (
+    "numRowsTotal", "numRowsUpdated", "numRowsRemoved", "commitTimeMs", "numTasks", *COUNTER_FIELDS,
+)
+"""The fields of each ``localstate.<store>`` observation: Spark's ``stateOperators`` names
+(``numRowsTotal`` is the engine's key estimate, null when the engine has none), then the
+store counters (docs/metrics.md), each summed over the batch's tasks."""
 
 
 class StateMetricsParam(AccumulatorParam):
@@ -101,3 +128,54 @@ def state_progress(job: StatefulJob, query: StreamingQuery) -> dict[str, Any] | 
     out = dict(progress)
     out["localstateStores"] = job.batch_metrics.get(int(progress["batchId"]), {})
     return out
+
+
+def observation_name(store: str) -> str:
+    """The ``observedMetrics`` key of ``store``'s metrics: ``localstate.<store>``."""
+    return f"localstate.{store}"
+
+
+def _metrics_type() -> pa.DataType:
+    return pa.map_(pa.string(), pa.float64())
+
+
+def with_metrics_column(struct: StructType) -> StructType:
+    """The output struct of tasks run inside the streaming plan: the job's columns, made
+    nullable (the metrics row has no values for them), plus :data:`METRICS_COLUMN`."""
+    from pyspark.sql.types import DoubleType, MapType, StringType, StructField, StructType
+
+    fields = [StructField(f.name, f.dataType, True, f.metadata) for f in struct.fields]
+    return StructType([*fields, StructField(METRICS_COLUMN, MapType(StringType(), DoubleType()), True)])
+
+
+def with_null_metrics(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """An output batch with the (null) metrics column appended."""
+    return pa.RecordBatch.from_arrays([*batch.columns, pa.nulls(batch.num_rows, _metrics_type())],
+                                      names=[*batch.schema.names, METRICS_COLUMN])
+
+
+def metrics_batch(storage: TaskStorage, output_schema: pa.Schema) -> pa.RecordBatch:
+    """One row: nulls in the job's columns, this task's metrics (after its commit) in
+    :data:`METRICS_COLUMN`."""
+    entries: list[tuple[str, float]] = []
+    for store, row in batch_progress(task_snapshot(storage)).items():
+        values = {**{k: v for k, v in row.items() if k != "customMetrics"}, **row["customMetrics"]}
+        if values["numRowsTotal"] < 0:
+            del values["numRowsTotal"]  # the engine has no estimate: null, not -1, in the sums
+        entries.extend((f"{store}.{k}", float(values[k])) for k in OBSERVED_FIELDS if k in values)
+    arrays = [pa.nulls(1, f.type) for f in output_schema]
+    arrays.append(pa.array([entries], _metrics_type()))
+    return pa.RecordBatch.from_arrays(arrays, names=[*output_schema.names, METRICS_COLUMN])
+
+
+def observe_state(plan: DataFrame, stores: list[str]) -> DataFrame:
+    """``plan`` (tasks run with metrics rows) observed per store, without the metrics rows
+    and column: what the job's ``output`` receives."""
+    from pyspark.sql import functions as F
+
+    metrics = F.col(METRICS_COLUMN)
+    observed = plan
+    for store in sorted(stores):
+        exprs = [F.sum(metrics[f"{store}.{field}"]).cast("long").alias(field) for field in OBSERVED_FIELDS]
+        observed = observed.observe(observation_name(store), *exprs)
+    return observed.where(metrics.isNull()).drop(METRICS_COLUMN)

@@ -8,8 +8,10 @@ as happens when Spark moves the task to another executor), hands the task whole
 Arrow record batches (``mapInArrow``), calls ``window`` and commits. The rows the
 task emits become the output DataFrame, with the declared schema.
 
-Structured Streaming (:meth:`StatefulJob.run_stream`) uses ``foreachBatch``; the
-batch id is the commit version. See :mod:`localstate.contrib.spark.streaming` for
+Structured Streaming (:meth:`StatefulJob.run_stream`) runs the tasks inside the
+query's plan, evaluated once per micro-batch by ``foreachBatch``; the micro-batch id
+is the commit version, and the tasks' state metrics reach the query's progress as
+observed metrics (:mod:`localstate.contrib.spark.metrics`). See :mod:`localstate.contrib.spark.streaming` for
 how a re-run batch is applied exactly once.
 
 Executors sharing one file system (``local-cluster``, several executors per host)
@@ -291,6 +293,10 @@ class TaskRun:
     metrics: Any = None
     """A Spark accumulator of :class:`~localstate.contrib.spark.metrics.StateMetricsParam`:
     each task adds its stores' metrics after its commit (None: not gathered)."""
+    in_stream_plan: bool = False
+    """Run inside a streaming query's plan: the commit version is the micro-batch id
+    Spark gives the task (:func:`stream_batch_id`), and the output ends with a metrics
+    row for ``DataFrame.observe`` (:mod:`localstate.contrib.spark.metrics`)."""
 
 
 EXECUTOR_PLACEHOLDER = "{executor}"
@@ -336,12 +342,19 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
     sees the resolved config).
     """
     config = executor_state_dir(run.config)
+    batch_id = stream_batch_id() if run.in_stream_plan else run.batch_id
     opening = time.perf_counter()
-    storage = open_version(config, partition, run.batch_id, run.lock_wait_s)
+    storage = open_version(config, partition, batch_id, run.lock_wait_s)
     open_seconds = time.perf_counter() - opening
     task: StreamTask | None = None
     try:
         emit = Emitter(run.output_schema)
+        drain = emit.drain
+        if run.in_stream_plan:
+            from .metrics import with_null_metrics
+
+            def drain() -> Iterator[pa.RecordBatch]:
+                return map(with_null_metrics, emit.drain())
         task = run.task()
         context = TaskContext(partition, config.partitions, config, storage, task.timer_store, open_seconds)
         task.init(context)
@@ -354,21 +367,45 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
             context.observe_event_time(task, batch)
             process_batch(batch, emit)
             context.fire_timers(task, emit)
-            yield from emit.drain()
+            yield from drain()
         context.fire_timers(task, emit)
         task.window(emit)
-        yield from emit.drain()
-        commit_version(storage, run.batch_id, rows)
+        yield from drain()
+        commit_version(storage, batch_id, rows)
         if run.metrics is not None:
             from .metrics import task_snapshot
 
             run.metrics.add(task_snapshot(storage))
+        if run.in_stream_plan:
+            from .metrics import metrics_batch
+
+            yield metrics_batch(storage, run.output_schema)
     finally:
         try:
             if task is not None:
                 task.close()
         finally:
             storage.close()
+
+
+STREAM_BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""The Spark local property holding the micro-batch id of the job a task belongs to
+(set by Spark's micro-batch execution; tasks inherit the driver thread's properties)."""
+
+
+def stream_batch_id() -> int:
+    """The micro-batch id of the streaming query this Spark task computes."""
+    from pyspark import TaskContext as SparkTaskContext
+
+    ctx = SparkTaskContext.get()
+    value = ctx.getLocalProperty(STREAM_BATCH_ID_PROPERTY) if ctx is not None else None
+    if value is None:
+        raise LocalStateError(
+            "this plan runs localstate tasks inside a streaming query (StatefulJob.run_stream) but was "
+            f"evaluated outside one (no Spark local property {STREAM_BATCH_ID_PROPERTY!r}): evaluate it "
+            "only through the query, or use StatefulJob.run for a batch run"
+        )
+    return int(value)
 
 
 def _spark_partition_id() -> int:
@@ -448,7 +485,7 @@ class StatefulJob:
                 f"(columns: {', '.join(df.columns)})"
             )
 
-    def transform(self, df: DataFrame, batch_id: int | None = None) -> DataFrame:
+    def transform(self, df: DataFrame, batch_id: int | None = None, *, in_stream_plan: bool = False) -> DataFrame:
         """The lazy output DataFrame of one run over ``df`` (``batch_id``: streaming version).
 
         Executing it more than once re-runs the tasks: a batch run applies its input
@@ -460,11 +497,15 @@ class StatefulJob:
         self.check_input(df)
         struct = self._struct()
         run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s,
-                      self.metrics_accumulator)
+                      self.metrics_accumulator, in_stream_plan)
 
         def task_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             return run_partition(run, _spark_partition_id(), batches)
 
+        if in_stream_plan:  # ``in_stream_plan``: see TaskRun.in_stream_plan
+            from .metrics import with_metrics_column
+
+            struct = with_metrics_column(struct)
         return df.repartition(self.num_tasks, self.key).mapInArrow(task_fn, struct)
 
     def run(self, df: DataFrame, *, version: int | None = None) -> DataFrame:
@@ -510,17 +551,20 @@ class StatefulJob:
         receives the batch's emitted rows (persisted, so evaluating them more than once
         does not re-run the tasks); without ``output`` the rows are computed and dropped.
         ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``
-        or ``{"processingTime": "2 seconds"}``).
+        or ``{"processingTime": "2 seconds"}``). Each batch's state metrics are in
+        ``query.lastProgress["observedMetrics"]["localstate.<store>"]``.
         """
-        from .metrics import StateMetricsParam, batch_progress, metrics_delta
+        from .metrics import StateMetricsParam, batch_progress, metrics_delta, observe_state
 
         self.check_input(stream_df)
         accumulator = stream_df.sparkSession.sparkContext.accumulator({}, StateMetricsParam())
         self.metrics_accumulator = accumulator
+        # the tasks run in the query's own plan (their metrics reach its progress as
+        # observed metrics); foreachBatch evaluates it once per micro-batch
+        plan = observe_state(self.transform(stream_df, in_stream_plan=True), list(self.config.stores))
 
-        def run_batch(df: DataFrame, batch_id: int) -> None:
+        def run_batch(result: DataFrame, batch_id: int) -> None:
             before = metrics_delta(accumulator.value, {})
-            result = self.transform(df, batch_id=batch_id)
             if output is None:
                 result.write.format("noop").mode("overwrite").save()
             else:
@@ -536,7 +580,7 @@ class StatefulJob:
             for old in sorted(self.batch_metrics)[:-KEPT_BATCH_METRICS]:
                 del self.batch_metrics[old]
 
-        writer = stream_df.writeStream.foreachBatch(run_batch).option("checkpointLocation", checkpoint_location)
+        writer = plan.writeStream.foreachBatch(run_batch).option("checkpointLocation", checkpoint_location)
         writer = writer.queryName(f"localstate-{self.config.job_name}")
         if trigger:
             writer = writer.trigger(**trigger)

@@ -53,9 +53,9 @@ class MeteredStore(ForwardingStore):
         self.metrics.puts += 1
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
-        if isinstance(entries, Mapping):
-            entries = list(entries.items())
-        elif not isinstance(entries, list):
+        # a Mapping goes down as it is: the serialized layer reads its keys and values
+        # in two C-level passes, where pairs would need unzipping
+        if not isinstance(entries, (list, Mapping)):
             entries = list(entries)
         self.inner.put_all(entries)
         self.metrics.puts += len(entries)

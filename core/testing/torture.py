@@ -27,7 +27,10 @@ depend on timing, named fault points are exact).
 Workloads reach the engine through a :class:`WorkloadAdapter`
 (:mod:`localstate.testing.torture_adapters`): key-value engines through the
 KeyValueStore API, other engines through an adapter for their API, registered with
-:func:`register_adapter`.
+:func:`register_adapter`. A named workload (``--workload ttl-timers``) drives a feature
+over each key-value engine instead: TTL expiry and timers, killed around the sweep and
+the firing (see :class:`~localstate.testing.torture_adapters.TtlTimersWorkload`).
+Plans (fault points, configs, reproducers) are :mod:`localstate.testing.torture_plans`.
 """
 
 from __future__ import annotations
@@ -68,9 +71,26 @@ from .torture_adapters import (
     adapter_for,
     register_adapter,
     torture_engines,
+    workloads,
+)
+from .torture_plans import (
+    COMMIT_POINTS,
+    CRASH_POINTS,
+    OBJECTSTORE_POINTS,
+    STORE,
+    TORTURE_BUCKET,
+    TrialPlan,
+    engine_slug,
+    kill_plan,
+    plan_trial,
+    reproducer,
 )
 
 __all__ = [
+    "STORE",
+    "CRASH_POINTS",
+    "COMMIT_POINTS",
+    "OBJECTSTORE_POINTS",
     "TrialPlan",
     "TrialResult",
     "TortureReport",
@@ -93,141 +113,10 @@ __all__ = [
     "torture",
 ]
 
-STORE = "s"
-CRASH_POINTS = (
-    "commit.before_changelog_flush",
-    "commit.after_changelog_flush",
-    "commit.after_engine_checkpoint",
-    "checkpoint.before_rename",
-    "checkpoint.after_rename",
-    "changelog.append",
-    "snapshot.mid",
-    "compaction.before_rename",
-    "compaction.mid",
-    "restore.mid",
-)
-"""Named fault points a trial may kill at (``timer`` kills after a random delay)."""
-COMMIT_POINTS = (
-    "commit.before_changelog_flush",
-    "commit.after_changelog_flush",
-    "commit.after_engine_checkpoint",
-    "checkpoint.before_rename",
-    "changelog.append",
-)
-"""The fault points every commit passes, whatever the engine."""
-OBJECTSTORE_POINTS = ("objectstore.after_put", "objectstore.rollup.after_put",
-                      "objectstore.discard_tail.before_delete", "objectstore.snapshot.before_manifest")
-"""Extra fault points of objectstore trials (after an upload, a roll-up, inside the tail cut,
-between a snapshot's files and its manifest: rocksdb only)."""
-_ONCE_PER_OPEN = frozenset({"objectstore.discard_tail.before_delete"})
-TORTURE_BUCKET = "localstate-torture"
 CHILD_TIMEOUT_S = 180.0
 
 
-# -- plans ----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TrialPlan:
-    """Everything that determines one trial; ``localstate torture --trials 1 --seed S`` rebuilds it."""
-
-    seed: int
-    engine: str
-    changelog: str
-    batches: int
-    ops: int
-    keys: int
-    compact_every: int
-    retention_ms: int
-    faults: tuple[str, ...]
-    """Per crash round: ``"<point>=kill@N"`` or ``"timer:<seconds>"``."""
-    fsync: bool = False
-    """``systems.file.fsync``: a SIGKILL loses no page-cache data, so process-crash trials
-    do not need it (power loss is outside what a process-level trial can cause); the
-    checkpoint file is fsync'd either way."""
-    snapshot_interval: int = 0
-    """``rocksdb.snapshot.interval.records`` of a rocksdb trial: ``0`` snapshots at every
-    commit (each named snapshot point is reached), more defers snapshots between commits
-    (reopens replay from an older snapshot)."""
-
-    def values(self, root: Path, bootstrap: str | None, tag: str, *, changelog: str | None = None,
-               namespace: str = "") -> dict[str, Any]:
-        """The job config of this trial under ``root``; ``tag`` and ``namespace`` keep job
-        names (and so Kafka topics and checkpoint keys on a shared broker) apart."""
-        system = changelog or self.changelog
-        job = f"torture{self.seed}{tag}-{_slug(self.engine)}-{namespace}"
-        values: dict[str, Any] = {
-            "job.name": job,
-            "job.state.dir": str(root / "state"),
-            "job.changelog.system": system,
-            "systems.file.path": str(root / "changelog"),
-            "systems.file.segment.bytes": 4096,
-            "systems.file.delete.retention.ms": self.retention_ms,
-            "systems.file.fsync": self.fsync,
-            f"stores.{STORE}.factory": self.engine,
-            f"stores.{STORE}.changelog": f"{system}.{job}-{STORE}",
-        }
-        if system == "kafka":
-            if not bootstrap:
-                raise ConfigError("kafka trials need bootstrap servers (--bootstrap, or let torture start tansu)")
-            # A checkpoint topic per trial: a trial killed inside its checkpoint transaction
-            # leaves it open until its next child fences it, and a reader of a shared topic
-            # waits for that (KafkaCheckpointStore.read); separate topics keep two trials
-            # running side by side from waiting on each other's kills.
-            values.update({"systems.kafka.bootstrap.servers": bootstrap, "systems.kafka.timeout.ms": 10000,
-                           "systems.kafka.checkpoint.topic": f"localstate-torture-checkpoints-{job}"})
-        if system == "objectstore":
-            # ``bootstrap`` is the S3 endpoint here (a bucket TORTURE_BUCKET on it), or a
-            # file:// directory when none is given; roll-ups and snapshot uploads made frequent
-            values.update({"systems.objectstore.rollup.objects": 3, "systems.objectstore.snapshot.every": 2,
-                           "systems.objectstore.retries": 3,
-                           "systems.objectstore.timeout.ms": 10000})
-            if bootstrap:
-                from localstate.testing.s3 import objectstore_options
-
-                values.update(objectstore_options(bootstrap, TORTURE_BUCKET, job, system="objectstore"))
-            else:
-                values["systems.objectstore.path"] = f"file://{root.resolve()}/objects"
-        for k, v in adapter_for(self.engine).store_options.items():
-            values[f"stores.{STORE}.{k}"] = v
-        if self.engine == "rocksdb":
-            values[f"stores.{STORE}.rocksdb.snapshot.interval.records"] = self.snapshot_interval
-        return values
-
-
-def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops: int = 40,
-               keys: int = 30, fsync: bool = False) -> TrialPlan:
-    """The plan of trial ``seed``: fault points, crash rounds and workload shape."""
-    rng = random.Random(f"plan:{seed}")
-    rounds = rng.choice((1, 1, 2, 3))
-    faults = []
-    for r in range(rounds):
-        points = [p for p in CRASH_POINTS if r > 0 or p != "restore.mid"]
-        if changelog == "objectstore":
-            points += [p for p in OBJECTSTORE_POINTS if engine == "rocksdb" or "snapshot" not in p]
-        if rng.random() < 0.3:
-            faults.append(f"timer:{rng.uniform(0.0, 1.0):.3f}")
-        else:
-            point = rng.choice(points)
-            # the tail cut runs once per open: a later hit would never come
-            hit = 1 if point in _ONCE_PER_OPEN else rng.randint(1, max(1, batches // 2))
-            faults.append(f"{point}=kill@{hit}")
-    return TrialPlan(
-        seed=seed, engine=engine, changelog=changelog, batches=batches, ops=ops, keys=keys,
-        compact_every=rng.choice((0, 2, 3)), retention_ms=rng.choice((0, 86_400_000)),
-        faults=tuple(faults), fsync=fsync, snapshot_interval=rng.choice((0, 25, 100)),
-    )
-
-
 # -- running the workload (reference run and child) ------------------------------------------------
-def kill_plan(engine: str, faults: tuple[str, ...], *, changelog: str = "file", batches: int | None = None,
-              ops: int = 40, keys: int = 30, seed: int = 1) -> TrialPlan:
-    """A trial that crashes exactly at ``faults`` (one child per fault, each resuming
-    from what the one before left), for tests of named crash points. ``batches``
-    defaults to four per fault plus two, so every ``kill@N`` with ``N <= 4`` is reached."""
-    return TrialPlan(seed=seed, engine=engine, changelog=changelog,
-                     batches=batches if batches is not None else 4 * len(faults) + 2, ops=ops, keys=keys,
-                     compact_every=0, retention_ms=86_400_000, faults=tuple(faults))
-
-
 def _batch_rng(seed: int, batch: int) -> random.Random:
     return random.Random(f"work:{seed}:{batch}")
 
@@ -274,7 +163,7 @@ class Reference:
 def reference_run(plan: TrialPlan, root: Path) -> Reference:
     """Run ``plan`` without faults in this process, on the file changelog without fsync
     (the reference state does not depend on the changelog system)."""
-    adapter = adapter_for(plan.engine)
+    adapter = adapter_for(plan.engine, plan.workload)
     values = plan.values(root, None, "ref", changelog="file")
     values["systems.file.fsync"] = False
     config = Config.from_dict(values)
@@ -282,6 +171,7 @@ def reference_run(plan: TrialPlan, root: Path) -> Reference:
     states: list[Any] = []
     with TaskStorage(config) as storage:
         _check_adapter(storage, plan.engine, adapter)
+        adapter.open(storage)
         store = storage.store(STORE)
         states.append(_norm(adapter.observe(store, plan.keys)))
         _work(storage, plan, adapter, lambda _b: states.append(_norm(adapter.observe(store, plan.keys))))
@@ -291,7 +181,7 @@ def reference_run(plan: TrialPlan, root: Path) -> Reference:
 
 
 def _check_adapter(storage: TaskStorage, engine: str, adapter: WorkloadAdapter) -> None:
-    if isinstance(adapter, KeyValueWorkload) and not isinstance(storage.engine(STORE), KeyValueStore):
+    if adapter.key_value and not isinstance(storage.engine(STORE), KeyValueStore):
         raise ConfigError(
             f"engine {engine!r} is not a key-value engine and has no torture workload adapter; "
             "register one with localstate.testing.torture.register_adapter()"
@@ -306,10 +196,11 @@ def child_main() -> None:
     """
     plan = TrialPlan(**{**json.loads(sys.argv[1]), "faults": ()})
     config = Config.from_dict(json.loads(sys.argv[2]))
-    adapter = adapter_for(plan.engine)
+    adapter = adapter_for(plan.engine, plan.workload)
     t0 = time.perf_counter()
     with TaskStorage(config) as storage:
         opened = time.perf_counter() - t0
+        adapter.open(storage)
         ckpt = storage.checkpoint
         restored = storage.last_restore.get(STORE)
         line = {
@@ -344,11 +235,6 @@ class TrialResult:
     @property
     def ok(self) -> bool:
         return self.divergence is None
-
-
-def reproducer(plan: TrialPlan) -> str:
-    return (f"localstate torture --engine {plan.engine} --changelog {plan.changelog} --trials 1 "
-            f"--seed {plan.seed} --batches {plan.batches} --ops {plan.ops}" + (" --fsync" if plan.fsync else ""))
 
 
 def _divergence(plan: TrialPlan, stage: str, position: int, expected: Any, actual: Any,
@@ -401,7 +287,7 @@ def run_child(plan: TrialPlan, values: dict[str, Any], fault: str | None) -> tup
 def run_trial(plan: TrialPlan, workdir: Path, bootstrap: str | None = None) -> TrialResult:
     """Run one trial in ``workdir`` (created; left for inspection if the trial diverges)."""
     t0 = time.perf_counter()
-    adapter = adapter_for(plan.engine)
+    adapter = adapter_for(plan.engine, plan.workload)
     result = TrialResult(plan.seed, plan.engine, plan.changelog, plan.faults)
     ref = reference_run(plan, workdir / "ref")
     values = plan.values(workdir / "crash", bootstrap, "", namespace=uuid.uuid4().hex[:8])
@@ -441,6 +327,7 @@ def run_trial(plan: TrialPlan, workdir: Path, bootstrap: str | None = None) -> T
 def _verify_final(plan: TrialPlan, values: dict[str, Any], ref: Reference,
                   adapter: WorkloadAdapter) -> dict[str, Any] | None:
     with TaskStorage(Config.from_dict(values)) as storage:
+        adapter.open(storage)
         ckpt = storage.checkpoint
         pos = int(ckpt.input_position or 0) if ckpt else 0
         state = _norm(adapter.observe(storage.store(STORE), plan.keys))
@@ -515,7 +402,7 @@ def _kafka_bootstrap(bootstrap: str | None) -> Iterator[str]:
 
 def run_trials(engine: str, changelog: str, trials: int, seed: int, *, batches: int = 12, ops: int = 40,
                bootstrap: str | None = None, workdir: Path | None = None, fail_fast: bool = False,
-               fsync: bool = False, jobs: int = 1,
+               fsync: bool = False, jobs: int = 1, workload: str | None = None,
                progress: Callable[[TrialResult], None] | None = None) -> TortureReport:
     """Trials ``seed .. seed + trials - 1`` of ``engine`` × ``changelog``, ``jobs`` at a time."""
     t0 = time.perf_counter()
@@ -527,8 +414,8 @@ def run_trials(engine: str, changelog: str, trials: int, seed: int, *, batches: 
     def one(i: int) -> TrialResult | None:
         if stop.is_set():
             return None
-        plan = plan_trial(seed + i, engine, changelog, batches=batches, ops=ops, fsync=fsync)
-        tdir = root / f"{_slug(engine)}-{changelog}-{plan.seed}"
+        plan = plan_trial(seed + i, engine, changelog, batches=batches, ops=ops, fsync=fsync, workload=workload)
+        tdir = root / f"{engine_slug(engine)}-{changelog}-{plan.seed}"
         res = run_trial(plan, tdir, bootstrap)
         if res.ok:
             shutil.rmtree(tdir, ignore_errors=True)
@@ -549,10 +436,6 @@ def run_trials(engine: str, changelog: str, trials: int, seed: int, *, batches: 
         if own and all(r.ok for r in results):
             shutil.rmtree(root, ignore_errors=True)
     return TortureReport(engine, changelog, results, time.perf_counter() - t0)
-
-
-def _slug(engine: str) -> str:
-    return engine.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
 
 
 # -- command line -----------------------------------------------------------------------------------------
@@ -577,9 +460,12 @@ def _slug(engine: str) -> str:
 @click.option("--fsync/--no-fsync", default=False, show_default=True,
               help="fsync the file changelog (a SIGKILL loses no page cache, so trials do not need it)")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, help="trials run in parallel")
+@click.option("--workload", type=click.Choice(workloads()), default=None,
+              help="a named workload over each key-value engine instead of its own (ttl-timers: kills "
+                   "around TTL expiry and timer firing)")
 def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, seed: int | None, batches: int,
             ops: int, bootstrap: str | None, s3_endpoint: str | None, workdir: Path | None,
-            json_out: Path | None, fail_fast: bool, fsync: bool, jobs: int) -> None:
+            json_out: Path | None, fail_fast: bool, fsync: bool, jobs: int, workload: str | None) -> None:
     """Crash trials: SIGKILL a task at random moments and named fault points, reopen,
     replay input from the checkpoint, and compare with a crash-free run.
 
@@ -588,6 +474,12 @@ def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, 
     if seed is None:
         seed = random.SystemRandom().randrange(1, 1_000_000)
     names = torture_engines() if "all" in engines else list(engines)
+    if workload is not None and "all" in engines:  # a named workload runs over key-value engines
+        from localstate.config import engine_kind
+        from localstate.registry import resolve_factory
+
+        names = [n for n in names if ":" in n or not available()[n]["installed"]
+                 or engine_kind(resolve_factory(n)) != "other"]
     systems = ["file", "kafka", "objectstore"] if "all" in changelogs else list(dict.fromkeys(changelogs))
     for name in names:
         if ":" not in name:
@@ -614,7 +506,8 @@ def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, 
                 click.echo(f"{name} x {system}: ", nl=False)
                 report = run_trials(name, system, trials, seed, batches=batches, ops=ops,
                                     bootstrap=servers.get(system),
-                                    workdir=workdir, fail_fast=fail_fast, fsync=fsync, jobs=jobs, progress=tick)
+                                    workdir=workdir, fail_fast=fail_fast, fsync=fsync, jobs=jobs, progress=tick,
+                                    workload=workload)
                 s = report.summary()
                 summaries.append(s)
                 med = f"{s['restore_median_s']:.3f}s" if s["restore_median_s"] is not None else "-"

@@ -4,6 +4,10 @@ Key-value engines use :class:`KeyValueWorkload` (read-modify-write counters); ot
 engines register an adapter for their own API with :func:`register_adapter` — the
 built-in ones here, a plug-in's in its own module (e.g. ``localstate.contrib.latest_events``),
 which :func:`adapter_for` imports by resolving the engine first.
+
+A *named workload* exercises a feature over the engine under test rather than the
+engine's own API: :class:`TtlTimersWorkload` (``--workload ttl-timers``) kills tasks
+around TTL expiry and timer firing. Register more with :func:`register_workload`.
 """
 
 from __future__ import annotations
@@ -11,11 +15,15 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localstate.errors import LocalStateError
+from localstate.errors import ConfigError, LocalStateError
 from localstate.kv import KeyValueStore
-from localstate.registry import available, resolve_factory
+from localstate.registry import available, did_you_mean, resolve_factory
+from localstate.timers import EVENT_TIME, Timers
+
+if TYPE_CHECKING:
+    from localstate.storage import TaskStorage
 
 __all__ = [
     "WorkloadAdapter",
@@ -24,7 +32,10 @@ __all__ = [
     "HyperLogLogWorkload",
     "BloomWorkload",
     "SearchWorkload",
+    "TtlTimersWorkload",
     "register_adapter",
+    "register_workload",
+    "workloads",
     "adapter_for",
     "torture_engines",
     "CONTRIB_ENGINES",
@@ -46,6 +57,18 @@ class WorkloadAdapter(ABC):
     """
 
     store_options: dict[str, Any] = {}
+    """Options of the store under test (``stores.s.*``, after its factory)."""
+    extra_stores: dict[str, dict[str, Any]] = {}
+    """More stores the workload uses, by name: their options (``factory`` defaults to the
+    engine under test; each gets its own changelog stream)."""
+    crash_points: tuple[str, ...] = ()
+    """Fault points of this workload that random trials may kill at, beside the commit's."""
+    key_value = False
+    """Whether the store under test must be a key-value store."""
+
+    def open(self, storage: TaskStorage) -> None:
+        """Called with the task's storage each time it is (re)opened, before ``observe``
+        or ``apply_batch``: for workloads that need more than the store under test."""
 
     @abstractmethod
     def apply_batch(self, store: Any, batch: int, rng: random.Random, ops: int, keys: int) -> None:
@@ -78,6 +101,7 @@ class KeyValueWorkload(WorkloadAdapter):
 
     store_options = {"key.serde": "string", "msg.serde": "json", "object.cache.size": 16,
                      "write.batch.size": 8}
+    key_value = True
 
     def apply_batch(self, store: KeyValueStore, batch: int, rng: random.Random, ops: int, keys: int) -> None:
         for i in range(ops):
@@ -220,6 +244,88 @@ class BloomWorkload(WorkloadAdapter):
         return {k: store.words(key=k).tobytes().hex() for k in sorted(store.keys())}
 
 
+class TtlTimersWorkload(WorkloadAdapter):
+    """Event-time TTL and timers over any key-value engine (``--workload ttl-timers``).
+
+    Each batch advances the task's event time by :attr:`STEP_MS`, writes and deletes
+    entries of the TTL store under test (``ttl.ms = 2 steps``: an entry not rewritten
+    for two batches expires, and the commit's sweep deletes it as a logged tombstone),
+    registers timers up to 2.5 steps ahead — one at a time and in batches, some already
+    due — deletes some, and fires the due ones, per timer on odd batches and in chunks
+    (``fire_batch``) on even ones; some firings register a chained timer that is due at
+    once. A firing counts itself into the ``fired`` store in the same commit, so a timer
+    fired twice shows as a count of 2 (**duplicated**), a lost firing as a missing count
+    or a timer still pending (**lost**), and an expired entry back as **resurrected**.
+    The timers live in a store on the engine under test.
+    """
+
+    STEP_MS = 100
+    store_options = {"key.serde": "string", "msg.serde": "json", "ttl.ms": 2 * STEP_MS, "ttl.time": "event",
+                     "object.cache.size": 16, "write.batch.size": 8}
+    extra_stores = {
+        "timers": {"object.cache.size": 16, "write.batch.size": 8},
+        "fired": {"factory": "memory", "key.serde": "string", "msg.serde": "json", "write.batch.size": 8},
+    }
+    crash_points = ("ttl.after_sweep", "timers.after_fire")
+    key_value = True
+
+    def open(self, storage: TaskStorage) -> None:
+        self.storage = storage
+        self.fired = storage.store("fired")
+        self.timers = Timers(storage.store("timers"), EVENT_TIME, lambda: storage.event_time or 0)
+
+    def apply_batch(self, store: KeyValueStore, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        now = batch * self.STEP_MS
+        self.storage.advance_event_time(now)
+        timers, fired = self.timers, self.fired
+        bulk: list[tuple[str, int]] = []
+        for i in range(ops):
+            k = f"k{rng.randrange(keys)}"
+            r = rng.random()
+            if r < 0.4:
+                store.put(k, {"batch": batch, "op": i})
+            elif r < 0.5:
+                store.delete(k)
+            elif r < 0.7:
+                timers.register(k, now + rng.choice((50, 150, 250)))
+            elif r < 0.9:
+                bulk.append((k, now + rng.choice((0, 100, 200))))  # 0: due now, fires below
+            else:
+                timers.delete(k, now + 50)  # a timer registered one batch ago at +150
+        timers.register_all([k for k, _ in bulk], [t for _, t in bulk])
+
+        def on_timer(key: str, ts: int) -> None:
+            name = f"{key}@{ts}"
+            fired[name] = fired.get(name, 0) + 1
+            if ts % 3 == 0 and not key.startswith("chain-"):
+                timers.register(f"chain-{key}", ts)  # due at once: fires in this same call
+
+        def on_timers(keys_: list[str], stamps: list[int]) -> None:
+            names = [f"{k}@{t}" for k, t in zip(keys_, stamps)]
+            have = fired.get_all(names)
+            fired.put_all([(n, have.get(n, 0) + 1) for n in names])
+            chained = [(f"chain-{k}", t) for k, t in zip(keys_, stamps) if t % 3 == 0 and not k.startswith("chain-")]
+            timers.register_all([k for k, _ in chained], [t for _, t in chained])
+
+        if batch % 2:
+            timers.fire(on_timer, up_to=now)
+        else:
+            timers.fire_batch(on_timers, up_to=now, chunk=7)
+
+    def observe(self, store: KeyValueStore, keys: int) -> dict[str, Any]:
+        with store.all() as it:
+            out: dict[str, Any] = {f"live:{k}": v for k, v in it}
+        with self.fired.all() as it:
+            out.update({f"fired:{k}": n for k, n in it})
+        out.update({f"timer:{k}@{ts}": 1 for k, ts in self.timers.pending()})
+        out["event_time"] = self.storage.event_time
+        return out
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        return _by_counter(super().classify(expected, actual), expected, actual,
+                           lambda v: v if type(v) is int else 0)
+
+
 _ADAPTERS: dict[str, Callable[[], WorkloadAdapter]] = {
     "topn": TopNWorkload,
     "bloom": BloomWorkload,
@@ -233,11 +339,29 @@ def register_adapter(engine: str, adapter: Callable[[], WorkloadAdapter]) -> Non
     _ADAPTERS[engine] = adapter
 
 
-def adapter_for(engine: str) -> WorkloadAdapter:
-    """The registered adapter of ``engine``; key-value engines default to :class:`KeyValueWorkload`.
+_WORKLOADS: dict[str, Callable[[], WorkloadAdapter]] = {"ttl-timers": TtlTimersWorkload}
+
+
+def register_workload(name: str, adapter: Callable[[], WorkloadAdapter]) -> None:
+    """Make ``adapter()`` available as ``localstate torture --workload name``."""
+    _WORKLOADS[name] = adapter
+
+
+def workloads() -> list[str]:
+    """The names of the registered workloads."""
+    return sorted(_WORKLOADS)
+
+
+def adapter_for(engine: str, workload: str | None = None) -> WorkloadAdapter:
+    """The adapter of ``workload`` if given, else the registered adapter of ``engine``;
+    key-value engines default to :class:`KeyValueWorkload`.
 
     A plug-in engine's module may register its own adapter when it is imported (as the
     contrib ``latest_events`` engine does), so the engine is resolved first."""
+    if workload is not None:
+        if workload not in _WORKLOADS:
+            raise ConfigError(f"unknown torture workload {workload!r}.{did_you_mean(workload, _WORKLOADS)}")
+        return _WORKLOADS[workload]()
     if engine not in _ADAPTERS:
         try:
             resolve_factory(engine)
