@@ -42,7 +42,7 @@ import orjson
 from localstate import Config, TaskStorage
 from localstate.checkpoint import Checkpoint
 from localstate.engine import StoreContext
-from localstate.storage import open_system
+from localstate.store_open import open_system
 
 from .core_figures import json_values
 from .runner import add_ratios, make_row, repeat_trials

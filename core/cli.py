@@ -334,7 +334,7 @@ def _restore_total(config: Any, store: str, partition: int, start: int, stop: in
 
     from .inspect import count_records
     from .registry import SYSTEMS
-    from .storage import open_system
+    from .store_open import open_system
 
     spec = config.stores[store]
     if spec.changelog is None:

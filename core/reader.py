@@ -53,7 +53,7 @@ from .layers.ttl import ttl_serde, wall_clock_ms
 from .metrics import StoreMetrics
 from .registry import did_you_mean, resolve_factory
 from .serdes import describe_encode_error, get_serde
-from .storage import open_system, task_partition
+from .store_open import open_system, task_partition
 from .typed import check_store_types
 
 if TYPE_CHECKING:

@@ -82,7 +82,7 @@ from .rescale_files import (
     write_staging,
 )
 from .rescale_routing import RecordLayout, layout_for, merge_records, route_of, route_store
-from .store_open import _store_meta, open_system
+from .store_open import open_system, store_meta
 
 __all__ = [
     "RecordLayout",
@@ -221,10 +221,10 @@ def _check_stores(job: JobFiles, ckpts: Mapping[int, Checkpoint]) -> None:
             )
         for name, spec in job.stores.items():
             before = ckpt.stores.get(name)
-            if before is not None and dict(before) != _store_meta(spec):
+            if before is not None and dict(before) != store_meta(spec):
                 raise ConfigError(
                     f"store {name!r} of task {job.config.job_name}/partition {p} was committed with {dict(before)} "
-                    f"but the config now says {_store_meta(spec)}: open the job once with the committed settings "
+                    f"but the config now says {store_meta(spec)}: open the job once with the committed settings "
                     "(or accept the change with `localstate restore --accept-config-change`) first. Nothing was changed."
                 )
 

@@ -23,7 +23,7 @@ from .config import Config
 from .engine import ChangeRecord, StoreSpec
 from .errors import CorruptionError
 from .faults import fault_point
-from .store_open import _store_meta
+from .store_open import store_meta
 
 __all__ = [
     "JobFiles",
@@ -137,7 +137,7 @@ def write_staging(job: JobFiles, ends: Mapping[str, list[int]], counts: Mapping[
         sdir = new / stream
         atomic_write(sdir / "stream.json", json.dumps({"partitions": job.new}).encode())
         fsync_dir(sdir)
-    meta = {name: _store_meta(spec) for name, spec in job.stores.items()}
+    meta = {name: store_meta(spec) for name, spec in job.stores.items()}
     epoch = max(c.epoch for c in ckpts.values()) + 1
     store = FileCheckpointStore(new / "_checkpoints")
     for q in range(job.new):

@@ -32,7 +32,7 @@ from .engine import StoreSpec
 from .errors import ChangelogError, LocalStateError
 from .faults import fault_point
 from .rescale_files import JobFiles, streams
-from .storage import _store_meta, open_system
+from .store_open import open_system, store_meta
 
 __all__ = ["already_done", "check_generation", "write_generation"]
 
@@ -83,7 +83,7 @@ def write_generation(job: JobFiles, new_parts: Callable[[StoreSpec], list[dict[b
             parts = new_parts(spec)
             ends[name] = [_write_partition(target, spec, q, job.new, part) for q, part in enumerate(parts)]
             records[name] = sum(len(part) for part in parts)
-        meta = {name: _store_meta(spec) for name, spec in job.stores.items()}
+        meta = {name: store_meta(spec) for name, spec in job.stores.items()}
         epoch = max(c.epoch for c in ckpts.values()) + 1
         checkpoints = target.checkpoints()
         for q in range(job.new):

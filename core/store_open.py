@@ -118,7 +118,7 @@ PLAIN_VALUES = "plain"
 TTL_VALUES = "ttl-expiry-ns-v1"
 
 
-def _store_meta(spec: StoreSpec) -> dict[str, str]:
+def store_meta(spec: StoreSpec) -> dict[str, str]:
     meta = {"factory": spec.factory, "key.serde": spec.key_serde, "msg.serde": spec.msg_serde}
     if spec.changelog is not None:
         meta["changelog"] = ".".join(spec.changelog)
@@ -178,7 +178,7 @@ class StoreOpening:
     def _check_meta(self, spec: StoreSpec, directory: Path) -> None:
         """A store whose engine or serdes changed since its last commit is an error
         (its records would be misread), unless the operator accepted the change."""
-        meta = _store_meta(spec)
+        meta = store_meta(spec)
         before = self._meta.get(spec.name)
         if before == meta:
             return

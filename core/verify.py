@@ -77,7 +77,7 @@ def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint 
 
 def verify_job(config: Config, partitions: list[int] | None = None, *, deep: bool = True) -> list[StoreCheck]:
     """One :class:`StoreCheck` per changelogged store and task partition of ``config``."""
-    from .storage import open_system
+    from .store_open import open_system
 
     systems: dict[str, Any] = {}
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 from localstate import Config, LocalStateError, RestoreProgress
-from localstate.storage import open_system
+from localstate.store_open import open_system
 from localstate.terminal import quiet_stderr
 
 from .jobs import (

@@ -49,7 +49,7 @@ from localstate import (
     TaskStorage,
 )
 from localstate.layout import LOCK_RETRY_S, task_lock
-from localstate.storage import open_system
+from localstate.store_open import open_system
 
 __all__ = [
     "open_version",

@@ -121,8 +121,8 @@ class TrialPlan:
             values[f"stores.{store}.factory"] = self.engine
             values[f"stores.{store}.changelog"] = f"{system}.{job}-{store}"
             values.update({f"stores.{store}.{k}": v for k, v in options.items()})
-        if self.engine == "rocksdb":
-            for store in (STORE, *adapter.extra_stores):
+        for store in (STORE, *adapter.extra_stores):
+            if values[f"stores.{store}.factory"] == "rocksdb":
                 values[f"stores.{store}.rocksdb.snapshot.interval.records"] = self.snapshot_interval
         return values
 
