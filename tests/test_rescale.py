@@ -700,8 +700,6 @@ def test_kafka_and_objectstore_refusals_change_nothing(tmp_path, remote):
         rescale(config, 6)
     with pytest.raises(InvalidValueError, match="an int >= 1"):
         rescale(config, 2.0)
-    with pytest.raises(ConfigError, match="supports the file changelog"):
-        rescale(config, 6, spark=object())
     with TaskStorage(config, 0) as storage:  # the old job is where it was
         assert storage.changelog("counts").stream == f"{config.job_name}-counts"
     run_tasks(config, {}, version=3)
