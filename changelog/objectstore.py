@@ -428,6 +428,12 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         # manifests first: a snapshot of records about to be discarded must never be used
         self._snapshots.delete_past(c)
         doomed = [o for o in (*self._chain, *self._others) if o.start >= c]
+        tail_end = max((o.end for o in (*self._chain, *self._others)), default=0)
+        if tail_end > c:
+            # The offsets [c, tail_end) are written again by this task; a *local* snapshot
+            # of the discarded tail on a machine this one cannot reach is tagged with one of
+            # them and would pass for committed state once the log grows past it.
+            self._set_horizon(tail_end + 1)
         keep = [o for o in self._chain if o.start < c]
         if keep and keep[-1].end > c:
             cut = keep[-1]
@@ -464,10 +470,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._check_writable()
         self._buffer.clear()
         end = self._end = self._buffer_start = max(self._end, self._chain[-1].end if self._chain else 0)
-        horizon = end + 1
-        if horizon > self._horizon:
-            self.store.put(f"{self.log_prefix}/horizon-{horizon:020d}", b"")
-            self._horizon = horizon
+        self._set_horizon(end + 1)
         if end:
             empty = ObjectName(0, end, self.epoch)
             self.store.put(self._key(empty), encode_batch(0, [], offsets=[], span=end))
@@ -476,6 +479,12 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self.store.delete([self._key(o) for o in old])
             self._chain, self._others, self._written = [empty], [], []
         return end
+
+    def _set_horizon(self, horizon: int) -> None:
+        """Record (create, immutable) that no local snapshot below ``horizon`` may be loaded."""
+        if horizon > self._horizon:
+            self.store.put(f"{self.log_prefix}/horizon-{horizon:020d}", b"")
+            self._horizon = horizon
 
     def min_valid_snapshot_offset(self) -> int:
         """0 (compaction keeps tombstones), unless a reset or a rescale set a horizon."""
