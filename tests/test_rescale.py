@@ -478,7 +478,7 @@ def test_local_copies_in_every_executor_directory_are_deleted(tmp_path):
 
 def test_state_in_two_changelog_systems_is_refused(tmp_path):
     config = Config.from_dict({**job_values(tmp_path), "stores.counts.changelog": "kafka.counts",
-                               "systems.kafka.bootstrap.servers": "127.0.0.1:9"})
+                               "job.checkpoint.system": "file", "systems.kafka.bootstrap.servers": "127.0.0.1:9"})
     with pytest.raises(ConfigError, match=r"several changelog systems \(\['file', 'kafka'\]\)"):
         rescale(config, 6)
 
