@@ -370,6 +370,12 @@ class FileChangelogPartition(ChangelogPartition):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        # The offsets [c, end) are written again by this task; a local snapshot of the
+        # discarded tail (its writer persisted it and died before its checkpoint) on a
+        # machine this one cannot reach is tagged with one of them, so once the log grows
+        # past it, it would pass for committed state. The horizon goes past the tail
+        # first; until this task's own snapshots pass it, its opens replay the log.
+        self._raise_horizon(self._end + 1)
         keep: list[_Segment] = []
         for seg in self._segments:
             if seg.base >= c:
@@ -426,8 +432,7 @@ class FileChangelogPartition(ChangelogPartition):
         # The new start is recorded first (as the horizon: no snapshot of the given-up state
         # is valid), so a crash part-way leaves a log whose head is accounted for and a reset
         # that can run again.
-        atomic_write(self.directory / "compaction.json", json.dumps({"tombstone_horizon": self._end + 1}).encode())
-        self._horizon = self._end + 1
+        self._raise_horizon(self._end + 1)
         for seg in self._segments:
             seg.path.unlink(missing_ok=True)
         if self._torn is not None:
@@ -486,6 +491,11 @@ class FileChangelogPartition(ChangelogPartition):
 
     def min_valid_snapshot_offset(self) -> int:
         return self._horizon
+
+    def _raise_horizon(self, horizon: int) -> None:
+        if horizon > self._horizon:
+            atomic_write(self.directory / "compaction.json", json.dumps({"tombstone_horizon": horizon}).encode())
+            self._horizon = horizon
 
     def compact(self, up_to: int) -> dict[str, int]:
         """Keep the latest record per key in closed segments entirely below ``up_to``.

@@ -75,6 +75,12 @@ server errors (500, 503 SlowDown), dropped connections and timeouts, ``retries``
 at most; then :class:`ChangelogError` names the URL (bucket and key) and nothing counts
 as committed. A missing or corrupt object below the committed offset is
 :class:`CorruptionError` naming bucket and key, raised before anything is changed.
+
+**Modules.** This one is the partition (its log as a chain of objects: append, read,
+tail, reset, roll-up, compaction) and the system that opens partitions and maps a
+rescaled job's generation; it is over 600 lines because a partition's operations share
+the chain's invariants and read best together. Object names and the chain itself are
+``objectstore_chain.py``; checkpoints, client, snapshots and inspection have their own.
 """
 
 from __future__ import annotations
@@ -104,7 +110,8 @@ from .base import (
     Generation,
     check_stream_partitions,
 )
-from .format import HEADER_SIZE, BatchHeader, check_crc, decode_payload, encode_batch, walk
+from .format import BatchHeader, check_crc, decode_payload, encode_batch, walk
+from .objectstore_chain import ObjectName, chain_of, offsets_of, slice_batches
 from .objectstore_checkpoints import ObjectStoreCheckpointStore
 from .objectstore_client import EXISTS, MISSING, ObjectStoreClient, ObjectStoreSettings
 from .objectstore_snapshots import RemoteSnapshots
@@ -119,32 +126,10 @@ __all__ = [
 
 log = logging.getLogger("localstate.changelog.objectstore")
 
-_LOG_NAME = re.compile(r"^(\d{20})-(\d{20})-(\d{10})\.lsb$")
 _HORIZON_NAME = re.compile(r"^horizon-(\d{20})$")
 _GENERATION_NAME = re.compile(r"^\d{10}$")
 _PREFETCH = 8  # objects fetched ahead during restore ...
 _PREFETCH_BYTES = 64 * 1024 * 1024  # ... and at most this many bytes of them (beyond the first)
-
-
-@dataclass(frozen=True, order=True)
-class ObjectName:
-    """One log object: records of offsets ``[start, end)`` written by writer ``epoch``."""
-
-    start: int
-    end: int
-    epoch: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.start:020d}-{self.end:020d}-{self.epoch:010d}.lsb"
-
-    @classmethod
-    def parse(cls, name: str) -> ObjectName | None:
-        m = _LOG_NAME.match(name)
-        if m is None:
-            return None
-        start, end, epoch = (int(g) for g in m.groups())
-        return cls(start, end, epoch) if end > start else None
 
 
 class _ObjectGone(CorruptionError):
@@ -220,7 +205,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                 )
             objects.append(parsed)
             self._sizes[parsed] = size
-        self._chain, self._others = _chain_of(objects)
+        self._chain, self._others = chain_of(objects)
 
     def _key(self, o: ObjectName) -> str:
         return f"{self.log_prefix}/{o.name}"
@@ -346,7 +331,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         while pos < uploaded_end:
             try:
                 for o, data in self._fetch_ahead(self._covering(pos, uploaded_end)):
-                    yield from _slice(self._decode(o, data), pos, stop)
+                    yield from slice_batches(self._decode(o, data), pos, stop)
                     pos = min(o.end, uploaded_end)
             except _ObjectGone:
                 if relisted or self._written:
@@ -355,7 +340,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                 self._load()
         if stop > self._buffer_start and self._buffer:
             tail = ObjectName(self._buffer_start, self._end, self.epoch)
-            yield from _slice(self._decode(tail, bytes(self._buffer)), start, stop)
+            yield from slice_batches(self._decode(tail, bytes(self._buffer)), start, stop)
 
     def _covering(self, start: int, stop: int) -> list[ObjectName]:
         """The chain objects that hold ``[start, stop)``; an error naming the first missing
@@ -400,7 +385,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             if o.end <= start or o.start >= min(stop, self._end):
                 continue
             for h, records, offsets in self._decode(o, self._get(o)):
-                for off, (k, v) in zip(_offsets(h, offsets), records):
+                for off, (k, v) in zip(offsets_of(h, offsets), records):
                     if start <= off < stop:
                         yield off, k, v
 
@@ -428,6 +413,12 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         # manifests first: a snapshot of records about to be discarded must never be used
         self._snapshots.delete_past(c)
         doomed = [o for o in (*self._chain, *self._others) if o.start >= c]
+        tail_end = max((o.end for o in (*self._chain, *self._others)), default=0)
+        if tail_end > c:
+            # The offsets [c, tail_end) are written again by this task; a *local* snapshot
+            # of the discarded tail on a machine this one cannot reach is tagged with one of
+            # them and would pass for committed state once the log grows past it.
+            self._set_horizon(tail_end + 1)
         keep = [o for o in self._chain if o.start < c]
         if keep and keep[-1].end > c:
             cut = keep[-1]
@@ -464,10 +455,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._check_writable()
         self._buffer.clear()
         end = self._end = self._buffer_start = max(self._end, self._chain[-1].end if self._chain else 0)
-        horizon = end + 1
-        if horizon > self._horizon:
-            self.store.put(f"{self.log_prefix}/horizon-{horizon:020d}", b"")
-            self._horizon = horizon
+        self._set_horizon(end + 1)
         if end:
             empty = ObjectName(0, end, self.epoch)
             self.store.put(self._key(empty), encode_batch(0, [], offsets=[], span=end))
@@ -476,6 +464,12 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self.store.delete([self._key(o) for o in old])
             self._chain, self._others, self._written = [empty], [], []
         return end
+
+    def _set_horizon(self, horizon: int) -> None:
+        """Record (create, immutable) that no local snapshot below ``horizon`` may be loaded."""
+        if horizon > self._horizon:
+            self.store.put(f"{self.log_prefix}/horizon-{horizon:020d}", b"")
+            self._horizon = horizon
 
     def min_valid_snapshot_offset(self) -> int:
         """0 (compaction keeps tombstones), unless a reset or a rescale set a horizon."""
@@ -513,7 +507,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         latest: dict[bytes, tuple[int, bytes | None]] = {}
         for o in head:
             for h, recs, offsets in self._decode(o, self._get(o)):
-                for off, (k, v) in zip(_offsets(h, offsets), recs):
+                for off, (k, v) in zip(offsets_of(h, offsets), recs):
                     latest[k] = (off, v)
                     stats["records_before"] += 1
         survivors = sorted((off, k, v) for k, (off, v) in latest.items())
@@ -557,47 +551,6 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._closed = True
         self._buffer.clear()
         self.system._release(self.logical_stream, self.partition)
-
-
-def _chain_of(objects: list[ObjectName]) -> tuple[list[ObjectName], list[ObjectName]]:
-    """The chain from offset 0 (per start: highest epoch, then largest end) and the rest."""
-    best: dict[int, ObjectName] = {}
-    for o in objects:
-        b = best.get(o.start)
-        if b is None or (o.epoch, o.end) > (b.epoch, b.end):
-            best[o.start] = o
-    chain: list[ObjectName] = []
-    at = 0
-    while at in best:
-        chain.append(best[at])
-        at = best[at].end
-    on = set(chain)
-    return chain, [o for o in objects if o not in on]
-
-
-def _offsets(h: BatchHeader, offsets: list[int] | None) -> Any:
-    return offsets if offsets is not None else range(h.base_offset, h.next_offset)
-
-
-def _slice(batches: Iterator[tuple[BatchHeader, list[ChangeRecord], list[int] | None]],
-           start: int, stop: int) -> Iterator[tuple[list[ChangeRecord], int]]:
-    """The records of ``batches`` with offsets in ``[start, stop)``, with each batch's size."""
-    for h, records, offsets in batches:
-        if h.next_offset <= start:
-            continue
-        if h.base_offset >= stop:
-            return
-        nbytes = HEADER_SIZE + h.payload_len
-        base = h.base_offset
-        if offsets is None:
-            lo, hi = max(0, start - base), min(len(records), stop - base)
-            part = records if (lo == 0 and hi == len(records)) else records[lo:hi]
-        elif offsets and offsets[0] >= start and offsets[-1] < stop:
-            part = records
-        else:
-            part = tuple(r for r, o in zip(records, offsets) if start <= o < stop)  # type: ignore[assignment]
-        if part:
-            yield part, nbytes  # type: ignore[misc]
 
 
 class ObjectStoreChangelogSystem(ChangelogSystem):

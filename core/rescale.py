@@ -399,7 +399,7 @@ def _new_parts(job: JobFiles, spec: StoreSpec, ckpts: Mapping[int, Checkpoint]) 
 
 def _run_generation(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleResult:
     """Kafka, objectstore: write the next generation and switch the job over to it."""
-    from .rescale_generations import already_done, check_generation, write_generation
+    from .rescale_generations import already_done, check_generation, stage_locally, write_generation
 
     config = job.config
     new_config = config.with_overrides({"job.partitions": job.new})
@@ -413,13 +413,15 @@ def _run_generation(job: JobFiles, input_position: Any, spark: Any, t0: float) -
     if job.old == job.new:
         raise InvalidValueError(f"job {config.job_name!r} already has {job.new} partitions: nothing to rescale")
     check_generation(job)
-    if spark is not None:
-        raise ConfigError(
-            f"job {config.job_name!r}: rescale on Spark (spark= / --spark) writes through a shared file system and "
-            f"supports the file changelog; rescale this {job.system.describe()} without it. Nothing was changed."
-        )
     ckpts, version, position = _prepare(job, input_position)
-    records = write_generation(job, lambda spec: _new_parts(job, spec, ckpts), version, position, ckpts)
+    if spark is not None:
+        from localstate.contrib.spark.rescale import stage_with_spark
+
+        def stage(generation: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
+            return stage_with_spark(spark, job, ckpts, generation)
+    else:
+        stage = stage_locally(job, lambda spec: _new_parts(job, spec, ckpts))
+    records = write_generation(job, stage, version, position, ckpts)
     drop_local_copies(job.config)
     log.info("job %r rescaled from %d to %d partitions at version %d: %s", config.job_name, job.old, job.new,
              version, records)
@@ -438,12 +440,17 @@ def route_old_task(config: Config, to: int, name: str, p: int, ckpt: Checkpoint)
 
 
 def write_task_partition(config: Config, to: int, name: str, q: int,
-                         pieces: Iterable[Mapping[bytes, bytes]]) -> tuple[int, int]:
+                         pieces: Iterable[Mapping[bytes, bytes]], generation: Any = None) -> tuple[int, int]:
     """Merge the pieces old tasks sent new task ``q`` of store ``name`` and write them
-    into the staging area; returns ``(end offset, records)`` (run on a Spark executor)."""
+    into the staging area (file changelog) or into ``generation`` (kafka, objectstore);
+    returns ``(end offset, records)`` (run on a Spark executor)."""
     job = _job(config, to)
     try:
         records = merge_records(job.stores[name], pieces)
+        if generation is not None:
+            from .rescale_generations import write_generation_partition
+
+            return write_generation_partition(job, generation, name, q, records), len(records)
         return write_new_partition(job, name, q, records), len(records)
     finally:
         job.system.close()

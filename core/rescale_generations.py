@@ -34,7 +34,7 @@ from .faults import fault_point
 from .rescale_files import JobFiles, streams
 from .store_open import open_system, store_meta
 
-__all__ = ["already_done", "check_generation", "write_generation"]
+__all__ = ["already_done", "check_generation", "stage_locally", "write_generation", "write_generation_partition"]
 
 log = logging.getLogger("localstate.rescale")
 
@@ -58,10 +58,30 @@ def check_generation(job: JobFiles) -> None:
         )
 
 
-def write_generation(job: JobFiles, new_parts: Callable[[StoreSpec], list[dict[bytes, bytes]]], version: int,
-                     position: Any, ckpts: Mapping[int, Checkpoint]) -> dict[str, int]:
-    """Write the job's next generation from ``new_parts(spec)`` (each store's records per
-    new task) and switch the job over to it; returns the records written per store."""
+Stage = Callable[[Any], tuple[dict[str, list[int]], dict[str, int]]]
+"""Writes every new changelog partition of a generation; returns ``(end offsets per
+store per new task, records per store)``: :func:`stage_locally` or, on Spark,
+:func:`localstate.contrib.spark.rescale.stage_with_spark`."""
+
+
+def stage_locally(job: JobFiles, new_parts: Callable[[StoreSpec], list[dict[bytes, bytes]]]) -> Stage:
+    """A :data:`Stage` writing ``new_parts(spec)`` (each store's records per new task)
+    from this process, one store at a time."""
+    def stage(generation: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
+        ends: dict[str, list[int]] = {}
+        records: dict[str, int] = {}
+        for name, spec in job.stores.items():
+            parts = new_parts(spec)
+            ends[name] = [write_generation_partition(job, generation, name, q, part) for q, part in enumerate(parts)]
+            records[name] = sum(len(part) for part in parts)
+        return ends, records
+    return stage
+
+
+def write_generation(job: JobFiles, stage: Stage, version: int, position: Any,
+                     ckpts: Mapping[int, Checkpoint]) -> dict[str, int]:
+    """Write the job's next generation with ``stage`` and switch the job over to it;
+    returns the records written per store."""
     from localstate.changelog.base import Generation
 
     current = job.system.generation()
@@ -72,17 +92,12 @@ def write_generation(job: JobFiles, new_parts: Callable[[StoreSpec], list[dict[b
                     "(%s) and generation %d is written", job.config.job_name, number,
                     ", ".join(Generation(number).stream(s) for s in names), number + 1)
         number += 1
+    ends, records = stage(Generation(number, job.new, job.old))
     # A system instance of its own, pinned to the new generation: its streams, its
     # checkpoint names and its writers' state never mix with the old generation's.
     target = open_system(job.config, job.system.name)
     try:
         target.pin_generation(Generation(number, job.new, job.old))
-        ends: dict[str, list[int]] = {}
-        records: dict[str, int] = {}
-        for name, spec in job.stores.items():
-            parts = new_parts(spec)
-            ends[name] = [_write_partition(target, spec, q, job.new, part) for q, part in enumerate(parts)]
-            records[name] = sum(len(part) for part in parts)
         meta = {name: store_meta(spec) for name, spec in job.stores.items()}
         epoch = max(c.epoch for c in ckpts.values()) + 1
         checkpoints = target.checkpoints()
@@ -104,17 +119,24 @@ def write_generation(job: JobFiles, new_parts: Callable[[StoreSpec], list[dict[b
     return records
 
 
-def _write_partition(system: Any, spec: StoreSpec, q: int, partitions: int, records: dict[bytes, bytes]) -> int:
-    """New task ``q``'s records of ``spec``, sorted by key; returns the committed end offset."""
-    stream = spec.changelog[1]  # type: ignore[index]
-    part = system.open_partition(stream, q, partitions)
+def write_generation_partition(job: JobFiles, generation: Any, name: str, q: int,
+                               records: Mapping[bytes, bytes]) -> int:
+    """Write new task ``q``'s records of store ``name`` (sorted by key) into ``generation``;
+    returns the committed end offset. Runs in the driver or on a Spark executor, through
+    a system instance of its own pinned to ``generation``."""
+    system = open_system(job.config, job.system.name)
     try:
-        items = sorted(records.items())
-        for i in range(0, len(items), _WRITE_CHUNK):
-            part.append(items[i:i + _WRITE_CHUNK])
-        end = part.flush()
+        system.pin_generation(generation)
+        part = system.open_partition(job.stores[name].changelog[1], q, job.new)  # type: ignore[index]
+        try:
+            items = sorted(records.items())
+            for i in range(0, len(items), _WRITE_CHUNK):
+                part.append(items[i:i + _WRITE_CHUNK])
+            end = part.flush()
+        finally:
+            part.close()
     finally:
-        part.close()
+        system.close()
     fault_point("rescale.staging")
     return end
 

@@ -95,3 +95,40 @@ def test_cli_rescale_on_spark(spark, tmp_path):
         with TaskStorage(new, q) as storage:
             with storage.store("counts").all() as items:
                 assert dict(items) == {u: i for i, u in enumerate(users) if task_for(u, 2) == q}
+
+
+@pytest.mark.parametrize("kind", ["objectstore", "kafka"])
+def test_rescale_on_spark_writes_the_next_generation(spark, tmp_path, request, kind):
+    """``rescale(spark=...)`` of a job on moto S3 / the tansu broker: executors write the
+    new partitions straight into generation 1; the driver commits it."""
+    import os
+
+    from localstate import Config, TaskStorage
+
+    job = f"sparkrescale-{os.urandom(3).hex()}"
+    values = {"job.name": job, "job.partitions": 4, "job.state.dir": str(tmp_path / "state"),
+              "stores.counts.factory": "memory", "stores.counts.key.serde": "string",
+              "stores.counts.msg.serde": "long"}
+    if kind == "objectstore":
+        from localstate.testing.s3 import objectstore_options
+
+        server = request.getfixturevalue("s3_server")
+        values.update({"job.changelog.system": "s3", "stores.counts.changelog": f"s3.{job}-counts",
+                       **objectstore_options(server.endpoint, server.create_bucket(), job)})
+    else:
+        values.update({"job.changelog.system": "kafka", "stores.counts.changelog": f"kafka.{job}-counts",
+                       "systems.kafka.bootstrap.servers": request.getfixturevalue("kafka_broker"),
+                       "systems.kafka.checkpoint.topic": f"{job}-ckpt"})
+    config = Config.from_dict(values)
+    users = [f"u{i}" for i in range(300)]
+    for p in range(4):
+        with TaskStorage(config, p) as storage:
+            storage.store("counts").put_all([(u, i) for i, u in enumerate(users) if task_for(u, 4) == p])
+            storage.commit("pos", version=2)
+    result = rescale(config, 3, spark=spark)
+    assert result.records == {"counts": 300}
+    for q in range(3):
+        with TaskStorage(result.config, q) as storage:
+            assert storage.changelog("counts").stream == f"{job}-counts.gen1"
+            with storage.store("counts").all() as items:
+                assert dict(items) == {u: i for i, u in enumerate(users) if task_for(u, 3) == q}

@@ -8,6 +8,9 @@ Spark partition, whose task merges and writes that new changelog partition into 
 staging area. The driver holds the old tasks' locks throughout and writes the
 checkpoints, the manifest and the swap (:func:`localstate.rescale.rescale`). The file
 changelog must be on a file system every executor shares (as it must for the job).
+For a kafka or objectstore changelog the writers write the new partitions straight into
+the job's next generation (``generation``); the driver then writes its checkpoints and
+the generation record (:mod:`localstate.rescale_generations`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from localstate.rescale import route_old_task, write_task_partition
 __all__ = ["stage_with_spark"]
 
 
-def stage_with_spark(spark: Any, job: Any, ckpts: Mapping[int, Checkpoint]) -> tuple[dict[str, list[int]], dict[str, int]]:
-    """Write the new changelog partitions of every store of ``job`` with ``spark``;
-    returns ``(end offsets per store per new task, records per store)``."""
+def stage_with_spark(spark: Any, job: Any, ckpts: Mapping[int, Checkpoint],
+                     generation: Any = None) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Write the new changelog partitions of every store of ``job`` with ``spark`` (into
+    the staging area, or into ``generation`` of a kafka/objectstore changelog); returns
+    ``(end offsets per store per new task, records per store)``."""
     config, old, new = job.config, job.old, job.new
     names = sorted(job.stores)
     slot = {name: i for i, name in enumerate(names)}
@@ -37,7 +42,7 @@ def stage_with_spark(spark: Any, job: Any, ckpts: Mapping[int, Checkpoint]) -> t
 
     def write(index: int, pieces: Iterator[tuple[tuple[str, int], dict[bytes, bytes]]]) -> Iterator[tuple[str, int, int, int]]:
         name, q = names[index // new], index % new
-        end, count = write_task_partition(config, new, name, q, (part for _, part in pieces))
+        end, count = write_task_partition(config, new, name, q, (part for _, part in pieces), generation)
         yield name, q, end, count
 
     sc = spark.sparkContext
