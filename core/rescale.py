@@ -69,6 +69,7 @@ from .engine import StoreSpec
 from .errors import ChangelogError, ConfigError, CorruptionError, InvalidValueError, LocalStateError
 from .layout import task_lock
 from .locking import FileLock, io_error
+from .records import apply_records
 from .rescale_config import update_config_file
 from .rescale_files import (
     JobFiles,
@@ -268,11 +269,7 @@ def _committed_records(job: JobFiles, spec: StoreSpec, p: int, ckpt: Checkpoint)
             raise part.missing_committed(committed)
         state: dict[bytes, bytes] = {}
         for records, _ in part.read_batches(0, committed):
-            for k, v in records:
-                if v is None:
-                    state.pop(k, None)
-                else:
-                    state[k] = v
+            apply_records(records, state)
         return state
     finally:
         part.close()

@@ -269,16 +269,7 @@ class TaskStorage(StoreOpening, TaskCommit):
         """The last committed checkpoint (``input_position``, per-store ``offsets``), or
         None before the first commit."""
         return self._checkpoint
-    def pending_records(self, name: str) -> int:
-        """Change records of store ``name`` buffered in its change logger (not yet in
-        the changelog)."""
-        return self._entry(name).logger.pending_count()
 
-    def committed_offset(self, name: str) -> int | None:
-        """The changelog offset store ``name``'s last commit covers (None: not logged
-        or never committed)."""
-        self._entry(name)
-        return self._offsets.get(name)
     # -- closing --------------------------------------------------------------------------------------
     def close(self) -> None:
         """Close every store, changelog and lock; idempotent; does **not** commit.
