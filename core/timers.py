@@ -160,21 +160,31 @@ class Timers:
             raise InvalidValueError(f"register_all: {len(keys)} keys but {len(stamps)} timestamps")
         if not keys:
             return
+        # a dict: later duplicates of one (key, ts) collapse before any layer sees them
+        self.store.put_all(dict.fromkeys(self._record_keys(keys, stamps), _MARK))
+        if self._current is not None and min(stamps) <= self._current:
+            self._registered_due = True
+
+    def _record_keys(self, keys: list[Any], stamps: list[int]) -> list[bytes]:
+        """The record keys of ``(key, ts)`` pairs, built in C-level passes."""
         try:
             encoded = _encode_keys(keys)
         except (TypeError, ValueError) as e:
             raise InvalidValueError(f"a timer key cannot be stored: {e}") from None
-        head = _HEAD.pack
-        d = self.domain
-        # a dict: later duplicates of one (key, ts) collapse before any layer sees them
-        self.store.put_all(dict.fromkeys(map(bytes.__add__, map(head, repeat(d), map(_BIAS.__add__, stamps)),
-                                             encoded), _MARK))
-        if self._current is not None and min(stamps) <= self._current:
-            self._registered_due = True
+        heads = map(_HEAD.pack, repeat(self.domain), map(_BIAS.__add__, stamps))
+        return list(map(bytes.__add__, heads, encoded))
 
     def delete(self, key: Any, ts: int) -> None:
         """Remove the timer ``(key, ts)``; not an error if there is none."""
         self.store.delete(self._encode(key, _timestamp(ts, f"delete({key!r}, {ts!r})")))
+
+    def delete_all(self, keys: Iterable[Any], timestamps: Iterable[int]) -> None:
+        """:meth:`delete` for pairs of ``keys`` and ``timestamps`` in one batch."""
+        keys, stamps = list(keys), _timestamps(timestamps)
+        if len(keys) != len(stamps):
+            raise InvalidValueError(f"delete_all: {len(keys)} keys but {len(stamps)} timestamps")
+        if keys:
+            self.store.delete_all(self._record_keys(keys, stamps))
 
     def pending(self, up_to: int | None = None) -> list[tuple[Any, int]]:
         """``(key, ts)`` of the registered timers (with ``ts <= up_to``), in firing order."""
