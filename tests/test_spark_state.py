@@ -159,3 +159,39 @@ def test_a_stream_plan_evaluated_outside_its_query_is_refused_and_commits_nothin
     for p in range(2):
         with TaskStorage(config, p) as st:
             assert st.checkpoint is None and dict(st.store("counts")) == {}
+
+
+def test_an_output_column_named_like_the_metrics_column_is_refused_before_the_stream_starts(tmp_path: Path) -> None:
+    from localstate import ConfigError
+    from localstate.contrib.spark.metrics import METRICS_COLUMN, with_metrics_column
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    struct = StructType([StructField("user_id", LongType(), False), StructField(METRICS_COLUMN, LongType())])
+    with pytest.raises(ConfigError, match="rename it"):
+        with_metrics_column(struct)
+    widened = with_metrics_column(StructType([StructField("user_id", LongType(), False)]))
+    assert widened.names == ["user_id", METRICS_COLUMN] and widened["user_id"].nullable
+
+
+def test_a_tasks_metrics_row_carries_each_store_field_and_nulls_elsewhere(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from localstate.contrib.spark.metrics import METRICS_COLUMN, OBSERVED_FIELDS, metrics_batch, with_null_metrics
+
+    config = Config.from_dict({"job.name": "mrow", "job.state.dir": str(tmp_path / "s"),
+                               "systems.file.path": str(tmp_path / "c"),
+                               "stores.counts.factory": "rocksdb", "stores.counts.key.serde": "string",
+                               "stores.counts.msg.serde": "long"})
+    schema = pa.schema([("user", pa.string()), ("n", pa.int64())])
+    with TaskStorage(config) as st:
+        st.store("counts").update({"a": 1, "b": 2})
+        st.store("counts").delete("a")
+        st.commit()
+        row = metrics_batch(st, schema)
+    assert row.num_rows == 1 and row.schema.names == ["user", "n", METRICS_COLUMN]
+    assert row.column("user").null_count == 1 and row.column("n").null_count == 1
+    entries = dict(row.column(METRICS_COLUMN).to_pylist()[0])
+    assert {k.split(".", 1)[1] for k in entries} <= set(OBSERVED_FIELDS)
+    assert (entries["counts.numRowsUpdated"], entries["counts.numRowsRemoved"], entries["counts.numTasks"]) == (2, 1, 1)
+    assert entries["counts.commits"] == 1 and entries["counts.numRowsTotal"] >= 0
+    out = with_null_metrics(pa.record_batch({"user": ["x"], "n": [3]}, schema=schema))
+    assert out.column(METRICS_COLUMN).null_count == 1 and out.column("n").to_pylist() == [3]
