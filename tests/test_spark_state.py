@@ -175,7 +175,12 @@ def test_an_output_column_named_like_the_metrics_column_is_refused_before_the_st
 
 def test_a_tasks_metrics_row_carries_each_store_field_and_nulls_elsewhere(tmp_path: Path) -> None:
     import pyarrow as pa
-    from localstate.contrib.spark.metrics import METRICS_COLUMN, OBSERVED_FIELDS, metrics_batch, with_null_metrics
+    from localstate.contrib.spark.metrics import (
+        METRICS_COLUMN,
+        OBSERVED_FIELDS,
+        metrics_batch,
+        with_null_metrics,
+    )
 
     config = Config.from_dict({"job.name": "mrow", "job.state.dir": str(tmp_path / "s"),
                                "systems.file.path": str(tmp_path / "c"),
