@@ -237,6 +237,8 @@ class Timers:
         ``context.timers`` is) that may sort before it. A due timer registered through
         another :class:`Timers` over the same store fires at the next call instead.
         """
+        if type(chunk) is not int or chunk < 1:
+            raise InvalidValueError(f"fire_batch: chunk must be an int >= 1, got {chunk!r}")
         up_to = self.now() if up_to is None else up_to
         stop = self._stop(up_to)
         fired = 0

@@ -299,3 +299,13 @@ def test_delete_all_removes_each_pair_and_checks_its_input(make_config):
         with pytest.raises(InvalidValueError, match="timestamp must be an int"):
             t.delete_all(["b"], [2.0])
         assert t.pending() == [("b", 2)]
+
+
+@pytest.mark.parametrize("chunk", [0, -5, 2.0])
+def test_fire_batch_refuses_a_chunk_that_would_fire_nothing_or_is_not_an_int(make_config, chunk):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        t = event_timers(st)
+        t.register("a", 1)
+        with pytest.raises(InvalidValueError, match="chunk"):
+            t.fire_batch(lambda keys, stamps: None, up_to=5, chunk=chunk)
+        assert t.pending() == [("a", 1)]  # nothing fired, nothing deleted
