@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from localstate import Config, TaskStorage
@@ -112,9 +114,28 @@ def test_streaming_progress_carries_state_metrics(spark, tmp_path: Path) -> None
     (src / "a.jsonl").write_text("".join(f'{{"user_id": "u{i % 5}"}}\n' for i in range(40)))
     config = key_count_config(tmp_path, partitions=2, engine="rocksdb", name="kcm")
     job = StatefulJob(config, key_count_task(), key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    heard: list[Any] = []
+
+    class Listener(StreamingQueryListener):  # what a monitoring system sees: no localstate code
+        def onQueryStarted(self, event: Any) -> None: ...
+        def onQueryIdle(self, event: Any) -> None: ...
+        def onQueryTerminated(self, event: Any) -> None: ...
+
+        def onQueryProgress(self, event: Any) -> None:
+            heard.append(event.progress.observedMetrics.get("localstate.counts"))
+
+    listener = Listener()
+    spark.streams.addListener(listener)
     stream = spark.readStream.format("localstate-jsonl").schema("user_id string").load(str(src))
     query = job.run_stream(stream, checkpoint_location=str(tmp_path / "ckpt"), trigger={"availableNow": True})
     query.awaitTermination(180)
+    deadline = time.monotonic() + 30  # listener events arrive asynchronously
+    while not any(heard) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    spark.streams.removeListener(listener)
+    assert any(row is not None and row["numRowsUpdated"] == 5 for row in heard), heard
     assert query.exception() is None, query.exception()
     progress = state_progress(job, query)
     assert progress is not None and progress["numInputRows"] == 40
