@@ -87,6 +87,8 @@ class CloseableIterator(Generic[T]):
     def take(self, n: int) -> list[T]:
         """The next ``n`` items (fewer at the end; ``[]`` once exhausted) in one call:
         a batch scan pays no Python call per item. Same closed/exhausted rules as ``next``."""
+        if type(n) is not int or n < 0:
+            raise InvalidValueError(f"{self._what}: take(n) needs an int n >= 0, got {n!r}")
         if self._closed:
             if self._exhausted:
                 return []

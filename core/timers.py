@@ -43,8 +43,8 @@ PROCESSING_TIME = b"p"
 _BIAS = 1 << 63
 _MARK = b"\x01"
 _HEAD = struct.Struct(">cQ")
-_SECOND = itemgetter(1)
 """The domain byte and the biased timestamp that start every record key."""
+_SECOND = itemgetter(1)
 _FETCH = 4096
 _TUPLE = get_serde("tuple")
 _STR, _INT, _BYTES, _OTHER = b"s", b"i", b"b", b"t"
@@ -85,13 +85,13 @@ def _decode_keys(record_keys: list[bytes]) -> list[Any]:
     return [_decode_key(k[9:]) for k in record_keys]
 
 
-def _timestamps(timestamps: Iterable[Any]) -> list[int]:
+def _timestamps(timestamps: Iterable[Any], what: str) -> list[int]:
     """Every timestamp checked as :func:`_timestamp` does, in C-level passes when all are
     plain ints in range (the batch path); otherwise one check each, naming the bad one."""
     stamps = timestamps if isinstance(timestamps, list) else list(timestamps)
     if stamps and set(map(type, stamps)) <= {int} and min(stamps) >= -_BIAS and max(stamps) < _BIAS:
         return stamps
-    return [_timestamp(t, "register_all") for t in stamps]
+    return [_timestamp(t, what) for t in stamps]
 
 
 def check_timer_store(name: str, spec: Any) -> None:
@@ -155,26 +155,36 @@ class Timers:
     def register_all(self, keys: Iterable[Any], timestamps: Iterable[int]) -> None:
         """:meth:`register` for pairs of ``keys`` and ``timestamps`` in one batch (one
         serde pass, one engine write batch, one changelog hand-over)."""
-        keys, stamps = list(keys), _timestamps(timestamps)
+        keys, stamps = list(keys), _timestamps(timestamps, "register_all")
         if len(keys) != len(stamps):
             raise InvalidValueError(f"register_all: {len(keys)} keys but {len(stamps)} timestamps")
         if not keys:
             return
+        # a dict: later duplicates of one (key, ts) collapse before any layer sees them
+        self.store.put_all(dict.fromkeys(self._record_keys(keys, stamps), _MARK))
+        if self._current is not None and min(stamps) <= self._current:
+            self._registered_due = True
+
+    def _record_keys(self, keys: list[Any], stamps: list[int]) -> list[bytes]:
+        """The record keys of ``(key, ts)`` pairs, built in C-level passes."""
         try:
             encoded = _encode_keys(keys)
         except (TypeError, ValueError) as e:
             raise InvalidValueError(f"a timer key cannot be stored: {e}") from None
-        head = _HEAD.pack
-        d = self.domain
-        # a dict: later duplicates of one (key, ts) collapse before any layer sees them
-        self.store.put_all(dict.fromkeys(map(bytes.__add__, map(head, repeat(d), map(_BIAS.__add__, stamps)),
-                                             encoded), _MARK))
-        if self._current is not None and min(stamps) <= self._current:
-            self._registered_due = True
+        heads = map(_HEAD.pack, repeat(self.domain), map(_BIAS.__add__, stamps))
+        return list(map(bytes.__add__, heads, encoded))
 
     def delete(self, key: Any, ts: int) -> None:
         """Remove the timer ``(key, ts)``; not an error if there is none."""
         self.store.delete(self._encode(key, _timestamp(ts, f"delete({key!r}, {ts!r})")))
+
+    def delete_all(self, keys: Iterable[Any], timestamps: Iterable[int]) -> None:
+        """:meth:`delete` for pairs of ``keys`` and ``timestamps`` in one batch."""
+        keys, stamps = list(keys), _timestamps(timestamps, "delete_all")
+        if len(keys) != len(stamps):
+            raise InvalidValueError(f"delete_all: {len(keys)} keys but {len(stamps)} timestamps")
+        if keys:
+            self.store.delete_all(self._record_keys(keys, stamps))
 
     def pending(self, up_to: int | None = None) -> list[tuple[Any, int]]:
         """``(key, ts)`` of the registered timers (with ``ts <= up_to``), in firing order."""
@@ -223,8 +233,12 @@ class Timers:
 
         Each chunk is one range scan that starts after the previous chunk's last timer
         (so it never walks the deletions of earlier chunks), or again at the start of
-        the domain when ``on_timers`` registered a due timer that may sort before it.
+        the domain when ``on_timers`` registered a due timer (through this object, as
+        ``context.timers`` is) that may sort before it. A due timer registered through
+        another :class:`Timers` over the same store fires at the next call instead.
         """
+        if type(chunk) is not int or chunk < 1:
+            raise InvalidValueError(f"fire_batch: chunk must be an int >= 1, got {chunk!r}")
         up_to = self.now() if up_to is None else up_to
         stop = self._stop(up_to)
         fired = 0

@@ -71,3 +71,20 @@ def test_random_trials_of_the_workload(tmp_path: Any):
     report = run_trials("rocksdb", "file", 6 if FULL else 2, seed=160, batches=10, workload=WORKLOAD,
                         workdir=tmp_path)
     assert not report.divergences, report.summary()["first_divergence"]
+
+
+def test_cli_runs_the_workload_and_its_reproducer_names_it(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+    from localstate.testing.torture import plan_trial, reproducer, torture
+
+    out = tmp_path / "t.json"
+    r = CliRunner().invoke(torture, ["--engine", "leveldb", "--workload", WORKLOAD, "--trials", "1", "--seed", "5",
+                                     "--batches", "4", "--ops", "10", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["summaries"][0]["divergences"] == 0
+    plan = plan_trial(5, "leveldb", "file", workload=WORKLOAD)
+    assert reproducer(plan).endswith(f"--workload {WORKLOAD}")
+    bad = CliRunner().invoke(torture, ["--engine", "memory", "--workload", "nosuch"])
+    assert bad.exit_code == 2 and "ttl-timers" in bad.output

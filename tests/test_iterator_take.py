@@ -47,3 +47,15 @@ def test_bytes_serdes_pass_engine_pairs_through_unchanged_and_others_still_decod
     typed.put("a", {"n": 1})
     with typed.all() as it:
         assert it.take(5) == [("a", {"n": 1})]
+
+
+@pytest.mark.parametrize("n", [-1, 1.5, "3", None])
+def test_take_refuses_a_count_that_is_not_a_non_negative_int(n):
+    from localstate import InvalidValueError
+
+    with MemoryEngine("m") as e:
+        e.put(b"a", b"1")
+        with e.all() as it:
+            with pytest.raises(InvalidValueError, match="take"):
+                it.take(n)
+            assert it.take(0) == [] and not it.closed and it.take(1) == [(b"a", b"1")]

@@ -293,12 +293,23 @@ def test_stream_stream_join_matches_within_window_and_expires_the_rest(tmp_path:
     # Every impression is either emitted or still waiting inside the window.
     waiting = store_items(config, "impressions")
     assert set(by_id) | set(waiting) == set(imps) and not set(by_id) & set(waiting)
-    # Expired and matched entries leave the time index too: it holds exactly what waits.
+    # Expired and matched entries leave the expiry timers too: they are exactly what waits.
     waiting_clicks = store_items(config, "clicks")
-    index = store_items(config, "expiry")
-    assert sorted(index) == sorted([(v[0], "i", k) for k, v in waiting.items()]
-                                   + [(ts, "c", k) for k, ts in waiting_clicks.items()])
+    timers = expiry_timers(config)
+    assert sorted(timers) == sorted([("i" + k, v[0]) for k, v in waiting.items()]
+                                    + [("c" + k, ts) for k, ts in waiting_clicks.items()])
     assert set(waiting_clicks) <= set(clicks) - set(matched)
+
+
+def expiry_timers(config: Any) -> list[tuple[Any, int]]:
+    """The pending expiry timers of every partition of the ad-click join."""
+    from localstate.timers import EVENT_TIME, Timers
+
+    pending: list[tuple[Any, int]] = []
+    for p in range(config.partitions):
+        with TaskStorage(config, p) as st:
+            pending += Timers(st.store("expiry"), EVENT_TIME, lambda: 0).pending()
+    return pending
 
 
 def test_stream_stream_join_click_before_impression(tmp_path: Path) -> None:

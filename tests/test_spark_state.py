@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from localstate import Config, TaskStorage
@@ -112,9 +114,28 @@ def test_streaming_progress_carries_state_metrics(spark, tmp_path: Path) -> None
     (src / "a.jsonl").write_text("".join(f'{{"user_id": "u{i % 5}"}}\n' for i in range(40)))
     config = key_count_config(tmp_path, partitions=2, engine="rocksdb", name="kcm")
     job = StatefulJob(config, key_count_task(), key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    heard: list[Any] = []
+
+    class Listener(StreamingQueryListener):  # what a monitoring system sees: no localstate code
+        def onQueryStarted(self, event: Any) -> None: ...
+        def onQueryIdle(self, event: Any) -> None: ...
+        def onQueryTerminated(self, event: Any) -> None: ...
+
+        def onQueryProgress(self, event: Any) -> None:
+            heard.append(event.progress.observedMetrics.get("localstate.counts"))
+
+    listener = Listener()
+    spark.streams.addListener(listener)
     stream = spark.readStream.format("localstate-jsonl").schema("user_id string").load(str(src))
     query = job.run_stream(stream, checkpoint_location=str(tmp_path / "ckpt"), trigger={"availableNow": True})
     query.awaitTermination(180)
+    deadline = time.monotonic() + 30  # listener events arrive asynchronously
+    while not any(heard) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    spark.streams.removeListener(listener)
+    assert any(row is not None and row["numRowsUpdated"] == 5 for row in heard), heard
     assert query.exception() is None, query.exception()
     progress = state_progress(job, query)
     assert progress is not None and progress["numInputRows"] == 40
@@ -159,3 +180,44 @@ def test_a_stream_plan_evaluated_outside_its_query_is_refused_and_commits_nothin
     for p in range(2):
         with TaskStorage(config, p) as st:
             assert st.checkpoint is None and dict(st.store("counts")) == {}
+
+
+def test_an_output_column_named_like_the_metrics_column_is_refused_before_the_stream_starts(tmp_path: Path) -> None:
+    from localstate import ConfigError
+    from localstate.contrib.spark.metrics import METRICS_COLUMN, with_metrics_column
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    struct = StructType([StructField("user_id", LongType(), False), StructField(METRICS_COLUMN, LongType())])
+    with pytest.raises(ConfigError, match="rename it"):
+        with_metrics_column(struct)
+    widened = with_metrics_column(StructType([StructField("user_id", LongType(), False)]))
+    assert widened.names == ["user_id", METRICS_COLUMN] and widened["user_id"].nullable
+
+
+def test_a_tasks_metrics_row_carries_each_store_field_and_nulls_elsewhere(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from localstate.contrib.spark.metrics import (
+        METRICS_COLUMN,
+        OBSERVED_FIELDS,
+        metrics_batch,
+        with_null_metrics,
+    )
+
+    config = Config.from_dict({"job.name": "mrow", "job.state.dir": str(tmp_path / "s"),
+                               "systems.file.path": str(tmp_path / "c"),
+                               "stores.counts.factory": "rocksdb", "stores.counts.key.serde": "string",
+                               "stores.counts.msg.serde": "long"})
+    schema = pa.schema([("user", pa.string()), ("n", pa.int64())])
+    with TaskStorage(config) as st:
+        st.store("counts").update({"a": 1, "b": 2})
+        st.store("counts").delete("a")
+        st.commit()
+        row = metrics_batch(st, schema)
+    assert row.num_rows == 1 and row.schema.names == ["user", "n", METRICS_COLUMN]
+    assert row.column("user").null_count == 1 and row.column("n").null_count == 1
+    entries = dict(row.column(METRICS_COLUMN).to_pylist()[0])
+    assert {k.split(".", 1)[1] for k in entries} <= set(OBSERVED_FIELDS)
+    assert (entries["counts.numRowsUpdated"], entries["counts.numRowsRemoved"], entries["counts.numTasks"]) == (2, 1, 1)
+    assert entries["counts.commits"] == 1 and entries["counts.numRowsTotal"] >= 0
+    out = with_null_metrics(pa.record_batch({"user": ["x"], "n": [3]}, schema=schema))
+    assert out.column(METRICS_COLUMN).null_count == 1 and out.column("n").to_pylist() == [3]

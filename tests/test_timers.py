@@ -285,3 +285,27 @@ def test_advance_event_time_takes_int_ms_only(make_config, ts):
         assert st.event_time is None
         st.advance_event_time(5)
         assert st.advance_event_time(3) == 5  # never moves back
+
+
+def test_delete_all_removes_each_pair_and_checks_its_input(make_config):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        t = event_timers(st)
+        t.register_all(["a", "b", "c"], [1, 2, 3])
+        t.delete_all(["a", "c", "never"], [1, 3, 9])  # an absent timer is not an error
+        t.delete_all([], [])
+        assert t.pending() == [("b", 2)]
+        with pytest.raises(InvalidValueError, match="2 keys but 1 timestamps"):
+            t.delete_all(["a", "b"], [1])
+        with pytest.raises(InvalidValueError, match="timestamp must be an int"):
+            t.delete_all(["b"], [2.0])
+        assert t.pending() == [("b", 2)]
+
+
+@pytest.mark.parametrize("chunk", [0, -5, 2.0])
+def test_fire_batch_refuses_a_chunk_that_would_fire_nothing_or_is_not_an_int(make_config, chunk):
+    with TaskStorage(make_config(timers=TIMERS)) as st:
+        t = event_timers(st)
+        t.register("a", 1)
+        with pytest.raises(InvalidValueError, match="chunk"):
+            t.fire_batch(lambda keys, stamps: None, up_to=5, chunk=chunk)
+        assert t.pending() == [("a", 1)]  # nothing fired, nothing deleted

@@ -227,3 +227,19 @@ def test_a_damaged_value_without_its_expiry_is_a_clear_error(make_config):
         st.engine("s").put(b"k", b"abc")  # written under the layers: a value too short to hold an expiry
         with pytest.raises(Exception, match=r"store 's'.*cannot be decoded by serde 'ttl\+json'"):
             st.store("s").get("k")
+
+
+@pytest.mark.parametrize("cache", [0, 16])
+def test_a_value_its_serde_cannot_encode_is_refused_at_the_put_naming_store_and_key(make_config, cache):
+    from localstate import SerializationError
+
+    with TaskStorage(make_config(s=ttl_store("rocksdb", **{"object.cache.size": cache}))) as st:
+        st.advance_event_time(10)
+        s = st.store("s")
+        s.put("ok", {"n": 1})
+        for bad in ({"n": float("nan")}, {"n": object()}, {1, 2}):
+            with pytest.raises(SerializationError, match=r"store 's'.*'k'"):
+                s.put("k", bad)
+        st.commit()
+        assert dict(s) == {"ok": {"n": 1}}
+        assert [k for k, _ in changelog_records(st, "s")] == [b"ok"]

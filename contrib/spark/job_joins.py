@@ -9,7 +9,7 @@
   viewer's ZIP code from the profile stream (a left join: no profile → null ZIP).
 * :class:`AdClickJoin` — a stream-stream join of ad clicks with impressions by
   impression id within :data:`JOIN_WINDOW_S`; both sides are buffered in stores and
-  unmatched entries expire through a periodic range scan of a time index.
+  unmatched entries expire through event-time timers fired at each commit boundary.
 
 Each class documents its input columns; ``input_table(workload)`` builds that input
 from a :class:`~localstate.contrib.spark.workload.Workload`.
@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from localstate.timers import EVENT_TIME, Timers
 
 from .runner import Emitter, StreamTask, TaskContext
 from .workload import Workload
@@ -218,13 +219,16 @@ class AdClickJoin(StreamTask):
     Input: ``kind`` ("impression" or "click"), ``impression_id``, ``ts``, ``user_id``,
     ``ad_id``, ``page`` (impressions); keyed by ``impression_id``. Either side may come
     first; the one that waits is kept in a store (``impressions`` / ``clicks``) with an
-    entry ``(ts, side, impression_id)`` in the ``expiry`` index (tuple keys sort by
-    time). The first click within the window matches; later duplicates are dropped.
+    event-time timer (:class:`~localstate.timers.Timers` on the ``expiry`` store) at its
+    ``ts``, keyed by side + impression id. The first click within the window matches
+    (and deletes the waiting side's timer); later duplicates are dropped.
 
-    At each window/commit boundary, one range scan of ``expiry`` below
-    ``watermark - JOIN_WINDOW_S`` expires what can no longer match: an unmatched
-    impression is emitted with ``clicked = false`` (so the output is complete for
-    click-through rates), a waiting click is dropped.
+    At each window/commit boundary the timers below ``watermark - JOIN_WINDOW_S`` fire
+    (one range scan, in timestamp order): an unmatched impression is emitted with
+    ``clicked = false`` (so the output is complete for click-through rates), a waiting
+    click is dropped. The task fires them itself in :meth:`window` rather than through
+    ``on_timer`` after every input batch, so a late click still matches within the run,
+    as a join over the whole batch would.
 
     Output rows: ``impression_id``, ``user_id``, ``ad_id``, ``page``,
     ``impression_ts``, ``click_ts`` (null if not clicked), ``clicked``.
@@ -240,8 +244,7 @@ class AdClickJoin(StreamTask):
         "impressions": {"factory": "kv", "key.serde": "string", "msg.serde": "msgpack",
                         "object.cache.size": 0, "write.batch.size": 5_000},
         "clicks": {"factory": "kv", "key.serde": "string", "msg.serde": "long", "object.cache.size": 0},
-        "expiry": {"factory": "kv", "key.serde": "tuple", "msg.serde": "bytes",
-                   "object.cache.size": 0, "write.batch.size": 5_000},
+        "expiry": {"factory": "kv", "object.cache.size": 0, "write.batch.size": 5_000},  # timers
         "clock": {"factory": "kv", "key.serde": "string", "msg.serde": "long"},
     }
     _IMPRESSION, _CLICK = "i", "c"
@@ -259,9 +262,9 @@ class AdClickJoin(StreamTask):
     def init(self, context: TaskContext) -> None:
         self.impressions = context.store("impressions")
         self.clicks = context.store("clicks")
-        self.expiry = context.store("expiry")
         self.clock = context.store("clock")
         self.watermark: int = self.clock.get("watermark") or 0
+        self.expiry = Timers(context.store("expiry"), EVENT_TIME, lambda: self.watermark)
         self.dropped_clicks = 0
 
     @staticmethod
@@ -283,8 +286,8 @@ class AdClickJoin(StreamTask):
         clicks = self.clicks.get_all(ids)
         dirty_imps: set[str] = set()
         dirty_clicks: set[str] = set()
-        expiry_put: list[tuple[tuple[int, str, str], bytes]] = []
-        expiry_del: list[tuple[int, str, str]] = []
+        expiry_put: list[tuple[str, int]] = []  # (side + impression id, ts) timers
+        expiry_del: list[tuple[str, int]] = []
         out: list[dict[str, Any]] = []
         window = JOIN_WINDOW_S
         for kind, imp_id, ts, user, ad, page in zip(
@@ -296,47 +299,46 @@ class AdClickJoin(StreamTask):
                     out.append(self._match(imp_id, [ts, user, ad, page], click_ts))
                     del clicks[imp_id]
                     dirty_clicks.add(imp_id)
-                    expiry_del.append((click_ts, self._CLICK, imp_id))
+                    expiry_del.append((self._CLICK + imp_id, click_ts))
                 else:
                     imps[imp_id] = [ts, user, ad, page]
                     dirty_imps.add(imp_id)
-                    expiry_put.append(((ts, self._IMPRESSION, imp_id), b""))
+                    expiry_put.append((self._IMPRESSION + imp_id, ts))
             else:
                 imp = imps.get(imp_id)
                 if imp is not None and 0 <= ts - imp[0] <= window:
                     out.append(self._match(imp_id, imp, ts))
                     del imps[imp_id]
                     dirty_imps.add(imp_id)
-                    expiry_del.append((imp[0], self._IMPRESSION, imp_id))
+                    expiry_del.append((self._IMPRESSION + imp_id, imp[0]))
                 elif imp is None and imp_id not in clicks:
                     clicks[imp_id] = ts
                     dirty_clicks.add(imp_id)
-                    expiry_put.append(((ts, self._CLICK, imp_id), b""))
+                    expiry_put.append((self._CLICK + imp_id, ts))
                 else:
                     self.dropped_clicks += 1
         self.impressions.put_all([(k, imps[k]) for k in dirty_imps if k in imps])
         self.impressions.delete_all([k for k in dirty_imps if k not in imps])
         self.clicks.put_all([(k, clicks[k]) for k in dirty_clicks if k in clicks])
         self.clicks.delete_all([k for k in dirty_clicks if k not in clicks])
-        self.expiry.put_all(expiry_put)
-        self.expiry.delete_all(expiry_del)
+        self.expiry.register_all([k for k, _ in expiry_put], [t for _, t in expiry_put])
+        self.expiry.delete_all([k for k, _ in expiry_del], [t for _, t in expiry_del])
         self.watermark = max(self.watermark, cols["ts"][-1])
         emit.rows(out)
 
     def window(self, emit: Emitter) -> None:
-        horizon = self.watermark - JOIN_WINDOW_S
-        expired: list[tuple[int, str, str]] = []
-        with self.expiry.range(None, (horizon,)) as it:
-            for key, _ in it:
-                expired.append(key)
-        if expired:
-            imp_ids = [k[2] for k in expired if k[1] == self._IMPRESSION]
-            click_ids = [k[2] for k in expired if k[1] == self._CLICK]
-            waiting = self.impressions.get_all(imp_ids)
-            emit.rows([self._match(i, waiting[i], None) for i in imp_ids if i in waiting])
-            self.impressions.delete_all(imp_ids)
-            self.clicks.delete_all(click_ids)
-            self.dropped_clicks += len(click_ids)
-            self.expiry.delete_all(expired)
+        self.expiry.fire_batch(lambda keys, _stamps: self._expire(keys, emit),
+                               up_to=self.watermark - JOIN_WINDOW_S - 1)
         if self.watermark:
             self.clock["watermark"] = self.watermark
+
+    def _expire(self, keys: list[str], emit: Emitter) -> None:
+        """Timers of entries that can no longer match, in timestamp order: emit the
+        waiting impressions unclicked, drop the waiting clicks."""
+        imp_ids = [k[1:] for k in keys if k[0] == self._IMPRESSION]
+        click_ids = [k[1:] for k in keys if k[0] == self._CLICK]
+        waiting = self.impressions.get_all(imp_ids)
+        emit.rows([self._match(i, waiting[i], None) for i in imp_ids if i in waiting])
+        self.impressions.delete_all(imp_ids)
+        self.clicks.delete_all(click_ids)
+        self.dropped_clicks += len(click_ids)

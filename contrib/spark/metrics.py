@@ -142,8 +142,12 @@ def _metrics_type() -> pa.DataType:
 def with_metrics_column(struct: StructType) -> StructType:
     """The output struct of tasks run inside the streaming plan: the job's columns, made
     nullable (the metrics row has no values for them), plus :data:`METRICS_COLUMN`."""
+    from localstate import ConfigError
     from pyspark.sql.types import DoubleType, MapType, StringType, StructField, StructType
 
+    if METRICS_COLUMN in struct.names:
+        raise ConfigError(f"output_schema has a column {METRICS_COLUMN!r}, the name the streaming runner uses "
+                          "for its state metrics rows: rename it")
     fields = [StructField(f.name, f.dataType, True, f.metadata) for f in struct.fields]
     return StructType([*fields, StructField(METRICS_COLUMN, MapType(StringType(), DoubleType()), True)])
 

@@ -40,7 +40,7 @@ from localstate.layers.ttl import wall_clock_ms
 from localstate.timers import EVENT_TIME, PROCESSING_TIME, Timers, check_timer_store
 
 from .compat import RUNNER_PYSPARK, require_pyspark
-from .streaming import commit_version, next_version, open_version
+from .streaming import commit_version, next_version, open_version, stream_batch_id
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -295,8 +295,9 @@ class TaskRun:
     each task adds its stores' metrics after its commit (None: not gathered)."""
     in_stream_plan: bool = False
     """Run inside a streaming query's plan: the commit version is the micro-batch id
-    Spark gives the task (:func:`stream_batch_id`), and the output ends with a metrics
-    row for ``DataFrame.observe`` (:mod:`localstate.contrib.spark.metrics`)."""
+    Spark gives the task (:func:`~localstate.contrib.spark.streaming.stream_batch_id`),
+    and the output ends with a metrics row for ``DataFrame.observe``
+    (:mod:`localstate.contrib.spark.metrics`)."""
 
 
 EXECUTOR_PLACEHOLDER = "{executor}"
@@ -386,26 +387,6 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
                 task.close()
         finally:
             storage.close()
-
-
-STREAM_BATCH_ID_PROPERTY = "streaming.sql.batchId"
-"""The Spark local property holding the micro-batch id of the job a task belongs to
-(set by Spark's micro-batch execution; tasks inherit the driver thread's properties)."""
-
-
-def stream_batch_id() -> int:
-    """The micro-batch id of the streaming query this Spark task computes."""
-    from pyspark import TaskContext as SparkTaskContext
-
-    ctx = SparkTaskContext.get()
-    value = ctx.getLocalProperty(STREAM_BATCH_ID_PROPERTY) if ctx is not None else None
-    if value is None:
-        raise LocalStateError(
-            "this plan runs localstate tasks inside a streaming query (StatefulJob.run_stream) but was "
-            f"evaluated outside one (no Spark local property {STREAM_BATCH_ID_PROPERTY!r}): evaluate it "
-            "only through the query, or use StatefulJob.run for a batch run"
-        )
-    return int(value)
 
 
 def _spark_partition_id() -> int:

@@ -53,6 +53,8 @@ from localstate.store_open import open_system
 
 __all__ = [
     "open_version",
+    "stream_batch_id",
+    "STREAM_BATCH_ID_PROPERTY",
     "commit_version",
     "next_version",
     "prepare_version",
@@ -228,3 +230,23 @@ def next_version(config: Config, version: int | None = None) -> int:
         )
     (last,) = done if done else (None,)
     return 0 if last is None else last + 1
+
+
+STREAM_BATCH_ID_PROPERTY = "streaming.sql.batchId"
+"""The Spark local property holding the micro-batch id of the job a task belongs to
+(set by Spark's micro-batch execution; tasks inherit the driver thread's properties)."""
+
+
+def stream_batch_id() -> int:
+    """The micro-batch id of the streaming query this Spark task computes."""
+    from pyspark import TaskContext as SparkTaskContext
+
+    ctx = SparkTaskContext.get()
+    value = ctx.getLocalProperty(STREAM_BATCH_ID_PROPERTY) if ctx is not None else None
+    if value is None:
+        raise LocalStateError(
+            "this plan runs localstate tasks inside a streaming query (StatefulJob.run_stream) but was "
+            f"evaluated outside one (no Spark local property {STREAM_BATCH_ID_PROPERTY!r}): evaluate it "
+            "only through the query, or use StatefulJob.run for a batch run"
+        )
+    return int(value)

@@ -275,6 +275,11 @@ class CachedStore(ForwardingStore):
         if len(cache) > self.cache_size:
             self._evict_one()
 
+    put_validated = _write
+    """``put`` of a value whose encodability the caller has already checked (the ``ttl``
+    layer above checks the value itself before pairing it with its expiry, which saves
+    encoding the pair once more here); the key is still checked."""
+
     def _write_batch(self, batch: dict[Any, Any], deletes: bool) -> None:
         """Apply a deduplicated batch (values, or all ``_ABSENT`` when ``deletes``).
 

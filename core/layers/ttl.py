@@ -151,11 +151,16 @@ class TtlStore(ForwardingStore):
     """
 
     def __init__(self, inner: KeyValueStore[Any, Any], policy: TtlPolicy, now: Callable[[], int | None],
-                 name: str | None = None) -> None:
+                 name: str | None = None,
+                 checked_put: tuple[Callable[[Any, Any], None], Callable[[Any], object]] | None = None) -> None:
+        """``checked_put``: ``(put_validated, check)`` of the layer below, when it has a put
+        that skips its own value check (the object cache): ``put`` then checks the value
+        with ``check`` (the value serde's ``encode``) and hands the pair to ``put_validated``."""
         super().__init__(inner, name)
         self.policy = policy
         self.clock = now
         self._get, self._put = inner.get, inner.put
+        self._put_pair, self._check = checked_put if checked_put is not None else (inner.put, None)
         self._ttl = policy.ms * 1_000_000
         self._refresh = policy.update == "on-read-and-write"
         self._seen_expired: set[Any] = set()
@@ -254,7 +259,15 @@ class TtlStore(ForwardingStore):
         if t is None:
             raise self._no_event_time()
         expiry = t + self._ttl
-        self._put(key, (expiry if expiry < _MAX_EXPIRY_NS else _MAX_EXPIRY_NS, value))
+        pair = (expiry if expiry < _MAX_EXPIRY_NS else _MAX_EXPIRY_NS, value)
+        check = self._check
+        if check is not None:
+            try:
+                check(value)
+            except Exception:
+                self._put(key, pair)  # the full put raises the standard error naming the store and key
+                return
+        self._put_pair(key, pair)
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
         items = entries.items() if isinstance(entries, Mapping) else entries
