@@ -6,9 +6,8 @@ the simplest proof that the fault-tolerance path works.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import compress, filterfalse, repeat
+from itertools import chain, compress, filterfalse, islice, repeat
 from operator import is_, is_not
 
 from localstate.engine import (
@@ -27,6 +26,8 @@ from ._util import require_bytes, require_bytes_pairs
 __all__ = ["MemoryEngine", "MemoryEngineFactory"]
 
 _CHUNK = 1024
+_FIRST_CHUNK = 256
+_MAX_CHUNK = 65536
 
 
 def _compact(value: bytes) -> bytes:
@@ -36,9 +37,63 @@ def _compact(value: bytes) -> bytes:
     return bytes(memoryview(value))
 
 
+class _Scan:
+    """One open range scan: the pairs of ``[start, stop)`` as of its creation.
+
+    Copying a whole range up front makes ``range(...)`` followed by a short read (the
+    timers' ``take(n)``, a prefix probe) cost the size of the range. A scan instead
+    copies chunks (growing, each one C-level ``irange`` slice) after the last key it
+    copied, and the engine *freezes* every open scan — copies the rest of its range —
+    before any write, so a scan never sees a write made after it was created."""
+
+    __slots__ = ("data", "lo", "inclusive", "stop", "rest")
+
+    def __init__(self, data: SortedDict, start: bytes | None, stop: bytes | None) -> None:
+        self.data = data
+        self.lo, self.inclusive, self.stop = start, True, stop
+        self.rest: list[tuple[bytes, bytes]] | None = None
+
+    def _chunk(self, size: int | None) -> list[bytes]:
+        keys = self.data.irange(self.lo, self.stop, inclusive=(self.inclusive, False))
+        return list(keys if size is None else islice(keys, size))
+
+    def freeze(self) -> None:
+        """Copy the rest of the range now (a write is about to change the map)."""
+        if self.rest is None:
+            keys = self._chunk(None)
+            self.rest = list(zip(keys, map(self.data.__getitem__, keys)))
+
+    def chunks(self, engine: MemoryEngine) -> Iterator[Iterable[tuple[bytes, bytes]]]:
+        """The scan's pairs as C-level iterators of up to ``_CHUNK`` pairs each (chained
+        by the caller, so reading a pair resumes no Python frame)."""
+        try:
+            size = _FIRST_CHUNK
+            while self.rest is None:
+                keys = self._chunk(size)
+                if not keys:
+                    return
+                values = list(map(self.data.__getitem__, keys))
+                exhausted = len(keys) < size
+                self.lo, self.inclusive = keys[-1], False
+                for i in range(0, len(keys), _CHUNK):
+                    if engine._data is None:
+                        engine._require_open()  # closed mid-scan: StoreClosedError
+                    yield zip(keys[i : i + _CHUNK], values[i : i + _CHUNK])
+                if exhausted and self.rest is None:
+                    return
+                size = min(size * 4, _MAX_CHUNK)
+            rest = self.rest
+            for i in range(0, len(rest), _CHUNK):
+                if engine._data is None:
+                    engine._require_open()
+                yield rest[i : i + _CHUNK]
+        finally:  # exhausted or closed: no longer needs freezing
+            engine._scans.discard(self)
+
+
 class MemoryEngine(KeyValueEngine):
-    """A ``SortedDict[bytes, bytes]``. Iterators are weakly consistent: they never fail
-    when the map changes underneath; keys are fetched in chunks after the last one seen."""
+    """A ``SortedDict[bytes, bytes]``. Iterators show the map as of the call that created
+    them (see :class:`_Scan`): copied lazily in chunks, and in full before any write."""
 
     def __init__(self, context: StoreContext | str | None = None, options: None = None) -> None:
         """Nothing of the context is needed but the store's name (a memory engine keeps no
@@ -50,11 +105,22 @@ class MemoryEngine(KeyValueEngine):
         else:
             self.name = context.store if context is not None else "memory"
         self._data: SortedDict | None = SortedDict()
+        self._scans: set[_Scan] = set()
+        """Open scans not yet frozen (a plain set: the write path tests it per call)."""
 
     def _require_open(self) -> SortedDict:
         d = self._data
         if d is None:
             raise StoreClosedError(f"store {self.name!r} (memory engine) is closed")
+        return d
+
+    def _writable(self) -> SortedDict:
+        """The map, for a write: first every open scan copies the rest of its range."""
+        d = self._require_open()
+        if self._scans:
+            for scan in list(self._scans):
+                scan.freeze()
+            self._scans.clear()
         return d
 
     # -- KeyValueStore ------------------------------------------------------------------
@@ -68,7 +134,7 @@ class MemoryEngine(KeyValueEngine):
         return dict(compress(zip(keys, values), map(is_not, values, repeat(None))))
 
     def put(self, key: bytes, value: bytes) -> None:
-        d = self._require_open()
+        d = self._writable()
         if type(key) is not bytes:
             require_bytes(self.name, "key", key)
         if type(value) is not bytes:
@@ -78,7 +144,7 @@ class MemoryEngine(KeyValueEngine):
         d[key] = _compact(value)
 
     def put_all(self, entries: Iterable[tuple[bytes, bytes]] | Mapping[bytes, bytes]) -> None:
-        d = self._require_open()
+        d = self._writable()
         try:
             batch = entries if isinstance(entries, dict) else dict(entries)  # later pairs for one key win
         except TypeError:  # an unhashable key: name it the way every engine does
@@ -95,35 +161,30 @@ class MemoryEngine(KeyValueEngine):
         dict.update(d, batch)
 
     def delete(self, key: bytes) -> None:
-        self._require_open().pop(key, None)
+        self._writable().pop(key, None)
 
     def delete_all(self, keys: Iterable[bytes]) -> None:
-        d = self._require_open()
+        d = self._writable()
         present = list(dict.fromkeys(filter(d.__contains__, keys)))
         if len(present) * 4 < len(d):
             pop = d.pop
             for k in present:
                 pop(k)
             return
-        # Many keys go: one C-level copy without them and one sort beat a Python-level
-        # SortedDict.pop per key. (Open iterators re-read self._data per chunk.)
-        remaining = dict(dict.items(d))
-        deque(map(remaining.pop, present), 0)
-        self._data = SortedDict(remaining)
-
-    def _scan(self, keys: list[bytes], values: list[bytes]) -> Iterator[tuple[bytes, bytes]]:
-        for i in range(0, len(keys), _CHUNK):
-            if self._data is None:
-                self._require_open()  # closed mid-scan: StoreClosedError
-            yield from zip(keys[i : i + _CHUNK], values[i : i + _CHUNK])
+        # Many keys go: one C-level copy without them beats a Python-level SortedDict.pop
+        # per key. The copy walks the keys in order, so the new map's sort is one linear
+        # pass (from the dict's insertion order it was a full sort). (Open scans were
+        # frozen by _writable.)
+        gone = set(present)
+        kept = list(filterfalse(gone.__contains__, d))  # SortedDict iterates its keys in order
+        self._data = SortedDict(zip(kept, map(d.__getitem__, kept)))
 
     def range(self, start: bytes | None, stop: bytes | None) -> KeyValueIterator[bytes, bytes]:
-        """The pairs of ``[start, stop)`` as of this call (copied now, in C): writes made
-        while iterating are not seen and cannot make the scan run forever."""
-        d = self._require_open()
-        keys = list(d) if start is None and stop is None else list(d.irange(start, stop, inclusive=(True, False)))
-        values = list(map(d.__getitem__, keys))
-        return KeyValueIterator(self._scan(keys, values), what=f"store {self.name!r} iterator")
+        """The pairs of ``[start, stop)`` as of this call: writes made while iterating are
+        not seen and cannot make the scan run forever."""
+        scan = _Scan(self._require_open(), start, stop)
+        self._scans.add(scan)
+        return KeyValueIterator(chain.from_iterable(scan.chunks(self)), what=f"store {self.name!r} iterator")
 
     def prefix(self, prefix: bytes) -> KeyValueIterator[bytes, bytes]:
         return self.range(prefix, prefix_upper_bound(prefix))
@@ -139,7 +200,7 @@ class MemoryEngine(KeyValueEngine):
 
     # -- StorageEngine --------------------------------------------------------------------
     def restore(self, records: Iterable[ChangeRecord], *, into_empty: bool = False) -> None:
-        d = self._require_open()
+        d = self._writable()
         if into_empty and not d:
             # one C-speed dict build (last write wins) and one sort, no intermediate dict
             built = SortedDict(records)
@@ -160,7 +221,7 @@ class MemoryEngine(KeyValueEngine):
                 d[k] = v
 
     def wipe(self) -> None:
-        self._require_open().clear()
+        self._writable().clear()
 
     def __len__(self) -> int:
         return len(self._require_open())
