@@ -331,11 +331,7 @@ def _run(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleRe
         shutil.rmtree(job.staging)
     counts = {s: stream_count(job, s) for s in streams(job)}
     if counts and all(c == job.new for c in counts.values()) and job.old != job.new:
-        ckpt = job.system.checkpoints().read(config.job_name, 0)
-        log.warning("job %r: its changelog is already at %d partitions (an earlier rescale finished)",
-                    config.job_name, job.new)
-        return RescaleResult(new_config, job.old, job.new, ckpt.version if ckpt else -1, {},
-                             time.perf_counter() - t0, already_done=True)
+        return _already_done(job, job.system.checkpoints().read(config.job_name, 0), t0)
     if job.old == job.new:
         raise InvalidValueError(f"job {config.job_name!r} already has {job.new} partitions: nothing to rescale")
     for stream, count in counts.items():
@@ -378,6 +374,14 @@ def _run(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleRe
     return RescaleResult(new_config, job.old, job.new, version, records, time.perf_counter() - t0)
 
 
+def _already_done(job: JobFiles, ckpt: Checkpoint | None, t0: float) -> RescaleResult:
+    """The result of a re-run that finds the state already at the new count."""
+    log.warning("job %r: its state is already at %d partitions (an earlier rescale finished)",
+                job.config.job_name, job.new)
+    return RescaleResult(job.config.with_overrides({"job.partitions": job.new}), job.old, job.new,
+                         ckpt.version if ckpt else -1, {}, time.perf_counter() - t0, already_done=True)
+
+
 def _prepare(job: JobFiles, input_position: Any) -> tuple[dict[int, Checkpoint], int, Any]:
     """The refusals every changelog shares, before anything is written: the old tasks'
     checkpoints (at one commit), the stores, and the new tasks' input position."""
@@ -404,11 +408,7 @@ def _run_generation(job: JobFiles, input_position: Any, spark: Any, t0: float) -
     new_config = config.with_overrides({"job.partitions": job.new})
     if already_done(job):
         drop_local_copies(job.config)  # a crash after the switch may have left some
-        ckpt = job.system.checkpoints().read(config.job_name, 0, fence=False)
-        log.warning("job %r: its state is already at %d partitions (an earlier rescale finished)",
-                    config.job_name, job.new)
-        return RescaleResult(new_config, job.old, job.new, ckpt.version if ckpt else -1, {},
-                             time.perf_counter() - t0, already_done=True)
+        return _already_done(job, job.system.checkpoints().read(config.job_name, 0, fence=False), t0)
     if job.old == job.new:
         raise InvalidValueError(f"job {config.job_name!r} already has {job.new} partitions: nothing to rescale")
     check_generation(job)
