@@ -22,6 +22,7 @@ from localstate import (
     ChangelogError,
     Config,
     ConfigError,
+    CorruptionError,
     InvalidValueError,
     LocalStateError,
     StoreLockedError,
@@ -779,3 +780,29 @@ def _tail_on_b_then_commits_on_a(tmp_path: Path, values: dict[str, Any]) -> None
     with TaskStorage(machine_b, 0) as storage:
         with storage.store("counts").all() as items:
             assert dict(items) == {**{u: {"n": 1} for u in USERS[:10]}, **{u: {"n": 2} for u in USERS[100:130]}}
+
+
+def test_a_corrupt_generation_record_is_an_error_naming_it(tmp_path, remote):
+    """The record that says where a rescaled job's state is: damaged, every open refuses
+    (naming it) instead of falling back to the old generation's stale state."""
+    config = seeded_values(remote(tmp_path))
+    new = rescale(config, 2).config
+    if remote.kind == "kafka":
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": config.systems["kafka"]["bootstrap.servers"]})
+        producer.produce(f"{config.job_name}-checkpoints", b"{not json", f"{config.job_name}/generation".encode(), 0)
+        producer.flush(10)
+        where = f"{config.job_name}/generation in kafka topic"
+    else:
+        from localstate.storage import open_system
+
+        system = open_system(new, "s3")
+        key = f"_generations/{config.job_name}/{1:010d}"
+        system.store.put(key, b"{not json")
+        system.close()
+        where = key
+    with pytest.raises(CorruptionError, match=f"generation record .*{where}.* is corrupt"):
+        TaskStorage(new, 0)
+    with pytest.raises(CorruptionError, match="generation record"):
+        rescale(new, 3)
