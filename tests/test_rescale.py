@@ -701,6 +701,9 @@ def test_kafka_and_objectstore_refusals_change_nothing(tmp_path, remote):
         rescale(config, 6)
     with pytest.raises(InvalidValueError, match="an int >= 1"):
         rescale(config, 2.0)
+    with TaskStorage(config, 3):
+        with pytest.raises(StoreLockedError, match=f"while it runs: task {config.job_name}/partition 3"):
+            rescale(config, 6)
     with TaskStorage(config, 0) as storage:  # the old job is where it was
         assert storage.changelog("counts").stream == f"{config.job_name}-counts"
     run_tasks(config, {}, version=3)
