@@ -809,3 +809,23 @@ def test_a_corrupt_generation_record_is_an_error_naming_it(tmp_path, remote):
         TaskStorage(new, 0)
     with pytest.raises(CorruptionError, match="generation record"):
         rescale(new, 3)
+
+
+def test_an_objectstore_generation_taken_by_another_rescale_is_skipped(tmp_path, s3_server):
+    """Two rescales never write one generation's prefixes: a number another rescale
+    reserved (``<n>.writing``, created with If-None-Match) is skipped."""
+    from localstate.storage import open_system
+    from localstate.testing.s3 import objectstore_options
+
+    values = {**job_values(tmp_path), "job.changelog.system": "s3", "stores.counts.changelog": "s3.clicks-counts",
+              **objectstore_options(s3_server.endpoint, s3_server.create_bucket(), "jobs", **FAST_S3)}
+    config = seeded_values(values)
+    system = open_system(config, "s3")
+    try:
+        assert system.claim_generation(1) and not system.claim_generation(1)
+    finally:
+        system.close()
+    new = rescale(config, 6).config
+    assert state_of(new) == expected(6)
+    with TaskStorage(new, 0) as storage:
+        assert storage.changelog("counts").stream == "clicks-counts.gen2"
