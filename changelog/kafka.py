@@ -446,6 +446,11 @@ class KafkaChangelogSystem(ChangelogSystem):
         """Whether a topic of ``generation`` exists already (a crashed earlier attempt)."""
         return any(self.client.topic_exists(generation.stream(s)) for s in streams)
 
+    def claim_generation(self, number: int) -> bool:
+        """Kafka has no create-only write to reserve a generation with: True (the task locks
+        and the fencing of the old tasks are the guard; see docs/rescale.md)."""
+        return True
+
     def write_generation(self, generation: Generation) -> None:
         """Record ``generation`` as the job's current one: the commit point of a rescale."""
         self._checkpoints.write_generation(self.job, generation)

@@ -597,6 +597,15 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         prefixes = [generation.stream(s) for s in streams] + [f"_checkpoints/{generation.job(self.job)}"]
         return any(self.store.list(p) for p in prefixes)
 
+    def claim_generation(self, number: int) -> bool:
+        """Reserve generation ``number`` for one rescale (create-only ``<n>.writing``): False
+        if another rescale (running, or crashed) took it, so two never write one prefix."""
+        try:
+            self.store.put(f"{self.generation_prefix()}/{number:010d}.writing", b"", create=True)
+        except EXISTS:
+            return False
+        return True
+
     def write_generation(self, generation: Generation) -> None:
         """Record ``generation`` as the job's current one (create-only): the commit point of
         a rescale. :class:`ChangelogError` if another rescale recorded that number first."""

@@ -152,7 +152,8 @@ def _job(config: Config, to: Any) -> JobFiles:
     system = open_system(config, name)
     if isinstance(system, FileChangelogSystem):
         return JobFiles(config, config.partitions, to, system, system.root, stores)
-    if not all(hasattr(system, a) for a in ("generation", "pin_generation", "write_generation")):
+    if not all(hasattr(system, a) for a in ("generation", "pin_generation", "generation_used", "claim_generation",
+                                             "write_generation")):
         system.close()
         raise ConfigError(
             f"job {config.job_name!r}: rescale supports the file, kafka and objectstore changelogs; "
@@ -329,11 +330,7 @@ def _run(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleRe
         shutil.rmtree(job.staging)
     counts = {s: stream_count(job, s) for s in streams(job)}
     if counts and all(c == job.new for c in counts.values()) and job.old != job.new:
-        ckpt = job.system.checkpoints().read(config.job_name, 0)
-        log.warning("job %r: its changelog is already at %d partitions (an earlier rescale finished)",
-                    config.job_name, job.new)
-        return RescaleResult(new_config, job.old, job.new, ckpt.version if ckpt else -1, {},
-                             time.perf_counter() - t0, already_done=True)
+        return _already_done(job, job.system.checkpoints().read(config.job_name, 0), t0)
     if job.old == job.new:
         raise InvalidValueError(f"job {config.job_name!r} already has {job.new} partitions: nothing to rescale")
     for stream, count in counts.items():
@@ -376,6 +373,14 @@ def _run(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleRe
     return RescaleResult(new_config, job.old, job.new, version, records, time.perf_counter() - t0)
 
 
+def _already_done(job: JobFiles, ckpt: Checkpoint | None, t0: float) -> RescaleResult:
+    """The result of a re-run that finds the state already at the new count."""
+    log.warning("job %r: its state is already at %d partitions (an earlier rescale finished)",
+                job.config.job_name, job.new)
+    return RescaleResult(job.config.with_overrides({"job.partitions": job.new}), job.old, job.new,
+                         ckpt.version if ckpt else -1, {}, time.perf_counter() - t0, already_done=True)
+
+
 def _prepare(job: JobFiles, input_position: Any) -> tuple[dict[int, Checkpoint], int, Any]:
     """The refusals every changelog shares, before anything is written: the old tasks'
     checkpoints (at one commit), the stores, and the new tasks' input position."""
@@ -402,11 +407,7 @@ def _run_generation(job: JobFiles, input_position: Any, spark: Any, t0: float) -
     new_config = config.with_overrides({"job.partitions": job.new})
     if already_done(job):
         drop_local_copies(job.config)  # a crash after the switch may have left some
-        ckpt = job.system.checkpoints().read(config.job_name, 0, fence=False)
-        log.warning("job %r: its state is already at %d partitions (an earlier rescale finished)",
-                    config.job_name, job.new)
-        return RescaleResult(new_config, job.old, job.new, ckpt.version if ckpt else -1, {},
-                             time.perf_counter() - t0, already_done=True)
+        return _already_done(job, job.system.checkpoints().read(config.job_name, 0, fence=False), t0)
     if job.old == job.new:
         raise InvalidValueError(f"job {config.job_name!r} already has {job.new} partitions: nothing to rescale")
     check_generation(job)

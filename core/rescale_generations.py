@@ -87,9 +87,9 @@ def write_generation(job: JobFiles, stage: Stage, version: int, position: Any,
     current = job.system.generation()
     names = streams(job)
     number = current.number + 1
-    while job.system.generation_used(Generation(number), names):
-        log.warning("job %r: generation %d was partly written by a rescale that crashed; it stays as garbage "
-                    "(%s) and generation %d is written", job.config.job_name, number,
+    while job.system.generation_used(Generation(number), names) or not job.system.claim_generation(number):
+        log.warning("job %r: generation %d was taken by another rescale (running, or crashed part-way: then "
+                    "%s stay as garbage); generation %d is written", job.config.job_name, number,
                     ", ".join(Generation(number).stream(s) for s in names), number + 1)
         number += 1
     ends, records = stage(Generation(number, job.new, job.old))

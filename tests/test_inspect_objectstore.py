@@ -12,7 +12,6 @@ from click.testing import CliRunner
 from localstate import Config, ConfigError, TaskStorage
 from localstate.cli import cli
 from localstate.partitioning import task_for
-from localstate.rescale import rescale
 from localstate.testing.s3 import objectstore_options
 
 FAST = {"timeout.ms": 3000, "retries": 2, "retry.backoff.ms": 20}
@@ -58,9 +57,12 @@ def test_inspect_an_objectstore_url_and_a_config(tmp_path, s3_server):
         ("clicks-counts", p, per_task[p], per_task[p]) for p in range(2)]
     assert report["generations"] == []
 
-    rescale(config, 3)  # generation 1: its streams, checkpoints and the record show up
     toml = tmp_path / "job.toml"
     toml.write_text("".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in values.items()))
+    # generation 1 (by the command line): its streams, checkpoints and the record show up
+    out = CliRunner().invoke(cli, ["rescale", "-c", str(toml), "--to", "3"])
+    assert out.exit_code == 0 and "rescaled from 2 to 3 partitions" in out.output, out.output
+    assert Config.load(toml).partitions == 3
     result = CliRunner().invoke(cli, ["inspect", "-c", str(toml), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)

@@ -22,6 +22,7 @@ from localstate import (
     ChangelogError,
     Config,
     ConfigError,
+    CorruptionError,
     InvalidValueError,
     LocalStateError,
     StoreLockedError,
@@ -700,6 +701,9 @@ def test_kafka_and_objectstore_refusals_change_nothing(tmp_path, remote):
         rescale(config, 6)
     with pytest.raises(InvalidValueError, match="an int >= 1"):
         rescale(config, 2.0)
+    with TaskStorage(config, 3):
+        with pytest.raises(StoreLockedError, match=f"while it runs: task {config.job_name}/partition 3"):
+            rescale(config, 6)
     with TaskStorage(config, 0) as storage:  # the old job is where it was
         assert storage.changelog("counts").stream == f"{config.job_name}-counts"
     run_tasks(config, {}, version=3)
@@ -779,3 +783,49 @@ def _tail_on_b_then_commits_on_a(tmp_path: Path, values: dict[str, Any]) -> None
     with TaskStorage(machine_b, 0) as storage:
         with storage.store("counts").all() as items:
             assert dict(items) == {**{u: {"n": 1} for u in USERS[:10]}, **{u: {"n": 2} for u in USERS[100:130]}}
+
+
+def test_a_corrupt_generation_record_is_an_error_naming_it(tmp_path, remote):
+    """The record that says where a rescaled job's state is: damaged, every open refuses
+    (naming it) instead of falling back to the old generation's stale state."""
+    config = seeded_values(remote(tmp_path))
+    new = rescale(config, 2).config
+    if remote.kind == "kafka":
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": config.systems["kafka"]["bootstrap.servers"]})
+        producer.produce(f"{config.job_name}-checkpoints", b"{not json", f"{config.job_name}/generation".encode(), 0)
+        producer.flush(10)
+        where = f"{config.job_name}/generation in kafka topic"
+    else:
+        from localstate.storage import open_system
+
+        system = open_system(new, "s3")
+        key = f"_generations/{config.job_name}/{1:010d}"
+        system.store.put(key, b"{not json")
+        system.close()
+        where = key
+    with pytest.raises(CorruptionError, match=f"generation record .*{where}.* is corrupt"):
+        TaskStorage(new, 0)
+    with pytest.raises(CorruptionError, match="generation record"):
+        rescale(new, 3)
+
+
+def test_an_objectstore_generation_taken_by_another_rescale_is_skipped(tmp_path, s3_server):
+    """Two rescales never write one generation's prefixes: a number another rescale
+    reserved (``<n>.writing``, created with If-None-Match) is skipped."""
+    from localstate.storage import open_system
+    from localstate.testing.s3 import objectstore_options
+
+    values = {**job_values(tmp_path), "job.changelog.system": "s3", "stores.counts.changelog": "s3.clicks-counts",
+              **objectstore_options(s3_server.endpoint, s3_server.create_bucket(), "jobs", **FAST_S3)}
+    config = seeded_values(values)
+    system = open_system(config, "s3")
+    try:
+        assert system.claim_generation(1) and not system.claim_generation(1)
+    finally:
+        system.close()
+    new = rescale(config, 6).config
+    assert state_of(new) == expected(6)
+    with TaskStorage(new, 0) as storage:
+        assert storage.changelog("counts").stream == "clicks-counts.gen2"

@@ -132,3 +132,28 @@ def test_rescale_on_spark_writes_the_next_generation(spark, tmp_path, request, k
             assert storage.changelog("counts").stream == f"{job}-counts.gen1"
             with storage.store("counts").all() as items:
                 assert dict(items) == {u: i for i, u in enumerate(users) if task_for(u, 3) == q}
+
+
+def test_a_spark_job_on_an_object_store_rescaled_equals_one_run_at_the_new_count(spark, tmp_path, s3_server):
+    """The issue's proof for the objectstore changelog (moto S3): ProfileSettingsJoin run
+    by StatefulJob at 4 partitions, rescaled 4 -> 3 on Spark (a new generation), run on,
+    and compared with the job run at 3 from the start."""
+    from localstate.testing.s3 import objectstore_options
+
+    task = ProfileSettingsJoin
+    bucket = s3_server.create_bucket()
+
+    def config(name: str, partitions: int):
+        return job_config(task, tmp_path / name, partitions=partitions, extra={
+            "job.changelog.system": "s3", **objectstore_options(s3_server.endpoint, bucket, name)})
+
+    table = task.input_table(generate(2_000, seed=12))
+    first, second = table.slice(0, table.num_rows // 2), table.slice(table.num_rows // 2)
+    old, direct = config("rescaled", 4), config("direct", 3)
+    _run(spark, old, first, task)
+    _run(spark, direct, first, task)
+    new = rescale(old, 3, input_position=rescaled_position, spark=spark).config
+    assert snapshot_state(new) == snapshot_state(direct)
+    out_rescaled, out_direct = _run(spark, new, second, task), _run(spark, direct, second, task)
+    assert out_rescaled and out_rescaled == out_direct
+    assert snapshot_state(new) == snapshot_state(direct)
