@@ -35,6 +35,15 @@ class SerializedStore(ForwardingStore):
         self._decode_values = decoder_of_many(msg_serde)
         self._warned_unordered = False
 
+    def passthrough_get(self) -> Any:
+        """The ``get`` of the layer below when both serdes are the built-in ``bytes`` serde
+        (a bytes key and the stored bytes pass this layer unchanged), else None: the
+        cached layer's read miss of a bytes key then costs no call through this layer."""
+        from ..serdes import get_serde
+
+        plain = get_serde("bytes")
+        return self.inner.get if self.key_serde is plain and self.msg_serde is plain else None
+
     # -- encoding helpers ----------------------------------------------------------------
     def encode_key(self, key: Any) -> bytes:
         """The encoded key, or a SerializationError naming the store and the fix.
