@@ -131,12 +131,13 @@ def _scratch(prefix: str, body: Callable[[Path], Any]) -> Any:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(quick: bool = False, repeats: int = 3, sizes: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
-    """The sweep, ours and raw alternating per repeat (a warm-up pair first when quick)."""
+def run(quick: bool = False, repeats: int = 5, sizes: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
+    """The sweep, ours and raw alternating per repeat; at most 3 repeats (each is a whole
+    fill, so the first stretch of every sweep is its own warm-up)."""
     if sizes is None:
         full = os.environ.get("LOCALSTATE_FULL") == "1"
         sizes = QUICK_SIZES if quick else SIZES if full else SIZES[:4]
-    repeats = min(repeats, 2) if quick else max(1, repeats)
+    repeats = min(repeats, 2) if quick else max(1, min(repeats, 3))
     sides: dict[str, Callable[[tuple[int, ...], Path], list[tuple[int, float, float]]]] = {
         "localstate rocksdb": sweep_ours, "raw rocksdict": sweep_raw,
     }
