@@ -2,8 +2,9 @@
 with a Kafka changelog, on the same keys, broker and commit size.
 
 Run as a script by :mod:`localstate.benchmarks.kafka_changelog`, in an interpreter where
-``quixstreams`` is installed (it pins its own ``rocksdict`` and ``confluent-kafka``, so it
-usually lives in a venv of its own: ``LOCALSTATE_QUIX_PYTHON=/path/to/venv/bin/python``).
+``quixstreams`` is installed (3.28.1 requires ``confluent-kafka<2.13``, older than
+localstate's environment may hold, so it usually lives in a venv of its own:
+``LOCALSTATE_QUIX_PYTHON=/path/to/venv/bin/python``).
 It imports nothing from localstate, prints one JSON object and exits::
 
     python quix_store_peer.py --bootstrap 127.0.0.1:9092 --records 1000000 --seed 1
