@@ -15,6 +15,13 @@ Records are 116 bytes (16-byte key, 100-byte value), as in the issue.
   (``fetch.queue.backoff.ms=1000``), for the effect of the tuning.
 * ``kafka.restore_store`` — a whole ``TaskStorage`` open (checkpoint read, fencing,
   restore into the ``memory`` engine, tail check) of the 1-partition topic.
+* ``kafka.store_put`` / ``kafka.store_get`` — the per-record path users feel: a rocksdb
+  store with a Kafka changelog (bytes serdes, default object cache), random 16-byte keys,
+  ``put`` per record and ``commit()`` per 10,000 (the exactly-once transaction), then
+  ``get`` per record; against raw rocksdict (``WriteBatch`` per 10,000 keys, ``get``; no
+  changelog) and Quix Streams' ``RocksDBStore`` with its changelog on the same broker
+  (:mod:`localstate.benchmarks.quix_store_peer`, run in ``LOCALSTATE_QUIX_PYTHON``; an
+  error row when quixstreams is not installed). The three alternate per repeat.
 
 Each cell: one warm-up run, then ``repeats`` timed runs; rows in records/s and MB/s.
 The broker and the client share the machine, so figures are client+broker bound.
@@ -38,7 +45,7 @@ from localstate.changelog.kafka import KafkaChangelogSystem
 from localstate.checkpoint import Checkpoint
 from localstate.testing.kafka import TansuBroker
 
-from .runner import add_ratios, make_row
+from .runner import add_ratios, error_row, make_row
 
 __all__ = ["run"]
 
@@ -275,6 +282,149 @@ class _Bench:
         return self.timed(setup, body, lambda c: c.close())
 
 
+STORE_COMMIT_EVERY = 10_000
+QUIX_PYTHON_ENV = "LOCALSTATE_QUIX_PYTHON"
+
+
+def _store_ours(bootstrap: str, keys: list[bytes], value: bytes) -> tuple[float, float]:
+    """Per-record put (commit per 10k) then get through ``TaskStorage``; (puts/s, gets/s)."""
+    job = _topic("store")
+    root = Path(tempfile.mkdtemp(prefix="kafka-store-"))
+    config = Config.from_dict({
+        "job.name": job,
+        "job.state.dir": str(root),
+        "stores.kv.factory": "rocksdb",
+        "stores.kv.changelog": f"kafka.{job}-kv",
+        "stores.kv.key.serde": "bytes",
+        "stores.kv.msg.serde": "bytes",
+        "systems.kafka.bootstrap.servers": bootstrap,
+        "systems.kafka.checkpoint.topic": f"{job}-checkpoints",
+    })
+    try:
+        with TaskStorage(config) as storage:
+            store = storage.store("kv")
+            put, get, commit = store.put, store.get, storage.commit
+            t0 = time.perf_counter()
+            for start in range(0, len(keys), STORE_COMMIT_EVERY):
+                for key in keys[start : start + STORE_COMMIT_EVERY]:
+                    put(key, value)
+                commit(input_position=start)
+            put_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for key in keys:
+                if get(key) is None:
+                    raise RuntimeError(f"key {key!r} was written but is missing")
+            get_s = time.perf_counter() - t0
+        return len(keys) / put_s, len(keys) / get_s
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _store_raw(keys: list[bytes], value: bytes) -> tuple[float, float]:
+    """Raw rocksdict, same options: a ``WriteBatch`` per 10k keys, then ``get`` per key."""
+    import rocksdict
+    from localstate.engines.rocksdb import RocksDBOptions
+
+    root = Path(tempfile.mkdtemp(prefix="raw-store-"))
+    try:
+        db = rocksdict.Rdict(str(root / "db"), RocksDBOptions().to_native())
+        t0 = time.perf_counter()
+        for start in range(0, len(keys), STORE_COMMIT_EVERY):
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            put = batch.put
+            for key in keys[start : start + STORE_COMMIT_EVERY]:
+                put(key, value)
+            db.write(batch)
+        put_s = time.perf_counter() - t0
+        get = db.get
+        t0 = time.perf_counter()
+        for key in keys:
+            if get(key) is None:
+                raise RuntimeError(f"raw rocksdict: key {key!r} was written but is missing")
+        get_s = time.perf_counter() - t0
+        db.close()
+        return len(keys) / put_s, len(keys) / get_s
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def quix_python() -> str | None:
+    """The interpreter with quixstreams: ``$LOCALSTATE_QUIX_PYTHON``, else this one if it
+    imports quixstreams, else None."""
+    import importlib.util
+    import os
+    import sys
+
+    configured = os.environ.get(QUIX_PYTHON_ENV)
+    if configured:
+        return configured
+    return sys.executable if importlib.util.find_spec("quixstreams") is not None else None
+
+
+def _store_quix(python: str, bootstrap: str, n: int, seed: int) -> tuple[float, float]:
+    import json
+    import subprocess
+
+    script = Path(__file__).with_name("quix_store_peer.py")
+    done = subprocess.run([python, str(script), "--bootstrap", bootstrap, "--records", str(n), "--seed", str(seed),
+                           "--commit-every", str(STORE_COMMIT_EVERY)], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"quix peer failed: {done.stderr.strip()[-500:]}")
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    return figures["puts_per_s"], figures["gets_per_s"]
+
+
+def store_rows(bootstrap: str, n: int, repeats: int, *, report_missing_peer: bool = True) -> list[dict[str, Any]]:
+    """``kafka.store_put`` / ``kafka.store_get``: ours, raw rocksdict and Quix, alternating.
+    Without quixstreams the Quix rows are error cells (``report_missing_peer``) or left out
+    (the quick CI form, which must not fail for an optional peer)."""
+    from .quix_store_peer import keys_of, value_of
+
+    seed = 1
+    keys, value = keys_of(n, seed), value_of(seed)
+    python = quix_python()
+    sides: dict[str, Callable[[], tuple[float, float]]] = {
+        "localstate rocksdb+kafka": lambda: _store_ours(bootstrap, keys, value),
+        "raw rocksdict": lambda: _store_raw(keys, value),
+    }
+    if python is not None:
+        sides["quix RocksDBStore+kafka"] = lambda: _store_quix(python, bootstrap, n, seed)
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    for i in range(repeats + 1):
+        for name, once in sides.items():
+            figures = once()
+            if i:  # the first round warms up every side
+                runs[name].append(figures)
+    params = {"records": n, "key_bytes": KEY_BYTES, "value_bytes": VALUE_BYTES,
+              "commit_every": STORE_COMMIT_EVERY, "serdes": "bytes", "object.cache.size": 1000}
+    rows: list[dict[str, Any]] = []
+    notes = {
+        "localstate rocksdb+kafka": "TaskStorage store: put per record, commit() per 10k (Kafka transaction)",
+        "raw rocksdict": "WriteBatch per 10k keys (same native options, no changelog); get per key",
+        "quix RocksDBStore+kafka": "quixstreams RocksDBStore partition transaction per 10k: set_bytes, "
+                                   "prepare (changelog produce), producer flush, flush; get_bytes per key",
+    }
+    for workload, index, unit in (("kafka.store_put", 0, "puts/s"), ("kafka.store_get", 1, "gets/s")):
+        for name, figures in runs.items():
+            baseline = "raw rocksdict" if name == "localstate rocksdb+kafka" else None
+            row = make_row(workload, name, params, unit, [f[index] for f in figures], baseline=baseline,
+                           notes=notes[name])
+            rows.append(row)
+        if "quix RocksDBStore+kafka" not in runs and report_missing_peer:
+            rows.append(error_row(workload, "quix RocksDBStore+kafka", params, unit,
+                                  f"quixstreams not importable here; set {QUIX_PYTHON_ENV} to a python with "
+                                  "quixstreams==3.28.1 (e.g. a venv of its own)"))
+    ours = {r["workload"]: r for r in rows if r["engine"] == "localstate rocksdb+kafka"}
+    for r in rows:
+        if r["engine"] == "quix RocksDBStore+kafka" and not r.get("error"):
+            # how many times Quix's rate ours is, as an extra row (the row's ratio is vs raw)
+            mine = ours[r["workload"]]
+            rows.append(make_row(r["workload"] + ".vs_quix", "localstate rocksdb+kafka", params, "x",
+                                 [a / b for a, b in zip(mine["runs"], r["runs"])],
+                                 notes="ours / quix, per repeat (same run, same broker)"))
+    return rows
+
+
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     """Append and restore throughput for 1M records (20k when ``quick``) of 116 bytes,
     from 1 and from 4 partitions, ours vs raw confluent-kafka in the same run."""
@@ -283,6 +433,7 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
         repeats = min(repeats, 2)
     rows: list[dict[str, Any]] = []
     with TansuBroker() as broker:
+        rows += store_rows(broker.bootstrap, n, min(repeats, 3), report_missing_peer=not quick)
         bench = _Bench(broker, n, repeats)
         for partitions in (1, 4):
             params = {"records": n, "record_bytes": RECORD_BYTES, "partitions": partitions, "chunk": CHUNK}
@@ -317,3 +468,24 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     return rows
 
 
+def main(argv: list[str] | None = None) -> None:
+    """Only the per-record rows (``kafka.store_put`` / ``kafka.store_get``), on a broker
+    started here: ``python -m localstate.benchmarks.kafka_changelog --records 1000000``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    with TansuBroker() as broker:
+        rows = store_rows(broker.bootstrap, args.records, args.repeats)
+    add_ratios(rows)
+    for r in rows:
+        figure = "error: " + r["error"] if r.get("error") else f"{r['median']:>12,.2f} {r['unit']}"
+        ratio = "" if r.get("ratio") is None else f"  ratio vs {r['baseline']}: {r['ratio']:.2f}"
+        runs = ", ".join(f"{x:,.0f}" if x > 100 else f"{x:.2f}" for x in r["runs"])
+        print(f"{r['workload']:<24} {r['engine']:<26} {figure}{ratio}  [{runs}]")
+
+
+if __name__ == "__main__":
+    main()

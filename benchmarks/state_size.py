@@ -16,6 +16,9 @@ CI form (``quick``): 20k and 50k keys. Default: up to 3M keys. The full sweep to
 (about 5 minutes per repeat on 2 cores) runs with ``LOCALSTATE_FULL=1`` or::
 
     python -m localstate.benchmarks.state_size --max-keys 10000000 --repeats 3
+
+``--every-commit`` adds ours with a snapshot at every commit
+(``rocksdb.snapshot.interval.records = 0``, the behaviour before issue 17) to the same run.
 """
 
 from __future__ import annotations
@@ -80,11 +83,14 @@ def _sweep(sizes: tuple[int, ...], write_chunk: Callable[[int], None], get: Call
         yield size, writes, gets
 
 
-def sweep_ours(sizes: tuple[int, ...], root: Path) -> list[tuple[int, float, float]]:
-    """The sweep through ``TaskStorage`` (rocksdb + file changelog, bytes serdes, default cache)."""
+def sweep_ours(sizes: tuple[int, ...], root: Path, snapshot_interval: int | None = None) -> list[tuple[int, float, float]]:
+    """The sweep through ``TaskStorage`` (rocksdb + file changelog, bytes serdes, default
+    cache); ``snapshot_interval`` sets ``rocksdb.snapshot.interval.records`` (0: a
+    snapshot at every commit, as before issue 17)."""
     from localstate import Config, TaskStorage
 
-    config = Config.from_dict({
+    extra = {} if snapshot_interval is None else {"stores.kv.rocksdb.snapshot.interval.records": snapshot_interval}
+    config = Config.from_dict({**extra,
         "job.name": "state-size",
         "job.state.dir": str(root / "state"),
         "systems.file.path": str(root / "changelog"),
@@ -131,15 +137,23 @@ def _scratch(prefix: str, body: Callable[[Path], Any]) -> Any:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(quick: bool = False, repeats: int = 3, sizes: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
-    """The sweep, ours and raw alternating per repeat (a warm-up pair first when quick)."""
+EVERY_COMMIT = "localstate rocksdb, snapshot every commit"
+
+
+def run(quick: bool = False, repeats: int = 5, sizes: tuple[int, ...] | None = None,
+        every_commit: bool = False) -> list[dict[str, Any]]:
+    """The sweep, ours and raw alternating per repeat; at most 3 repeats (each is a whole
+    fill, so the first stretch of every sweep is its own warm-up). ``every_commit`` adds
+    ours with ``snapshot.interval.records = 0`` (the behaviour before issue 17)."""
     if sizes is None:
         full = os.environ.get("LOCALSTATE_FULL") == "1"
         sizes = QUICK_SIZES if quick else SIZES if full else SIZES[:4]
-    repeats = min(repeats, 2) if quick else max(1, repeats)
+    repeats = min(repeats, 2) if quick else max(1, min(repeats, 3))
     sides: dict[str, Callable[[tuple[int, ...], Path], list[tuple[int, float, float]]]] = {
         "localstate rocksdb": sweep_ours, "raw rocksdict": sweep_raw,
     }
+    if every_commit:
+        sides[EVERY_COMMIT] = lambda sizes, root: sweep_ours(sizes, root, snapshot_interval=0)
     runs: dict[str, list[list[tuple[int, float, float]]]] = {name: [] for name in sides}
     for _ in range(repeats):
         for name, sweep in sides.items():
@@ -163,13 +177,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-keys", type=int, default=SIZES[3], help="largest state size of the sweep")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--every-commit", action="store_true",
+                        help="also ours with a snapshot at every commit (snapshot.interval.records = 0)")
     args = parser.parse_args(argv)
     sizes = tuple(s for s in SIZES if s <= args.max_keys) or (args.max_keys,)
-    rows = run(repeats=args.repeats, sizes=sizes)
-    print(f"{'workload':<20} {'engine':<20} {'keys':>10} {'median':>12} {'ratio':>6}")
+    rows = run(repeats=args.repeats, sizes=sizes, every_commit=args.every_commit)
+    print(f"{'workload':<20} {'engine':<42} {'keys':>10} {'median':>12} {'ratio':>6}  runs")
     for r in rows:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        print(f"{r['workload']:<20} {r['engine']:<20} {r['params']['keys']:>10,} {r['median']:>12,.0f} {ratio:>6}")
+        runs = ", ".join(f"{x:,.0f}" for x in r["runs"])
+        print(f"{r['workload']:<20} {r['engine']:<42} {r['params']['keys']:>10,} {r['median']:>12,.0f} {ratio:>6}  [{runs}]")
 
 
 if __name__ == "__main__":

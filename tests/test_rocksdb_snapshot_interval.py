@@ -160,3 +160,30 @@ def test_a_bad_interval_is_rejected_naming_the_key(tmp_path, value, match):
     with pytest.raises(ConfigError, match=match):
         Config.from_dict(_values(tmp_path, value))
     assert not (tmp_path / "state").exists()
+
+
+def test_a_commit_failing_after_the_deferred_persist_reopens_at_the_previous_commit(tmp_path):
+    """The engine deferred its snapshot at an offset whose checkpoint was never written
+    (an injected error between persist and the checkpoint, a test double for a crash
+    there): the close may snapshot that offset, and the reopen must discard it."""
+    from localstate import faults
+    from localstate.faults import InjectedFault
+
+    config = Config.from_dict(_values(tmp_path, 1000))
+    with TaskStorage(config) as s:
+        _write(s, 0, 10)
+        s.commit()
+        _write(s, 10, 10)
+        s.commit()
+        committed = s.committed_offset("kv")
+        _write(s, 20, 10)
+        faults.configure("commit.after_engine_checkpoint=raise")
+        try:
+            with pytest.raises(InjectedFault):
+                s.commit()
+        finally:
+            faults.configure(None)
+    with TaskStorage(config) as s:
+        assert s.committed_offset("kv") == committed
+        assert _contents(s) == _expected(20)
+        assert all(offset <= committed for offset in _snapshot_offsets(tmp_path))

@@ -97,6 +97,13 @@ def _plain(k: Any) -> Any:
     return k.key if type(k) is _Encoded else k
 
 
+def _exact_type(serde: Any) -> type | None:
+    """The type every object of which ``serde`` encodes as it is (so needs no check)."""
+    from ..serdes import get_serde
+
+    return bytes if serde is get_serde("bytes") else None
+
+
 class CachedStore(ForwardingStore):
     """LRU object cache of ``cache_size`` entries; dirty batches of ``batch_size``."""
 
@@ -121,9 +128,19 @@ class CachedStore(ForwardingStore):
         # the serdes' own single-item encoders: the fast path of put's validation
         self._key_encode: Callable[[Any], bytes] | None = codec.key_serde.encode if codec is not None else None
         self._value_encode: Callable[[Any], bytes] | None = codec.msg_serde.encode if codec is not None else None
+        # a value (key) of this exact type is valid without calling its encoder: the
+        # built-in bytes serde stores every bytes object as it is
+        self._value_exact: type | None = _exact_type(codec.msg_serde) if codec is not None else None
+        self._key_exact: type | None = _exact_type(codec.key_serde) if codec is not None else None
+        passthrough = codec.passthrough_get() if codec is not None else None
+        self._miss_get: Callable[[Any], Any] = passthrough or inner.get
+        """How a read miss of a ``_key_exact`` key reads the layer below."""
         self.cache_size = max(1, cache_size)
         self.batch_size = max(1, min(batch_size, self.cache_size))
         self.metrics = metrics or StoreMetrics()
+        self.counts_writes = False
+        """Set by the metered layer above: single puts and deletes are counted here, so
+        they need no call through that layer."""
         # OrderedDict: O(1) popitem(last=False); a plain dict degrades to O(holes) when
         # its front is popped repeatedly (next(iter(d)) skips deleted slots).
         self._cache: OrderedDict[Any, Any] = OrderedDict()
@@ -254,32 +271,6 @@ class CachedStore(ForwardingStore):
             self._cache.move_to_end(oldest, last=False)
             self._evict()
 
-    def _write(self, key: Any, value: Any) -> None:
-        if self._closed:
-            self._check_open()
-        t = type(key)
-        if (t is str or t is bytes or t is int) and self._key_encode is not None:
-            try:
-                self._key_encode(key)  # validation only: a simple key is its own cache key
-            except Exception:
-                self._ckey(key)  # raises the standard error
-        else:
-            key = self._ckey(key)
-        cache = self._cache
-        cache[key] = value
-        cache.move_to_end(key)
-        dirty = self._dirty
-        dirty[key] = None
-        if len(dirty) >= self.batch_size:
-            self._flush_dirty()
-        if len(cache) > self.cache_size:
-            self._evict_one()
-
-    put_validated = _write
-    """``put`` of a value whose encodability the caller has already checked (the ``ttl``
-    layer above checks the value itself before pairing it with its expiry, which saves
-    encoding the pair once more here); the key is still checked."""
-
     def _write_batch(self, batch: dict[Any, Any], deletes: bool) -> None:
         """Apply a deduplicated batch (values, or all ``_ABSENT`` when ``deletes``).
 
@@ -327,7 +318,7 @@ class CachedStore(ForwardingStore):
         v = cache.get(ck, _MISSING)
         if v is _MISSING:
             self.metrics.misses += 1
-            v = self.inner.get(key)
+            v = self._miss_get(key) if t is self._key_exact else self.inner.get(key)
             cache[ck] = _ABSENT if v is None else v
             if len(cache) > self.cache_size:
                 self._evict_one()
@@ -373,16 +364,63 @@ class CachedStore(ForwardingStore):
                     self._evict()
         return out
 
-    def put(self, key: Any, value: Any) -> None:
+    def put_validated(self, key: Any, value: Any) -> None:
+        """``put`` of a value whose encodability the caller has already checked (the ``ttl``
+        layer above checks the value itself before pairing it with its expiry, which saves
+        encoding the pair once more here); the key is still checked."""
+        self.put(key, value, True)
+
+    def put(self, key: Any, value: Any, _validated: bool = False) -> None:
+        """One put (or, with the ``_ABSENT`` marker from :meth:`delete`, one delete).
+
+        The per-record path of every cached store, so it is one function, not a call per
+        concern: the value and key are checked (an unencodable one raises here, naming the
+        store and key), then the entry goes into the cache and the dirty set; a full dirty
+        set goes down; the LRU end is evicted inline (a dirty one calls out: it is written
+        first). A ``bytes`` value or key of the built-in bytes serde needs no encoder call.
+        """
         if value is None:
             reject_none(self.name, key, value)
-        encode = self._value_encode
-        if encode is not None:
+        if type(value) is not self._value_exact and value is not _ABSENT and not _validated:
+            encode = self._value_encode
+            if encode is not None:
+                try:
+                    encode(value)
+                except Exception:
+                    self._check_value(key, value)  # raises the standard error naming store and key
+        if self._closed:
+            self._check_open()
+        t = type(key)
+        if t is self._key_exact:
+            pass  # valid by its type, and its own cache key
+        elif (t is str or t is bytes or t is int) and self._key_encode is not None:
             try:
-                encode(value)
+                self._key_encode(key)  # validation only: a simple key is its own cache key
             except Exception:
-                self._check_value(key, value)  # raises the standard error naming store and key
-        self._write(key, value)
+                self._ckey(key)  # raises the standard error
+        else:
+            key = self._ckey(key)
+        cache = self._cache
+        if key in cache:
+            cache[key] = value
+            cache.move_to_end(key)
+        else:
+            cache[key] = value
+        dirty = self._dirty
+        dirty[key] = None
+        if len(dirty) >= self.batch_size:
+            self._flush_dirty()
+        if len(cache) > self.cache_size:
+            oldest, old = cache.popitem(last=False)
+            if oldest in self._dirty:  # the LRU end is dirty: it goes down first
+                cache[oldest] = old
+                cache.move_to_end(oldest, last=False)
+                self._evict()
+        if self.counts_writes:
+            if value is _ABSENT:
+                self.metrics.deletes += 1
+            else:
+                self.metrics.puts += 1
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
         if self._closed:
@@ -427,7 +465,7 @@ class CachedStore(ForwardingStore):
         self._keep_clean(dict(zip(ckeys, values)))
 
     def delete(self, key: Any) -> None:
-        self._write(key, _ABSENT)
+        CachedStore.put(self, key, _ABSENT)
 
     def delete_all(self, keys: Iterable[Any]) -> None:
         if self._closed:

@@ -27,6 +27,12 @@ class MeteredStore(ForwardingStore):
             metrics.cache_counts_gets = True
             self.get = inner.get  # type: ignore[method-assign]
             self.get_all = inner.get_all  # type: ignore[method-assign]
+        if getattr(inner, "metrics", None) is metrics and hasattr(inner, "counts_writes"):
+            # the cache below counts single puts and deletes into the same metrics, so
+            # they too go straight to it (the per-record path: one call, not two)
+            inner.counts_writes = True
+            self.put = inner.put  # type: ignore[method-assign]
+            self.delete = inner.delete  # type: ignore[method-assign]
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value under ``key``, else ``default`` (like ``dict.get``)."""

@@ -37,6 +37,15 @@ class SerializedStore(ForwardingStore):
         # bytes in, bytes out: scans hand the engine's pairs up undecoded (no call per pair)
         self._decodes = not (key_serde.name == msg_serde.name == "bytes")
 
+    def passthrough_get(self) -> Any:
+        """The ``get`` of the layer below when both serdes are the built-in ``bytes`` serde
+        (a bytes key and the stored bytes pass this layer unchanged), else None: the
+        cached layer's read miss of a bytes key then costs no call through this layer."""
+        from ..serdes import get_serde
+
+        plain = get_serde("bytes")
+        return self.inner.get if self.key_serde is plain and self.msg_serde is plain else None
+
     # -- encoding helpers ----------------------------------------------------------------
     def encode_key(self, key: Any) -> bytes:
         """The encoded key, or a SerializationError naming the store and the fix.
