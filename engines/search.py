@@ -87,7 +87,7 @@ from localstate.faults import fault_point
 from localstate.locking import io_error
 from localstate.serdes import Serde
 
-from .search_documents import DocumentBuilder, unpack
+from .search_documents import DocumentBuilder, id_term, unpack
 from .search_schema import (
     DOC_FIELD,
     ID_FIELD,
@@ -346,24 +346,25 @@ class SearchEngine(StorageEngine):
             raise InvalidValueError(f"store {self.name!r}: index_all takes (doc_id, doc) pairs or a mapping: {e}") from e
         keys = self._docs.keys(doc_ids)
         encoded, tdocs = self._docs.documents(keys, values)
-        batch = dict(zip(keys, zip(encoded, tdocs)))  # the last write of an id wins
-        if len(batch) < self.options.write_buffer_docs:
-            self._stage(list(batch.items()))
+        if len(set(keys)) != len(keys):  # the last write of an id wins
+            latest = dict(zip(keys, zip(encoded, tdocs)))
+            keys = list(latest)
+            encoded = list(map(itemgetter(0), latest.values()))
+            tdocs = list(map(itemgetter(1), latest.values()))
+        if len(keys) < self.options.write_buffer_docs:
+            self._stage(list(zip(keys, zip(encoded, tdocs))))
         else:
             # a big batch goes straight to the writer: one delete of its ids, then adds
             self._send()
             writer = self._w()
-            keys = list(batch)
             for i in range(0, len(keys), _DELETE_CHUNK):
-                ids = [k.decode("latin-1") for k in keys[i : i + _DELETE_CHUNK]]
+                ids = list(map(id_term, keys[i : i + _DELETE_CHUNK]))
                 writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
-            add = writer.add_document
-            for _, tdoc in batch.values():
-                add(tdoc)
+            deque(map(writer.add_document, tdocs), 0)
             self._dirty = True
-            self._sent.update(zip(keys, map(itemgetter(0), batch.values())))
+            self._sent.update(zip(keys, encoded))
         if self._logged:
-            self._log_all(zip(batch, map(itemgetter(0), batch.values())))  # type: ignore[misc]
+            self._log_all(zip(keys, encoded))  # type: ignore[misc]
 
     def delete(self, doc_id: Any) -> None:
         """Remove document ``doc_id`` (not an error if it does not exist); logs a tombstone."""
@@ -401,7 +402,7 @@ class SearchEngine(StorageEngine):
         if not buffer:
             return
         writer = self._w()
-        ids = [k.decode("latin-1") for k in buffer]
+        ids = list(map(id_term, buffer))
         writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
         add = writer.add_document
         sent = self._sent
@@ -572,7 +573,7 @@ class SearchEngine(StorageEngine):
         if not empty:
             keys = list(latest)
             for i in range(0, len(keys), _DELETE_CHUNK):
-                ids = [k.decode("latin-1") for k in keys[i : i + _DELETE_CHUNK]]
+                ids = list(map(id_term, keys[i : i + _DELETE_CHUNK]))
                 writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
         live = [(k, v) for k, v in latest.items() if v is not None]
         for i in range(0, len(live), _RESTORE_CHUNK):

@@ -25,14 +25,15 @@ import msgpack
 import orjson
 import tantivy
 from localstate.errors import InvalidValueError, SerializationError
-from localstate.serdes import Serde
+from localstate.serdes import Serde, encoder_of_many
 
 from .search_schema import DOC_FIELD, ID_FIELD, FieldSpec
 
-__all__ = ["DocumentBuilder", "pack", "unpack"]
+__all__ = ["DocumentBuilder", "id_term", "pack", "unpack"]
 
 _KEY_LENGTH = struct.Struct(">I")
-_latin1 = methodcaller("decode", "latin-1")
+id_term = methodcaller("decode", "latin-1")
+"""The ``_id`` term of a key (keys are arbitrary bytes; latin-1 maps each byte to one char)."""
 
 
 def pack(key: bytes, encoded: bytes) -> bytes:
@@ -65,6 +66,7 @@ class DocumentBuilder:
         self.document_format = document_format
         self._floats = [f.name for f in fields if f.type == "float"]
         self._key_serde = key_serde
+        self._encode_keys = encoder_of_many(key_serde)
         self.encode_doc, self.decode_doc = _codec(document_format)
 
     # -- ids ----------------------------------------------------------------------------------
@@ -85,7 +87,7 @@ class DocumentBuilder:
     def keys(self, doc_ids: Sequence[Any]) -> list[bytes]:
         """:meth:`key` of each id, in one pass of the serde when every id is good."""
         try:
-            keys = list(map(self._key_serde.encode, doc_ids))
+            keys = self._encode_keys(list(doc_ids))
         except Exception:
             keys = None
         if keys is None or set(map(type, keys)) - {bytes}:
@@ -156,7 +158,7 @@ class DocumentBuilder:
             try:
                 return [
                     from_dict({**doc, ID_FIELD: doc_id, DOC_FIELD: stored}, schema)
-                    for doc, doc_id, stored in zip(docs, map(_latin1, keys), packed)
+                    for doc, doc_id, stored in zip(docs, map(id_term, keys), packed)
                 ]
             except ValueError:
                 pass  # a bad or None field somewhere: the single path finds it
