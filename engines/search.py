@@ -35,31 +35,26 @@ Contract
   Such an early tantivy commit is not a task commit: if the task then dies before its
   commit, the index is ahead of the changelog and is rebuilt on reopen (below).
 * **Persistence**: the index lives in ``<store dir>/index``. At each task commit
-  ``flush()`` commits the tantivy writer and ``checkpoint(offset)`` then writes
-  ``<store dir>/search-checkpoint.json`` atomically: the changelog offset the index
-  covers, the tantivy commit opstamp and the document count (the Python binding has
-  no commit payload, so the offset lives in this side file, written *after* the index
-  commit). ``prepare_restore(C, min_valid)`` reuses the index — and only ``[L, C)`` is
-  replayed — when the side file is readable, its opstamp equals the opstamp in
-  tantivy's ``meta.json`` (merges keep it; any later tantivy commit bumps it), its
-  document count matches, its schema equals the configured one and
-  ``min_valid <= L <= C``. Otherwise the index is wiped and rebuilt from ``[0, C)``:
-  after a crash between the tantivy commit and the task checkpoint the index is
-  *ahead* of ``C`` and cannot be rolled back, a schema change needs a re-index, and a
-  corrupt directory is rebuilt with a warning. Without a changelog a corrupt index is
-  a :class:`CorruptionError` naming the path.
+  ``flush()`` commits the tantivy writer and ``checkpoint(offset)`` then records the
+  changelog offset the index covers in a side file (``engines/search_files.py``: its
+  layout and the rule for reusing the index, so that only ``[L, C)`` is replayed).
+  Otherwise the index is wiped and rebuilt from ``[0, C)``: after a crash between the
+  tantivy commit and the task checkpoint the index is *ahead* of ``C`` and cannot be
+  rolled back, a schema change needs a re-index, and a corrupt directory is rebuilt
+  with a warning. Without a changelog a corrupt index is a :class:`CorruptionError`.
 * tantivy allows one writer per index: a second engine over the same directory gets
   :class:`StoreLockedError`. A writer consumed by ``wait_merging_threads()`` (after a
   bulk restore, at ``close()``) is replaced by a new one.
+
+Modules: this one is the engine (the index's life cycle, writes, reads, restore);
+``search_documents.py`` builds documents (one or in bulk), ``search_files.py`` owns the
+files beside the index, ``search_schema.py`` the schema and options.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
 import os
-import shutil
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from operator import itemgetter
@@ -77,17 +72,14 @@ from localstate.engine import (
 from localstate.errors import (
     ConfigError,
     CorruptionError,
-    EngineError,
     InvalidValueError,
     LocalStateError,
     StoreClosedError,
-    StoreLockedError,
 )
-from localstate.faults import fault_point
-from localstate.locking import io_error
 from localstate.serdes import Serde
 
 from .search_documents import DocumentBuilder, id_term, unpack
+from .search_files import SearchFiles
 from .search_schema import (
     DOC_FIELD,
     ID_FIELD,
@@ -111,10 +103,6 @@ log = logging.getLogger("localstate")
 
 _ID = ID_FIELD
 _DOC = DOC_FIELD
-_CHECKPOINT_FILE = "search-checkpoint.json"
-_INDEX_DIR = "index"
-_SCHEMA_FILE = "search-schema.txt"
-_CHECKPOINT_VERSION = 1
 _RESTORE_CHUNK = 50_000
 _DELETE_CHUNK = 100_000
 
@@ -156,9 +144,8 @@ class SearchEngine(StorageEngine):
         self._log = change_logger.log if change_logger is not None else None
         self._log_all = change_logger.log_all if change_logger is not None else None
         self._logged = bool(change_logger is not None and getattr(change_logger, "enabled", True))
-        self._index_dir = self.directory / _INDEX_DIR
-        self._checkpoint_path = self.directory / _CHECKPOINT_FILE
-        self._schema_path = self.directory / _SCHEMA_FILE
+        self._files = SearchFiles(self.directory, name, self._schema_text)
+        self._index_dir = self._files.index_dir
         self._index: tantivy.Index | None = None
         self._writer: tantivy.IndexWriter | None = None
         self._closed = False
@@ -185,10 +172,7 @@ class SearchEngine(StorageEngine):
         except (ValueError, OSError):
             exists = True  # let Index.open report what is wrong
         if exists:
-            try:
-                built_with = self._schema_path.read_text().strip()
-            except OSError:
-                built_with = "(unknown: search-schema.txt is missing)"
+            built_with = self._files.built_with()
             if built_with != self._schema_text:
                 self._open_problem = (
                     f"its schema {built_with!r} differs from stores.{self.name}.search.fields = {self._schema_text!r}"
@@ -204,10 +188,10 @@ class SearchEngine(StorageEngine):
         try:
             if exists:
                 self._index = tantivy.Index.open(str(self._index_dir))
-                self._opstamp = self._meta_opstamp()
+                self._opstamp = self._files.meta_opstamp()
             else:
                 self._index = tantivy.Index(self._schema, path=str(self._index_dir))
-                self._write_schema()
+                self._files.write_schema()
         except (ValueError, OSError, CorruptionError) as e:
             self._index = None
             self._open_problem = f"it cannot be opened ({e})"
@@ -224,14 +208,11 @@ class SearchEngine(StorageEngine):
         """Replace whatever is on disk by an empty index (and no checkpoint file)."""
         self._drop_writer()
         self._index = None
-        self._refuse_if_another_writer()
+        self._files.refuse_if_another_writer()
         try:
-            if self._checkpoint_path.exists():
-                self._checkpoint_path.unlink()
-            shutil.rmtree(self._index_dir, ignore_errors=True)
-            self._index_dir.mkdir(parents=True, exist_ok=True)
+            self._files.clear()
             self._index = tantivy.Index(self._schema, path=str(self._index_dir))
-            self._write_schema()
+            self._files.write_schema()
         except (OSError, ValueError) as e:
             raise self._translate(e, "create an empty index") from e
         self._opstamp = 0
@@ -240,32 +221,6 @@ class SearchEngine(StorageEngine):
         self._dirty = False
         self._reader_stale = True
         self._new_writer(self.options.heap_size_bytes)
-
-    def _refuse_if_another_writer(self) -> None:
-        """Raise StoreLockedError if another writer holds the index (tantivy's lock is a flock)."""
-        lock = self._index_dir / ".tantivy-writer.lock"
-        try:
-            fd = os.open(lock, os.O_RDWR)
-        except OSError:
-            return  # no lock file: no writer
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StoreLockedError(
-                f"store {self.name!r}: the index at {self._index_dir} has a writer in this or another process; "
-                "it was not wiped. Close the other engine/TaskStorage first"
-            ) from None
-        finally:
-            os.close(fd)
-
-    def _write_schema(self) -> None:
-        """Record the schema the (new, empty) index is built with, durably."""
-        tmp = self._schema_path.with_name(_SCHEMA_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(self._schema_text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._schema_path)
 
     def _new_writer(self, heap: int) -> None:
         assert self._index is not None
@@ -287,23 +242,6 @@ class SearchEngine(StorageEngine):
             finally:
                 writer.wait_merging_threads()
         self._dirty = False
-
-    def _meta_opstamp(self) -> int:
-        path = self._index_dir / "meta.json"
-        try:
-            return int(json.loads(path.read_bytes())["opstamp"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CorruptionError(f"store {self.name!r}: cannot read the opstamp of {path}: {e}") from e
-
-    def _read_checkpoint(self) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self._checkpoint_path.read_bytes())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            log.warning("store %r: unreadable %s (%s); the index will be rebuilt", self.name, self._checkpoint_path, e)
-            return {"problem": str(e), "schema": self._schema_text}
-        return data if isinstance(data, dict) else {"problem": "not an object", "schema": self._schema_text}
 
     def _w(self) -> tantivy.IndexWriter:
         w = self._writer
@@ -512,20 +450,7 @@ class SearchEngine(StorageEngine):
         return out
 
     def _translate(self, e: BaseException, action: str) -> LocalStateError:
-        """The one place tantivy and file-system errors become localstate errors."""
-        if isinstance(e, LocalStateError):
-            return e
-        if "LockBusy" in str(e):
-            return StoreLockedError(
-                f"store {self.name!r}: the index at {self._index_dir} already has a writer (tantivy LockBusy) "
-                "in this or another process; close the other engine/TaskStorage first"
-            )
-        if isinstance(e, OSError):
-            return io_error(e, action + " in", self._index_dir, EngineError)
-        return EngineError(
-            f"store {self.name!r}: tantivy failed to {action} on the index at {self._index_dir}: {e}. If it is damaged, "
-            "close the task, delete that directory and reopen: it is rebuilt from the changelog"
-        )
+        return self._files.translate(e, action)
 
     def count(self, query: str | tantivy.Query) -> int:
         """How many documents match ``query``."""
@@ -565,7 +490,7 @@ class SearchEngine(StorageEngine):
         self._new_writer(self.options.restore_heap_size_bytes)
         writer = self._writer
         assert writer is not None
-        empty = into_empty and self._opstamp == 0 and self._meta_segments() == 0
+        empty = into_empty and self._opstamp == 0 and self._files.meta_segments() == 0
         latest: dict[bytes, bytes | None] = {}
         latest.update(records)
         add = writer.add_document
@@ -578,18 +503,9 @@ class SearchEngine(StorageEngine):
         live = [(k, v) for k, v in latest.items() if v is not None]
         for i in range(0, len(live), _RESTORE_CHUNK):
             keys, values = zip(*live[i : i + _RESTORE_CHUNK])
-            docs = self._decoded(keys, values)
-            try:
-                deque(map(add, self._docs.tantivy_docs(keys, docs, values)), 0)
-            except InvalidValueError:
-                for key, doc, value in zip(keys, docs, values):
-                    try:
-                        tdoc = self._docs.tantivy_doc(key, doc, value)
-                    except InvalidValueError:
-                        # logged under an older schema (a field changed type): index what still fits
-                        tdoc = self._docs.fitting_doc(key, doc, value)
-                        misfits += 1
-                    add(tdoc)
+            tdocs, chunk_misfits = self._docs.restored(keys, values)
+            deque(map(add, tdocs), 0)
+            misfits += chunk_misfits
         del live
         del latest
         if misfits:
@@ -605,65 +521,13 @@ class SearchEngine(StorageEngine):
         writer.wait_merging_threads()
         self._new_writer(self.options.heap_size_bytes)
 
-    def _decoded(self, keys: Iterable[bytes], values: Iterable[bytes]) -> list[dict[str, Any]]:
-        """The documents of restored change records; CorruptionError names the first bad one."""
-        decode = self._decode_doc
-        try:
-            docs = list(map(decode, values))
-            if not set(map(type, docs)) - {dict}:
-                return docs
-        except Exception:
-            pass
-        fmt = self.options.document_format
-        out = []
-        for key, value in zip(keys, values):
-            try:
-                doc = decode(value)
-            except Exception as e:
-                raise CorruptionError(f"store {self.name!r}: change record {key!r} is not a {fmt} document: {e}") from e
-            if type(doc) is not dict:
-                raise CorruptionError(
-                    f"store {self.name!r}: change record {key!r} is a {fmt} {type(doc).__name__}, not a document")
-            out.append(doc)
-        return out
-
-    def _meta_segments(self) -> int:
-        try:
-            return len(json.loads((self._index_dir / "meta.json").read_bytes())["segments"])
-        except (OSError, ValueError, KeyError):
-            return -1
-
     def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
         self._ix()
         problem = self._open_problem
-        saved = self._read_checkpoint() if problem is None else None
         offset = -1
         if problem is None:
-            if saved is None:
-                problem = "it has no search-checkpoint.json (never committed)" if self._opstamp else None
-            elif "problem" in saved:
-                problem = f"{self._checkpoint_path} is unreadable ({saved['problem']})"
-            elif saved.get("version") != _CHECKPOINT_VERSION:
-                problem = f"{self._checkpoint_path} has unknown version {saved.get('version')!r}"
-            else:
-                offset = int(saved.get("offset", -1))
-                if saved.get("opstamp") != self._opstamp:
-                    problem = (
-                        f"its tantivy commit (opstamp {self._opstamp}) is not the one checkpointed at changelog "
-                        f"offset {offset} (opstamp {saved.get('opstamp')}): it holds writes that were never committed"
-                    )
-                elif not min_valid_offset <= offset <= committed_offset:
-                    problem = (
-                        f"it covers changelog offset {offset}, outside [{min_valid_offset}, {committed_offset}]"
-                    )
-                else:
-                    try:
-                        n = self._searcher().num_docs
-                    except (ValueError, OSError) as e:
-                        problem = f"it cannot be read ({e})"
-                    else:
-                        if n != saved.get("num_docs"):
-                            problem = f"it has {n} documents where the checkpoint says {saved.get('num_docs')}"
+            offset, problem = self._files.reusable_from(
+                committed_offset, min_valid_offset, self._opstamp, lambda: self._searcher().num_docs)
         if problem is None:
             return max(offset, 0)
         if offset > committed_offset or "opstamp" in problem:
@@ -686,28 +550,7 @@ class SearchEngine(StorageEngine):
         self._write_checkpoint(offset)
 
     def _write_checkpoint(self, offset: int) -> None:
-        fault_point("snapshot.mid")
-        data = {
-            "version": _CHECKPOINT_VERSION,
-            "offset": offset,
-            "opstamp": self._opstamp,
-            "num_docs": self._searcher().num_docs,
-            "schema": self._schema_text,
-        }
-        tmp = self._checkpoint_path.with_name(_CHECKPOINT_FILE + ".tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(json.dumps(data).encode())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._checkpoint_path)
-            dfd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError as e:
-            raise self._translate(e, f"write {self._checkpoint_path.name}") from e
+        self._files.write_checkpoint(offset, self._opstamp, self._searcher().num_docs)
 
     def wipe(self) -> None:
         self._ix()
@@ -742,7 +585,7 @@ class SearchEngine(StorageEngine):
             assert type(key) is bytes and (value is None or type(value) is bytes)
         assert not self._sent or self._dirty, "writes sent but the writer is not dirty"
         if not self._dirty:
-            assert self._opstamp == self._meta_opstamp(), "opstamp differs from meta.json"
+            assert self._opstamp == self._files.meta_opstamp(), "opstamp differs from meta.json"
         overlay = {**self._sent, **{k: (None if v is None else v[0]) for k, v in self._buffer.items()}}
         was_stale = self._reader_stale
         index = self._index

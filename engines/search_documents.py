@@ -24,7 +24,7 @@ from typing import Any
 import msgpack
 import orjson
 import tantivy
-from localstate.errors import InvalidValueError, SerializationError
+from localstate.errors import CorruptionError, InvalidValueError, SerializationError
 from localstate.serdes import Serde, encoder_of_many
 
 from .search_schema import DOC_FIELD, ID_FIELD, FieldSpec
@@ -176,3 +176,44 @@ class DocumentBuilder:
                     continue
             fitting[name] = value
         return self.tantivy_doc(key, fitting, encoded)
+
+    # -- change records -------------------------------------------------------------------------
+    def restored(self, keys: Sequence[bytes], values: Sequence[bytes]) -> tuple[list[tantivy.Document], int]:
+        """The tantivy documents of restored change records, and how many of them had
+        fields that no longer fit the schema (indexed without those fields: a document
+        logged under an older schema). CorruptionError names the first undecodable record."""
+        docs = self.decoded(keys, values)
+        try:
+            return self.tantivy_docs(keys, docs, values), 0
+        except InvalidValueError:
+            pass
+        tdocs, misfits = [], 0
+        for key, doc, value in zip(keys, docs, values):
+            try:
+                tdocs.append(self.tantivy_doc(key, doc, value))
+            except InvalidValueError:
+                tdocs.append(self.fitting_doc(key, doc, value))
+                misfits += 1
+        return tdocs, misfits
+
+    def decoded(self, keys: Sequence[bytes], values: Sequence[bytes]) -> list[dict[str, Any]]:
+        """The documents of change-record values; CorruptionError names the first bad one."""
+        decode = self.decode_doc
+        try:
+            docs = list(map(decode, values))
+            if not set(map(type, docs)) - {dict}:
+                return docs
+        except Exception:
+            pass  # found and named below
+        fmt = self.document_format
+        out = []
+        for key, value in zip(keys, values):
+            try:
+                doc = decode(value)
+            except Exception as e:
+                raise CorruptionError(f"store {self.store!r}: change record {key!r} is not a {fmt} document: {e}") from e
+            if type(doc) is not dict:
+                raise CorruptionError(
+                    f"store {self.store!r}: change record {key!r} is a {fmt} {type(doc).__name__}, not a document")
+            out.append(doc)
+        return out
