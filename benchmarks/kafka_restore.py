@@ -14,7 +14,11 @@ markers. Each repeat runs, interleaved:
 * ``localstate rocksdb`` — ``TaskStorage`` opened over an empty state directory: read the
   checkpoint, fence, restore the whole changelog into rocksdb, snapshot, check the tail.
   The row ``restore only`` is the same runs timed by the restore itself
-  (``last_restore[...].seconds``: reading and applying the changelog, then the snapshot).
+  (``last_restore[...].seconds``: reading and applying the changelog, then the snapshot);
+* ``quixstreams 3.28 replay`` — with ``LOCALSTATE_BENCH_QUIX_PYTHON`` naming a Python that
+  has ``quixstreams==3.28.1`` (it pins another confluent-kafka, so it lives in its own
+  virtualenv), Quix's own recovery path replays the same records, with the headers its
+  changelog carries, into its ``RocksDBStorePartition`` (``benchmarks/quix_replay.py``).
 
 Besides records/s (wall), every row reports records per second of the main thread's CPU
 time: on a shared machine wall time measures the neighbours too, while the Python-side
@@ -23,9 +27,11 @@ work per record is what the restore path controls.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
@@ -33,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import rocksdict
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from localstate import Config, TaskStorage
 from localstate.engines.rocksdb import RocksDBOptions
 from localstate.testing.kafka import TansuBroker
@@ -73,12 +79,43 @@ class _Restore:
     def fill(self) -> None:
         rng = random.Random(17)
         value = bytes(range(VALUE_BYTES))
+        self.records = [(rng.randbytes(KEY_BYTES), value) for _ in range(self.n)]
         with TaskStorage(self.config(self.root / "writer")) as storage:
             kv = storage.store("kv")
             for i in range(0, self.n, COMMIT_EVERY):
-                kv.put_all([(rng.randbytes(KEY_BYTES), value) for _ in range(min(COMMIT_EVERY, self.n - i))])
+                kv.put_all(self.records[i : i + COMMIT_EVERY])
                 storage.commit(input_position=i + COMMIT_EVERY)
         shutil.rmtree(self.root / "writer", ignore_errors=True)
+
+    def fill_quix(self) -> str:
+        """The same records in a topic as Quix's changelog carries them (column family header)."""
+        topic = f"{self.job}-quix-changelog"
+        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                             "queue.buffering.max.messages": 1_000_000})
+        headers = [("__column_family__", b"default")]
+        for key, value in self.records:
+            while True:
+                try:
+                    producer.produce(topic, value, key, 0, headers=headers)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        if producer.flush(120) != 0:
+            raise RuntimeError("could not fill the Quix changelog topic")
+        return topic
+
+    def quix(self, python: str, topic: str) -> tuple[float, float]:
+        state_dir = Path(tempfile.mkdtemp(prefix="quix-", dir=self.root))
+        script = Path(__file__).with_name("quix_replay.py")
+        try:
+            out = subprocess.run([python, str(script), self.bootstrap, topic, str(self.n), str(state_dir / "db")],
+                                 capture_output=True, text=True, timeout=600, check=True).stdout
+        finally:
+            shutil.rmtree(state_dir, ignore_errors=True)
+        result = json.loads(out.strip().splitlines()[-1])
+        if result["records"] != self.n:
+            raise RuntimeError(f"Quix replayed {result['records']} records, expected {self.n}")
+        return result["seconds"], result["cpu"]
 
     def _consumer(self) -> Any:
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "raw-restore-bench",
@@ -150,16 +187,23 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     if quick:
         repeats = min(repeats, 2)
     params = {"records": n, "key_bytes": KEY_BYTES, "value_bytes": VALUE_BYTES, "commit_every": COMMIT_EVERY}
-    timings: dict[str, list[tuple[float, float]]] = {"raw": [], "raw+db": [], "ours": [], "ours-restore": []}
+    timings: dict[str, list[tuple[float, float]]] = {"raw": [], "raw+db": [], "ours": [], "ours-restore": [],
+                                                     "quix": []}
+    quix_python = os.environ.get("LOCALSTATE_BENCH_QUIX_PYTHON")
     root = Path(tempfile.mkdtemp(prefix="ls-kafka-restore-"))
     try:
         with TansuBroker() as broker:
             bench = _Restore(broker.bootstrap, n, root)
             bench.fill()
+            quix_topic = bench.fill_quix() if quix_python else ""
             for i in range(repeats + 1):  # the first round is the warm-up
                 raw = bench.raw(write=False)
                 ours = bench.ours()
                 raw_db = bench.raw(write=True)
+                if quix_python:
+                    quix = bench.quix(quix_python, quix_topic)
+                    if i:
+                        timings["quix"].append(quix)
                 if i:
                     timings["raw"].append(raw)
                     timings["raw+db"].append(raw_db)
@@ -176,15 +220,27 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
                  "TaskStorage open over an empty state dir: checkpoint, fencing, restore, snapshot, tail check"),
         "ours-restore": ("localstate rocksdb (restore only)", "raw consume",
                          "the same opens, timed by the restore itself (last_restore seconds)"),
+        "quix": ("quixstreams 3.28 replay", "raw consume",
+                 "Quix's recovery path per message (poll, header parse, a write batch each) into its "
+                 "RocksDBStorePartition, then close"),
     }
     rows: list[dict[str, Any]] = []
     for key, (engine, baseline, notes) in names.items():
         runs = timings[key]
+        if not runs:
+            continue
         notes = f"{notes}; load {load:.1f}"
         rows.append(make_row("kafka.cold_restore", engine, params, "records/s", [n / s for s, _ in runs],
                              baseline=baseline, notes=notes))
         if key != "ours-restore":  # its CPU time is the whole open's, already in the row above
             rows.append(make_row("kafka.cold_restore", engine, params, "records/s of main-thread CPU",
                                  [n / c for _, c in runs], baseline=baseline, notes=notes))
+    if timings["quix"]:  # the same opens against the peer
+        for key in ("ours", "ours-restore"):
+            engine, _, notes = names[key]
+            row = make_row("kafka.cold_restore (vs Quix)", engine, params, "records/s",
+                           [n / s for s, _ in timings[key]], baseline=names["quix"][0], notes=f"{notes}; load {load:.1f}")
+            row["ratio_workload"] = "kafka.cold_restore"
+            rows.append(row)
     add_ratios(rows)
     return rows
