@@ -103,7 +103,6 @@ log = logging.getLogger("localstate")
 
 _ID = ID_FIELD
 _DOC = DOC_FIELD
-_RESTORE_CHUNK = 50_000
 _DELETE_CHUNK = 100_000
 
 
@@ -493,20 +492,12 @@ class SearchEngine(StorageEngine):
         empty = into_empty and self._opstamp == 0 and self._files.meta_segments() == 0
         latest: dict[bytes, bytes | None] = {}
         latest.update(records)
-        add = writer.add_document
-        misfits = 0
         if not empty:
             keys = list(latest)
             for i in range(0, len(keys), _DELETE_CHUNK):
                 ids = list(map(id_term, keys[i : i + _DELETE_CHUNK]))
                 writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
-        live = [(k, v) for k, v in latest.items() if v is not None]
-        for i in range(0, len(live), _RESTORE_CHUNK):
-            keys, values = zip(*live[i : i + _RESTORE_CHUNK])
-            tdocs, chunk_misfits = self._docs.restored(keys, values)
-            deque(map(add, tdocs), 0)
-            misfits += chunk_misfits
-        del live
+        misfits = self._docs.add_restored(writer.add_document, ((k, v) for k, v in latest.items() if v is not None))
         del latest
         if misfits:
             log.warning(
