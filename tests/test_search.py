@@ -610,3 +610,20 @@ def test_restoring_a_corrupt_change_record_names_it(tmp_path, value, message):
         good = [(b"u%d" % i, b'{"name": "ok"}') for i in range(5)]
         with pytest.raises(CorruptionError, match=f"change record b'bad'.*{message}"):
             e.restore(good + [(b"bad", value)] + good, into_empty=True)
+
+
+def test_rewrites_of_an_id_in_a_fresh_index_leave_one_document(tmp_path):
+    """A fresh index skips the delete of ids it has never seen; ids already sent, and every
+    id once anything is committed, are still replaced (never indexed twice)."""
+    with _engine(tmp_path, write_buffer_docs=4) as e:
+        e.index_all([(f"d{i}", {"name": f"first {i}"}) for i in range(10)])  # straight to the writer
+        e.index_all([(f"d{i}", {"name": f"second {i}"}) for i in range(5, 15)])  # overlaps, uncommitted
+        e.index("d0", {"name": "third 0"})
+        e.index("d0", {"name": "fourth 0"})
+        e._check()
+        assert len(e) == 15 and e.count("first") == 4 and e.count("second") == 10 and e.count("fourth") == 1
+        e.index_all([(f"d{i}", {"name": f"fifth {i}"}) for i in range(12, 20)])  # after a commit
+        e._check()
+        assert len(e) == 20 and e.count("second") == 7 and e.count("fifth") == 8
+        e.delete("d19")
+        assert len(e) == 19 and e.get("d19") is None
