@@ -299,17 +299,21 @@ class RocksDBEngine(NativeKVEngine):
         if self._bulk_loads():
             return super().restore(records, into_empty=into_empty)
         records = iter(records)
-        head = list(islice(records, self.write_batch_records))
+        try:
+            head = list(islice(records, self.write_batch_records))
+        except LocalStateError:
+            raise
+        except Exception as e:  # as NativeKVEngine.restore translates what the records raise
+            raise self._translate(e, "restore") from e
         if len(head) < self.write_batch_records:
             return super().restore(head, into_empty=into_empty)
         self._reopen(self._restore_native())
         try:
             super().restore(chain(head, records), into_empty=into_empty)
-            self._require_open().flush(True)  # no WAL: the memtables must reach SST files
-        except LocalStateError:
-            raise
-        except Exception as e:
-            raise self._translate(e, "flush the restored records") from e
+            try:
+                self._require_open().flush(True)  # no WAL: the memtables must reach SST files
+            except Exception as e:
+                raise self._translate(e, "flush the restored records") from e
         finally:
             self._reopen(self._native)
 
