@@ -93,7 +93,7 @@ def _store_dir(config: Config) -> Path:
     return Path(config.state_dir) / config.job_name / "kv" / "0"
 
 
-@pytest.mark.parametrize("changelog", ["file", "kafka"])
+@pytest.mark.parametrize("changelog", ["file", pytest.param("kafka", marks=pytest.mark.kafka)])
 def test_long_restore_into_rocksdb_is_exact_and_ends_on_the_normal_memtable(tmp_path, request, monkeypatch, changelog):
     bootstrap = request.getfixturevalue("kafka_broker") if changelog == "kafka" else ""
     values = _values(tmp_path, changelog, bootstrap)
@@ -160,6 +160,7 @@ def test_a_reopened_rocksdb_database_runs_with_the_configured_options(tmp_path):
             engine.close()
 
 
+@pytest.mark.kafka
 def test_a_keyless_record_in_a_kafka_changelog_is_named_not_restored(tmp_path, kafka_broker):
     """Something other than localstate wrote a record without a key into the changelog:
     the restore (committed range) and the tail check (past the commit) both refuse it with
