@@ -75,8 +75,8 @@ _SST_CHUNK_RECORDS = 1 << 21
 _RESTORE_WRITE_BUFFER_BYTES = 8 * 1024 * 1024
 _RESTORE_WRITE_BUFFERS = 8
 """A restore's vector memtables: many small ones keep RocksDB's flushes running beside the
-replay, so less is left to flush at its end (8 MiB x 8 measured faster than 64 MiB x 3 at
-1M records and equal at 3M, with 85 MiB less peak memory; benchmarks/RESULTS.md)."""
+replay, so less is left to flush at its end (8 MiB x 8 measured as fast as 64 MiB x 3 or faster
+at 1M and 3M records, with 25-85 MiB less peak memory; benchmarks/RESULTS.md)."""
 _SNAPSHOT_PREFIX_TMP = ".tmp-"
 _HARD_LINKABLE = (".sst", ".blob")
 
