@@ -87,6 +87,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "special": ("localstate.benchmarks.special_engines", "topn / hyperloglog / bloom engines"),
     "search": ("localstate.benchmarks.search_engine", "full-text (tantivy) engine"),
     "kafka": ("localstate.benchmarks.kafka_changelog", "Kafka changelog (tansu broker)"),
+    "restore": ("localstate.benchmarks.kafka_restore", "cold restore of a rocksdb store from Kafka vs the raw client"),
     "objectstore": ("localstate.benchmarks.objectstore_changelog", "objectstore changelog (moto S3) vs file"),
     "spark": ("localstate.benchmarks.spark_jobs", "Spark job vs Spark's RocksDB state store"),
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),

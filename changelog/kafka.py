@@ -287,8 +287,20 @@ class KafkaChangelogPartition(ChangelogPartition):
         key_of, value_of = Message.key, Message.value
         for msgs, _ in self._scan(start, stop):
             keys = list(map(key_of, msgs))
+            self._check_keys(msgs, keys)
             nbytes = sum(map(len, msgs)) + sum(map(len, keys))
             yield list(zip(keys, map(value_of, msgs))), nbytes
+
+    def _check_keys(self, msgs: list[Any], keys: list[Any]) -> None:
+        """CorruptionError if a record has no key: something other than localstate wrote
+        to the topic (``all()`` first: one C-level pass; an empty key is valid but falsy)."""
+        if not all(keys) and None in keys:
+            offset = msgs[keys.index(None)].offset()
+            raise CorruptionError(
+                f"{self.where}: the record at offset {offset} has no key, so it was not written by localstate "
+                "(a changelog record's key is the store key). Nothing was changed; remove what else writes to "
+                "this topic and the foreign records, or point the store at a new changelog topic"
+            )
 
     def min_valid_snapshot_offset(self) -> int:
         """The first offset written within the topic's ``delete.retention.ms``.
@@ -348,7 +360,9 @@ class KafkaChangelogPartition(ChangelogPartition):
             return
         keys: dict[bytes, None] = {}
         for msgs, last in self._scan(c, None):
-            keys.update(dict.fromkeys(m.key() for m in msgs))
+            batch_keys = list(map(Message.key, msgs))
+            self._check_keys(msgs, batch_keys)
+            keys.update(dict.fromkeys(batch_keys))
             self._end = max(self._end, last + 1)
         if not keys:
             return
@@ -383,7 +397,9 @@ class KafkaChangelogPartition(ChangelogPartition):
         keys: dict[bytes, None] = {}
         if end:
             for msgs, _ in self._scan(0, None):
-                keys.update(dict.fromkeys(m.key() for m in msgs))
+                batch_keys = list(map(Message.key, msgs))
+                self._check_keys(msgs, batch_keys)
+                keys.update(dict.fromkeys(batch_keys))
         if keys:
             self.append([(k, None) for k in keys])
             self.flush()

@@ -29,8 +29,8 @@ Fault tolerance (host affinity, incremental restore):
 * because the snapshots carry durability, a logged store writes without a WAL.
 
 A restore applies the change records in order as ``WriteBatch`` chunks (no WAL; the
-restore ends with a snapshot). One longer than a write batch reopens the database with a
-*vector* memtable for its duration (appends, sorted when flushed off the Python thread,
+restore ends with a snapshot). One longer than a write batch reopens the database with
+*vector* memtables for its duration (appends, sorted when flushed off the Python thread,
 instead of a skip-list insert per record holding the GIL: the largest cost of a restore),
 flushes, and reopens it with the normal memtable. With ``restore.mode = sst`` a restore into an empty
 store instead deduplicates them (last write wins, tombstones dropped), writes them
@@ -78,8 +78,11 @@ __all__ = ["RocksDBEngine", "RocksDBEngineFactory", "RocksDBOptions"]
 log = logging.getLogger("localstate")
 
 _SST_CHUNK_RECORDS = 1 << 21
-_RESTORE_WRITE_BUFFER_BYTES = 64 * 1024 * 1024
-"""Memtable size of a restore's vector memtable: smaller ones stall the writes on flushes."""
+_RESTORE_WRITE_BUFFER_BYTES = 8 * 1024 * 1024
+_RESTORE_WRITE_BUFFERS = 8
+"""A restore's vector memtables: many small ones keep RocksDB's flushes running beside the
+replay, so less is left to flush at its end (8 MiB x 8 measured as fast as 64 MiB x 3 or faster
+at 1M and 3M records, with 25-85 MiB less peak memory; benchmarks/RESULTS.md)."""
 _SNAPSHOT_PREFIX_TMP = ".tmp-"
 _HARD_LINKABLE = (".sst", ".blob")
 
@@ -313,17 +316,21 @@ class RocksDBEngine(NativeKVEngine):
         if self._bulk_loads():
             return super().restore(records, into_empty=into_empty)
         records = iter(records)
-        head = list(islice(records, self.write_batch_records))
+        try:
+            head = list(islice(records, self.write_batch_records))
+        except LocalStateError:
+            raise
+        except Exception as e:  # as NativeKVEngine.restore translates what the records raise
+            raise self._translate(e, "restore") from e
         if len(head) < self.write_batch_records:
             return super().restore(head, into_empty=into_empty)
         self._reopen(self._restore_native())
         try:
             super().restore(chain(head, records), into_empty=into_empty)
-            self._require_open().flush(True)  # no WAL: the memtables must reach SST files
-        except LocalStateError:
-            raise
-        except Exception as e:
-            raise self._translate(e, "flush the restored records") from e
+            try:
+                self._require_open().flush(True)  # no WAL: the memtables must reach SST files
+            except Exception as e:
+                raise self._translate(e, "flush the restored records") from e
         finally:
             self._reopen(self._native)
 
@@ -331,7 +338,8 @@ class RocksDBEngine(NativeKVEngine):
         opts = self.options.to_native()
         opts.set_memtable_factory(rocksdict.MemtableFactory.vector())
         opts.set_allow_concurrent_memtable_write(False)  # the vector memtable does not support it
-        opts.set_write_buffer_size(max(self.options.write_buffer_size_bytes, _RESTORE_WRITE_BUFFER_BYTES))
+        opts.set_write_buffer_size(_RESTORE_WRITE_BUFFER_BYTES)
+        opts.set_max_write_buffer_number(_RESTORE_WRITE_BUFFERS)
         return opts
 
     def _reopen(self, native: rocksdict.Options) -> None:

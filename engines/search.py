@@ -35,40 +35,32 @@ Contract
   Such an early tantivy commit is not a task commit: if the task then dies before its
   commit, the index is ahead of the changelog and is rebuilt on reopen (below).
 * **Persistence**: the index lives in ``<store dir>/index``. At each task commit
-  ``flush()`` commits the tantivy writer and ``checkpoint(offset)`` then writes
-  ``<store dir>/search-checkpoint.json`` atomically: the changelog offset the index
-  covers, the tantivy commit opstamp and the document count (the Python binding has
-  no commit payload, so the offset lives in this side file, written *after* the index
-  commit). ``prepare_restore(C, min_valid)`` reuses the index — and only ``[L, C)`` is
-  replayed — when the side file is readable, its opstamp equals the opstamp in
-  tantivy's ``meta.json`` (merges keep it; any later tantivy commit bumps it), its
-  document count matches, its schema equals the configured one and
-  ``min_valid <= L <= C``. Otherwise the index is wiped and rebuilt from ``[0, C)``:
-  after a crash between the tantivy commit and the task checkpoint the index is
-  *ahead* of ``C`` and cannot be rolled back, a schema change needs a re-index, and a
-  corrupt directory is rebuilt with a warning. Without a changelog a corrupt index is
-  a :class:`CorruptionError` naming the path.
+  ``flush()`` commits the tantivy writer and ``checkpoint(offset)`` then records the
+  changelog offset the index covers in a side file (``engines/search_files.py``: its
+  layout and the rule for reusing the index, so that only ``[L, C)`` is replayed).
+  Otherwise the index is wiped and rebuilt from ``[0, C)``: after a crash between the
+  tantivy commit and the task checkpoint the index is *ahead* of ``C`` and cannot be
+  rolled back, a schema change needs a re-index, and a corrupt directory is rebuilt
+  with a warning. Without a changelog a corrupt index is a :class:`CorruptionError`.
 * tantivy allows one writer per index: a second engine over the same directory gets
   :class:`StoreLockedError`. A writer consumed by ``wait_merging_threads()`` (after a
   bulk restore, at ``close()``) is replaced by a new one.
+
+Modules: this one is the engine (the index's life cycle, writes, reads, restore);
+``search_documents.py`` builds documents (one or in bulk), ``search_files.py`` owns the
+files beside the index, ``search_schema.py`` the schema and options.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 import logging
-import math
 import os
-import shutil
-import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-import msgpack
-import orjson
 import tantivy
 from localstate.engine import (
     ChangeRecord,
@@ -80,17 +72,14 @@ from localstate.engine import (
 from localstate.errors import (
     ConfigError,
     CorruptionError,
-    EngineError,
     InvalidValueError,
     LocalStateError,
-    SerializationError,
     StoreClosedError,
-    StoreLockedError,
 )
-from localstate.faults import fault_point
-from localstate.locking import io_error
 from localstate.serdes import Serde
 
+from .search_documents import DocumentBuilder, id_term, unpack
+from .search_files import SearchFiles
 from .search_schema import (
     DOC_FIELD,
     ID_FIELD,
@@ -114,35 +103,11 @@ log = logging.getLogger("localstate")
 
 _ID = ID_FIELD
 _DOC = DOC_FIELD
-_CHECKPOINT_FILE = "search-checkpoint.json"
-_INDEX_DIR = "index"
-_SCHEMA_FILE = "search-schema.txt"
-_CHECKPOINT_VERSION = 1
-_RESTORE_CHUNK = 50_000
 _DELETE_CHUNK = 100_000
-_KEY_LENGTH = struct.Struct(">I")
 
 
 class InvalidQueryError(InvalidValueError):
     """A search query tantivy cannot parse; the message shows the query and the cause."""
-
-
-def _codec(fmt: str) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
-    if fmt == "msgpack":
-        packer = msgpack.Packer(use_bin_type=True)
-        return packer.pack, lambda b: msgpack.unpackb(b, raw=False, strict_map_key=False)
-    return orjson.dumps, orjson.loads
-
-
-def _pack(key: bytes, encoded: bytes) -> bytes:
-    """The stored ``_doc`` value: 4-byte key length, key, encoded document (one stored
-    field instead of two: ~10% faster indexing)."""
-    return b"%b%b%b" % (_KEY_LENGTH.pack(len(key)), key, encoded)
-
-
-def _unpack(stored: bytes) -> tuple[bytes, bytes]:
-    n = int.from_bytes(stored[:4], "big") + 4
-    return stored[4:n], stored[n:]
 
 
 # -- the engine ---------------------------------------------------------------------------------------
@@ -165,22 +130,21 @@ class SearchEngine(StorageEngine):
         self.options = options = options or SearchOptions(fields="text:text:stored")
         options.validate(f"stores.{name}.search")
         self._fields = options.schema_fields()
-        self._schema_text = ", ".join(f.canonical() for f in self._fields)
-        self._schema = build_schema(self._fields)
+        self._docs = DocumentBuilder(name, self._fields, build_schema(self._fields), key_serde, options.document_format)
+        self._schema_text = self._docs.schema_text
+        self._schema = self._docs.schema
         self._search_fields = options.search_fields()
         stored = [f.name for f in self._fields if f.stored]
         self._stored: list[str] | None = stored or None
-        self._floats = [f.name for f in self._fields if f.type == "float"]
-        self._schema_names = frozenset(f.name for f in self._fields)
-        self._encode_doc, self._decode_doc = _codec(options.document_format)
+        self._schema_names = self._docs.schema_names
+        self._decode_doc = self._docs.decode_doc
         self._key_serde = key_serde
         self._logger = change_logger
         self._log = change_logger.log if change_logger is not None else None
         self._log_all = change_logger.log_all if change_logger is not None else None
         self._logged = bool(change_logger is not None and getattr(change_logger, "enabled", True))
-        self._index_dir = self.directory / _INDEX_DIR
-        self._checkpoint_path = self.directory / _CHECKPOINT_FILE
-        self._schema_path = self.directory / _SCHEMA_FILE
+        self._files = SearchFiles(self.directory, name, self._schema_text)
+        self._index_dir = self._files.index_dir
         self._index: tantivy.Index | None = None
         self._writer: tantivy.IndexWriter | None = None
         self._closed = False
@@ -192,6 +156,9 @@ class SearchEngine(StorageEngine):
         """The writer holds operations that are not in a tantivy commit."""
         self._reader_stale = True
         self._opstamp = 0
+        self._index_empty = False
+        """The index was created empty and no tantivy commit has happened since: only ids in
+        ``_sent`` can have a document, so writes of other ids need no delete."""
         self._open_problem: str | None = None
         """Why the local index cannot be reused as it is (checked by prepare_restore)."""
         self._open()
@@ -207,10 +174,7 @@ class SearchEngine(StorageEngine):
         except (ValueError, OSError):
             exists = True  # let Index.open report what is wrong
         if exists:
-            try:
-                built_with = self._schema_path.read_text().strip()
-            except OSError:
-                built_with = "(unknown: search-schema.txt is missing)"
+            built_with = self._files.built_with()
             if built_with != self._schema_text:
                 self._open_problem = (
                     f"its schema {built_with!r} differs from stores.{self.name}.search.fields = {self._schema_text!r}"
@@ -226,10 +190,11 @@ class SearchEngine(StorageEngine):
         try:
             if exists:
                 self._index = tantivy.Index.open(str(self._index_dir))
-                self._opstamp = self._meta_opstamp()
+                self._opstamp = self._files.meta_opstamp()
             else:
                 self._index = tantivy.Index(self._schema, path=str(self._index_dir))
-                self._write_schema()
+                self._files.write_schema()
+                self._index_empty = True
         except (ValueError, OSError, CorruptionError) as e:
             self._index = None
             self._open_problem = f"it cannot be opened ({e})"
@@ -246,48 +211,20 @@ class SearchEngine(StorageEngine):
         """Replace whatever is on disk by an empty index (and no checkpoint file)."""
         self._drop_writer()
         self._index = None
-        self._refuse_if_another_writer()
+        self._files.refuse_if_another_writer()
         try:
-            if self._checkpoint_path.exists():
-                self._checkpoint_path.unlink()
-            shutil.rmtree(self._index_dir, ignore_errors=True)
-            self._index_dir.mkdir(parents=True, exist_ok=True)
+            self._files.clear()
             self._index = tantivy.Index(self._schema, path=str(self._index_dir))
-            self._write_schema()
+            self._files.write_schema()
         except (OSError, ValueError) as e:
             raise self._translate(e, "create an empty index") from e
         self._opstamp = 0
+        self._index_empty = True
         self._buffer.clear()
         self._sent.clear()
         self._dirty = False
         self._reader_stale = True
         self._new_writer(self.options.heap_size_bytes)
-
-    def _refuse_if_another_writer(self) -> None:
-        """Raise StoreLockedError if another writer holds the index (tantivy's lock is a flock)."""
-        lock = self._index_dir / ".tantivy-writer.lock"
-        try:
-            fd = os.open(lock, os.O_RDWR)
-        except OSError:
-            return  # no lock file: no writer
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StoreLockedError(
-                f"store {self.name!r}: the index at {self._index_dir} has a writer in this or another process; "
-                "it was not wiped. Close the other engine/TaskStorage first"
-            ) from None
-        finally:
-            os.close(fd)
-
-    def _write_schema(self) -> None:
-        """Record the schema the (new, empty) index is built with, durably."""
-        tmp = self._schema_path.with_name(_SCHEMA_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(self._schema_text + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._schema_path)
 
     def _new_writer(self, heap: int) -> None:
         assert self._index is not None
@@ -310,23 +247,6 @@ class SearchEngine(StorageEngine):
                 writer.wait_merging_threads()
         self._dirty = False
 
-    def _meta_opstamp(self) -> int:
-        path = self._index_dir / "meta.json"
-        try:
-            return int(json.loads(path.read_bytes())["opstamp"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CorruptionError(f"store {self.name!r}: cannot read the opstamp of {path}: {e}") from e
-
-    def _read_checkpoint(self) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self._checkpoint_path.read_bytes())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as e:
-            log.warning("store %r: unreadable %s (%s); the index will be rebuilt", self.name, self._checkpoint_path, e)
-            return {"problem": str(e), "schema": self._schema_text}
-        return data if isinstance(data, dict) else {"problem": "not an object", "schema": self._schema_text}
-
     def _w(self) -> tantivy.IndexWriter:
         w = self._writer
         if w is None:
@@ -342,63 +262,13 @@ class SearchEngine(StorageEngine):
             raise StoreClosedError(f"store {self.name!r} (search engine at {self._index_dir}) is closed")
         return self._index
 
-    # -- encoding ---------------------------------------------------------------------------------
-    def _key(self, doc_id: Any) -> bytes:
-        try:
-            key = self._key_serde.encode(doc_id)
-        except Exception as e:
-            raise SerializationError(
-                f"store {self.name!r}: document id {doc_id!r} ({type(doc_id).__name__}) cannot be encoded by "
-                f"key serde {self._key_serde.name!r}: {e}. Set stores.{self.name}.key.serde (e.g. string)"
-            ) from e
-        if type(key) is not bytes:
-            raise SerializationError(f"store {self.name!r}: key serde {self._key_serde.name!r} returned {type(key).__name__}")
-        return key
-
-    def _document(self, key: bytes, doc: Any) -> tuple[bytes, tantivy.Document]:
-        """Encode ``doc`` for the changelog and build its tantivy document (validated)."""
-        if type(doc) is not dict:
-            if doc is None:
-                raise InvalidValueError(f"store {self.name!r}: index(doc_id, None) is not allowed; use delete(doc_id)")
-            if not isinstance(doc, Mapping):
-                raise InvalidValueError(
-                    f"store {self.name!r}: a document is a dict of fields, got {type(doc).__name__} for id {key!r}"
-                )
-            doc = dict(doc)
-        try:
-            encoded = self._encode_doc(doc)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise SerializationError(
-                f"store {self.name!r}: document {key!r} cannot be encoded as {self.options.document_format}: {e}"
-            ) from e
-        return encoded, self._tantivy_doc(key, doc, encoded)
-
-    def _tantivy_doc(self, key: bytes, doc: dict[str, Any], encoded: bytes) -> tantivy.Document:
-        """The tantivy document of ``doc`` (schema fields, id and stored encoding)."""
-        for f in self._floats:
-            v = doc.get(f)
-            if type(v) is float and not math.isfinite(v):
-                raise InvalidValueError(f"store {self.name!r}: document {key!r} field {f!r} = {v!r}: NaN/inf cannot be indexed")
-        fields = {**doc, _ID: key.decode("latin-1"), _DOC: _pack(key, encoded)}
-        try:
-            tdoc = tantivy.Document.from_dict(fields, self._schema)
-        except ValueError as e:
-            nones = [k for k in self._schema_names if k in doc and doc[k] is None]
-            if not nones:
-                raise InvalidValueError(
-                    f"store {self.name!r}: document {key!r} does not fit schema stores.{self.name}.search.fields "
-                    f"= {self._schema_text!r}: {e}"
-                ) from e
-            return self._tantivy_doc(key, {k: v for k, v in doc.items() if v is not None}, encoded)
-        return tdoc
-
     # -- writes -------------------------------------------------------------------------------------
     def index(self, doc_id: Any, doc: Mapping[str, Any]) -> None:
         """Add or replace the document ``doc_id``. Visible to ``get`` at once, to ``search``
         at the next read (see read-your-writes). Bad documents raise before anything is logged."""
         self._ix()
-        key = self._key(doc_id)
-        encoded, tdoc = self._document(key, doc)
+        key = self._docs.key(doc_id)
+        encoded, tdoc = self._docs.document(key, doc)
         buffer = self._buffer
         buffer[key] = (encoded, tdoc)
         if self._logged:
@@ -409,35 +279,37 @@ class SearchEngine(StorageEngine):
     def index_all(self, docs: Iterable[tuple[Any, Mapping[str, Any]]] | Mapping[Any, Mapping[str, Any]]) -> None:
         """Index many ``(doc_id, doc)`` pairs; all are validated before any is applied or logged."""
         self._ix()
-        if isinstance(docs, Mapping):
-            docs = docs.items()
-        key_of, document = self._key, self._document
-        batch: dict[bytes, tuple[bytes, tantivy.Document]] = {}
-        for doc_id, doc in docs:
-            key = key_of(doc_id)
-            batch[key] = document(key, doc)
-        if len(batch) < self.options.write_buffer_docs:
-            self._stage(list(batch.items()))
+        pairs = list(docs.items() if isinstance(docs, Mapping) else docs)
+        if not pairs:
+            return
+        try:
+            doc_ids, values = zip(*pairs)
+        except (TypeError, ValueError) as e:
+            raise InvalidValueError(f"store {self.name!r}: index_all takes (doc_id, doc) pairs or a mapping: {e}") from e
+        keys = self._docs.keys(doc_ids)
+        encoded, tdocs = self._docs.documents(keys, values)
+        if len(set(keys)) != len(keys):  # the last write of an id wins
+            latest = dict(zip(keys, zip(encoded, tdocs)))
+            keys = list(latest)
+            encoded = list(map(itemgetter(0), latest.values()))
+            tdocs = list(map(itemgetter(1), latest.values()))
+        if len(keys) < self.options.write_buffer_docs:
+            self._stage(list(zip(keys, zip(encoded, tdocs))))
         else:
             # a big batch goes straight to the writer: one delete of its ids, then adds
             self._send()
             writer = self._w()
-            keys = list(batch)
-            for i in range(0, len(keys), _DELETE_CHUNK):
-                ids = [k.decode("latin-1") for k in keys[i : i + _DELETE_CHUNK]]
-                writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
-            add = writer.add_document
-            for _, tdoc in batch.values():
-                add(tdoc)
+            self._delete_ids(writer, keys)
+            deque(map(writer.add_document, tdocs), 0)
             self._dirty = True
-            self._sent.update(zip(keys, map(itemgetter(0), batch.values())))
+            self._sent.update(zip(keys, encoded))
         if self._logged:
-            self._log_all(zip(batch, map(itemgetter(0), batch.values())))  # type: ignore[misc]
+            self._log_all(zip(keys, encoded))  # type: ignore[misc]
 
     def delete(self, doc_id: Any) -> None:
         """Remove document ``doc_id`` (not an error if it does not exist); logs a tombstone."""
         self._ix()
-        key = self._key(doc_id)
+        key = self._docs.key(doc_id)
         self._buffer[key] = None
         if self._logged:
             self._log(key, None)  # type: ignore[misc]
@@ -447,7 +319,7 @@ class SearchEngine(StorageEngine):
     def delete_all(self, doc_ids: Iterable[Any]) -> None:
         """Remove many documents."""
         self._ix()
-        keys = [self._key(d) for d in doc_ids]
+        keys = self._docs.keys(list(doc_ids))
         self._stage([(k, None) for k in keys])
         if self._logged:
             self._log_all([(k, None) for k in keys])  # type: ignore[misc]
@@ -470,8 +342,7 @@ class SearchEngine(StorageEngine):
         if not buffer:
             return
         writer = self._w()
-        ids = [k.decode("latin-1") for k in buffer]
-        writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
+        self._delete_ids(writer, list(buffer))
         add = writer.add_document
         sent = self._sent
         for key, value in buffer.items():
@@ -483,6 +354,18 @@ class SearchEngine(StorageEngine):
         self._buffer = {}
         self._dirty = True
 
+    def _delete_ids(self, writer: tantivy.IndexWriter, keys: list[bytes]) -> None:
+        """Delete the documents of ``keys`` that may exist, before their new versions are
+        added. In an index created empty and not committed since, only ids already sent can
+        exist: the others are skipped (a delete query cost the writer's threads ~45% on top
+        of indexing new documents, measured; benchmarks/RESULTS.md)."""
+        if self._index_empty:
+            sent = self._sent
+            keys = [k for k in keys if k in sent]
+        for i in range(0, len(keys), _DELETE_CHUNK):
+            ids = list(map(id_term, keys[i : i + _DELETE_CHUNK]))
+            writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
+
     def _commit_writer(self) -> None:
         """Make every write searchable and durable in a tantivy commit (not a task commit)."""
         self._send()
@@ -493,6 +376,7 @@ class SearchEngine(StorageEngine):
                 raise self._translate(e, "commit the tantivy writer") from e
             self._dirty = False
             self._sent = {}
+            self._index_empty = False
             self._reader_stale = True
 
     def _searcher(self) -> tantivy.Searcher:
@@ -523,17 +407,17 @@ class SearchEngine(StorageEngine):
             hits = searcher.search(tantivy.Query.term_query(self._schema, _ID, key.decode("latin-1")), 1, count=False).hits
             if not hits:
                 return None
-            return _unpack(searcher.doc(hits[0][1]).get_first(_DOC))[1]
+            return unpack(searcher.doc(hits[0][1]).get_first(_DOC))[1]
         except (ValueError, OSError) as e:
             raise self._translate(e, f"read document {key!r}") from e
 
     def get(self, doc_id: Any) -> dict[str, Any] | None:
         """The whole document ``doc_id`` (including uncommitted writes), or None."""
-        encoded = self._lookup(self._key(doc_id))
+        encoded = self._lookup(self._docs.key(doc_id))
         return None if encoded is None else self._decode_doc(encoded)
 
     def __contains__(self, doc_id: Any) -> bool:
-        return self._lookup(self._key(doc_id)) is not None
+        return self._lookup(self._docs.key(doc_id)) is not None
 
     def parse_query(self, query: str) -> tantivy.Query:
         """Parse ``query`` (tantivy query language) over ``default.fields``.
@@ -570,7 +454,7 @@ class SearchEngine(StorageEngine):
             hits = searcher.search(q, min(limit, max(1, searcher.num_docs)), count=False).hits
             for score, address in hits:
                 packed = doc_at(address).get_first(_DOC)
-                n = from_bytes(packed[:4], "big") + 4  # _unpack(), inlined: this loop is the hot path
+                n = from_bytes(packed[:4], "big") + 4  # unpack(), inlined: this loop is the hot path
                 doc = decode_doc(packed[n:])
                 if stored is not None:
                     doc = {k: doc[k] for k in stored if k in doc}
@@ -580,20 +464,7 @@ class SearchEngine(StorageEngine):
         return out
 
     def _translate(self, e: BaseException, action: str) -> LocalStateError:
-        """The one place tantivy and file-system errors become localstate errors."""
-        if isinstance(e, LocalStateError):
-            return e
-        if "LockBusy" in str(e):
-            return StoreLockedError(
-                f"store {self.name!r}: the index at {self._index_dir} already has a writer (tantivy LockBusy) "
-                "in this or another process; close the other engine/TaskStorage first"
-            )
-        if isinstance(e, OSError):
-            return io_error(e, action + " in", self._index_dir, EngineError)
-        return EngineError(
-            f"store {self.name!r}: tantivy failed to {action} on the index at {self._index_dir}: {e}. If it is damaged, "
-            "close the task, delete that directory and reopen: it is rebuilt from the changelog"
-        )
+        return self._files.translate(e, action)
 
     def count(self, query: str | tantivy.Query) -> int:
         """How many documents match ``query``."""
@@ -612,7 +483,7 @@ class SearchEngine(StorageEngine):
             return
         for _, address in searcher.search(tantivy.Query.all_query(), n, count=False).hits:
             d = searcher.doc(address)
-            yield _unpack(d.get_first(_DOC))
+            yield unpack(d.get_first(_DOC))
 
     def documents(self) -> dict[Any, dict[str, Any]]:
         """Every document as ``{doc_id: doc}`` (``O(n)``; for tools and tests)."""
@@ -633,32 +504,15 @@ class SearchEngine(StorageEngine):
         self._new_writer(self.options.restore_heap_size_bytes)
         writer = self._writer
         assert writer is not None
-        empty = into_empty and self._opstamp == 0 and self._meta_segments() == 0
-        decode, tantivy_doc = self._decode_doc, self._tantivy_doc
+        empty = into_empty and self._opstamp == 0 and self._files.meta_segments() == 0
         latest: dict[bytes, bytes | None] = {}
         latest.update(records)
-        add = writer.add_document
-        misfits = 0
         if not empty:
             keys = list(latest)
             for i in range(0, len(keys), _DELETE_CHUNK):
-                ids = [k.decode("latin-1") for k in keys[i : i + _DELETE_CHUNK]]
+                ids = list(map(id_term, keys[i : i + _DELETE_CHUNK]))
                 writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
-        for key, value in latest.items():
-            if value is None:
-                continue
-            try:
-                doc = decode(value)
-            except Exception as e:
-                raise CorruptionError(
-                    f"store {self.name!r}: change record {key!r} is not a {self.options.document_format} document: {e}"
-                ) from e
-            try:
-                add(tantivy_doc(key, doc, value))
-            except InvalidValueError:
-                # logged under an older schema (a field changed type): index what still fits
-                add(self._fitting_doc(key, doc, value))
-                misfits += 1
+        misfits = self._docs.add_restored(writer.add_document, ((k, v) for k, v in latest.items() if v is not None))
         del latest
         if misfits:
             log.warning(
@@ -667,61 +521,20 @@ class SearchEngine(StorageEngine):
                 self.name, misfits, self.name, self._schema_text,
             )
         self._opstamp = writer.commit()
+        self._index_empty = False
         self._reader_stale = True
         # the bulk writer is consumed here; index writes need a writer with the normal heap
         self._writer = None
         writer.wait_merging_threads()
         self._new_writer(self.options.heap_size_bytes)
 
-    def _fitting_doc(self, key: bytes, doc: dict[str, Any], encoded: bytes) -> tantivy.Document:
-        """The tantivy document of ``doc`` without the schema fields whose values do not fit."""
-        fitting = {}
-        for name, value in doc.items():
-            if name in self._schema_names:
-                try:
-                    self._tantivy_doc(key, {name: value}, encoded)
-                except InvalidValueError:
-                    continue
-            fitting[name] = value
-        return self._tantivy_doc(key, fitting, encoded)
-
-    def _meta_segments(self) -> int:
-        try:
-            return len(json.loads((self._index_dir / "meta.json").read_bytes())["segments"])
-        except (OSError, ValueError, KeyError):
-            return -1
-
     def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
         self._ix()
         problem = self._open_problem
-        saved = self._read_checkpoint() if problem is None else None
         offset = -1
         if problem is None:
-            if saved is None:
-                problem = "it has no search-checkpoint.json (never committed)" if self._opstamp else None
-            elif "problem" in saved:
-                problem = f"{self._checkpoint_path} is unreadable ({saved['problem']})"
-            elif saved.get("version") != _CHECKPOINT_VERSION:
-                problem = f"{self._checkpoint_path} has unknown version {saved.get('version')!r}"
-            else:
-                offset = int(saved.get("offset", -1))
-                if saved.get("opstamp") != self._opstamp:
-                    problem = (
-                        f"its tantivy commit (opstamp {self._opstamp}) is not the one checkpointed at changelog "
-                        f"offset {offset} (opstamp {saved.get('opstamp')}): it holds writes that were never committed"
-                    )
-                elif not min_valid_offset <= offset <= committed_offset:
-                    problem = (
-                        f"it covers changelog offset {offset}, outside [{min_valid_offset}, {committed_offset}]"
-                    )
-                else:
-                    try:
-                        n = self._searcher().num_docs
-                    except (ValueError, OSError) as e:
-                        problem = f"it cannot be read ({e})"
-                    else:
-                        if n != saved.get("num_docs"):
-                            problem = f"it has {n} documents where the checkpoint says {saved.get('num_docs')}"
+            offset, problem = self._files.reusable_from(
+                committed_offset, min_valid_offset, self._opstamp, lambda: self._searcher().num_docs)
         if problem is None:
             return max(offset, 0)
         if offset > committed_offset or "opstamp" in problem:
@@ -744,28 +557,7 @@ class SearchEngine(StorageEngine):
         self._write_checkpoint(offset)
 
     def _write_checkpoint(self, offset: int) -> None:
-        fault_point("snapshot.mid")
-        data = {
-            "version": _CHECKPOINT_VERSION,
-            "offset": offset,
-            "opstamp": self._opstamp,
-            "num_docs": self._searcher().num_docs,
-            "schema": self._schema_text,
-        }
-        tmp = self._checkpoint_path.with_name(_CHECKPOINT_FILE + ".tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(json.dumps(data).encode())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._checkpoint_path)
-            dfd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except OSError as e:
-            raise self._translate(e, f"write {self._checkpoint_path.name}") from e
+        self._files.write_checkpoint(offset, self._opstamp, self._searcher().num_docs)
 
     def wipe(self) -> None:
         self._ix()
@@ -800,7 +592,7 @@ class SearchEngine(StorageEngine):
             assert type(key) is bytes and (value is None or type(value) is bytes)
         assert not self._sent or self._dirty, "writes sent but the writer is not dirty"
         if not self._dirty:
-            assert self._opstamp == self._meta_opstamp(), "opstamp differs from meta.json"
+            assert self._opstamp == self._files.meta_opstamp(), "opstamp differs from meta.json"
         overlay = {**self._sent, **{k: (None if v is None else v[0]) for k, v in self._buffer.items()}}
         was_stale = self._reader_stale
         index = self._index
@@ -811,11 +603,12 @@ class SearchEngine(StorageEngine):
         if n:
             for _, address in searcher.search(tantivy.Query.all_query(), n, count=False).hits:
                 d = searcher.doc(address)
-                key, encoded = _unpack(d.get_first(_DOC))
+                key, encoded = unpack(d.get_first(_DOC))
                 assert key not in seen, f"document id {key!r} indexed twice"
                 seen[key] = encoded
                 assert isinstance(self._decode_doc(seen[key]), dict)
         assert len(seen) == n
+        assert not (self._index_empty and seen), "an index marked empty has committed documents"
         self._reader_stale = was_stale
         for key, value in overlay.items():
             assert self._lookup(key) == value

@@ -93,7 +93,7 @@ def _store_dir(config: Config) -> Path:
     return Path(config.state_dir) / config.job_name / "kv" / "0"
 
 
-@pytest.mark.parametrize("changelog", ["file", "kafka"])
+@pytest.mark.parametrize("changelog", ["file", pytest.param("kafka", marks=pytest.mark.kafka)])
 def test_long_restore_into_rocksdb_is_exact_and_ends_on_the_normal_memtable(tmp_path, request, monkeypatch, changelog):
     bootstrap = request.getfixturevalue("kafka_broker") if changelog == "kafka" else ""
     values = _values(tmp_path, changelog, bootstrap)
@@ -158,3 +158,48 @@ def test_a_reopened_rocksdb_database_runs_with_the_configured_options(tmp_path):
             assert db.property_int_value("rocksdb.block-cache-capacity") == 3 << 20
         finally:
             engine.close()
+
+
+@pytest.mark.kafka
+def test_a_keyless_record_in_a_kafka_changelog_is_named_not_restored(tmp_path, kafka_broker):
+    """Something other than localstate wrote a record without a key into the changelog:
+    the restore (committed range) and the tail check (past the commit) both refuse it with
+    an error naming the topic and the offset, and change nothing."""
+    import dataclasses
+
+    from confluent_kafka import Producer
+    from localstate.changelog.kafka import KafkaChangelogSystem
+    from localstate.errors import CorruptionError
+
+    values = _values(tmp_path, "kafka", kafka_broker)
+    _write_history(values, commits=2, per_commit=100)
+    topic = values["stores.kv.changelog"].split(".", 1)[1]
+    producer = Producer({"bootstrap.servers": kafka_broker})
+    producer.produce(topic, b"1", None, 0)
+    assert producer.flush(10) == 0
+    system = KafkaChangelogSystem("kafka", {"bootstrap.servers": kafka_broker,
+                                            "checkpoint.topic": values["systems.kafka.checkpoint.topic"]},
+                                  values["job.name"])
+    try:
+        part = system.open_partition(topic, 0, 1, readonly=True)
+        end = part.end_offset()
+        part.close()
+        # the uncommitted tail holds it: the tail check at open refuses it
+        with pytest.raises(CorruptionError, match=rf"{topic}.*record at offset {end - 1} has no key"):
+            TaskStorage(Config.from_dict(values))
+        # a checkpoint that covers it (as if committed): the restore refuses it
+        checkpoints = system.checkpoints()
+        committed = checkpoints.read(values["job.name"], 0)
+        checkpoints.write(values["job.name"], 0, dataclasses.replace(
+            committed, version=committed.version + 1, offsets={"kv": end}))
+    finally:
+        system.close()
+    with pytest.raises(CorruptionError, match=rf"record at offset {end - 1} has no key"):
+        TaskStorage(_elsewhere(values, tmp_path, "machine-b"))
+    reader = KafkaChangelogSystem("kafka", {"bootstrap.servers": kafka_broker}, "reader")
+    try:
+        part = reader.open_partition(topic, 0, 1, readonly=True)
+        assert part.end_offset() == end  # nothing was appended to the changelog
+        part.close()
+    finally:
+        reader.close()

@@ -564,3 +564,66 @@ def test_damaged_document_store_read_is_an_engine_error_naming_the_path(tmp_path
             e.search("user", 3)
         with pytest.raises(EngineError, match="document b'u5'"):
             e.get("u5")
+
+
+# -- the bulk paths (index_all straight to the writer, restore in chunks) -------------------------
+def test_bulk_index_all_with_one_bad_document_or_id_changes_nothing(tmp_path):
+    """A batch bigger than write.buffer.docs goes straight to the writer: a bad document
+    or id anywhere in it raises naming it, and nothing of the batch is indexed or logged."""
+    config = _config(tmp_path, **{"stores.profiles.search.write.buffer.docs": 4})
+    with TaskStorage(config) as s:
+        p = s.store("profiles")
+        pending = s.engine("profiles")._logger.pending
+        good = [(f"g{i}", {"name": f"good {i}", "age": i}) for i in range(10)]
+        for bad_pair, error, message in [
+            (("b7", {"age": "old"}), InvalidValueError, "'b7'"),
+            (("b7", {"name": "x", "blob": object()}), SerializationError, "b7"),
+            (("b7", None), InvalidValueError, "use delete"),
+            ((42, {"name": "x"}), SerializationError, "document id 42"),
+        ]:
+            with pytest.raises(error, match=message):
+                p.index_all(good[:7] + [bad_pair] + good[7:])
+            assert pending() == 0 and len(p) == 0 and p.get("g0") is None
+        with pytest.raises(InvalidValueError, match="pairs"):
+            p.index_all([("g1", {"name": "a"}, "extra")])
+        # duplicates in one big batch: the last write of an id wins, once
+        p.index_all(good + [("g3", {"name": "third again"})])
+        assert len(p) == 10 and p.get("g3") == {"name": "third again"}
+        assert [h[0] for h in p.search("again")] == ["g3"]
+        s.commit(1)
+    with TaskStorage(config) as s:
+        assert s.store("profiles").get("g3") == {"name": "third again"}
+
+
+def test_bulk_paths_with_float_fields_still_reject_nan(tmp_path):
+    with _engine(tmp_path, fields="title:text, rating:float", write_buffer_docs=2) as e:
+        docs = [(f"d{i}", {"title": "x", "rating": float(i)}) for i in range(5)]
+        with pytest.raises(InvalidValueError, match="'d9'.*NaN"):
+            e.index_all(docs + [("d9", {"title": "x", "rating": float("inf")})])
+        e.index_all(docs)
+        assert [h[0] for h in e.search("rating:[3 TO 4]")] in (["d3", "d4"], ["d4", "d3"])
+
+
+@pytest.mark.parametrize("value, message", [(b"{not json", "not a json document"), (b"[1, 2]", "json list, not a document")])
+def test_restoring_a_corrupt_change_record_names_it(tmp_path, value, message):
+    with _engine(tmp_path) as e:
+        good = [(b"u%d" % i, b'{"name": "ok"}') for i in range(5)]
+        with pytest.raises(CorruptionError, match=f"change record b'bad'.*{message}"):
+            e.restore(good + [(b"bad", value)] + good, into_empty=True)
+
+
+def test_rewrites_of_an_id_in_a_fresh_index_leave_one_document(tmp_path):
+    """A fresh index skips the delete of ids it has never seen; ids already sent, and every
+    id once anything is committed, are still replaced (never indexed twice)."""
+    with _engine(tmp_path, write_buffer_docs=4) as e:
+        e.index_all([(f"d{i}", {"name": f"first {i}"}) for i in range(10)])  # straight to the writer
+        e.index_all([(f"d{i}", {"name": f"second {i}"}) for i in range(5, 15)])  # overlaps, uncommitted
+        e.index("d0", {"name": "third 0"})
+        e.index("d0", {"name": "fourth 0"})
+        e._check()
+        assert len(e) == 15 and e.count("first") == 4 and e.count("second") == 10 and e.count("fourth") == 1
+        e.index_all([(f"d{i}", {"name": f"fifth {i}"}) for i in range(12, 20)])  # after a commit
+        e._check()
+        assert len(e) == 20 and e.count("second") == 7 and e.count("fifth") == 8
+        e.delete("d19")
+        assert len(e) == 19 and e.get("d19") is None

@@ -1,0 +1,227 @@
+"""The documents of a ``search`` store: ids to change-record keys, documents to
+change-record values (JSON or msgpack) and to tantivy documents, one at a time or in
+bulk, with the checks that make a bad document fail before anything is indexed or logged.
+
+The bulk methods exist because building documents in Python cost as much as tantivy's
+whole indexing loop (benchmarks/RESULTS.md, "Restore and indexing (issue 17)"): they
+run the encoders over a whole batch with ``map`` and build each tantivy document with
+one ``Document.from_dict`` call. A batch that fails any check is rebuilt one document
+at a time, so the error names the first bad document exactly as the single path does.
+
+The stored ``_doc`` field of every tantivy document is ``packed``: a 4-byte big-endian
+key length, the key, the encoded document (one stored field instead of two: ~10%
+faster indexing). Its layout is part of the on-disk index format.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from operator import add, methodcaller
+from typing import Any
+
+import msgpack
+import orjson
+import tantivy
+from localstate.errors import CorruptionError, InvalidValueError, SerializationError
+from localstate.serdes import Serde, encoder_of_many
+
+from .search_schema import DOC_FIELD, ID_FIELD, FieldSpec
+
+__all__ = ["DocumentBuilder", "id_term", "pack", "unpack"]
+
+_KEY_LENGTH = struct.Struct(">I")
+id_term = methodcaller("decode", "latin-1")
+"""The ``_id`` term of a key (keys are arbitrary bytes; latin-1 maps each byte to one char)."""
+
+
+def pack(key: bytes, encoded: bytes) -> bytes:
+    """The stored ``_doc`` value of document ``key`` (see the module docstring)."""
+    return _KEY_LENGTH.pack(len(key)) + key + encoded
+
+
+def unpack(stored: bytes) -> tuple[bytes, bytes]:
+    """``(key, encoded document)`` of a stored ``_doc`` value."""
+    n = int.from_bytes(stored[:4], "big") + 4
+    return stored[4:n], stored[n:]
+
+
+def _codec(fmt: str) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:
+    if fmt == "msgpack":
+        packer = msgpack.Packer(use_bin_type=True)
+        return packer.pack, lambda b: msgpack.unpackb(b, raw=False, strict_map_key=False)
+    return orjson.dumps, orjson.loads
+
+
+class DocumentBuilder:
+    """Keys, change-record values and tantivy documents for one store's schema."""
+
+    def __init__(self, store: str, fields: Sequence[FieldSpec], schema: tantivy.Schema, key_serde: Serde,
+                 document_format: str) -> None:
+        self.store = store
+        self.schema = schema
+        self.schema_text = ", ".join(f.canonical() for f in fields)
+        self.schema_names = frozenset(f.name for f in fields)
+        self.document_format = document_format
+        self._floats = [f.name for f in fields if f.type == "float"]
+        self._key_serde = key_serde
+        self._encode_keys = encoder_of_many(key_serde)
+        self.encode_doc, self.decode_doc = _codec(document_format)
+
+    # -- ids ----------------------------------------------------------------------------------
+    def key(self, doc_id: Any) -> bytes:
+        """``doc_id`` encoded with the store's key serde; SerializationError names it."""
+        serde = self._key_serde
+        try:
+            key = serde.encode(doc_id)
+        except Exception as e:
+            raise SerializationError(
+                f"store {self.store!r}: document id {doc_id!r} ({type(doc_id).__name__}) cannot be encoded by "
+                f"key serde {serde.name!r}: {e}. Set stores.{self.store}.key.serde (e.g. string)"
+            ) from e
+        if type(key) is not bytes:
+            raise SerializationError(f"store {self.store!r}: key serde {serde.name!r} returned {type(key).__name__}")
+        return key
+
+    def keys(self, doc_ids: Sequence[Any]) -> list[bytes]:
+        """:meth:`key` of each id, in one pass of the serde when every id is good."""
+        try:
+            keys = self._encode_keys(list(doc_ids))
+        except Exception:
+            keys = None
+        if keys is None or set(map(type, keys)) - {bytes}:
+            keys = list(map(self.key, doc_ids))  # raises for the first bad id
+        return keys
+
+    # -- documents ----------------------------------------------------------------------------
+    def _as_dict(self, key: bytes, doc: Any) -> dict[str, Any]:
+        if type(doc) is dict:
+            return doc
+        if doc is None:
+            raise InvalidValueError(f"store {self.store!r}: index(doc_id, None) is not allowed; use delete(doc_id)")
+        if not isinstance(doc, Mapping):
+            raise InvalidValueError(
+                f"store {self.store!r}: a document is a dict of fields, got {type(doc).__name__} for id {key!r}"
+            )
+        return dict(doc)
+
+    def _encode(self, key: bytes, doc: dict[str, Any]) -> bytes:
+        try:
+            return self.encode_doc(doc)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise SerializationError(
+                f"store {self.store!r}: document {key!r} cannot be encoded as {self.document_format}: {e}"
+            ) from e
+
+    def document(self, key: bytes, doc: Any) -> tuple[bytes, tantivy.Document]:
+        """Encode ``doc`` for the changelog and build its tantivy document (validated)."""
+        doc = self._as_dict(key, doc)
+        encoded = self._encode(key, doc)
+        return encoded, self.tantivy_doc(key, doc, encoded)
+
+    def documents(self, keys: Sequence[bytes], docs: Sequence[Any]) -> tuple[list[bytes], list[tantivy.Document]]:
+        """:meth:`document` of each ``(key, doc)``, in bulk: encoded values and tantivy documents."""
+        if set(map(type, docs)) - {dict}:
+            docs = list(map(self._as_dict, keys, docs))  # raises for the first non-document
+        try:
+            encoded = list(map(self.encode_doc, docs))
+        except (TypeError, ValueError, OverflowError):
+            encoded = list(map(self._encode, keys, docs))  # raises naming the first bad document
+        return encoded, self.tantivy_docs(keys, docs, encoded)
+
+    def tantivy_doc(self, key: bytes, doc: dict[str, Any], encoded: bytes) -> tantivy.Document:
+        """The tantivy document of ``doc`` (schema fields, id and stored encoding)."""
+        for f in self._floats:
+            v = doc.get(f)
+            if type(v) is float and not math.isfinite(v):
+                raise InvalidValueError(
+                    f"store {self.store!r}: document {key!r} field {f!r} = {v!r}: NaN/inf cannot be indexed")
+        fields = {**doc, ID_FIELD: key.decode("latin-1"), DOC_FIELD: pack(key, encoded)}
+        try:
+            return tantivy.Document.from_dict(fields, self.schema)
+        except ValueError as e:
+            if not any(k in self.schema_names and v is None for k, v in doc.items()):
+                raise InvalidValueError(
+                    f"store {self.store!r}: document {key!r} does not fit schema stores.{self.store}.search.fields "
+                    f"= {self.schema_text!r}: {e}"
+                ) from e
+            # a None schema field counts as absent
+            return self.tantivy_doc(key, {k: v for k, v in doc.items() if v is not None}, encoded)
+
+    def tantivy_docs(self, keys: Sequence[bytes], docs: Sequence[dict[str, Any]],
+                     encoded: Sequence[bytes]) -> list[tantivy.Document]:
+        """:meth:`tantivy_doc` of each document, in bulk (one at a time if any fails)."""
+        if not self._floats:
+            from_dict, schema = tantivy.Document.from_dict, self.schema
+            packed = map(add, map(add, map(_KEY_LENGTH.pack, map(len, keys)), keys), encoded)
+            try:
+                return [
+                    from_dict({**doc, ID_FIELD: doc_id, DOC_FIELD: stored}, schema)
+                    for doc, doc_id, stored in zip(docs, map(id_term, keys), packed)
+                ]
+            except ValueError:
+                pass  # a bad or None field somewhere: the single path finds it
+        return list(map(self.tantivy_doc, keys, docs, encoded))
+
+    def fitting_doc(self, key: bytes, doc: dict[str, Any], encoded: bytes) -> tantivy.Document:
+        """The tantivy document of ``doc`` without the schema fields whose values do not fit
+        (a document logged under an older schema)."""
+        fitting = {}
+        for name, value in doc.items():
+            if name in self.schema_names:
+                try:
+                    self.tantivy_doc(key, {name: value}, encoded)
+                except InvalidValueError:
+                    continue
+            fitting[name] = value
+        return self.tantivy_doc(key, fitting, encoded)
+
+    # -- change records -------------------------------------------------------------------------
+    def add_restored(self, add: Callable[[tantivy.Document], Any], records: Iterable[tuple[bytes, bytes]]) -> int:
+        """Build the tantivy document of each restored ``(key, encoded document)`` and pass
+        it to ``add`` at once (interleaving lets tantivy's threads index while the next is
+        built: building a batch first measured slower). Returns how many had fields that no
+        longer fit the schema (indexed without them: logged under an older schema).
+        CorruptionError names the first record that is not a document."""
+        from_dict, schema, decode = tantivy.Document.from_dict, self.schema, self.decode_doc
+        misfits = 0
+        fast = not self._floats  # float fields need the NaN check of the single path
+        for key, value in records:
+            if fast:
+                try:
+                    add(from_dict({**decode(value), ID_FIELD: key.decode("latin-1"), DOC_FIELD: pack(key, value)},
+                                  schema))
+                    continue
+                except Exception:
+                    pass  # the single path below names or repairs it
+            [doc] = self.decoded([key], [value])
+            try:
+                tdoc = self.tantivy_doc(key, doc, value)
+            except InvalidValueError:
+                tdoc = self.fitting_doc(key, doc, value)
+                misfits += 1
+            add(tdoc)
+        return misfits
+
+    def decoded(self, keys: Sequence[bytes], values: Sequence[bytes]) -> list[dict[str, Any]]:
+        """The documents of change-record values; CorruptionError names the first bad one."""
+        decode = self.decode_doc
+        try:
+            docs = list(map(decode, values))
+            if not set(map(type, docs)) - {dict}:
+                return docs
+        except Exception:
+            pass  # found and named below
+        fmt = self.document_format
+        out = []
+        for key, value in zip(keys, values):
+            try:
+                doc = decode(value)
+            except Exception as e:
+                raise CorruptionError(f"store {self.store!r}: change record {key!r} is not a {fmt} document: {e}") from e
+            if type(doc) is not dict:
+                raise CorruptionError(
+                    f"store {self.store!r}: change record {key!r} is a {fmt} {type(doc).__name__}, not a document")
+            out.append(doc)
+        return out
