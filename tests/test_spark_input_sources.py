@@ -242,6 +242,12 @@ def test_kafka_batch_reads_every_record_with_offsets_and_parses_json(sources: An
     parsed = _kafka(sources, kafka_broker, topic, format="json").schema("user_id string, ts long").load()
     assert sorted(r["ts"] for r in parsed.toArrow().to_pylist()) == list(range(90))
 
+    # minPartitions cuts the offset ranges: more reading tasks, the same records once each
+    split = _kafka(sources, kafka_broker, topic, minPartitions=7).load()
+    assert split.rdd.getNumPartitions() >= 7
+    assert sorted((r["partition"], r["offset"]) for r in split.toArrow().to_pylist()) == sorted(
+        (r["partition"], r["offset"]) for r in rows)
+
     window = _kafka(sources, kafka_broker, topic, startingOffsets='{"0": 10, "1": 0, "2": 30}',
                     endingOffsets='{"0": 20, "1": 5, "2": 30}').load().toArrow().to_pylist()
     assert sorted((r["partition"], r["offset"]) for r in window) == (
@@ -324,6 +330,10 @@ def test_kafka_bad_input_is_clear(sources: Any, kafka_broker: str) -> None:
     with pytest.raises(Exception) as e:
         _kafka(sources, kafka_broker, topic, endingOffsets="[1]").load().collect()
     assert "endingOffsets = '[1]'" in _error_text(e)
+    for bad in ("0", "two"):
+        with pytest.raises(Exception) as e:
+            _kafka(sources, kafka_broker, topic, minPartitions=bad).load().collect()
+        assert "'minPartitions'" in _error_text(e) and bad in _error_text(e)
     _produce(kafka_broker, topic, [(0, b"k", b"{not json")])
     with pytest.raises(Exception) as e:
         _kafka(sources, kafka_broker, topic, format="json").schema("user_id string").load().collect()

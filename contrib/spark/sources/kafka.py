@@ -67,6 +67,9 @@ class _KafkaReader:
         self._consumer: Any = None
         self.schema = schema
         self.json = options.get("format", "raw") == "json"
+        self.min_partitions = _int_option(options, "minPartitions", source, None)
+        if self.min_partitions is not None and self.min_partitions < 1:
+            raise ConfigError(f"data source {source!r}: option 'minPartitions' = {self.min_partitions}; use an int >= 1")
         self.policy = JsonPolicy.from_options(options, source)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -98,11 +101,19 @@ class _KafkaReader:
         return {str(p): self.client.watermarks(consumer, self.topic, p)[0] for p in self.partitions()}
 
     def plan(self, start: dict[str, int], end: dict[str, int]) -> list[_Range]:
+        """Input partitions of at most ``_KAFKA_RANGE`` offsets; with ``minPartitions`` set
+        and fewer ranges than that, they are cut smaller so that at least that many Spark
+        tasks read (a topic with fewer partitions than cores then still reads and parses
+        its JSON on every core)."""
+        spans = {p: (int(start.get(p, 0)), int(stop)) for p, stop in end.items()}
+        total = sum(max(0, b - a) for a, b in spans.values())
+        size = _KAFKA_RANGE
+        if self.min_partitions and total:
+            size = max(1, min(size, -(-total // self.min_partitions)))
         out = []
-        for p, stop in sorted(end.items(), key=lambda x: int(x[0])):
-            begin = int(start.get(p, 0))
-            for s in range(begin, int(stop), _KAFKA_RANGE):
-                out.append(_Range(int(p), s, min(int(stop), s + _KAFKA_RANGE)))
+        for p, (begin, stop) in sorted(spans.items(), key=lambda x: int(x[0])):
+            for s in range(begin, stop, size):
+                out.append(_Range(int(p), s, min(stop, s + size)))
         return out
 
     def read(self, part: _Range) -> Iterator[pa.RecordBatch]:
@@ -179,7 +190,8 @@ class KafkaSource(DataSource):
     Options: ``bootstrap.servers`` (or ``kafka.bootstrap.servers``), ``topic``,
     ``startingOffsets`` (``earliest`` (default), ``latest`` or JSON
     ``{"<partition>": offset}``), ``endingOffsets`` (batch only: ``latest`` or JSON),
-    ``maxOffsetsPerTrigger`` (streaming), ``format`` (``raw`` (default) or ``json``:
+    ``maxOffsetsPerTrigger`` (streaming), ``minPartitions`` (read each batch with at least
+    this many Spark tasks, cutting partitions' offset ranges; as Spark's Kafka source), ``format`` (``raw`` (default) or ``json``:
     parse values into the given ``schema``, with ``mode`` = ``FAILFAST`` (default) /
     ``PERMISSIVE`` / ``DROPMALFORMED`` for bad values, as ``localstate-jsonl``), ``timeout.s``, and ``kafka.<key>`` for
     any consumer setting. Reads with ``isolation.level=read_committed``.
