@@ -50,9 +50,10 @@ from .spark_streaming import (
     format_parts,
     latencies_ms,
     localstate_breakdown,
+    run_shape,
 )
 
-__all__ = ["KAFKA_FULL", "KAFKA_QUICK", "kafka_rows", "quix_python", "produce_page_views"]
+__all__ = ["KAFKA_FULL", "KAFKA_QUICK", "kafka_rows", "quix_python", "produce_page_views", "main"]
 
 KAFKA_FULL = Sizes(events=1_000_000, users=100_000, sample_every=1)
 KAFKA_QUICK = Sizes(events=20_000, users=1_000, sample_every=1)
@@ -221,3 +222,13 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[s
     rows.append(make_row("kafka_breakdown", ls_name, params, "ms per micro-batch",
                          [parts["micro-batch (triggerExecution)"] * 1000], notes=format_parts(parts)))
     return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m localstate.benchmarks.spark_kafka [--quick] [--repeats N] [--json PATH]``
+    (the Quix peer needs ``LOCALSTATE_QUIX_PYTHON``, see the module docstring)."""
+    run_shape(kafka_rows, argv, "python -m localstate.benchmarks.spark_kafka")
+
+
+if __name__ == "__main__":
+    main()
