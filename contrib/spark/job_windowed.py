@@ -16,8 +16,8 @@ a window closes), so per-key Python work happens once per key per commit interva
 not once per event. At every window/commit boundary the task splits the pending
 counts at the closing boundary:
 
-* counts of windows that stay open are added to the store: one ``get_all`` and one
-  ``put_all`` of their distinct keys;
+* counts of windows that stay open are added to the store: one ``get_all`` (of the keys
+  of windows the store already holds) and one ``put_all`` of their distinct keys;
 * counts of windows that close now never go to the store: the store is scanned for
   the closed windows it holds (``range((CLOCK_WINDOW + 1,), (boundary,))`` — one ordered scan,
   because the tuple key sorts by window start first), those are added to the pending
