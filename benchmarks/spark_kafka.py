@@ -6,10 +6,12 @@ and one topic of 1 partition is filled with ``events`` JSON page views
 (``{"ts": …, "user_id": …}``, keyed by ``user_id``; quick: 20k, full: 1M).
 
 * ``localstate``: the ``localstate-kafka`` source (``format=json``,
-  ``maxOffsetsPerTrigger`` = events / 4) → :meth:`StatefulJob.run_stream` with the
-  count-per-key task of :func:`localstate.testing.spark.key_count_task` (rocksdb + file
-  changelog, 4 tasks on ``local[2]``, one exactly-once commit per task per micro-batch),
-  ``availableNow``, warm session; timed from ``start()`` to the end of the query.
+  ``maxOffsetsPerTrigger`` = events / 4, ``minPartitions`` = the session's cores, so the
+  one topic partition is read and parsed on both cores) → :meth:`StatefulJob.run_stream`
+  with the count-per-key task of :func:`localstate.testing.spark.key_count_task`
+  (rocksdb + file changelog, no object cache, 4 tasks on ``local[2]``, one exactly-once
+  commit per task per micro-batch), ``availableNow``, warm session; timed from
+  ``start()`` to the end of the query.
 * ``quix``: Quix Streams 3.28 ``Application(processing_guarantee="exactly-once")``
   counting per key in its RocksDB state with its changelog topic
   (:mod:`localstate.benchmarks.quix_peer`), in a subprocess; timed from its first
@@ -48,9 +50,10 @@ from .spark_streaming import (
     format_parts,
     latencies_ms,
     localstate_breakdown,
+    run_shape,
 )
 
-__all__ = ["KAFKA_FULL", "KAFKA_QUICK", "kafka_rows", "quix_python", "produce_page_views"]
+__all__ = ["KAFKA_FULL", "KAFKA_QUICK", "kafka_rows", "quix_python", "produce_page_views", "main"]
 
 KAFKA_FULL = Sizes(events=1_000_000, users=100_000, sample_every=1)
 KAFKA_QUICK = Sizes(events=20_000, users=1_000, sample_every=1)
@@ -109,13 +112,17 @@ def localstate_kafka_stream(spark: Any, bootstrap: str, topic: str, root: Path, 
     from .spark_jobs import timed_task
 
     register_sources(spark)
+    # Counts are written once per key per micro-batch (the task sums in Arrow first), so
+    # an object cache would only add work (as PageViewsPerHour's store says).
     config = key_count_config(root, partitions=TASKS, engine=default_kv_engine()[0], name="kafka-e2e")
+    config = config.with_overrides({"stores.counts.object.cache.size": 0})
     task = key_count_task("user_id")
     if timing_dir is not None:
         task = timed_task(task, str(timing_dir))
     job = StatefulJob(config, task, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
     stream = (spark.readStream.format("localstate-kafka").option("bootstrap.servers", bootstrap)
               .option("topic", topic).option("format", "json").option("maxOffsetsPerTrigger", per_trigger)
+              .option("minPartitions", spark.sparkContext.defaultParallelism)
               .schema("ts long, user_id string").load())
     t0 = time.perf_counter()
     query = job.run_stream(stream, checkpoint_location=str(root / "spark-checkpoint"),
@@ -215,3 +222,13 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[s
     rows.append(make_row("kafka_breakdown", ls_name, params, "ms per micro-batch",
                          [parts["micro-batch (triggerExecution)"] * 1000], notes=format_parts(parts)))
     return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m localstate.benchmarks.spark_kafka [--quick] [--repeats N] [--json PATH]``
+    (the Quix peer needs ``LOCALSTATE_QUIX_PYTHON``, see the module docstring)."""
+    run_shape(kafka_rows, argv, "python -m localstate.benchmarks.spark_kafka")
+
+
+if __name__ == "__main__":
+    main()

@@ -54,7 +54,7 @@ from .spark_jobs import ENGINE, HOURS, SPARK_STATE_STORE, TASKS, Sizes, events, 
 
 __all__ = ["StreamSizes", "STREAM_FULL", "STREAM_QUICK", "FILES_PER_TRIGGER", "write_stream_files",
            "localstate_stream", "spark_stream", "StreamRun", "stream_rows", "finish_query",
-           "format_parts", "latencies_ms", "localstate_breakdown", "spark_breakdown", "batch_stages"]
+           "format_parts", "latencies_ms", "localstate_breakdown", "spark_breakdown", "batch_stages", "run_shape", "main"]
 
 FILES_PER_TRIGGER = 5
 INPUT_SCHEMA = "ts long, user_id string"
@@ -374,3 +374,49 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[
     rows.append(make_row("stream_breakdown", baseline, params, "ms per micro-batch",
                          [peer_parts["micro-batch (triggerExecution)"] * 1000], notes=format_parts(peer_parts)))
     return rows
+
+
+# -- command line ------------------------------------------------------------------------------
+def run_shape(shape: Callable[[Any, Path, bool, int], list[dict[str, Any]]], argv: list[str] | None,
+              prog: str) -> list[dict[str, Any]]:
+    """Run one streaming shape on its own ``local[2]`` session: ``[--quick] [--repeats N]
+    [--json PATH]``; prints one line per row (and the load average) and returns the rows."""
+    import argparse
+    import json
+    import tempfile
+
+    from .spark_jobs import start_session
+
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--quick", action="store_true", help="the CI size")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side (default 3)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    load = os.getloadavg()
+    spark, owned = start_session(args.quick)
+    work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
+    try:
+        rows = shape(spark, work, args.quick, args.repeats)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if owned:
+            spark.stop()
+    print(f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end "
+          + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    for r in rows:
+        ratio = f"  ratio {r['ratio']:.2f}" if r["ratio"] is not None else ""
+        print(f"{r['workload']:22} {r['engine'][:70]:70} {r['median']:>12,.0f} {r['unit']}"
+              f"  runs {[round(x) for x in r['runs']]}{ratio}\n    {r['notes']}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"load_average_start": load, "rows": rows}, indent=1, default=str))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m localstate.benchmarks.spark_streaming [--quick] [--repeats N] [--json PATH]``."""
+    run_shape(stream_rows, argv, "python -m localstate.benchmarks.spark_streaming")
+
+
+if __name__ == "__main__":
+    main()

@@ -242,6 +242,12 @@ def test_kafka_batch_reads_every_record_with_offsets_and_parses_json(sources: An
     parsed = _kafka(sources, kafka_broker, topic, format="json").schema("user_id string, ts long").load()
     assert sorted(r["ts"] for r in parsed.toArrow().to_pylist()) == list(range(90))
 
+    # minPartitions cuts the offset ranges: more reading tasks, the same records once each
+    split = _kafka(sources, kafka_broker, topic, minPartitions=7).load()
+    assert split.rdd.getNumPartitions() >= 7
+    assert sorted((r["partition"], r["offset"]) for r in split.toArrow().to_pylist()) == sorted(
+        (r["partition"], r["offset"]) for r in rows)
+
     window = _kafka(sources, kafka_broker, topic, startingOffsets='{"0": 10, "1": 0, "2": 30}',
                     endingOffsets='{"0": 20, "1": 5, "2": 30}').load().toArrow().to_pylist()
     assert sorted((r["partition"], r["offset"]) for r in window) == (
@@ -304,6 +310,30 @@ def test_kafka_reads_in_one_worker_reuse_one_consumer_and_a_broken_off_read_clos
 
 
 @pytest.mark.kafka
+def test_kafka_available_now_ends_at_the_trigger_snapshot_while_the_topic_grows(
+    sources: Any, kafka_broker: str
+) -> None:
+    """``availableNow`` reads what the topic held when the trigger started: later records
+    are left for the next query, however many micro-batches the first one takes (its
+    end is the snapshot, not asked again per micro-batch); without it the end moves."""
+    from localstate.contrib.spark.sources import KafkaSource
+    from localstate.contrib.spark.sources._base import ReadAllAvailable, ReadMaxRows
+
+    topic = _topic(kafka_broker, 3)
+    _produce(kafka_broker, topic, _views(60))
+    options = {"bootstrap.servers": kafka_broker, "topic": topic}
+    source = KafkaSource(options)
+    bounded, open_ended = source.streamReader(None), source.streamReader(None)
+    bounded.prepareForTriggerAvailableNow()
+    start = bounded.initialOffset()
+    first = bounded.latestOffset(start, ReadMaxRows(30))
+    assert sum(first.values()) == 30
+    _produce(kafka_broker, topic, _views(30, start=60))
+    assert bounded.latestOffset(first, ReadAllAvailable()) == {"0": 20, "1": 20, "2": 20}
+    assert open_ended.latestOffset(start, ReadAllAvailable()) == {"0": 30, "1": 30, "2": 30}
+
+
+@pytest.mark.kafka
 def test_kafka_bad_input_is_clear(sources: Any, kafka_broker: str) -> None:
     with pytest.raises(Exception) as e:
         sources.read.format("localstate-kafka").option("topic", "t").load().collect()
@@ -324,6 +354,10 @@ def test_kafka_bad_input_is_clear(sources: Any, kafka_broker: str) -> None:
     with pytest.raises(Exception) as e:
         _kafka(sources, kafka_broker, topic, endingOffsets="[1]").load().collect()
     assert "endingOffsets = '[1]'" in _error_text(e)
+    for bad in ("0", "two"):
+        with pytest.raises(Exception) as e:
+            _kafka(sources, kafka_broker, topic, minPartitions=bad).load().collect()
+        assert "'minPartitions'" in _error_text(e) and bad in _error_text(e)
     _produce(kafka_broker, topic, [(0, b"k", b"{not json")])
     with pytest.raises(Exception) as e:
         _kafka(sources, kafka_broker, topic, format="json").schema("user_id string").load().collect()

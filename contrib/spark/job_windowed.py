@@ -16,8 +16,8 @@ a window closes), so per-key Python work happens once per key per commit interva
 not once per event. At every window/commit boundary the task splits the pending
 counts at the closing boundary:
 
-* counts of windows that stay open are added to the store: one ``get_all`` and one
-  ``put_all`` of their distinct keys;
+* counts of windows that stay open are added to the store: one ``get_all`` (of the keys
+  of windows the store already holds) and one ``put_all`` of their distinct keys;
 * counts of windows that close now never go to the store: the store is scanned for
   the closed windows it holds (``range((CLOCK_WINDOW + 1,), (boundary,))`` — one ordered scan,
   because the tuple key sorts by window start first), those are added to the pending
@@ -143,18 +143,34 @@ class PageViewsPerHour(StreamTask):
         return pa.table({"w": grouped.column("w"), "u": grouped.column("u"), "n": grouped.column("n_sum")})
 
     def _add_to_store(self, counts: pa.Table) -> None:
-        """Add ``counts`` (distinct ``(w, u)`` keys) to the store: one ``get_all`` and one
-        ``put_all``."""
+        """Add ``counts`` (distinct ``(w, u)`` keys) to the store: one ``get_all`` of the
+        keys of windows the store already holds, and one ``put_all``.
+
+        A window the store holds no key of (one that opened since the last commit — in a
+        stream, about every other window per micro-batch) needs no lookup: one ordered
+        probe per distinct window tells, instead of a get per key."""
         if counts.num_rows == 0:
             return
-        keys = list(zip(counts.column("w").to_pylist(), counts.column("u").to_pylist()))
-        adds = counts.column("n").to_pylist()
-        existing = self.hourly.get_all(keys)
-        if existing:
-            get = existing.get
-            self.hourly.put_all([(k, get(k, 0) + n) for k, n in zip(keys, adds)])
+        held = [w for w in pc.unique(counts.column("w")).to_pylist() if self._holds_window(w)]
+        if len(held) < len(pc.unique(counts.column("w"))):
+            looked_up = counts.filter(pc.is_in(counts.column("w"), pa.array(held, pa.int64())))
+            fresh = counts.filter(pc.invert(pc.is_in(counts.column("w"), pa.array(held, pa.int64()))))
         else:
-            self.hourly.put_all(list(zip(keys, adds)))
+            looked_up, fresh = counts, counts.slice(0, 0)
+        entries = list(zip(zip(fresh.column("w").to_pylist(), fresh.column("u").to_pylist()),
+                           fresh.column("n").to_pylist()))
+        if looked_up.num_rows:
+            keys = list(zip(looked_up.column("w").to_pylist(), looked_up.column("u").to_pylist()))
+            adds = looked_up.column("n").to_pylist()
+            existing = self.hourly.get_all(keys)
+            get = existing.get
+            entries += [(k, get(k, 0) + n) for k, n in zip(keys, adds)] if existing else list(zip(keys, adds))
+        self.hourly.put_all(entries)
+
+    def _holds_window(self, window_start: int) -> bool:
+        """Whether the store holds any key of the window starting at ``window_start``."""
+        with self.hourly.range((window_start,), (window_start + 1,)) as keys:
+            return next(keys, None) is not None
 
     def _apply_pending(self) -> None:
         """Add every pending count to the store."""

@@ -165,21 +165,24 @@ def committed_batches(config: Config) -> dict[int, int | None]:
 def open_version(config: Config, partition: int, version: int | None, lock_wait_s: float) -> TaskStorage:
     """Task ``partition``'s storage, ready to apply ``version`` (None: an unversioned run).
 
-    :func:`prepare_version` rolls back a commit of ``version`` before the storage is
-    opened; the version is checked again once it is open (its locks held), because
-    another attempt of the task — on another executor, with its own state dir and lock —
-    may have committed ``version`` while this one waited for the changelog lock. Then
-    it is closed, rolled back and opened again.
+    The storage is opened first and its committed version checked with its locks held;
+    in the normal case (committed version below ``version``) that is all. Otherwise —
+    ``version`` committed already (a re-run batch, or another attempt of the task on
+    another executor, with its own state dir and lock, committed it while this one
+    waited for the changelog lock) or the state ahead — it is closed,
+    :func:`prepare_version` rolls the checkpoint back (or raises), and it is opened
+    again. (Checking before the open as well would cost every micro-batch of every task
+    a second lock, checkpoint-system open and checkpoint read for the rare re-run.)
     """
     if version is None:
         return _open_task(config, partition, lock_wait_s)
     while True:
-        prepare_version(config, partition, version, lock_wait_s)
         storage = _open_task(config, partition, lock_wait_s)
         current = storage.checkpoint
         if current is None or current.version < version:
             return storage
         storage.close()
+        prepare_version(config, partition, version, lock_wait_s)
 
 
 def _open_task(config: Config, partition: int, lock_wait_s: float) -> TaskStorage:
