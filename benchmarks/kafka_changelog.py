@@ -45,6 +45,7 @@ from localstate.changelog.kafka import KafkaChangelogSystem
 from localstate.checkpoint import Checkpoint
 from localstate.testing.kafka import TansuBroker
 
+from .peers import quix_python, run_peer
 from .runner import add_ratios, error_row, make_row
 
 __all__ = ["run"]
@@ -283,7 +284,6 @@ class _Bench:
 
 
 STORE_COMMIT_EVERY = 10_000
-QUIX_PYTHON_ENV = "LOCALSTATE_QUIX_PYTHON"
 
 
 def _store_ours(bootstrap: str, keys: list[bytes], value: bytes) -> tuple[float, float]:
@@ -348,29 +348,9 @@ def _store_raw(keys: list[bytes], value: bytes) -> tuple[float, float]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def quix_python() -> str | None:
-    """The interpreter with quixstreams: ``$LOCALSTATE_QUIX_PYTHON``, else this one if it
-    imports quixstreams, else None."""
-    import importlib.util
-    import os
-    import sys
-
-    configured = os.environ.get(QUIX_PYTHON_ENV)
-    if configured:
-        return configured
-    return sys.executable if importlib.util.find_spec("quixstreams") is not None else None
-
-
 def _store_quix(python: str, bootstrap: str, n: int, seed: int) -> tuple[float, float]:
-    import json
-    import subprocess
-
-    script = Path(__file__).with_name("quix_store_peer.py")
-    done = subprocess.run([python, str(script), "--bootstrap", bootstrap, "--records", str(n), "--seed", str(seed),
-                           "--commit-every", str(STORE_COMMIT_EVERY)], capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"quix peer failed: {done.stderr.strip()[-500:]}")
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = run_peer(python, "quix_store_peer.py", ["--bootstrap", bootstrap, "--records", str(n), "--seed", str(seed),
+                                                      "--commit-every", str(STORE_COMMIT_EVERY)], 1800)
     return figures["puts_per_s"], figures["gets_per_s"]
 
 
@@ -382,7 +362,7 @@ def store_rows(bootstrap: str, n: int, repeats: int, *, report_missing_peer: boo
 
     seed = 1
     keys, value = keys_of(n, seed), value_of(seed)
-    python = quix_python()
+    python, why_not = quix_python()
     sides: dict[str, Callable[[], tuple[float, float]]] = {
         "localstate rocksdb+kafka": lambda: _store_ours(bootstrap, keys, value),
         "raw rocksdict": lambda: _store_raw(keys, value),
@@ -412,8 +392,7 @@ def store_rows(bootstrap: str, n: int, repeats: int, *, report_missing_peer: boo
             rows.append(row)
         if "quix RocksDBStore+kafka" not in runs and report_missing_peer:
             rows.append(error_row(workload, "quix RocksDBStore+kafka", params, unit,
-                                  f"quixstreams not importable here; set {QUIX_PYTHON_ENV} to a python with "
-                                  "quixstreams==3.28.1 (e.g. a venv of its own)"))
+                                  why_not))
     ours = {r["workload"]: r for r in rows if r["engine"] == "localstate rocksdb+kafka"}
     for r in rows:
         if r["engine"] == "quix RocksDBStore+kafka" and not r.get("error"):

@@ -15,9 +15,8 @@ markers. Each repeat runs, interleaved:
   checkpoint, fence, restore the whole changelog into rocksdb, snapshot, check the tail.
   The row ``restore only`` is the same runs timed by the restore itself
   (``last_restore[...].seconds``: reading and applying the changelog, then the snapshot);
-* ``quixstreams 3.28 replay`` — with ``LOCALSTATE_BENCH_QUIX_PYTHON`` naming a Python that
-  has ``quixstreams==3.28.1`` (it pins another confluent-kafka, so it lives in its own
-  virtualenv), Quix's own recovery path replays the same records, with the headers its
+* ``quixstreams 3.28 replay`` — where a Quix interpreter is found
+  (:func:`localstate.benchmarks.peers.quix_python`: ``LOCALSTATE_QUIX_PYTHON``), Quix's own recovery path replays the same records, with the headers its
   changelog carries, into its ``RocksDBStorePartition`` (``benchmarks/quix_replay.py``).
 
 Besides records/s (wall), every row reports records per second of the main thread's CPU
@@ -27,11 +26,9 @@ work per record is what the restore path controls.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
-import subprocess
 import tempfile
 import time
 import uuid
@@ -44,6 +41,7 @@ from localstate import Config, TaskStorage
 from localstate.engines.rocksdb import RocksDBOptions
 from localstate.testing.kafka import TansuBroker
 
+from .peers import quix_python, run_peer
 from .runner import add_ratios, make_row
 
 __all__ = ["run"]
@@ -106,13 +104,10 @@ class _Restore:
 
     def quix(self, python: str, topic: str) -> tuple[float, float]:
         state_dir = Path(tempfile.mkdtemp(prefix="quix-", dir=self.root))
-        script = Path(__file__).with_name("quix_replay.py")
         try:
-            out = subprocess.run([python, str(script), self.bootstrap, topic, str(self.n), str(state_dir / "db")],
-                                 capture_output=True, text=True, timeout=600, check=True).stdout
+            result = run_peer(python, "quix_replay.py", [self.bootstrap, topic, str(self.n), str(state_dir / "db")], 600)
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
-        result = json.loads(out.strip().splitlines()[-1])
         if result["records"] != self.n:
             raise RuntimeError(f"Quix replayed {result['records']} records, expected {self.n}")
         return result["seconds"], result["cpu"]
@@ -189,19 +184,19 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     params = {"records": n, "key_bytes": KEY_BYTES, "value_bytes": VALUE_BYTES, "commit_every": COMMIT_EVERY}
     timings: dict[str, list[tuple[float, float]]] = {"raw": [], "raw+db": [], "ours": [], "ours-restore": [],
                                                      "quix": []}
-    quix_python = os.environ.get("LOCALSTATE_BENCH_QUIX_PYTHON")
+    quix_interpreter, _why_not = quix_python()
     root = Path(tempfile.mkdtemp(prefix="ls-kafka-restore-"))
     try:
         with TansuBroker() as broker:
             bench = _Restore(broker.bootstrap, n, root)
             bench.fill()
-            quix_topic = bench.fill_quix() if quix_python else ""
+            quix_topic = bench.fill_quix() if quix_interpreter else ""
             for i in range(repeats + 1):  # the first round is the warm-up
                 raw = bench.raw(write=False)
                 ours = bench.ours()
                 raw_db = bench.raw(write=True)
-                if quix_python:
-                    quix = bench.quix(quix_python, quix_topic)
+                if quix_interpreter:
+                    quix = bench.quix(quix_interpreter, quix_topic)
                     if i:
                         timings["quix"].append(quix)
                 if i:

@@ -31,10 +31,8 @@ Quix's state returned).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from typing import Any
 import numpy as np
 from localstate.contrib.spark.runner import StatefulJob
 
+from .peers import quix_python
 from .runner import make_row
 from .spark_jobs import TASKS, Sizes, events
 from .spark_streaming import (
@@ -53,28 +52,12 @@ from .spark_streaming import (
     run_shape,
 )
 
-__all__ = ["KAFKA_FULL", "KAFKA_QUICK", "kafka_rows", "quix_python", "produce_page_views", "main"]
+__all__ = ["KAFKA_FULL", "KAFKA_QUICK", "kafka_rows", "produce_page_views", "main"]
 
 KAFKA_FULL = Sizes(events=1_000_000, users=100_000, sample_every=1)
 KAFKA_QUICK = Sizes(events=20_000, users=1_000, sample_every=1)
 TRIGGERS = 4
 """Micro-batches the topic is read in (``maxOffsetsPerTrigger`` = events / TRIGGERS)."""
-QUIX_ENV = "LOCALSTATE_QUIX_PYTHON"
-
-
-def quix_python() -> tuple[str | None, str]:
-    """The interpreter that runs the Quix peer, or None and why not."""
-    explicit = os.environ.get(QUIX_ENV)
-    if explicit:
-        return explicit, f"{QUIX_ENV}={explicit}"
-    try:
-        import quixstreams  # noqa: F401
-    except ImportError:
-        return None, (f"quixstreams is not installed here and {QUIX_ENV} is not set (quixstreams 3.28 pins "
-                      "confluent-kafka<2.13: install it in its own virtualenv and point the variable at its python)")
-    return sys.executable, "this interpreter"
-
-
 def produce_page_views(bootstrap: str, topic: str, sizes: Sizes) -> int:
     """Create ``topic`` (1 partition) and fill it with the page views as JSON, keyed by
     user; returns the number of messages."""

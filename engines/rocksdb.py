@@ -19,8 +19,14 @@ Fault tolerance (host affinity, incremental restore):
   (benchmarks/RESULTS.md, issue 17). A reopen replays at most that many records past
   the newest snapshot; a clean close right after a commit takes the deferred
   snapshot, so it replays nothing;
-* the live database is **never trusted** on open: after a clean close without commit
-  it may hold writes past the committed offset ``C``. ``prepare_restore(C, min_valid)``
+* the live database is **trusted on open only after a clean close that left it equal to
+  its newest snapshot** (nothing written since that snapshot): the close then writes
+  ``db.clean`` naming the snapshot's offset, and the next open consumes (deletes, durably)
+  that file before anything can write, so a crash, a write or any other open in between
+  leaves no claim behind. If that offset is the newest usable snapshot (inside
+  ``[min_valid, C]``), ``prepare_restore`` keeps ``db/`` as it is: a task opened once per
+  micro-batch pays no rebuild. Otherwise — a close after uncommitted writes, a crash —
+  the live database may hold writes past the committed offset ``C``. ``prepare_restore(C, min_valid)``
   deletes snapshots past ``C`` (from commit attempts that never completed) and those
   older than the changelog's compaction horizon ``min_valid`` (they could resurrect
   deleted keys), rebuilds ``db/`` from the newest remaining snapshot (SST files are
@@ -69,7 +75,7 @@ from localstate.errors import (
 )
 from localstate.faults import fault_point
 from localstate.kv import KeyValueIterator, prefix_upper_bound, reject_none
-from localstate.locking import fsync_dir, io_error, remove_tree
+from localstate.locking import atomic_write, fsync_dir, io_error, remove_tree
 
 from ._persistent import NativeKVEngine, deduped_chunks, explain_bad_key, explain_bad_pairs
 
@@ -84,6 +90,10 @@ _RESTORE_WRITE_BUFFERS = 8
 replay, so less is left to flush at its end (8 MiB x 8 measured as fast as 64 MiB x 3 or faster
 at 1M and 3M records, with 25-85 MiB less peak memory; benchmarks/RESULTS.md)."""
 _SNAPSHOT_PREFIX_TMP = ".tmp-"
+_CLEAN_MARKER = "db.clean"
+"""In the store directory after a clean close: ``{"offset": L}``, the snapshot the live
+database equals (module docstring)."""
+_UNREAD = object()
 _HARD_LINKABLE = (".sst", ".blob")
 
 _COMPRESSION = {
@@ -215,11 +225,57 @@ class RocksDBEngine(NativeKVEngine):
         self._deferred_snapshot: int | None = None
         """The offset of the last ``persist`` that left its snapshot for later."""
         self._written_at_persist = 0
+        self._clean_offset: Any = _UNREAD
+        """The offset ``db.clean`` named when this engine opened (consumed by the first open)."""
+        self._live_snapshot: tuple[int, int] | None = None
+        """``(offset, records_written)`` when the live database last equaled the snapshot at
+        ``offset``: it still does while ``records_written`` has not moved."""
         super().__init__(context, options)
 
     def _damaged(self, e: LocalStateError) -> bool:
         # a kill while a directory was being deleted can leave CURRENT naming a lost MANIFEST
-        return isinstance(e, CorruptionError) or "No such file" in str(e)
+        damaged = isinstance(e, CorruptionError) or "No such file" in str(e)
+        if damaged:
+            self._clean_offset = None  # the live copy is discarded: the claim is void
+        return damaged
+
+    def _take_clean_marker(self) -> int | None:
+        """Read and durably delete ``db.clean`` (before the live database can be written)."""
+        marker = self.directory / _CLEAN_MARKER
+        try:
+            text = marker.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise io_error(e, "read", marker, EngineError) from e
+        try:
+            marker.unlink()
+            fsync_dir(self.directory)
+        except OSError as e:
+            raise io_error(e, "delete", marker, EngineError) from e
+        try:
+            offset = json.loads(text)["offset"]
+            if type(offset) is not int or offset < 0:
+                raise ValueError(f"offset {offset!r}")
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("rocksdb store %r: %s is unreadable (%s); the live database is rebuilt", self.name,
+                        marker, e)
+            return None
+        return offset
+
+    def _write_clean_marker(self) -> None:
+        """At close: claim that the live database equals its newest snapshot, when it does."""
+        live = self._live_snapshot
+        if not self.rebuildable or live is None or live[1] != self.records_written:
+            return
+        snapshots = self._snapshots()
+        if not snapshots or snapshots[-1][0] != live[0]:
+            return
+        try:
+            atomic_write(self.directory / _CLEAN_MARKER, json.dumps({"offset": live[0]}).encode())
+        except OSError as e:  # only an optimization of the next open
+            log.warning("rocksdb store %r: could not write %s (%s); the next open rebuilds the live "
+                        "database from its snapshot", self.name, _CLEAN_MARKER, e)
 
     # -- plumbing -------------------------------------------------------------------------
     def _translate(self, e: BaseException, action: str) -> LocalStateError:
@@ -277,6 +333,8 @@ class RocksDBEngine(NativeKVEngine):
             )
 
     def _open(self, native: rocksdict.Options | None = None) -> None:
+        if self._clean_offset is _UNREAD:
+            self._clean_offset = self._take_clean_marker()
         self._check_raw_mode()
         native = native or self._native
         try:
@@ -554,12 +612,17 @@ class RocksDBEngine(NativeKVEngine):
         and ``0`` returned (a full restore from the changelog follows).
         """
         self._require_open()
+        clean, self._clean_offset = self._clean_offset, None
         usable: list[tuple[int, Path]] = []
         for offset, path in self._snapshots():
             if offset > committed_offset or offset < min_valid_offset:
                 remove_tree(path)
             else:
                 usable.append((offset, path))
+        if clean is not None and usable and usable[-1][0] == clean and self.records_written == 0:
+            # closed cleanly at its newest snapshot, and no open since: db/ is that snapshot
+            self._live_snapshot = (clean, 0)
+            return clean
         self._close_db()
         start = 0
         for offset, path in reversed(usable):
@@ -573,6 +636,7 @@ class RocksDBEngine(NativeKVEngine):
                 remove_tree(path)
                 continue
             start = offset
+            self._live_snapshot = (offset, self.records_written)
             break
         if self._db is None:
             try:
@@ -622,20 +686,24 @@ class RocksDBEngine(NativeKVEngine):
     def close(self) -> None:
         """Take a deferred snapshot when nothing was written since the commit (so the
         next open replays nothing), then close as the base does."""
+        if self._db is None:
+            return
         deferred = self._deferred_snapshot
-        if self._db is not None and deferred is not None:
+        if deferred is not None:
             try:
                 self.ensure_snapshot(deferred)
             except LocalStateError as e:  # only an optimization of the next open
                 log.warning("rocksdb store %r: the snapshot at close failed (%s); the next open "
                             "replays the changelog from the previous one", self.name, e)
         super().close()
+        self._write_clean_marker()
 
     def checkpoint(self, offset: int) -> None:
         """Take a hard-link snapshot tagged with ``offset``; keep the newest ``snapshots.keep``."""
         db = self._require_open()
         target = self.snapshot_dir / f"{offset:020d}"
         if (target / "CURRENT").is_file():
+            self._live_snapshot = (offset, self.records_written)
             return  # same offset, same changelog prefix, same content
         remove_tree(target)
         tmp = self.snapshot_dir / f"{_SNAPSHOT_PREFIX_TMP}{offset:020d}"
@@ -654,6 +722,7 @@ class RocksDBEngine(NativeKVEngine):
                 remove_tree(path)
             self.records_written = self._written_at_persist = 0
             self._deferred_snapshot = None
+            self._live_snapshot = (offset, 0)
         except OSError as e:
             raise io_error(e, "write a snapshot to", tmp, EngineError) from e
         except LocalStateError:
@@ -670,6 +739,7 @@ class RocksDBEngine(NativeKVEngine):
             remove_tree(self.snapshot_dir)
         except OSError as e:
             raise io_error(e, "wipe", self.directory, EngineError) from e
+        self._live_snapshot = None
         self._open()
 
 
