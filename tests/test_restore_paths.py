@@ -128,7 +128,10 @@ def test_failure_in_the_middle_of_a_long_restore_changes_nothing(tmp_path):
         assert _dump(s) == model
 
 
-def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path):
+@pytest.mark.parametrize("point", ["restore.mid", "snapshot.mid"])
+def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path, point):
+    """Killed while replaying, or after the replay while the restored state is being
+    snapshotted (the vector-memtable database already flushed and reopened)."""
     values = _values(tmp_path)
     model = _write_history(values)
     config_values = {**values, "job.state.dir": str(tmp_path / "machine-b")}
@@ -140,7 +143,7 @@ def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path):
         TaskStorage(Config.from_dict(json.loads(sys.argv[1])))
         sys.exit(5)  # the kill must come first
     """)
-    env = {**os.environ, "LOCALSTATE_FAULTS": "restore.mid=kill"}
+    env = {**os.environ, "LOCALSTATE_FAULTS": f"{point}=kill"}
     proc = subprocess.run([sys.executable, "-c", child, json.dumps(config_values)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
