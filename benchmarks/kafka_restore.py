@@ -108,10 +108,18 @@ class _Restore:
         state_dir = Path(tempfile.mkdtemp(prefix="quix-", dir=self.root))
         script = Path(__file__).with_name("quix_replay.py")
         try:
-            out = subprocess.run([python, str(script), self.bootstrap, topic, str(self.n), str(state_dir / "db")],
-                                 capture_output=True, text=True, timeout=600, check=True).stdout
+            done = subprocess.run([python, str(script), self.bootstrap, topic, str(self.n), str(state_dir / "db")],
+                                  capture_output=True, text=True, timeout=600)
+        except OSError as e:
+            raise RuntimeError(f"LOCALSTATE_BENCH_QUIX_PYTHON={python!r} cannot be run: {e}") from e
         finally:
             shutil.rmtree(state_dir, ignore_errors=True)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"the Quix replay with LOCALSTATE_BENCH_QUIX_PYTHON={python!r} failed (exit {done.returncode}; it needs "
+                f"quixstreams==3.28.1 installed there): {done.stderr.strip()[-500:]}"
+            )
+        out = done.stdout
         result = json.loads(out.strip().splitlines()[-1])
         if result["records"] != self.n:
             raise RuntimeError(f"Quix replayed {result['records']} records, expected {self.n}")
@@ -181,6 +189,21 @@ class _Restore:
         return seconds, cpu, progress.seconds
 
 
+def _check_quix(python: str) -> None:
+    """RuntimeError unless ``python`` runs and imports quixstreams 3.28.1."""
+    probe = "import quixstreams, sys; sys.exit(quixstreams.__version__ != '3.28.1')"
+    try:
+        done = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+    except OSError as e:
+        raise RuntimeError(f"LOCALSTATE_BENCH_QUIX_PYTHON={python!r} cannot be run: {e}") from e
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"LOCALSTATE_BENCH_QUIX_PYTHON={python!r} has no quixstreams 3.28.1 (python -m venv q && "
+            f"q/bin/pip install quixstreams==3.28.1, then point the variable at q/bin/python): "
+            f"{done.stderr.strip()[-300:]}"
+        )
+
+
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     """Cold restore of 1M records (20k when ``quick``) into rocksdb from Kafka, ours vs raw."""
     n = 20_000 if quick else 1_000_000
@@ -190,6 +213,8 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     timings: dict[str, list[tuple[float, float]]] = {"raw": [], "raw+db": [], "ours": [], "ours-restore": [],
                                                      "quix": []}
     quix_python = os.environ.get("LOCALSTATE_BENCH_QUIX_PYTHON")
+    if quix_python:
+        _check_quix(quix_python)  # fail before minutes of filling, not after
     root = Path(tempfile.mkdtemp(prefix="ls-kafka-restore-"))
     try:
         with TansuBroker() as broker:
