@@ -206,3 +206,14 @@ def test_a_keyless_record_in_a_kafka_changelog_is_named_not_restored(tmp_path, k
         part.close()
     finally:
         reader.close()
+
+
+@pytest.mark.kafka
+def test_an_empty_key_is_restored_from_kafka(tmp_path, kafka_broker):
+    """An empty key is falsy like a missing one: the keyless-record check must let it through."""
+    values = _values(tmp_path, "kafka", kafka_broker)
+    with TaskStorage(Config.from_dict(values)) as s:
+        s.store("kv").put_all([("", 0), ("a", 1)])
+        s.commit(input_position=1)
+    with TaskStorage(_elsewhere(values, tmp_path, "machine-b")) as s:
+        assert _dump(s) == {"": 0, "a": 1}
