@@ -128,7 +128,10 @@ def test_failure_in_the_middle_of_a_long_restore_changes_nothing(tmp_path):
         assert _dump(s) == model
 
 
-def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path):
+@pytest.mark.parametrize("point", ["restore.mid", "snapshot.mid"])
+def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path, point):
+    """Killed while replaying, or after the replay while the restored state is being
+    snapshotted (the vector-memtable database already flushed and reopened)."""
     values = _values(tmp_path)
     model = _write_history(values)
     config_values = {**values, "job.state.dir": str(tmp_path / "machine-b")}
@@ -140,7 +143,7 @@ def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path):
         TaskStorage(Config.from_dict(json.loads(sys.argv[1])))
         sys.exit(5)  # the kill must come first
     """)
-    env = {**os.environ, "LOCALSTATE_FAULTS": "restore.mid=kill"}
+    env = {**os.environ, "LOCALSTATE_FAULTS": f"{point}=kill"}
     proc = subprocess.run([sys.executable, "-c", child, json.dumps(config_values)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == -9, proc.stderr
@@ -203,3 +206,14 @@ def test_a_keyless_record_in_a_kafka_changelog_is_named_not_restored(tmp_path, k
         part.close()
     finally:
         reader.close()
+
+
+@pytest.mark.kafka
+def test_an_empty_key_is_restored_from_kafka(tmp_path, kafka_broker):
+    """An empty key is falsy like a missing one: the keyless-record check must let it through."""
+    values = _values(tmp_path, "kafka", kafka_broker)
+    with TaskStorage(Config.from_dict(values)) as s:
+        s.store("kv").put_all([("", 0), ("a", 1)])
+        s.commit(input_position=1)
+    with TaskStorage(_elsewhere(values, tmp_path, "machine-b")) as s:
+        assert _dump(s) == {"": 0, "a": 1}
