@@ -4,8 +4,13 @@ Layout under the store directory (``job.state.dir/<job>/<store>/<partition>``)::
 
     engine.lock                 flock held while the engine is open (pid inside)
     db/                         the live database
+    db.clean                    after a clean close: the snapshot db/ equals (see below)
     snapshots/<offset:020d>/    hard-link checkpoints, tagged with the changelog offset
     ingest/                     SST files of a bulk restore (transient)
+
+Modules: this one (the engine: open, reads, writes, restore), ``rocksdb_options`` (the
+``stores.<name>.rocksdb.*`` options), ``rocksdb_snapshots`` (snapshots, the deferred
+snapshot, the clean-close claim).
 
 Fault tolerance (host affinity, incremental restore):
 
@@ -49,15 +54,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from itertools import chain, compress, islice, repeat
 from operator import is_not
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import rocksdict
 from localstate.engine import (
@@ -67,17 +69,17 @@ from localstate.engine import (
     StoreSpec,
 )
 from localstate.errors import (
-    ConfigError,
     CorruptionError,
     EngineError,
     LocalStateError,
     StoreLockedError,
 )
-from localstate.faults import fault_point
 from localstate.kv import KeyValueIterator, prefix_upper_bound, reject_none
-from localstate.locking import atomic_write, fsync_dir, io_error, remove_tree
+from localstate.locking import io_error, remove_tree
 
 from ._persistent import NativeKVEngine, deduped_chunks, explain_bad_key, explain_bad_pairs
+from .rocksdb_options import RocksDBOptions, statistics_counts
+from .rocksdb_snapshots import RocksDBSnapshots
 
 __all__ = ["RocksDBEngine", "RocksDBEngineFactory", "RocksDBOptions"]
 
@@ -89,120 +91,9 @@ _RESTORE_WRITE_BUFFERS = 8
 """A restore's vector memtables: many small ones keep RocksDB's flushes running beside the
 replay, so less is left to flush at its end (8 MiB x 8 measured as fast as 64 MiB x 3 or faster
 at 1M and 3M records, with 25-85 MiB less peak memory; benchmarks/RESULTS.md)."""
-_SNAPSHOT_PREFIX_TMP = ".tmp-"
-_CLEAN_MARKER = "db.clean"
-"""In the store directory after a clean close: ``{"offset": L}``, the snapshot the live
-database equals (module docstring)."""
 _UNREAD = object()
-_HARD_LINKABLE = (".sst", ".blob")
 
-_COMPRESSION = {
-    "none": rocksdict.DBCompressionType.none,
-    "snappy": rocksdict.DBCompressionType.snappy,
-    "lz4": rocksdict.DBCompressionType.lz4,
-    "zstd": rocksdict.DBCompressionType.zstd,
-    "zlib": rocksdict.DBCompressionType.zlib,
-}
-
-
-@dataclass(frozen=True)
-class RocksDBOptions:
-    """``stores.<name>.rocksdb.*`` options (defaults follow Kafka Streams' RocksDB setup).
-
-    * ``block.cache.size.bytes`` — LRU block cache per store (default 50 MiB).
-    * ``block.size.bytes`` — data block size (default 4096).
-    * ``write.buffer.size.bytes`` — memtable size before a flush (default 16 MiB).
-    * ``max.write.buffer.number`` — memtables kept before writes stall (default 3).
-    * ``compression`` — ``lz4`` (default), ``zstd``, ``snappy``, ``zlib`` or ``none``.
-    * ``bloom.bits.per.key`` — bloom filter bits per key, ``0`` disables (default 10).
-    * ``max.open.files`` — table files kept open, ``-1`` = unlimited (default -1).
-    * ``background.jobs`` — flush/compaction threads (default 2).
-    * ``snapshots.keep`` — local checkpoints kept for incremental restore (default 2;
-      at least 2, so the last committed one survives a failed commit).
-    * ``snapshot.interval.records`` — a commit takes a local snapshot once this many
-      records were written since the last one (default 500,000; ``0`` = at every
-      commit). Bounds what a reopen after a crash replays from the changelog.
-    * ``statistics`` — collect RocksDB's statistics (default ``false``): adds the block
-      cache hit/miss counters to the store's metrics (``localstate_engine_*``) at the
-      cost RocksDB documents for statistics (a few percent on reads).
-    * ``restore.mode`` — how a full restore into an empty store loads the changelog:
-      ``batch`` (default) applies it in order through write batches (no WAL: the
-      restore ends with a flush and a snapshot), streaming in bounded memory;
-      ``sst`` dedupes and sorts chunks of 2M records and ingests them as SST files
-      (the data arrives compacted, at the cost of the sort and of holding a chunk in
-      memory). ``batch`` measured faster on the reference machine
-      (benchmarks/RESULTS.md: the A/B of the two restore modes).
-    """
-
-    block_cache_size_bytes: int = 50 * 1024 * 1024
-    block_size_bytes: int = 4096
-    write_buffer_size_bytes: int = 16 * 1024 * 1024
-    max_write_buffer_number: int = 3
-    compression: Literal["none", "snappy", "lz4", "zstd", "zlib"] = "lz4"
-    bloom_bits_per_key: float = 10.0
-    max_open_files: int = -1
-    background_jobs: int = 2
-    snapshots_keep: int = 2
-    snapshot_interval_records: int = 500_000
-    restore_mode: Literal["batch", "sst"] = "batch"
-    statistics: bool = False
-
-    def validate(self, prefix: str) -> None:
-        """Raise :class:`ConfigError` naming the full key of the first bad value."""
-        checks = (
-            ("block.cache.size.bytes", self.block_cache_size_bytes >= 0, ">= 0"),
-            ("block.size.bytes", self.block_size_bytes >= 256, ">= 256"),
-            ("write.buffer.size.bytes", self.write_buffer_size_bytes >= 64 * 1024, ">= 65536"),
-            ("max.write.buffer.number", self.max_write_buffer_number >= 2, ">= 2"),
-            ("bloom.bits.per.key", 0 <= self.bloom_bits_per_key <= 64, "between 0 and 64"),
-            ("max.open.files", self.max_open_files == -1 or self.max_open_files >= 16, "-1 (unlimited) or >= 16"),
-            ("background.jobs", 1 <= self.background_jobs <= 64, "between 1 and 64"),
-            ("snapshots.keep", self.snapshots_keep >= 2, ">= 2"),
-            ("snapshot.interval.records", self.snapshot_interval_records >= 0, ">= 0"),
-        )
-        for key, ok, rule in checks:
-            if not ok:
-                value = getattr(self, key.replace(".", "_"))
-                raise ConfigError(f"{prefix}.{key} = {value!r}: must be {rule}")
-
-    def to_native(self) -> rocksdict.Options:
-        """A new ``rocksdict.Options`` in raw (bytes) mode with these settings."""
-        opts = rocksdict.Options(raw_mode=True)
-        opts.create_if_missing(True)
-        table = rocksdict.BlockBasedOptions()
-        if self.block_cache_size_bytes > 0:
-            table.set_block_cache(rocksdict.Cache(self.block_cache_size_bytes))
-        else:
-            table.disable_cache()
-        table.set_block_size(self.block_size_bytes)
-        if self.bloom_bits_per_key > 0:
-            table.set_bloom_filter(self.bloom_bits_per_key, False)
-        opts.set_block_based_table_factory(table)
-        opts.set_write_buffer_size(self.write_buffer_size_bytes)
-        opts.set_max_write_buffer_number(self.max_write_buffer_number)
-        opts.set_compression_type(_COMPRESSION[self.compression]())
-        opts.set_max_open_files(self.max_open_files)
-        opts.set_max_background_jobs(self.background_jobs)
-        opts.set_keep_log_file_num(2)
-        if self.statistics:
-            opts.enable_statistics()
-        return opts
-
-
-def _statistics_counts(text: str) -> dict[str, int]:
-    """The ``NAME COUNT : N`` tickers of RocksDB's statistics dump."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        name, sep, rest = line.partition(" COUNT : ")
-        if sep:
-            try:
-                out[name.strip()] = int(rest.split()[0])
-            except (ValueError, IndexError):
-                continue
-    return out
-
-
-class RocksDBEngine(NativeKVEngine):
+class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
     """``KeyValueStore[bytes, bytes]`` over one RocksDB directory, with local snapshots.
 
     A logged (``rebuildable``) store skips the write-ahead log: its durable local copy
@@ -238,44 +129,6 @@ class RocksDBEngine(NativeKVEngine):
         if damaged:
             self._clean_offset = None  # the live copy is discarded: the claim is void
         return damaged
-
-    def _take_clean_marker(self) -> int | None:
-        """Read and durably delete ``db.clean`` (before the live database can be written)."""
-        marker = self.directory / _CLEAN_MARKER
-        try:
-            text = marker.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise io_error(e, "read", marker, EngineError) from e
-        try:
-            marker.unlink()
-            fsync_dir(self.directory)
-        except OSError as e:
-            raise io_error(e, "delete", marker, EngineError) from e
-        try:
-            offset = json.loads(text)["offset"]
-            if type(offset) is not int or offset < 0:
-                raise ValueError(f"offset {offset!r}")
-        except (ValueError, KeyError, TypeError) as e:
-            log.warning("rocksdb store %r: %s is unreadable (%s); the live database is rebuilt", self.name,
-                        marker, e)
-            return None
-        return offset
-
-    def _write_clean_marker(self) -> None:
-        """At close: claim that the live database equals its newest snapshot, when it does."""
-        live = self._live_snapshot
-        if not self.rebuildable or live is None or live[1] != self.records_written:
-            return
-        snapshots = self._snapshots()
-        if not snapshots or snapshots[-1][0] != live[0]:
-            return
-        try:
-            atomic_write(self.directory / _CLEAN_MARKER, json.dumps({"offset": live[0]}).encode())
-        except OSError as e:  # only an optimization of the next open
-            log.warning("rocksdb store %r: could not write %s (%s); the next open rebuilds the live "
-                        "database from its snapshot", self.name, _CLEAN_MARKER, e)
 
     # -- plumbing -------------------------------------------------------------------------
     def _translate(self, e: BaseException, action: str) -> LocalStateError:
@@ -432,7 +285,7 @@ class RocksDBEngine(NativeKVEngine):
             "block_cache_usage_bytes": float(db.property_int_value("rocksdb.block-cache-usage") or 0),
         }
         if self.options.statistics:
-            counts = _statistics_counts(self._native.get_statistics())
+            counts = statistics_counts(self._native.get_statistics())
             hit = counts.get("rocksdb.block.cache.hit", 0)
             miss = counts.get("rocksdb.block.cache.miss", 0)
             out["block_cache_hits"] = float(hit)
@@ -573,162 +426,6 @@ class RocksDBEngine(NativeKVEngine):
                 del keys, latest, dead
         finally:
             remove_tree(ingest_dir)
-
-    def _snapshots(self) -> list[tuple[int, Path]]:
-        """Completed snapshots as ``(offset, path)``, oldest first."""
-        if not self.snapshot_dir.is_dir():
-            return []
-        out = []
-        for p in self.snapshot_dir.iterdir():
-            if p.name.isdigit():
-                if not (p / "CURRENT").is_file():
-                    # a snapshot that lost its files would open as an empty database and
-                    # silently skip the records before its offset: never use it
-                    log.warning(
-                        "rocksdb store %r: snapshot %s has no CURRENT file; deleting it", self.name, p)
-                    remove_tree(p)
-                    continue
-                out.append((int(p.name), p))
-        out.sort()
-        return out
-
-    def snapshots(self) -> list[tuple[int, Path]]:
-        """Completed local snapshots as ``(offset, directory)``, oldest first: what a
-        changelog that keeps snapshots remotely (``objectstore``) uploads."""
-        return self._snapshots()
-
-    def snapshot_path(self, offset: int) -> Path:
-        """The directory of the snapshot at ``offset`` (a downloaded snapshot is put there,
-        complete, and then used like a local one)."""
-        return self.snapshot_dir / f"{offset:020d}"
-
-    def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
-        """Rebuild ``db/`` from the newest snapshot at ``min_valid <= L <= C``; return ``L``.
-
-        Snapshots past ``C`` come from a commit that never completed and snapshots
-        older than ``min_valid`` could resurrect compacted deletes: both are deleted.
-        A snapshot that fails to open (lost or damaged files) is deleted with a warning
-        and the next older one is tried. Without a usable snapshot the store is wiped
-        and ``0`` returned (a full restore from the changelog follows).
-        """
-        self._require_open()
-        clean, self._clean_offset = self._clean_offset, None
-        usable: list[tuple[int, Path]] = []
-        for offset, path in self._snapshots():
-            if offset > committed_offset or offset < min_valid_offset:
-                remove_tree(path)
-            else:
-                usable.append((offset, path))
-        if clean is not None and usable and usable[-1][0] == clean and self.records_written == 0:
-            # closed cleanly at its newest snapshot, and no open since: db/ is that snapshot
-            self._live_snapshot = (clean, 0)
-            return clean
-        self._close_db()
-        start = 0
-        for offset, path in reversed(usable):
-            try:
-                remove_tree(self.live_dir)
-                self._copy_snapshot(path, self.live_dir)
-                self._open()
-            except (OSError, CorruptionError, EngineError) as e:
-                log.warning("rocksdb store %r: snapshot %s cannot be used (%s); trying an older one "
-                            "or a full restore from the changelog", self.name, path, e)
-                remove_tree(path)
-                continue
-            start = offset
-            self._live_snapshot = (offset, self.records_written)
-            break
-        if self._db is None:
-            try:
-                remove_tree(self.live_dir)
-            except OSError as e:
-                raise io_error(e, "rebuild the live database in", self.live_dir, EngineError) from e
-            self._open()
-        return start
-
-    @staticmethod
-    def _copy_snapshot(source: Path, target: Path) -> None:
-        tmp = target.with_name(target.name + ".loading")
-        remove_tree(tmp)
-        tmp.mkdir()
-        for f in source.iterdir():
-            if f.suffix in _HARD_LINKABLE:
-                os.link(f, tmp / f.name)  # immutable files: share the inode
-            else:
-                shutil.copy2(f, tmp / f.name)  # MANIFEST, CURRENT, OPTIONS, WAL: rewritten in place
-        os.replace(tmp, target)
-
-    def persist(self, offset: int | None) -> None:
-        """Commit step 3: a snapshot at ``offset`` once ``snapshot.interval.records``
-        records were written since the last one; otherwise the snapshot is deferred (the
-        changelog holds everything past the newest snapshot, and a reopen replays it)."""
-        self.flush()
-        if offset is None:
-            return
-        self._written_at_persist = self.records_written
-        if self.records_written < self.options.snapshot_interval_records and self._snapshots():
-            self._deferred_snapshot = offset
-            return
-        self.checkpoint(offset)
-
-    def ensure_snapshot(self, offset: int) -> bool:
-        """Take the snapshot ``persist(offset)`` deferred, if the live database still
-        equals the changelog prefix ``[0, offset)`` (nothing written since). True when a
-        snapshot at ``offset`` exists afterwards. Called before a changelog compaction, a
-        snapshot upload and a close."""
-        if (self.snapshot_dir / f"{offset:020d}" / "CURRENT").is_file():
-            return True
-        if self._deferred_snapshot != offset or self.records_written != self._written_at_persist:
-            return False
-        self.checkpoint(offset)
-        return True
-
-    def close(self) -> None:
-        """Take a deferred snapshot when nothing was written since the commit (so the
-        next open replays nothing), then close as the base does."""
-        if self._db is None:
-            return
-        deferred = self._deferred_snapshot
-        if deferred is not None:
-            try:
-                self.ensure_snapshot(deferred)
-            except LocalStateError as e:  # only an optimization of the next open
-                log.warning("rocksdb store %r: the snapshot at close failed (%s); the next open "
-                            "replays the changelog from the previous one", self.name, e)
-        super().close()
-        self._write_clean_marker()
-
-    def checkpoint(self, offset: int) -> None:
-        """Take a hard-link snapshot tagged with ``offset``; keep the newest ``snapshots.keep``."""
-        db = self._require_open()
-        target = self.snapshot_dir / f"{offset:020d}"
-        if (target / "CURRENT").is_file():
-            self._live_snapshot = (offset, self.records_written)
-            return  # same offset, same changelog prefix, same content
-        remove_tree(target)
-        tmp = self.snapshot_dir / f"{_SNAPSHOT_PREFIX_TMP}{offset:020d}"
-        try:
-            self.snapshot_dir.mkdir(exist_ok=True)
-            for p in self.snapshot_dir.iterdir():
-                if p.name.startswith(_SNAPSHOT_PREFIX_TMP):
-                    remove_tree(p)
-            db.flush(True)
-            rocksdict.Checkpoint(db).create_checkpoint(str(tmp))
-            fault_point("snapshot.mid")
-            os.replace(tmp, target)
-            fsync_dir(self.snapshot_dir)
-            snapshots = self._snapshots()
-            for _offset, path in snapshots[: -self.options.snapshots_keep]:
-                remove_tree(path)
-            self.records_written = self._written_at_persist = 0
-            self._deferred_snapshot = None
-            self._live_snapshot = (offset, 0)
-        except OSError as e:
-            raise io_error(e, "write a snapshot to", tmp, EngineError) from e
-        except LocalStateError:
-            raise
-        except Exception as e:
-            raise self._translate(e, "take a snapshot") from e
 
     def wipe(self) -> None:
         """Delete the live database and every snapshot; reopen empty."""

@@ -1,0 +1,250 @@
+"""The local durability of the ``rocksdb`` engine: hard-link snapshots tagged with the
+changelog offset, the deferred snapshot of ``snapshot.interval.records``, and the clean-close
+claim (``db.clean``) that lets an open keep the live database. The rules are in the module
+docstring of :mod:`localstate.engines.rocksdb`; :class:`RocksDBSnapshots` is mixed into
+:class:`~localstate.engines.rocksdb.RocksDBEngine`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import rocksdict
+from localstate.errors import CorruptionError, EngineError, LocalStateError
+from localstate.faults import fault_point
+from localstate.locking import atomic_write, fsync_dir, io_error, remove_tree
+
+__all__ = ["RocksDBSnapshots", "CLEAN_MARKER"]
+
+log = logging.getLogger("localstate")
+
+SNAPSHOT_PREFIX_TMP = ".tmp-"
+HARD_LINKABLE = (".sst", ".blob")
+CLEAN_MARKER = "db.clean"
+"""In the store directory after a clean close: ``{"offset": L}``, the snapshot the live
+database equals."""
+
+
+class RocksDBSnapshots:
+    """Snapshot management of :class:`~localstate.engines.rocksdb.RocksDBEngine` (which
+    provides the database handle, the options, the counters and the open/close)."""
+
+    name: str
+    directory: Path
+    live_dir: Path
+    snapshot_dir: Path
+    rebuildable: bool
+    records_written: int
+    options: Any
+    _db: Any
+    _deferred_snapshot: int | None
+    _written_at_persist: int
+    _clean_offset: Any
+    _live_snapshot: tuple[int, int] | None
+
+    if TYPE_CHECKING:  # provided by the engine (declared for type checkers only: a method
+        # defined here would come before the engine's own in the method order)
+        def _require_open(self) -> Any: ...
+        def _close_db(self) -> None: ...
+        def _open(self, native: Any = None) -> None: ...
+        def _translate(self, e: BaseException, action: str) -> LocalStateError: ...
+        def flush(self) -> None: ...
+
+    def _take_clean_marker(self) -> int | None:
+        """Read and durably delete ``db.clean`` (before the live database can be written)."""
+        marker = self.directory / CLEAN_MARKER
+        try:
+            text = marker.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise io_error(e, "read", marker, EngineError) from e
+        try:
+            marker.unlink()
+            fsync_dir(self.directory)
+        except OSError as e:
+            raise io_error(e, "delete", marker, EngineError) from e
+        try:
+            offset = json.loads(text)["offset"]
+            if type(offset) is not int or offset < 0:
+                raise ValueError(f"offset {offset!r}")
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("rocksdb store %r: %s is unreadable (%s); the live database is rebuilt", self.name,
+                        marker, e)
+            return None
+        return offset
+
+    def _write_clean_marker(self) -> None:
+        """At close: claim that the live database equals its newest snapshot, when it does."""
+        live = self._live_snapshot
+        if not self.rebuildable or live is None or live[1] != self.records_written:
+            return
+        snapshots = self._snapshots()
+        if not snapshots or snapshots[-1][0] != live[0]:
+            return
+        try:
+            atomic_write(self.directory / CLEAN_MARKER, json.dumps({"offset": live[0]}).encode())
+        except OSError as e:  # only an optimization of the next open
+            log.warning("rocksdb store %r: could not write %s (%s); the next open rebuilds the live "
+                        "database from its snapshot", self.name, CLEAN_MARKER, e)
+
+    def _snapshots(self) -> list[tuple[int, Path]]:
+        """Completed snapshots as ``(offset, path)``, oldest first."""
+        if not self.snapshot_dir.is_dir():
+            return []
+        out = []
+        for p in self.snapshot_dir.iterdir():
+            if p.name.isdigit():
+                if not (p / "CURRENT").is_file():
+                    # a snapshot that lost its files would open as an empty database and
+                    # silently skip the records before its offset: never use it
+                    log.warning(
+                        "rocksdb store %r: snapshot %s has no CURRENT file; deleting it", self.name, p)
+                    remove_tree(p)
+                    continue
+                out.append((int(p.name), p))
+        out.sort()
+        return out
+
+    def snapshots(self) -> list[tuple[int, Path]]:
+        """Completed local snapshots as ``(offset, directory)``, oldest first: what a
+        changelog that keeps snapshots remotely (``objectstore``) uploads."""
+        return self._snapshots()
+
+    def snapshot_path(self, offset: int) -> Path:
+        """The directory of the snapshot at ``offset`` (a downloaded snapshot is put there,
+        complete, and then used like a local one)."""
+        return self.snapshot_dir / f"{offset:020d}"
+
+    def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
+        """Rebuild ``db/`` from the newest snapshot at ``min_valid <= L <= C``; return ``L``.
+
+        Snapshots past ``C`` come from a commit that never completed and snapshots
+        older than ``min_valid`` could resurrect compacted deletes: both are deleted.
+        A snapshot that fails to open (lost or damaged files) is deleted with a warning
+        and the next older one is tried. Without a usable snapshot the store is wiped
+        and ``0`` returned (a full restore from the changelog follows).
+        """
+        self._require_open()
+        clean, self._clean_offset = self._clean_offset, None
+        usable: list[tuple[int, Path]] = []
+        for offset, path in self._snapshots():
+            if offset > committed_offset or offset < min_valid_offset:
+                remove_tree(path)
+            else:
+                usable.append((offset, path))
+        if clean is not None and usable and usable[-1][0] == clean and self.records_written == 0:
+            # closed cleanly at its newest snapshot, and no open since: db/ is that snapshot
+            self._live_snapshot = (clean, 0)
+            return clean
+        self._close_db()
+        start = 0
+        for offset, path in reversed(usable):
+            try:
+                remove_tree(self.live_dir)
+                self._copy_snapshot(path, self.live_dir)
+                self._open()
+            except (OSError, CorruptionError, EngineError) as e:
+                log.warning("rocksdb store %r: snapshot %s cannot be used (%s); trying an older one "
+                            "or a full restore from the changelog", self.name, path, e)
+                remove_tree(path)
+                continue
+            start = offset
+            self._live_snapshot = (offset, self.records_written)
+            break
+        if self._db is None:
+            try:
+                remove_tree(self.live_dir)
+            except OSError as e:
+                raise io_error(e, "rebuild the live database in", self.live_dir, EngineError) from e
+            self._open()
+        return start
+
+    @staticmethod
+    def _copy_snapshot(source: Path, target: Path) -> None:
+        tmp = target.with_name(target.name + ".loading")
+        remove_tree(tmp)
+        tmp.mkdir()
+        for f in source.iterdir():
+            if f.suffix in HARD_LINKABLE:
+                os.link(f, tmp / f.name)  # immutable files: share the inode
+            else:
+                shutil.copy2(f, tmp / f.name)  # MANIFEST, CURRENT, OPTIONS, WAL: rewritten in place
+        os.replace(tmp, target)
+
+    def persist(self, offset: int | None) -> None:
+        """Commit step 3: a snapshot at ``offset`` once ``snapshot.interval.records``
+        records were written since the last one; otherwise the snapshot is deferred (the
+        changelog holds everything past the newest snapshot, and a reopen replays it)."""
+        self.flush()
+        if offset is None:
+            return
+        self._written_at_persist = self.records_written
+        if self.records_written < self.options.snapshot_interval_records and self._snapshots():
+            self._deferred_snapshot = offset
+            return
+        self.checkpoint(offset)
+
+    def ensure_snapshot(self, offset: int) -> bool:
+        """Take the snapshot ``persist(offset)`` deferred, if the live database still
+        equals the changelog prefix ``[0, offset)`` (nothing written since). True when a
+        snapshot at ``offset`` exists afterwards. Called before a changelog compaction, a
+        snapshot upload and a close."""
+        if (self.snapshot_dir / f"{offset:020d}" / "CURRENT").is_file():
+            return True
+        if self._deferred_snapshot != offset or self.records_written != self._written_at_persist:
+            return False
+        self.checkpoint(offset)
+        return True
+
+    def close(self) -> None:
+        """Take a deferred snapshot when nothing was written since the commit (so the
+        next open replays nothing), then close as the base does."""
+        if self._db is None:
+            return
+        deferred = self._deferred_snapshot
+        if deferred is not None:
+            try:
+                self.ensure_snapshot(deferred)
+            except LocalStateError as e:  # only an optimization of the next open
+                log.warning("rocksdb store %r: the snapshot at close failed (%s); the next open "
+                            "replays the changelog from the previous one", self.name, e)
+        super().close()
+        self._write_clean_marker()
+
+    def checkpoint(self, offset: int) -> None:
+        """Take a hard-link snapshot tagged with ``offset``; keep the newest ``snapshots.keep``."""
+        db = self._require_open()
+        target = self.snapshot_dir / f"{offset:020d}"
+        if (target / "CURRENT").is_file():
+            self._live_snapshot = (offset, self.records_written)
+            return  # same offset, same changelog prefix, same content
+        remove_tree(target)
+        tmp = self.snapshot_dir / f"{SNAPSHOT_PREFIX_TMP}{offset:020d}"
+        try:
+            self.snapshot_dir.mkdir(exist_ok=True)
+            for p in self.snapshot_dir.iterdir():
+                if p.name.startswith(SNAPSHOT_PREFIX_TMP):
+                    remove_tree(p)
+            db.flush(True)
+            rocksdict.Checkpoint(db).create_checkpoint(str(tmp))
+            fault_point("snapshot.mid")
+            os.replace(tmp, target)
+            fsync_dir(self.snapshot_dir)
+            snapshots = self._snapshots()
+            for _offset, path in snapshots[: -self.options.snapshots_keep]:
+                remove_tree(path)
+            self.records_written = self._written_at_persist = 0
+            self._deferred_snapshot = None
+            self._live_snapshot = (offset, 0)
+        except OSError as e:
+            raise io_error(e, "write a snapshot to", tmp, EngineError) from e
+        except LocalStateError:
+            raise
+        except Exception as e:
+            raise self._translate(e, "take a snapshot") from e
