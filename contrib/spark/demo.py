@@ -35,6 +35,7 @@ from .jobs import (
     run_example,
     snapshot_state,
     summarize,
+    workload_options,
 )
 from .workload import generate
 
@@ -177,16 +178,8 @@ def run_demo(
 
 
 @click.command("demo")
-@click.option("--events", type=click.IntRange(min=1), default=100_000, show_default=True,
-              help="page views in the synthetic workload")
-@click.option("--partitions", type=click.IntRange(min=1), default=4, show_default=True,
-              help="tasks per job (= changelog partitions)")
-@click.option("--engine", default=None, help="key-value engine [default: rocksdb, else memory]")
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="keep state and changelog here (must be empty or absent) [default: a temporary directory, "
-                   "removed after]")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master")
-@click.option("--seed", type=int, default=7, show_default=True, help="workload seed")
+@workload_options("keep state and changelog here (must be empty or absent) [default: a temporary directory, "
+                  "removed after]")
 def demo(events: int, partitions: int, engine: str | None, directory: Path | None, master: str, seed: int) -> None:
     """The demo pipeline: example jobs on local Spark, machine loss, restore, verify."""
     from .compat import require_pyspark

@@ -376,19 +376,31 @@ def print_summary(console: Any, summary: Summary) -> None:
 
 
 # -- the CLI -------------------------------------------------------------------------------------
+def workload_options(dir_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The options ``localstate run`` and ``localstate demo`` share: workload size and seed,
+    tasks, engine, where state lives (``dir_help``) and the Spark master."""
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed((
+            click.option("--events", type=click.IntRange(min=1), default=100_000, show_default=True,
+                         help="page views in the synthetic workload"),
+            click.option("--partitions", type=click.IntRange(min=1), default=4, show_default=True,
+                         help="tasks (= changelog partitions)"),
+            click.option("--engine", default=None, help="key-value engine for the stores [default: rocksdb, else memory]"),
+            click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,
+                         help=dir_help),
+            click.option("--master", default="local[*]", show_default=True, help="Spark master"),
+            click.option("--seed", type=int, default=7, show_default=True, help="workload seed"),
+        )):
+            command = option(command)
+        return command
+    return decorate
+
+
 @click.command("run")
 @click.argument("job_name", metavar="JOB")
-@click.option("--events", type=click.IntRange(min=1), default=100_000, show_default=True,
-              help="page views in the synthetic workload")
-@click.option("--partitions", type=click.IntRange(min=1), default=4, show_default=True,
-              help="tasks (= changelog partitions)")
-@click.option("--engine", default=None, help="key-value engine for the stores [default: rocksdb, else memory]")
-@click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="keep state and changelog here; running again adds the workload to the kept state "
-                   "(use another --seed for new data) [default: a temporary directory, removed after]")
-@click.option("--master", default="local[*]", show_default=True, help="Spark master")
+@workload_options("keep state and changelog here; running again adds the workload to the kept state "
+                  "(use another --seed for new data) [default: a temporary directory, removed after]")
 @click.option("--rows", type=click.IntRange(min=0), default=10, show_default=True, help="rows in the result table")
-@click.option("--seed", type=int, default=7, show_default=True, help="workload seed")
 def run_job(job_name: str, events: int, partitions: int, engine: str | None, directory: Path | None,
             master: str, rows: int, seed: int) -> None:
     """Run one example job on Spark over a synthetic workload and print its result.
