@@ -123,6 +123,15 @@ def write_new_partition(job: JobFiles, name: str, q: int, records: Mapping[bytes
     return end
 
 
+def carried_event_time(ckpts: Mapping[int, Checkpoint]) -> int | None:
+    """The new tasks' event-time clock: the latest of the old tasks' clocks. A key's new
+    task then never runs behind the task that held it, so an entry that had expired there
+    (event-time TTL) stays expired and a timer that had fired does not wait again; entries
+    of a task whose clock was behind may expire up to that skew earlier."""
+    times = [c.event_time for c in ckpts.values() if c.event_time is not None]
+    return max(times) if times else None
+
+
 def write_staging(job: JobFiles, ends: Mapping[str, list[int]], counts: Mapping[str, int], version: int,
                    position: Any, ckpts: Mapping[int, Checkpoint]) -> None:
     """Complete the new job under ``staging/new`` (whose changelog partitions are
@@ -143,7 +152,7 @@ def write_staging(job: JobFiles, ends: Mapping[str, list[int]], counts: Mapping[
     for q in range(job.new):
         offsets = {name: per_task[q] for name, per_task in ends.items()}
         store.write(job.config.job_name, q, Checkpoint(version=version, input_position=position, offsets=offsets,
-                                                       epoch=epoch, stores=meta))
+                                                       epoch=epoch, stores=meta, event_time=carried_event_time(ckpts)))
     fsync_dir(new)
     fault_point("rescale.before_manifest")
     manifest = {

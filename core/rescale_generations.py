@@ -31,7 +31,7 @@ from .checkpoint import Checkpoint
 from .engine import StoreSpec
 from .errors import ChangelogError, LocalStateError
 from .faults import fault_point
-from .rescale_files import JobFiles, streams
+from .rescale_files import JobFiles, carried_event_time, streams
 from .store_open import open_system, store_meta
 
 __all__ = ["already_done", "check_generation", "stage_locally", "write_generation", "write_generation_partition"]
@@ -104,7 +104,8 @@ def write_generation(job: JobFiles, stage: Stage, version: int, position: Any,
         for q in range(job.new):
             offsets = {name: per_task[q] for name, per_task in ends.items()}
             checkpoints.write(job.config.job_name, q, Checkpoint(version=version, input_position=position,
-                                                                 offsets=offsets, epoch=epoch, stores=meta))
+                                                                 offsets=offsets, epoch=epoch, stores=meta,
+                                                                 event_time=carried_event_time(ckpts)))
         fault_point("rescale.before_manifest")
         horizons: dict[str, list[int]] = {}
         for name, per_task in ends.items():

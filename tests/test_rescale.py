@@ -829,3 +829,26 @@ def test_an_objectstore_generation_taken_by_another_rescale_is_skipped(tmp_path,
     assert state_of(new) == expected(6)
     with TaskStorage(new, 0) as storage:
         assert storage.changelog("counts").stream == "clicks-counts.gen2"
+
+
+@pytest.mark.parametrize("to", [6, 2])
+def test_the_event_time_clock_carries_over_at_the_latest_old_task(tmp_path, to):
+    """Event-time TTL and timers run on the task's committed clock: after a rescale each new
+    task resumes at the latest clock of the old tasks (none restarts from nothing, none runs
+    behind the task that held its keys), so an entry expired before the rescale stays expired."""
+    values = job_values(tmp_path, **{"stores.counts.ttl.ms": 1000, "stores.counts.ttl.time": "event"})
+    config = Config.from_dict(values)
+    clocks = [5_000, 9_000, 7_000, 8_000]
+    for p in range(4):
+        with TaskStorage(config, p) as storage:
+            storage.advance_event_time(clocks[p] - 2_000)
+            for i in range(20):
+                storage.store("counts").put(f"user-{p}-{i}", i)  # expire at clocks[p] - 1_000
+            storage.advance_event_time(clocks[p])
+            storage.commit({"offset": p}, version=3)
+    result = rescale(config, to, input_position={"offset": 0})
+    for q in range(to):
+        with TaskStorage(result.config, q) as storage:
+            assert storage.event_time == max(clocks)
+            with storage.store("counts").all() as it:
+                assert list(it) == []  # expired before the rescale, still invisible
