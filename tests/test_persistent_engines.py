@@ -209,6 +209,8 @@ def test_rocksdb_damaged_snapshot_falls_back_to_an_older_one(tmp_path, damage):
         s.store("kv").put_all([(f"k{i}", -i) for i in range(7)])
         s.commit(2)
     newest = sorted((_store_dir(tmp_path) / "snapshots").iterdir())[-1]
+    # as after a crash: no clean-close claim, so the open rebuilds db/ from a snapshot
+    (_store_dir(tmp_path) / "db.clean").unlink()
     if damage == "no CURRENT":
         (newest / "CURRENT").unlink()
     else:

@@ -42,9 +42,11 @@ def _marker(tmp_path: Path) -> Path:
     return _store_dir(tmp_path) / "db.clean"
 
 
-def _live_id(tmp_path: Path) -> int:
-    """The inode of db/: a rebuild from a snapshot makes a new directory."""
-    return (_store_dir(tmp_path) / "db").stat().st_ino
+def _mark_live(tmp_path: Path) -> Path:
+    """A file of our own in db/: a rebuild from a snapshot makes a new db/ without it."""
+    sentinel = _store_dir(tmp_path) / "db" / "TEST-SENTINEL"
+    sentinel.write_text("kept")
+    return sentinel
 
 
 def _contents(storage: TaskStorage) -> dict:
@@ -52,8 +54,10 @@ def _contents(storage: TaskStorage) -> dict:
         return dict(it)
 
 
-def _commit_batches(config: Config, batches: range) -> dict:
-    model: dict = {}
+def _commit_batches(config: Config, batches: range, model: dict | None = None) -> dict:
+    """Commit ``batches`` (one TaskStorage open each, as a micro-batch does); the model of
+    the whole state, starting from ``model``."""
+    model = {} if model is None else dict(model)
     for b in batches:
         with TaskStorage(config) as s:
             kv = s.store("kv")
@@ -71,15 +75,15 @@ def test_an_open_after_a_clean_close_keeps_the_live_database(tmp_path, interval)
     config = Config.from_dict(_values(tmp_path, interval))
     model = _commit_batches(config, range(1, 3))
     claim = json.loads(_marker(tmp_path).read_text())
-    live = _live_id(tmp_path)
+    live = _mark_live(tmp_path)
     with TaskStorage(config) as s:
         assert not _marker(tmp_path).exists()  # consumed by the open, before any write
         assert s.committed_offset("kv") == claim["offset"]
         assert s.last_restore["kv"].records == 0
         assert _contents(s) == model
-    assert _live_id(tmp_path) == live  # not rebuilt from the snapshot
-    model = _commit_batches(config, range(3, 8))  # micro-batch after micro-batch
-    assert _live_id(tmp_path) == live
+    assert live.exists()  # not rebuilt from the snapshot
+    model = _commit_batches(config, range(3, 8), model)  # micro-batch after micro-batch
+    assert live.exists()
     with TaskStorage(config) as s:
         assert _contents(s) == model and s.checkpoint.input_position == 7
 
@@ -125,11 +129,10 @@ def test_a_damaged_or_unknown_claim_is_ignored_and_the_database_rebuilt(tmp_path
     config = Config.from_dict(_values(tmp_path))
     model = _commit_batches(config, range(1, 3))
     _marker(tmp_path).write_bytes(claim)
-    live = _live_id(tmp_path)
+    live = _mark_live(tmp_path)
     with TaskStorage(config) as s:
         assert _contents(s) == model
-    assert _live_id(tmp_path) != live  # rebuilt from the snapshot
-    assert not _marker(tmp_path).with_suffix(".clean.tmp").exists()
+    assert not live.exists()  # rebuilt from the snapshot
 
 
 def test_a_claim_whose_snapshot_is_gone_is_not_trusted(tmp_path):
@@ -148,11 +151,11 @@ def test_a_claim_older_than_the_last_commit_is_not_trusted(tmp_path):
     """db.clean copied back from an earlier close (an operator restoring a backup of the
     store directory): the snapshot it names is not the newest, so the database is rebuilt."""
     config = Config.from_dict(_values(tmp_path, interval=0))
-    _commit_batches(config, range(1, 2))
+    model = _commit_batches(config, range(1, 2))
     old_claim = _marker(tmp_path).read_bytes()
-    model = _commit_batches(config, range(2, 4))
+    model = _commit_batches(config, range(2, 4), model)
     _marker(tmp_path).write_bytes(old_claim)
-    live = _live_id(tmp_path)
+    live = _mark_live(tmp_path)
     with TaskStorage(config) as s:
         assert _contents(s) == model and s.checkpoint.input_position == 3
-    assert _live_id(tmp_path) != live
+    assert not live.exists()
