@@ -5,15 +5,8 @@ middle. The end-to-end proof on Spark is in tests/test_rescale_spark.py."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import shutil
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +15,6 @@ from localstate import (
     ChangelogError,
     Config,
     ConfigError,
-    CorruptionError,
     InvalidValueError,
     LocalStateError,
     StoreLockedError,
@@ -33,68 +25,16 @@ from localstate.cli import cli
 from localstate.engines.memory import MemoryEngineFactory
 from localstate.partitioning import task_for
 from localstate.rescale import rescale, update_config_file
-from localstate.storage import Recovery
-
-USERS = [f"user-{i}" for i in range(200)]
-
-
-def job_values(root: Path, factory: str = "memory", partitions: int = 4, **extra: Any) -> dict[str, Any]:
-    values = {
-        "job.name": "clicks",
-        "job.state.dir": str(root / "state"),
-        "job.partitions": partitions,
-        "systems.file.path": str(root / "changelog"),
-        "stores.counts.factory": factory,
-        "stores.counts.key.serde": "string",
-        "stores.counts.msg.serde": "json",
-    }
-    values.update(extra)
-    return values
-
-
-def run_tasks(config: Config, updates: dict[str, Any], *, version: int | None = None,
-              position: Any = "same", deletes: tuple[str, ...] = ()) -> None:
-    """Apply ``updates`` (key -> value) and ``deletes`` in the tasks the keys route to, and commit every task."""
-    n = config.partitions
-    for p in range(n):
-        with TaskStorage(config, p) as storage:
-            counts = storage.store("counts")
-            for k, v in updates.items():
-                if task_for(k, n) == p:
-                    counts[k] = v
-            for k in deletes:
-                if task_for(k, n) == p and k in counts:
-                    del counts[k]
-            storage.commit(position, version=version)
-
-
-def state_of(config: Config, store: str = "counts") -> dict[int, dict[str, Any]]:
-    out = {}
-    for p in range(config.partitions):
-        with TaskStorage(config, p) as storage:
-            with storage.store(store).all() as items:
-                out[p] = dict(items)
-    return out
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    """Every file under ``root`` (lock files aside) and its content hash: 'nothing changed'."""
-    return {str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in sorted(root.rglob("*")) if f.is_file() and f.name != ".lock" and not f.name.endswith(".lock")}
-
-
-def seeded_job(tmp_path: Path, factory: str = "memory", **extra: Any) -> Config:
-    config = Config.from_dict(job_values(tmp_path, factory, **extra))
-    run_tasks(config, {u: {"n": i} for i, u in enumerate(USERS)}, version=0)
-    run_tasks(config, {u: {"n": i * 10} for i, u in enumerate(USERS[:50])}, version=1, deletes=tuple(USERS[150:]))
-    return config
-
-
-def expected(n: int) -> dict[int, dict[str, Any]]:
-    want: dict[int, dict[str, Any]] = {q: {} for q in range(n)}
-    for i, u in enumerate(USERS[:150]):
-        want[task_for(u, n)][u] = {"n": i * 10 if i < 50 else i}
-    return want
+from localstate.testing.rescale_jobs import (
+    USERS,
+    expected,
+    job_values,
+    rescale_in_child,
+    run_tasks,
+    seeded_job,
+    state_of,
+    tree_digest,
+)
 
 
 @pytest.mark.parametrize("factory", ["memory", "rocksdb", "leveldb"])
@@ -337,24 +277,11 @@ def test_a_lost_committed_record_is_refused(tmp_path):
 
 
 # -- crashes in the middle (real SIGKILL at the rescale's fault points) --------------------------------
-def _rescale_in_child(root: Path, to: int, fault: str, values: dict[str, Any] | None = None) -> int:
-    code = textwrap.dedent(f"""
-        import json, sys
-        from localstate import Config
-        from localstate.rescale import rescale
-        rescale(Config.from_dict(json.loads(sys.argv[1])), {to})
-    """)
-    env = {**os.environ, "LOCALSTATE_FAULTS": fault}
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(values or job_values(root))], env=env,
-                          capture_output=True, timeout=120)
-    return proc.returncode
-
-
 @pytest.mark.parametrize("fault", ["rescale.staging=kill", "rescale.before_manifest=kill"])
 def test_a_crash_before_the_manifest_leaves_the_old_job_intact(tmp_path, fault):
     config = seeded_job(tmp_path)
     before = state_of(config)
-    assert _rescale_in_child(tmp_path, 6, fault) == -9
+    assert rescale_in_child(tmp_path, 6, fault) == -9
     assert (tmp_path / "changelog" / "_rescale" / "clicks" / "new").exists()
     assert state_of(config) == before
     # The old job may even run on; the re-run discards the half-written staging area.
@@ -369,7 +296,7 @@ def test_a_crash_before_the_manifest_leaves_the_old_job_intact(tmp_path, fault):
                                    "rescale.after_swap=kill"])
 def test_a_crash_after_the_manifest_is_finished_by_a_re_run(tmp_path, fault):
     config = seeded_job(tmp_path)
-    assert _rescale_in_child(tmp_path, 6, fault) == -9
+    assert rescale_in_child(tmp_path, 6, fault) == -9
     assert (tmp_path / "changelog" / "_rescale" / "clicks" / "manifest.json").exists()
     result = rescale(config, 6)
     assert state_of(result.config) == expected(6)
@@ -380,7 +307,7 @@ def test_a_crash_after_the_manifest_is_finished_by_a_re_run(tmp_path, fault):
 
 def test_the_old_job_committing_after_the_manifest_is_restaged_not_lost(tmp_path):
     config = seeded_job(tmp_path)
-    assert _rescale_in_child(tmp_path, 6, "rescale.after_manifest=kill") == -9
+    assert rescale_in_child(tmp_path, 6, "rescale.after_manifest=kill") == -9
     run_tasks(config, {"user-4": {"n": 44}}, version=2)  # the swap had not begun: the old job still runs
     new = rescale(config, 6).config
     want = expected(6)
@@ -525,7 +452,7 @@ def test_a_plug_in_that_declares_its_layout_is_rescaled_and_one_that_does_not_is
 
 def test_a_pending_rescale_to_another_count_must_be_finished_first(tmp_path):
     config = seeded_job(tmp_path)
-    assert _rescale_in_child(tmp_path, 6, "rescale.after_manifest=kill") == -9
+    assert rescale_in_child(tmp_path, 6, "rescale.after_manifest=kill") == -9
     with pytest.raises(LocalStateError, match="an earlier rescale from 4 to 6 partitions was committed but not "
                                               "finished .*finish it first with --to 6"):
         rescale(config, 3)
@@ -534,7 +461,7 @@ def test_a_pending_rescale_to_another_count_must_be_finished_first(tmp_path):
 
 def test_an_unreadable_manifest_is_an_error_naming_it(tmp_path):
     config = seeded_job(tmp_path)
-    assert _rescale_in_child(tmp_path, 6, "rescale.after_manifest=kill") == -9
+    assert rescale_in_child(tmp_path, 6, "rescale.after_manifest=kill") == -9
     manifest = tmp_path / "changelog" / "_rescale" / "clicks" / "manifest.json"
     manifest.write_bytes(b"{not json")
     digest = tree_digest(tmp_path)
@@ -574,261 +501,6 @@ def test_a_corrupt_old_checkpoint_or_stream_file_is_refused_naming_it(tmp_path):
     with pytest.raises(LocalStateError, match=f"{meta} is corrupt"):
         rescale(config, 6)
     assert tree_digest(tmp_path) == digest
-
-
-# -- kafka and objectstore: the rescaled job is written as the next generation -------------------------
-FAST_KAFKA = {"timeout.ms": 3000, "retries": 2, "retry.backoff.ms": 100}
-FAST_S3 = {"timeout.ms": 3000, "retries": 2, "retry.backoff.ms": 20}
-
-
-@pytest.fixture(params=["kafka", "objectstore"])
-def remote(request) -> Any:
-    """``remote(root, job)``: config values of a job whose state is in a kafka topic or an
-    S3 bucket (moto), at 4 partitions. Each call: its own job, streams and checkpoint topic."""
-    if request.param == "kafka":
-        bootstrap = request.getfixturevalue("kafka_broker")
-
-        def system(job: str) -> dict[str, Any]:
-            return {"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": bootstrap,
-                    "systems.kafka.checkpoint.topic": f"{job}-checkpoints", "stores.counts.changelog": f"kafka.{job}-counts",
-                    **{f"systems.kafka.{k}": v for k, v in FAST_KAFKA.items()}}
-    else:
-        from localstate.testing.s3 import objectstore_options
-
-        server = request.getfixturevalue("s3_server")
-        bucket = server.create_bucket()
-
-        def system(job: str) -> dict[str, Any]:
-            return {"job.changelog.system": "s3", **objectstore_options(server.endpoint, bucket, job, **FAST_S3),
-                    "stores.counts.changelog": f"s3.{job}-counts"}
-
-    def make(root: Path, partitions: int = 4, factory: str = "memory") -> dict[str, Any]:
-        job = f"clicks-{os.urandom(4).hex()}"
-        return {**job_values(root, factory, partitions), "job.name": job, **system(job)}
-
-    make.kind = request.param  # type: ignore[attr-defined]
-    return make
-
-
-def seeded_values(values: dict[str, Any]) -> Config:
-    config = Config.from_dict(values)
-    run_tasks(config, {u: {"n": i} for i, u in enumerate(USERS)}, version=0)
-    run_tasks(config, {u: {"n": i * 10} for i, u in enumerate(USERS[:50])}, version=1, deletes=tuple(USERS[150:]))
-    return config
-
-
-@pytest.mark.parametrize("to", [6, 3])
-def test_kafka_and_objectstore_rescale_equals_a_job_run_at_the_new_count(tmp_path, remote, to):
-    """The 4 -> 6 and 4 -> 3 proof of the file changelog on kafka and objectstore: rescaled
-    (with an uncommitted tail in every old task), run on, and compared with a job run at
-    the new count from the start; the old count is refused afterwards."""
-    config = seeded_values(remote(tmp_path / "a"))
-    for p in range(4):  # a crashed attempt's uncommitted tail: never part of the rescaled state
-        with TaskStorage(config, p) as storage:
-            storage.store("counts")["user-0"] = {"n": -1}
-            storage.store("counts")["ghost"] = {"n": -1}
-            storage.store("counts").flush()
-            storage.changelog("counts").flush()
-    direct = seeded_values(remote(tmp_path / "b", partitions=to))
-    result = rescale(config, to)
-    assert (result.from_partitions, result.to_partitions, result.version, result.records) == (4, to, 1, {"counts": 150})
-    new = result.config
-    assert state_of(new) == expected(to)
-    more = {u: {"n": 7} for u in USERS[100:180]}
-    run_tasks(new, more, version=2)
-    run_tasks(direct, more, version=2)
-    assert state_of(new) == state_of(direct)
-    with TaskStorage(new, 0) as storage:
-        assert storage.checkpoint.version == 2 and storage.changelog("counts").stream.endswith("-counts.gen1")
-    with pytest.raises(ChangelogError, match=f"has {to} partition"):
-        TaskStorage(config, 0)
-    again = rescale(config, to)  # a re-run finds it done
-    assert again.already_done and state_of(new) == state_of(direct)
-
-
-def test_kafka_and_objectstore_rescale_back_and_a_stale_local_copy(tmp_path, remote):
-    """Two rescales in a row (generation 2), with a local RocksDB copy of an old task put
-    back after each (another machine's disk): never loaded for the new task."""
-    config = seeded_values(remote(tmp_path, factory="rocksdb"))
-    local = tmp_path / "state" / config.job_name / "counts" / "0"
-    shutil.copytree(local, tmp_path / "elsewhere")
-    six = rescale(config, 6).config
-    shutil.copytree(tmp_path / "elsewhere", local)
-    assert state_of(six) == expected(6)
-    shutil.rmtree(tmp_path / "elsewhere")
-    shutil.copytree(local, tmp_path / "elsewhere")
-    two = rescale(six, 2).config
-    shutil.copytree(tmp_path / "elsewhere", local, dirs_exist_ok=True)
-    assert state_of(two) == expected(2)
-    with TaskStorage(two, 1) as storage:
-        assert storage.changelog("counts").stream.endswith("-counts.gen2")
-
-
-@pytest.mark.parametrize("fault", ["rescale.staging=kill@3", "rescale.before_manifest=kill"])
-def test_kafka_and_objectstore_kill_mid_rescale_leaves_the_old_job_intact(tmp_path, remote, fault):
-    values = remote(tmp_path)
-    config = seeded_values(values)
-    before = state_of(config)
-    assert _rescale_in_child(tmp_path, 6, fault, values) == -9
-    assert state_of(config) == before  # the old job runs on, untouched
-    run_tasks(config, {"user-3": {"n": 33}}, version=2)
-    result = rescale(config, 6)  # the re-run skips the half-written generation
-    want = expected(6)
-    want[task_for("user-3", 6)]["user-3"] = {"n": 33}
-    assert state_of(result.config) == want
-    with TaskStorage(result.config, 0) as storage:
-        assert storage.checkpoint.version == 2 and storage.changelog("counts").stream.endswith("-counts.gen2")
-
-
-def test_kafka_and_objectstore_kill_after_the_switch_is_finished_by_a_re_run(tmp_path, remote):
-    values = remote(tmp_path)
-    config = seeded_values(values)
-    assert _rescale_in_child(tmp_path, 3, "rescale.after_manifest=kill", values) == -9
-    result = rescale(config, 3)
-    assert result.already_done
-    assert state_of(result.config) == expected(3)
-    with pytest.raises(ChangelogError, match="rescaled to 3 partitions .* rescale from the count the state is at"):
-        rescale(config, 5)
-
-
-def test_kafka_and_objectstore_refusals_change_nothing(tmp_path, remote):
-    config = seeded_values(remote(tmp_path))
-    mine = next(u for u in USERS[:50] if task_for(u, 4) == 1)
-    with TaskStorage(config, 1) as storage:  # task 1 one commit ahead
-        storage.store("counts")[mine] = {"n": 5}
-        storage.commit("same", version=2)
-    with pytest.raises(LocalStateError, match="not at one commit"):
-        rescale(config, 6)
-    with pytest.raises(InvalidValueError, match="an int >= 1"):
-        rescale(config, 2.0)
-    with TaskStorage(config, 3):
-        with pytest.raises(StoreLockedError, match=f"while it runs: task {config.job_name}/partition 3"):
-            rescale(config, 6)
-    with TaskStorage(config, 0) as storage:  # the old job is where it was
-        assert storage.changelog("counts").stream == f"{config.job_name}-counts"
-    run_tasks(config, {}, version=3)
-    assert state_of(rescale(config, 6).config) == {
-        q: {**want, **({mine: {"n": 5}} if task_for(mine, 6) == q else {})} for q, want in expected(6).items()}
-
-
-# -- `localstate restore --reset STORE` with a local copy of the old state left elsewhere --------------
-def test_reset_never_resurrects_a_local_copy_left_on_another_machine(tmp_path):
-    """Machine B holds a RocksDB copy of the store at its last commit; the operator resets
-    the store on machine A. When the task moves back to B, the copy must be discarded
-    (before the fix the file and objectstore logs accepted a snapshot at the reset log's
-    end, and replaying the empty log over it brought the whole state back)."""
-    _reset_on_a_then_open_on_b(tmp_path, job_values(tmp_path, "rocksdb", 1))
-
-
-def test_kafka_and_objectstore_reset_never_resurrects_a_local_copy(tmp_path, remote):
-    _reset_on_a_then_open_on_b(tmp_path, remote(tmp_path, 1, "rocksdb"))
-
-
-def _reset_on_a_then_open_on_b(tmp_path: Path, values: dict[str, Any]) -> None:
-    machine_a = Config.from_dict({**values, "job.state.dir": str(tmp_path / "machine-a")})
-    machine_b = Config.from_dict({**values, "job.state.dir": str(tmp_path / "machine-b")})
-    with TaskStorage(machine_b, 0) as storage:
-        storage.store("counts").put_all({u: {"n": 1} for u in USERS})
-        storage.commit("p1")
-    with TaskStorage(machine_b, 0) as storage:  # a second commit with nothing new: snapshot at the end
-        storage.commit("p2")
-    with TaskStorage(machine_a, 0, recovery=Recovery(reset={"counts"})) as storage:
-        with storage.store("counts").all() as items:
-            assert dict(items) == {}
-        storage.commit("p3")
-    with TaskStorage(machine_b, 0) as storage:
-        with storage.store("counts").all() as items:
-            assert dict(items) == {}, "the reset state came back from machine B's local copy"
-        storage.store("counts")["new"] = {"n": 2}
-        storage.commit("p4")
-    with TaskStorage(machine_a, 0) as storage:
-        with storage.store("counts").all() as items:
-            assert dict(items) == {"new": {"n": 2}}
-
-
-def test_a_snapshot_of_a_discarded_tail_left_on_another_machine_is_never_loaded(tmp_path):
-    """Machine B persists a RocksDB snapshot of its uncommitted writes and dies before its
-    checkpoint; the task restores on machine A, which cuts that tail, writes on past its
-    offsets and commits; the task moves back to B. B's snapshot must be rebuilt, not
-    loaded (before the fix B showed the uncommitted values and missed A's commits: the
-    file and objectstore logs write the cut offsets again)."""
-    _tail_on_b_then_commits_on_a(tmp_path, job_values(tmp_path, "rocksdb", 1))
-
-
-def test_kafka_and_objectstore_snapshot_of_a_discarded_tail_is_never_loaded(tmp_path, remote):
-    _tail_on_b_then_commits_on_a(tmp_path, remote(tmp_path, 1, "rocksdb"))
-
-
-def _tail_on_b_then_commits_on_a(tmp_path: Path, values: dict[str, Any]) -> None:
-    from localstate.faults import InjectedFault, configure
-
-    machine_a = Config.from_dict({**values, "job.state.dir": str(tmp_path / "machine-a")})
-    machine_b = Config.from_dict({**values, "job.state.dir": str(tmp_path / "machine-b")})
-    with TaskStorage(machine_b, 0) as storage:
-        storage.store("counts").put_all({u: {"n": 1} for u in USERS[:10]})
-        storage.commit("p1")
-    storage = TaskStorage(machine_b, 0)
-    storage.store("counts").put_all({u: {"n": -1} for u in USERS[:10]})
-    configure("commit.after_engine_checkpoint=raise")  # B dies between its snapshot and its checkpoint
-    try:
-        with pytest.raises(InjectedFault):
-            storage.commit("p2")
-    finally:
-        configure("")
-        storage.close()
-    with TaskStorage(machine_a, 0) as storage:
-        assert storage.store("counts")[USERS[0]] == {"n": 1}
-        storage.store("counts").put_all({u: {"n": 2} for u in USERS[100:130]})
-        storage.commit("p3")
-    with TaskStorage(machine_b, 0) as storage:
-        with storage.store("counts").all() as items:
-            assert dict(items) == {**{u: {"n": 1} for u in USERS[:10]}, **{u: {"n": 2} for u in USERS[100:130]}}
-
-
-def test_a_corrupt_generation_record_is_an_error_naming_it(tmp_path, remote):
-    """The record that says where a rescaled job's state is: damaged, every open refuses
-    (naming it) instead of falling back to the old generation's stale state."""
-    config = seeded_values(remote(tmp_path))
-    new = rescale(config, 2).config
-    if remote.kind == "kafka":
-        from confluent_kafka import Producer
-
-        producer = Producer({"bootstrap.servers": config.systems["kafka"]["bootstrap.servers"]})
-        producer.produce(f"{config.job_name}-checkpoints", b"{not json", f"{config.job_name}/generation".encode(), 0)
-        producer.flush(10)
-        where = f"{config.job_name}/generation in kafka topic"
-    else:
-        from localstate.storage import open_system
-
-        system = open_system(new, "s3")
-        key = f"_generations/{config.job_name}/{1:010d}"
-        system.store.put(key, b"{not json")
-        system.close()
-        where = key
-    with pytest.raises(CorruptionError, match=f"generation record .*{where}.* is corrupt"):
-        TaskStorage(new, 0)
-    with pytest.raises(CorruptionError, match="generation record"):
-        rescale(new, 3)
-
-
-def test_an_objectstore_generation_taken_by_another_rescale_is_skipped(tmp_path, s3_server):
-    """Two rescales never write one generation's prefixes: a number another rescale
-    reserved (``<n>.writing``, created with If-None-Match) is skipped."""
-    from localstate.storage import open_system
-    from localstate.testing.s3 import objectstore_options
-
-    values = {**job_values(tmp_path), "job.changelog.system": "s3", "stores.counts.changelog": "s3.clicks-counts",
-              **objectstore_options(s3_server.endpoint, s3_server.create_bucket(), "jobs", **FAST_S3)}
-    config = seeded_values(values)
-    system = open_system(config, "s3")
-    try:
-        assert system.claim_generation(1) and not system.claim_generation(1)
-    finally:
-        system.close()
-    new = rescale(config, 6).config
-    assert state_of(new) == expected(6)
-    with TaskStorage(new, 0) as storage:
-        assert storage.changelog("counts").stream == "clicks-counts.gen2"
 
 
 @pytest.mark.parametrize("to", [6, 2])
