@@ -561,6 +561,10 @@ class FileChangelogPartition(ChangelogPartition):
         fsync_dir(self.directory)
         return stats
 
+    def size_bytes(self) -> int:
+        """Bytes on disk of every segment (``localstate inspect``)."""
+        return sum(s.size for s in self._segments)
+
     def segments(self) -> list[tuple[int, int, Path]]:
         """``(base_offset, next_offset, path)`` per segment, oldest first."""
         return [(s.base, s.next_offset, s.path) for s in self._segments]

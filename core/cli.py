@@ -238,6 +238,9 @@ def inspect(path: str | None, config_path: str | None, system_name: str | None, 
         report = inspect_remote(path, config_path, system_name, options)
     elif path is None:
         raise click.UsageError("give a directory, an object-store URL, or -c job.toml")
+    elif not Path(path).exists():
+        raise click.BadParameter(f"{path!r} does not exist (give a state or changelog directory, or an "
+                                 "object-store URL)", param_hint="PATH")
     elif not Path(path).is_dir():
         raise click.BadParameter(f"{path!r} is not a directory (nor an object-store URL)", param_hint="PATH")
     else:

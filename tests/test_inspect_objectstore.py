@@ -91,7 +91,9 @@ def test_inspect_refuses_clearly(tmp_path, s3_server):
     none = CliRunner().invoke(cli, ["inspect", "-c", str(toml)])
     assert none.exit_code != 0 and "has no objectstore system" in none.output
     assert CliRunner().invoke(cli, ["inspect"]).exit_code != 0
-    assert "is not a directory" in CliRunner().invoke(cli, ["inspect", str(tmp_path / "nope")]).output
+    assert "does not exist" in CliRunner().invoke(cli, ["inspect", str(tmp_path / "nope")]).output
+    (tmp_path / "a-file").write_text("x")
+    assert "is not a directory" in CliRunner().invoke(cli, ["inspect", str(tmp_path / "a-file")]).output
 
 
 @pytest.mark.parametrize("url", ["hdfs://namenode:8020/state", "viewfs://cluster/state", "webhdfs://nn:9870/state"])

@@ -125,27 +125,39 @@ class LocalCopies:
     version (the latest commit of it: a rolled-back batch is committed again);
     ``local[(executor, partition)]`` the offset of that executor's local copy: a run
     restores its local copy to the offset of the version it starts from, a commit
-    moves it to the committed offset.
+    moves it to the committed offset. ``horizon[partition]``: a run that starts behind
+    the partition's log end (a rollback) cuts that tail, and the changelog then refuses
+    every local snapshot up to the old end (it cannot tell a snapshot of the cut tail
+    from one of the same offsets written again), so no local copy at or below it counts.
     """
 
     def __init__(self) -> None:
         self.committed: dict[tuple[int, int | None], int] = {}
         self.local: dict[tuple[str, int], int] = {}
+        self.end: dict[int, int] = {}
+        self.horizon: dict[int, int] = {}
 
     def target(self, start: dict[str, Any]) -> int:
         """The offset the run of ``start`` must restore to."""
         return self.committed.get((start["partition"], start["previous_version"]), 0)
 
     def is_local(self, start: dict[str, Any]) -> bool:
-        """Whether the executor of ``start`` already held that state locally."""
-        return self.local.get((start["executor"], start["partition"]), 0) == self.target(start)
+        """Whether the executor of ``start`` already held that state locally (and the
+        changelog still accepts a copy at that offset)."""
+        offset = self.local.get((start["executor"], start["partition"]), 0)
+        return offset == self.target(start) and offset >= self.horizon.get(start["partition"], 0)
 
     def apply(self, e: dict[str, Any]) -> None:
         where = (e["executor"], e["partition"])
+        p = e["partition"]
         if e["phase"] == "start":
             self.local[where] = self.target(e)
+            if self.target(e) < self.end.get(p, 0):  # a rollback cuts the tail past the target
+                self.horizon[p] = self.end[p] + 1
+                self.end[p] = self.target(e)
         elif e["version"] != e["previous_version"]:
-            self.committed[(e["partition"], e["version"])] = self.local[where] = e["committed_offset"]
+            self.committed[(p, e["version"])] = self.local[where] = e["committed_offset"]
+            self.end[p] = e["committed_offset"]
 
     @classmethod
     def of(cls, events: list[dict[str, Any]]) -> LocalCopies:
