@@ -375,7 +375,7 @@ class FileChangelogPartition(ChangelogPartition):
         # machine this one cannot reach is tagged with one of them, so once the log grows
         # past it, it would pass for committed state. The horizon goes past the tail
         # first; until this task's own snapshots pass it, its opens replay the log.
-        self._raise_horizon(self._end + 1)
+        self.raise_horizon(self._end + 1)
         keep: list[_Segment] = []
         for seg in self._segments:
             if seg.base >= c:
@@ -432,7 +432,7 @@ class FileChangelogPartition(ChangelogPartition):
         # The new start is recorded first (as the horizon: no snapshot of the given-up state
         # is valid), so a crash part-way leaves a log whose head is accounted for and a reset
         # that can run again.
-        self._raise_horizon(self._end + 1)
+        self.raise_horizon(self._end + 1)
         for seg in self._segments:
             seg.path.unlink(missing_ok=True)
         if self._torn is not None:
@@ -492,7 +492,9 @@ class FileChangelogPartition(ChangelogPartition):
     def min_valid_snapshot_offset(self) -> int:
         return self._horizon
 
-    def _raise_horizon(self, horizon: int) -> None:
+    def raise_horizon(self, horizon: int) -> None:
+        """Make every snapshot tagged below ``horizon`` invalid (never lowers it): a cut
+        tail, a reset, a rescaled partition whose offsets a stale local copy may reuse."""
         if horizon > self._horizon:
             atomic_write(self.directory / "compaction.json", json.dumps({"tombstone_horizon": horizon}).encode())
             self._horizon = horizon

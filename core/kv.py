@@ -356,15 +356,9 @@ class KeyValueStore(MutableMapping[K, V], Generic[K, V]):
 
     def clear(self) -> None:
         """Delete every key (in batches of ``delete_all``; each delete is logged)."""
-        chunk: list[K] = []
         with self.keys() as keys:
-            for k in keys:
-                chunk.append(k)
-                if len(chunk) >= _CLEAR_CHUNK:
-                    self.delete_all(chunk)
-                    chunk = []
-        if chunk:
-            self.delete_all(chunk)
+            while chunk := keys.take(_CLEAR_CHUNK):
+                self.delete_all(chunk)
 
     # A store is a handle on a resource (like a file), compared by identity: comparing
     # contents would scan both stores; compare ``dict(store)`` for that.

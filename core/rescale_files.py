@@ -15,6 +15,7 @@ import os
 import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -86,28 +87,22 @@ def streams(job: JobFiles) -> list[str]:
 
 def _write_partition(job: JobFiles, directory: Path, records: Iterable[ChangeRecord]) -> int:
     from localstate.changelog.file import FileChangelogPartition
-    from localstate.locking import atomic_write
 
     part = FileChangelogPartition(directory, segment_bytes=job.system.segment_bytes, fsync=job.system.fsync)
     try:
-        chunk: list[ChangeRecord] = []
-        for record in records:
-            chunk.append(record)
-            if len(chunk) >= _WRITE_CHUNK:
-                part.append(chunk)
-                chunk = []
-        if chunk:
+        records = iter(records)
+        while chunk := list(islice(records, _WRITE_CHUNK)):
             part.append(chunk)
         end = part.flush()
+        # A local copy of the old task with this number that rescale cannot reach (another
+        # machine's disk) holds snapshots tagged with offsets of the *old* log, possibly at
+        # or below the new end: none may be loaded for the new task. A horizon past the end
+        # rejects them all; the new task's own snapshots count from its first commit that
+        # writes a record (until then each open replays the partition: the price of never
+        # trusting a stale copy).
+        part.raise_horizon(end + 1)
     finally:
         part.close()
-    # A local copy of the old task with this number that rescale cannot reach (another
-    # machine's disk) holds snapshots tagged with offsets of the *old* log, possibly at or
-    # below the new end: none may be loaded for the new task. A horizon past the end
-    # rejects them all; the new task's own snapshots count from its first commit that
-    # writes a record (until then each open replays the partition: the price of never
-    # trusting a stale copy).
-    atomic_write(directory / "compaction.json", json.dumps({"tombstone_horizon": end + 1}).encode())
     return end
 
 
