@@ -284,8 +284,13 @@ class NativeKVEngine(KeyValueEngine):
             return
         try:
             self._close_db()
+            self._after_close()
         finally:
             self._lock.release()
+
+    def _after_close(self) -> None:
+        """Runs once the database closed cleanly, while the engine lock is still held (a
+        file written here is never seen half-way by the next opener)."""
 
     @property
     def open_iterators(self) -> int:

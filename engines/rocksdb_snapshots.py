@@ -79,8 +79,13 @@ class RocksDBSnapshots:
             return None
         return offset
 
+    def _after_close(self) -> None:
+        self._write_clean_marker()
+
     def _write_clean_marker(self) -> None:
-        """At close: claim that the live database equals its newest snapshot, when it does."""
+        """At close, under the engine lock (an opener waiting for it must find the claim
+        complete or absent): claim that the live database equals its newest snapshot, when
+        it does."""
         live = self._live_snapshot
         if not self.rebuildable or live is None or live[1] != self.records_written:
             return
@@ -214,8 +219,7 @@ class RocksDBSnapshots:
             except LocalStateError as e:  # only an optimization of the next open
                 log.warning("rocksdb store %r: the snapshot at close failed (%s); the next open "
                             "replays the changelog from the previous one", self.name, e)
-        super().close()
-        self._write_clean_marker()
+        super().close()  # writes the claim (_after_close) before it releases the lock
 
     def checkpoint(self, offset: int) -> None:
         """Take a hard-link snapshot tagged with ``offset``; keep the newest ``snapshots.keep``."""

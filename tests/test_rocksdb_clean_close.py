@@ -159,3 +159,26 @@ def test_a_claim_older_than_the_last_commit_is_not_trusted(tmp_path):
     with TaskStorage(config) as s:
         assert _contents(s) == model and s.checkpoint.input_position == 3
     assert not live.exists()
+
+
+def test_the_claim_is_complete_before_the_engine_lock_is_released(tmp_path):
+    """Another attempt of the task may be waiting for the engine lock: it must find db.clean
+    written or absent, never appearing after it opened (and consumed nothing). The lock's
+    release is wrapped to look at the directory at that moment (a test double for a timing
+    a real second process cannot hit on demand)."""
+    config = Config.from_dict(_values(tmp_path))
+    _commit_batches(config, range(1, 2))
+    seen: list[bool] = []
+    s = TaskStorage(config)
+    s.store("kv").put("k1", {"b": 9})
+    s.commit(input_position=2)
+    engine = s.engine("kv")
+    release = engine._lock.release
+
+    def observed_release() -> None:
+        seen.append(_marker(tmp_path).exists())
+        release()
+
+    engine._lock.release = observed_release
+    s.close()
+    assert seen == [True]
