@@ -51,17 +51,19 @@ class _Scan:
     def __init__(self, data: SortedDict, start: bytes | None, stop: bytes | None) -> None:
         self.data = data
         self.lo, self.inclusive, self.stop = start, True, stop
-        self.rest: list[tuple[bytes, bytes]] | None = None
+        self.rest: tuple[list[bytes], list[bytes]] | None = None
+        """The rest of the range (keys, values), once frozen."""
 
-    def _chunk(self, size: int | None) -> list[bytes]:
+    def _copy(self, size: int | None) -> tuple[list[bytes], list[bytes]]:
+        """Keys and values after the last key copied (``size`` of them, or all)."""
         keys = self.data.irange(self.lo, self.stop, inclusive=(self.inclusive, False))
-        return list(keys if size is None else islice(keys, size))
+        keys = list(keys if size is None else islice(keys, size))
+        return keys, list(map(self.data.__getitem__, keys))
 
     def freeze(self) -> None:
         """Copy the rest of the range now (a write is about to change the map)."""
         if self.rest is None:
-            keys = self._chunk(None)
-            self.rest = list(zip(keys, map(self.data.__getitem__, keys)))
+            self.rest = self._copy(None)
 
     def chunks(self, engine: MemoryEngine) -> Iterator[Iterable[tuple[bytes, bytes]]]:
         """The scan's pairs as C-level iterators of up to ``_CHUNK`` pairs each (chained
@@ -69,26 +71,23 @@ class _Scan:
         try:
             size = _FIRST_CHUNK
             while self.rest is None:
-                keys = self._chunk(size)
-                if not keys:
-                    return
-                values = list(map(self.data.__getitem__, keys))
-                exhausted = len(keys) < size
-                self.lo, self.inclusive = keys[-1], False
-                for i in range(0, len(keys), _CHUNK):
-                    if engine._data is None:
-                        engine._require_open()  # closed mid-scan: StoreClosedError
-                    yield zip(keys[i : i + _CHUNK], values[i : i + _CHUNK])
-                if exhausted and self.rest is None:
+                keys, values = self._copy(size)
+                if keys:
+                    self.lo, self.inclusive = keys[-1], False
+                yield from self._slices(engine, keys, values)
+                if len(keys) < size and self.rest is None:  # the range ended at that copy
                     return
                 size = min(size * 4, _MAX_CHUNK)
-            rest = self.rest
-            for i in range(0, len(rest), _CHUNK):
-                if engine._data is None:
-                    engine._require_open()
-                yield rest[i : i + _CHUNK]
+            yield from self._slices(engine, *self.rest)
         finally:  # exhausted or closed: no longer needs freezing
             engine._scans.discard(self)
+
+    @staticmethod
+    def _slices(engine: MemoryEngine, keys: list[bytes], values: list[bytes]) -> Iterator[Iterable[tuple[bytes, bytes]]]:
+        for i in range(0, len(keys), _CHUNK):
+            if engine._data is None:
+                engine._require_open()  # closed mid-scan: StoreClosedError
+            yield zip(keys[i : i + _CHUNK], values[i : i + _CHUNK])
 
 
 class MemoryEngine(KeyValueEngine):
