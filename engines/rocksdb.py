@@ -92,6 +92,7 @@ _RESTORE_WRITE_BUFFERS = 8
 replay, so less is left to flush at its end (8 MiB x 8 measured as fast as 64 MiB x 3 or faster
 at 1M and 3M records, with 25-85 MiB less peak memory; benchmarks/RESULTS.md)."""
 _UNREAD = object()
+_NOT_PENDING = object()
 
 class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
     """``KeyValueStore[bytes, bytes]`` over one RocksDB directory, with local snapshots.
@@ -102,6 +103,7 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
     """
 
     kind = "rocksdb"
+    write_behind_records = 10_000
 
     def __init__(self, context: StoreContext, options: RocksDBOptions | None = None) -> None:
         """A store with a changelog (``context.rebuildable``) writes without a WAL (its
@@ -263,6 +265,11 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
         db = self._db
         if db is None:
             db = self._require_open()  # raises StoreClosedError
+        pending = self._pending
+        if pending and type(key) is bytes:  # the write-behind buffer holds the newest writes
+            v = pending.get(key, _NOT_PENDING)
+            if v is not _NOT_PENDING:
+                return default if v is None else v
         try:
             v = db.get(key)
             return default if v is None else v
