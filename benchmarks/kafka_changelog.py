@@ -354,10 +354,27 @@ def _store_quix(python: str, bootstrap: str, n: int, seed: int) -> tuple[float, 
     return figures["puts_per_s"], figures["gets_per_s"]
 
 
-def store_rows(bootstrap: str, n: int, repeats: int, *, report_missing_peer: bool = True) -> list[dict[str, Any]]:
+NO_WRITE_BEHIND = "localstate, no write-behind"
+
+
+def _store_ours_no_write_behind(bootstrap: str, keys: list[bytes], value: bytes) -> tuple[float, float]:
+    """:func:`_store_ours` with rocksdb's write-behind buffer off (the behaviour before it)."""
+    from localstate.engines.rocksdb import RocksDBEngine
+
+    saved = RocksDBEngine.write_behind_records
+    RocksDBEngine.write_behind_records = 0
+    try:
+        return _store_ours(bootstrap, keys, value)
+    finally:
+        RocksDBEngine.write_behind_records = saved
+
+
+def store_rows(bootstrap: str, n: int, repeats: int, *, report_missing_peer: bool = True,
+               no_write_behind: bool = False) -> list[dict[str, Any]]:
     """``kafka.store_put`` / ``kafka.store_get``: ours, raw rocksdict and Quix, alternating.
     Without quixstreams the Quix rows are error cells (``report_missing_peer``) or left out
-    (the quick CI form, which must not fail for an optional peer)."""
+    (the quick CI form, which must not fail for an optional peer). ``no_write_behind``
+    adds ours with rocksdb's write-behind buffer off to the same run."""
     from .quix_store_peer import keys_of, value_of
 
     seed = 1
@@ -367,6 +384,8 @@ def store_rows(bootstrap: str, n: int, repeats: int, *, report_missing_peer: boo
         "localstate rocksdb+kafka": lambda: _store_ours(bootstrap, keys, value),
         "raw rocksdict": lambda: _store_raw(keys, value),
     }
+    if no_write_behind:
+        sides[NO_WRITE_BEHIND] = lambda: _store_ours_no_write_behind(bootstrap, keys, value)
     if python is not None:
         sides["quix RocksDBStore+kafka"] = lambda: _store_quix(python, bootstrap, n, seed)
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
@@ -381,12 +400,13 @@ def store_rows(bootstrap: str, n: int, repeats: int, *, report_missing_peer: boo
     notes = {
         "localstate rocksdb+kafka": "TaskStorage store: put per record, commit() per 10k (Kafka transaction)",
         "raw rocksdict": "WriteBatch per 10k keys (same native options, no changelog); get per key",
+        NO_WRITE_BEHIND: "as ours, rocksdb's write-behind buffer off (each batch written as it comes)",
         "quix RocksDBStore+kafka": "quixstreams RocksDBStore partition transaction per 10k: set_bytes, "
                                    "prepare (changelog produce), producer flush, flush; get_bytes per key",
     }
     for workload, index, unit in (("kafka.store_put", 0, "puts/s"), ("kafka.store_get", 1, "gets/s")):
         for name, figures in runs.items():
-            baseline = "raw rocksdict" if name == "localstate rocksdb+kafka" else None
+            baseline = "raw rocksdict" if name in ("localstate rocksdb+kafka", NO_WRITE_BEHIND) else None
             row = make_row(workload, name, params, unit, [f[index] for f in figures], baseline=baseline,
                            notes=notes[name])
             rows.append(row)
@@ -455,9 +475,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-write-behind", action="store_true",
+                        help="also ours with rocksdb's write-behind buffer off, in the same run")
     args = parser.parse_args(argv)
     with TansuBroker() as broker:
-        rows = store_rows(broker.bootstrap, args.records, args.repeats)
+        rows = store_rows(broker.bootstrap, args.records, args.repeats, no_write_behind=args.no_write_behind)
     add_ratios(rows)
     for r in rows:
         figure = "error: " + r["error"] if r.get("error") else f"{r['median']:>12,.2f} {r['unit']}"

@@ -18,7 +18,9 @@ CI form (``quick``): 20k and 50k keys. Default: up to 3M keys. The full sweep to
     python -m localstate.benchmarks.state_size --max-keys 10000000 --repeats 3
 
 ``--every-commit`` adds ours with a snapshot at every commit
-(``rocksdb.snapshot.interval.records = 0``, the behaviour before issue 17) to the same run.
+(``rocksdb.snapshot.interval.records = 0``, the behaviour before issue 17) to the same run;
+``--no-write-behind`` adds ours with rocksdb's write-behind buffer off (each batch from the
+layers written as it comes, unsorted: the behaviour before session 3 of issue 17).
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .runner import add_ratios, make_row
 
-__all__ = ["run", "sweep_ours", "sweep_raw", "SIZES"]
+__all__ = ["run", "sweep_ours", "sweep_raw", "SIZES", "NO_WRITE_BEHIND"]
 
 KEY_BYTES = 16
 VALUE_BYTES = 100
@@ -83,11 +86,18 @@ def _sweep(sizes: tuple[int, ...], write_chunk: Callable[[int], None], get: Call
         yield size, writes, gets
 
 
-def sweep_ours(sizes: tuple[int, ...], root: Path, snapshot_interval: int | None = None) -> list[tuple[int, float, float]]:
+def sweep_ours(sizes: tuple[int, ...], root: Path, snapshot_interval: int | None = None,
+               write_behind: bool = True) -> list[tuple[int, float, float]]:
     """The sweep through ``TaskStorage`` (rocksdb + file changelog, bytes serdes, default
     cache); ``snapshot_interval`` sets ``rocksdb.snapshot.interval.records`` (0: a
-    snapshot at every commit, as before issue 17)."""
+    snapshot at every commit, as before issue 17); ``write_behind=False`` turns rocksdb's
+    write-behind buffer off for this sweep."""
     from localstate import Config, TaskStorage
+    from localstate.engines.rocksdb import RocksDBEngine
+
+    if not write_behind:
+        with _no_write_behind(RocksDBEngine):
+            return sweep_ours(sizes, root, snapshot_interval)
 
     extra = {} if snapshot_interval is None else {"stores.kv.rocksdb.snapshot.interval.records": snapshot_interval}
     config = Config.from_dict({**extra,
@@ -129,6 +139,17 @@ def sweep_raw(sizes: tuple[int, ...], root: Path) -> list[tuple[int, float, floa
         db.close()
 
 
+@contextmanager
+def _no_write_behind(engine_class: Any) -> Iterator[None]:
+    """rocksdb's write-behind buffer off while inside (a class setting, restored after)."""
+    saved = engine_class.write_behind_records
+    engine_class.write_behind_records = 0
+    try:
+        yield
+    finally:
+        engine_class.write_behind_records = saved
+
+
 def _scratch(prefix: str, body: Callable[[Path], Any]) -> Any:
     root = Path(tempfile.mkdtemp(prefix=prefix))
     try:
@@ -138,13 +159,15 @@ def _scratch(prefix: str, body: Callable[[Path], Any]) -> Any:
 
 
 EVERY_COMMIT = "localstate rocksdb, snapshot every commit"
+NO_WRITE_BEHIND = "localstate rocksdb, no write-behind"
 
 
 def run(quick: bool = False, repeats: int = 5, sizes: tuple[int, ...] | None = None,
-        every_commit: bool = False) -> list[dict[str, Any]]:
+        every_commit: bool = False, no_write_behind: bool = False) -> list[dict[str, Any]]:
     """The sweep, ours and raw alternating per repeat; at most 3 repeats (each is a whole
     fill, so the first stretch of every sweep is its own warm-up). ``every_commit`` adds
-    ours with ``snapshot.interval.records = 0`` (the behaviour before issue 17)."""
+    ours with ``snapshot.interval.records = 0`` (the behaviour before issue 17);
+    ``no_write_behind`` adds ours without rocksdb's write-behind buffer."""
     if sizes is None:
         full = os.environ.get("LOCALSTATE_FULL") == "1"
         sizes = QUICK_SIZES if quick else SIZES if full else SIZES[:4]
@@ -154,6 +177,8 @@ def run(quick: bool = False, repeats: int = 5, sizes: tuple[int, ...] | None = N
     }
     if every_commit:
         sides[EVERY_COMMIT] = lambda sizes, root: sweep_ours(sizes, root, snapshot_interval=0)
+    if no_write_behind:
+        sides[NO_WRITE_BEHIND] = lambda sizes, root: sweep_ours(sizes, root, write_behind=False)
     runs: dict[str, list[list[tuple[int, float, float]]]] = {name: [] for name in sides}
     for _ in range(repeats):
         for name, sweep in sides.items():
@@ -179,9 +204,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--every-commit", action="store_true",
                         help="also ours with a snapshot at every commit (snapshot.interval.records = 0)")
+    parser.add_argument("--no-write-behind", action="store_true",
+                        help="also ours with rocksdb's write-behind buffer off (the behaviour before it)")
     args = parser.parse_args(argv)
     sizes = tuple(s for s in SIZES if s <= args.max_keys) or (args.max_keys,)
-    rows = run(repeats=args.repeats, sizes=sizes, every_commit=args.every_commit)
+    rows = run(repeats=args.repeats, sizes=sizes, every_commit=args.every_commit,
+               no_write_behind=args.no_write_behind)
     print(f"{'workload':<20} {'engine':<42} {'keys':>10} {'median':>12} {'ratio':>6}  runs")
     for r in rows:
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}"

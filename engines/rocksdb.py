@@ -103,7 +103,7 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
     """
 
     kind = "rocksdb"
-    write_behind_records = 10_000
+    write_behind_records = 65_536
 
     def __init__(self, context: StoreContext, options: RocksDBOptions | None = None) -> None:
         """A store with a changelog (``context.rebuildable``) writes without a WAL (its
