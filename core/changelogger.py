@@ -53,21 +53,20 @@ class ChangeLogger:
         pending = self._pending
         pending[key] = value
         if len(pending) >= self.batch_size:
-            self.drain()
+            self._drain()
 
     def log_all(self, records: Iterable[ChangeRecord] | Mapping[bytes, bytes | None]) -> None:
         """Record many changes; later records for one key win."""
         pending = self._pending
         pending.update(records)
         if len(pending) >= self.batch_size:
-            self.drain()
+            self._drain()
 
     def pending(self) -> int:
         return len(self._pending)
 
-    def drain(self) -> None:
-        """Append the pending records in batches of at most ``batch_size`` (appended,
-        not yet durable: :meth:`flush` makes them so).
+    def _drain(self) -> None:
+        """Append the pending records in batches of at most ``batch_size``.
 
         A bulk write of many keys is handed over in one ``log_all``, but the changelog
         still sees batches no larger than ``write.batch.size``, as with single writes.
@@ -85,11 +84,9 @@ class ChangeLogger:
         # two C-level passes; tombstones (None) have no value bytes
         m.bytes_logged += sum(map(len, pending)) + sum(map(len, filter(None, pending.values())))
 
-    _drain = drain  # the earlier private name (tests call it)
-
     def flush(self) -> int:
         """Append everything pending, make it durable, return the end offset."""
-        self.drain()
+        self._drain()
         return self.partition.flush()
 
     def discard_pending(self) -> None:

@@ -32,14 +32,6 @@ class LoggedStore(ForwardingStore):
         self.inner.delete(key)
         self.logger.log(key, None)
 
-    def flush(self) -> None:
-        # The pending change records go to the changelog before the engine flushes: a
-        # Kafka client sends them on its own threads while the engine writes its batch
-        # (RocksDB's write-behind buffer), so less is left to wait for at the commit's
-        # changelog flush that follows.
-        self.logger.drain()
-        self.inner.flush()
-
     def delete_all(self, keys: Iterable[bytes]) -> None:
         keys = list(keys)
         self.inner.delete_all(keys)
