@@ -39,6 +39,12 @@ Fault tolerance (host affinity, incremental restore):
   ``[L, C)`` is replayed. With no usable snapshot it starts empty (full restore);
 * because the snapshots carry durability, a logged store writes without a WAL.
 
+Bulk writes (``put_all``/``delete_all`` of bytes: the object cache's batches) wait in the
+write-behind buffer of :class:`~localstate.engines._persistent.NativeKVEngine` and reach
+RocksDB as one batch sorted by key (``write_behind_records`` = 65,536 here, or 8 MiB of
+values): the skip-list memtable inserts ascending keys about twice as cheaply. Anything
+that reads or snapshots the database writes the buffer first.
+
 A restore applies the change records in order as ``WriteBatch`` chunks (no WAL; the
 restore ends with a snapshot). One longer than a write batch reopens the database with
 *vector* memtables for its duration (appends, sorted when flushed off the Python thread,
