@@ -55,9 +55,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +76,7 @@ from localstate.errors import (
 )
 from localstate.serdes import Serde
 
-from .search_documents import DocumentBuilder, id_term, unpack
+from .search_documents import DocumentBuilder, TantivyInput, add_to, id_term, unpack
 from .search_files import SearchFiles
 from .search_schema import (
     DOC_FIELD,
@@ -148,7 +146,7 @@ class SearchEngine(StorageEngine):
         self._index: tantivy.Index | None = None
         self._writer: tantivy.IndexWriter | None = None
         self._closed = False
-        self._buffer: dict[bytes, tuple[bytes, tantivy.Document] | None] = {}
+        self._buffer: dict[bytes, tuple[bytes, TantivyInput] | None] = {}
         """Writes not yet sent to the tantivy writer (last write per id wins)."""
         self._sent: dict[bytes, bytes | None] = {}
         """Writes sent to the writer but not yet in a tantivy commit (for get())."""
@@ -288,11 +286,11 @@ class SearchEngine(StorageEngine):
             raise InvalidValueError(f"store {self.name!r}: index_all takes (doc_id, doc) pairs or a mapping: {e}") from e
         keys = self._docs.keys(doc_ids)
         encoded, tdocs = self._docs.documents(keys, values)
-        if len(set(keys)) != len(keys):  # the last write of an id wins
-            latest = dict(zip(keys, zip(encoded, tdocs)))
-            keys = list(latest)
-            encoded = list(map(itemgetter(0), latest.values()))
-            tdocs = list(map(itemgetter(1), latest.values()))
+        records = dict(zip(keys, encoded))  # the change records; the last write of an id wins
+        if len(records) != len(keys):
+            tdocs = list(dict(zip(keys, tdocs)).values())
+            keys = list(records)
+            encoded = list(records.values())
         if len(keys) < self.options.write_buffer_docs:
             self._stage(list(zip(keys, zip(encoded, tdocs))))
         else:
@@ -300,11 +298,11 @@ class SearchEngine(StorageEngine):
             self._send()
             writer = self._w()
             self._delete_ids(writer, keys)
-            deque(map(writer.add_document, tdocs), 0)
+            add_to(writer, tdocs)
             self._dirty = True
-            self._sent.update(zip(keys, encoded))
+            self._sent.update(records)
         if self._logged:
-            self._log_all(zip(keys, encoded))  # type: ignore[misc]
+            self._log_all(records)  # type: ignore[misc]
 
     def delete(self, doc_id: Any) -> None:
         """Remove document ``doc_id`` (not an error if it does not exist); logs a tombstone."""
@@ -324,7 +322,7 @@ class SearchEngine(StorageEngine):
         if self._logged:
             self._log_all([(k, None) for k in keys])  # type: ignore[misc]
 
-    def _stage(self, items: list[tuple[bytes, tuple[bytes, tantivy.Document] | None]]) -> None:
+    def _stage(self, items: list[tuple[bytes, tuple[bytes, TantivyInput] | None]]) -> None:
         limit = self.options.write_buffer_docs
         buffer = self._buffer
         i, n = 0, len(items)
@@ -343,14 +341,8 @@ class SearchEngine(StorageEngine):
             return
         writer = self._w()
         self._delete_ids(writer, list(buffer))
-        add = writer.add_document
-        sent = self._sent
-        for key, value in buffer.items():
-            if value is None:
-                sent[key] = None
-            else:
-                add(value[1])
-                sent[key] = value[0]
+        add_to(writer, [value[1] for value in buffer.values() if value is not None])
+        self._sent.update((key, None if value is None else value[0]) for key, value in buffer.items())
         self._buffer = {}
         self._dirty = True
 
@@ -587,7 +579,7 @@ class SearchEngine(StorageEngine):
         assert not self._closed and self._index is not None
         for key, value in self._buffer.items():
             assert type(key) is bytes
-            assert value is None or (type(value[0]) is bytes and isinstance(value[1], tantivy.Document))
+            assert value is None or (type(value[0]) is bytes and isinstance(value[1], (tantivy.Document, str)))
         for key, value in self._sent.items():
             assert type(key) is bytes and (value is None or type(value) is bytes)
         assert not self._sent or self._dirty, "writes sent but the writer is not dirty"
