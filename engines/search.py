@@ -77,6 +77,7 @@ from localstate.errors import (
 from localstate.serdes import Serde
 
 from .search_documents import DocumentBuilder, TantivyInput, add_to, id_term, unpack
+from .search_feeder import WriterFeeder
 from .search_files import SearchFiles
 from .search_schema import (
     DOC_FIELD,
@@ -102,6 +103,13 @@ log = logging.getLogger("localstate")
 _ID = ID_FIELD
 _DOC = DOC_FIELD
 _DELETE_CHUNK = 100_000
+
+
+def _apply(writer: tantivy.IndexWriter, deletes: list[tantivy.Query], items: list[TantivyInput]) -> None:
+    """One batch on the feeder thread: its deletes, then its adds."""
+    for query in deletes:
+        writer.delete_documents_by_query(query)
+    add_to(writer, items)
 
 
 class InvalidQueryError(InvalidValueError):
@@ -145,6 +153,9 @@ class SearchEngine(StorageEngine):
         self._index_dir = self._files.index_dir
         self._index: tantivy.Index | None = None
         self._writer: tantivy.IndexWriter | None = None
+        self._feeder = WriterFeeder(name)
+        """Sends the batches of deletes and adds to the writer on its own thread; anything
+        else that touches the writer waits for it first (``_w``, ``_drop_writer``)."""
         self._closed = False
         self._buffer: dict[bytes, tuple[bytes, TantivyInput] | None] = {}
         """Writes not yet sent to the tantivy writer (last write per id wins)."""
@@ -237,6 +248,7 @@ class SearchEngine(StorageEngine):
 
     def _drop_writer(self) -> None:
         """Discard uncommitted operations and release the writer lock (consumes the writer)."""
+        self._feeder.reset()
         writer, self._writer = self._writer, None
         if writer is not None:
             try:
@@ -246,10 +258,17 @@ class SearchEngine(StorageEngine):
         self._dirty = False
 
     def _w(self) -> tantivy.IndexWriter:
+        """The writer, for direct use: after every batch handed to the feeder has run."""
+        self._feeder.wait()
+        return self._feed_writer()
+
+    def _feed_writer(self) -> tantivy.IndexWriter:
+        """The writer (a new one after a bulk restore consumed it), for the feeder."""
         w = self._writer
         if w is None:
             if self._closed:
                 raise StoreClosedError(f"store {self.name!r} (search engine at {self._index_dir}) is closed")
+            self._feeder.wait()  # (nothing can be queued for a consumed writer; kept for clarity)
             self._new_writer(self.options.heap_size_bytes)
             w = self._writer
             assert w is not None
@@ -296,10 +315,7 @@ class SearchEngine(StorageEngine):
         else:
             # a big batch goes straight to the writer: one delete of its ids, then adds
             self._send()
-            writer = self._w()
-            self._delete_ids(writer, keys)
-            add_to(writer, tdocs)
-            self._dirty = True
+            self._feed(keys, tdocs)
             self._sent.update(records)
         if self._logged:
             self._log_all(records)  # type: ignore[misc]
@@ -339,24 +355,27 @@ class SearchEngine(StorageEngine):
         buffer = self._buffer
         if not buffer:
             return
-        writer = self._w()
-        self._delete_ids(writer, list(buffer))
-        add_to(writer, [value[1] for value in buffer.values() if value is not None])
+        self._feed(list(buffer), [value[1] for value in buffer.values() if value is not None])
         self._sent.update((key, None if value is None else value[0]) for key, value in buffer.items())
         self._buffer = {}
+
+    def _feed(self, keys: list[bytes], items: list[TantivyInput]) -> None:
+        """Hand the writer one delete of the documents of ``keys`` that may exist, then the
+        adds of ``items`` (on the feeder thread: see search_feeder.py)."""
+        self._feeder.submit(_apply, self._feed_writer(), self._delete_queries(keys), items)
         self._dirty = True
 
-    def _delete_ids(self, writer: tantivy.IndexWriter, keys: list[bytes]) -> None:
-        """Delete the documents of ``keys`` that may exist, before their new versions are
-        added. In an index created empty and not committed since, only ids already sent can
-        exist: the others are skipped (a delete query cost the writer's threads ~45% on top
-        of indexing new documents, measured; benchmarks/RESULTS.md)."""
+    def _delete_queries(self, keys: list[bytes]) -> list[tantivy.Query]:
+        """The deletes of the documents of ``keys`` that may exist, before their new versions
+        are added. In an index created empty and not committed since, only ids already sent
+        can exist: the others are skipped (a delete query cost the writer's threads ~45% on
+        top of indexing new documents, measured; benchmarks/RESULTS.md)."""
         if self._index_empty:
             sent = self._sent
             keys = [k for k in keys if k in sent]
-        for i in range(0, len(keys), _DELETE_CHUNK):
-            ids = list(map(id_term, keys[i : i + _DELETE_CHUNK]))
-            writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
+        term_set = tantivy.Query.term_set_query
+        return [term_set(self._schema, _ID, list(map(id_term, keys[i : i + _DELETE_CHUNK])))
+                for i in range(0, len(keys), _DELETE_CHUNK)]
 
     def _commit_writer(self) -> None:
         """Make every write searchable and durable in a tantivy commit (not a task commit)."""
@@ -500,10 +519,8 @@ class SearchEngine(StorageEngine):
         latest: dict[bytes, bytes | None] = {}
         latest.update(records)
         if not empty:
-            keys = list(latest)
-            for i in range(0, len(keys), _DELETE_CHUNK):
-                ids = list(map(id_term, keys[i : i + _DELETE_CHUNK]))
-                writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
+            for query in self._delete_queries(list(latest)):
+                writer.delete_documents_by_query(query)
         misfits = self._docs.add_restored(writer.add_document, ((k, v) for k, v in latest.items() if v is not None))
         del latest
         if misfits:
@@ -566,6 +583,7 @@ class SearchEngine(StorageEngine):
             self._drop_writer()
         finally:
             self._index = None
+            self._feeder.close()
 
     def __enter__(self) -> SearchEngine:
         return self
