@@ -47,8 +47,9 @@ Contract
   bulk restore, at ``close()``) is replaced by a new one.
 
 Modules: this one is the engine (the index's life cycle, writes, reads, restore);
-``search_documents.py`` builds documents (one or in bulk), ``search_files.py`` owns the
-files beside the index, ``search_schema.py`` the schema and options.
+``search_documents.py`` builds documents (one or in bulk), ``search_feeder.py`` runs the
+batches of deletes and adds on a thread of their own, ``search_files.py`` owns the files
+beside the index, ``search_schema.py`` the schema and options.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ from localstate.errors import (
 )
 from localstate.serdes import Serde
 
-from .search_documents import DocumentBuilder, TantivyInput, add_to, id_term, unpack
-from .search_feeder import WriterFeeder
+from .search_documents import DocumentBuilder, TantivyInput, id_term, unpack
+from .search_feeder import WriterFeeder, apply_batch
 from .search_files import SearchFiles
 from .search_schema import (
     DOC_FIELD,
@@ -103,13 +104,6 @@ log = logging.getLogger("localstate")
 _ID = ID_FIELD
 _DOC = DOC_FIELD
 _DELETE_CHUNK = 100_000
-
-
-def _apply(writer: tantivy.IndexWriter, deletes: list[tantivy.Query], items: list[TantivyInput]) -> None:
-    """One batch on the feeder thread: its deletes, then its adds."""
-    for query in deletes:
-        writer.delete_documents_by_query(query)
-    add_to(writer, items)
 
 
 class InvalidQueryError(InvalidValueError):
@@ -268,7 +262,6 @@ class SearchEngine(StorageEngine):
         if w is None:
             if self._closed:
                 raise StoreClosedError(f"store {self.name!r} (search engine at {self._index_dir}) is closed")
-            self._feeder.wait()  # (nothing can be queued for a consumed writer; kept for clarity)
             self._new_writer(self.options.heap_size_bytes)
             w = self._writer
             assert w is not None
@@ -362,7 +355,7 @@ class SearchEngine(StorageEngine):
     def _feed(self, keys: list[bytes], items: list[TantivyInput]) -> None:
         """Hand the writer one delete of the documents of ``keys`` that may exist, then the
         adds of ``items`` (on the feeder thread: see search_feeder.py)."""
-        self._feeder.submit(_apply, self._feed_writer(), self._delete_queries(keys), items)
+        self._feeder.submit(apply_batch, self._feed_writer(), self._delete_queries(keys), items)
         self._dirty = True
 
     def _delete_queries(self, keys: list[bytes]) -> list[tantivy.Query]:

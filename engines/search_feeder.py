@@ -25,9 +25,19 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import tantivy
 from localstate.errors import EngineError
 
-__all__ = ["WriterFeeder"]
+from .search_documents import TantivyInput, add_to
+
+__all__ = ["WriterFeeder", "apply_batch"]
+
+
+def apply_batch(writer: tantivy.IndexWriter, deletes: list[tantivy.Query], items: list[TantivyInput]) -> None:
+    """One batch, on the feeder thread: its deletes, then its adds."""
+    for query in deletes:
+        writer.delete_documents_by_query(query)
+    add_to(writer, items)
 
 
 class WriterFeeder:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from localstate import Config, EngineError, TaskStorage
-from localstate.engines import search as search_module
+from localstate.engines import search_feeder as feeder_module
 
 FIELDS = "name:text:stored, age:int:fast"
 
@@ -56,7 +56,7 @@ def test_a_failed_batch_blocks_every_later_write_and_commit(tmp_path, monkeypatc
         p = s.store("profiles")
         p.index_all([(f"c{i}", {"name": "committed"}) for i in range(10)])
         s.commit(1)
-    real_add_to = search_module.add_to
+    real_add_to = feeder_module.add_to
     failures = [OSError("injected: the writer refused the batch")]
 
     def add_to_failing_once(writer, items):
@@ -64,7 +64,7 @@ def test_a_failed_batch_blocks_every_later_write_and_commit(tmp_path, monkeypatc
             raise failures.pop()
         real_add_to(writer, items)
 
-    monkeypatch.setattr(search_module, "add_to", add_to_failing_once)
+    monkeypatch.setattr(feeder_module, "add_to", add_to_failing_once)
     with TaskStorage(config) as s:
         p = s.store("profiles")
         p.index_all([(f"n{i}", {"name": "lost"}) for i in range(10)])  # handed over; fails on the thread
