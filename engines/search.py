@@ -514,7 +514,7 @@ class SearchEngine(StorageEngine):
         if not empty:
             for query in self._delete_queries(list(latest)):
                 writer.delete_documents_by_query(query)
-        misfits = self._docs.add_restored(writer.add_document, ((k, v) for k, v in latest.items() if v is not None))
+        misfits = self._docs.add_restored(writer, ((k, v) for k, v in latest.items() if v is not None))
         del latest
         if misfits:
             log.warning(

@@ -262,17 +262,29 @@ class DocumentBuilder:
         return self.tantivy_doc(key, fitting, encoded)
 
     # -- change records -------------------------------------------------------------------------
-    def add_restored(self, add: Callable[[tantivy.Document], Any], records: Iterable[tuple[bytes, bytes]]) -> int:
-        """Build the tantivy document of each restored ``(key, encoded document)`` and pass
-        it to ``add`` at once (interleaving lets tantivy's threads index while the next is
-        built: building a batch first measured slower). Returns how many had fields that no
-        longer fit the schema (indexed without them: logged under an older schema).
+    def add_restored(self, writer: tantivy.IndexWriter, records: Iterable[tuple[bytes, bytes]]) -> int:
+        """Add the tantivy document of each restored ``(key, encoded document)`` to ``writer``
+        at once (interleaving lets tantivy's threads index while the next is built: building
+        a batch first measured slower). A JSON object goes as JSON text made from the record
+        itself, without decoding it in Python (see :meth:`json_docs`; a record that is not
+        a whole JSON object cannot parse once ``_id`` and ``_doc`` are appended after its
+        last byte, so it takes the single path). Returns how many had fields that no longer
+        fit the schema (indexed without them: logged under an older schema).
         CorruptionError names the first record that is not a document."""
         from_dict, schema, decode = tantivy.Document.from_dict, self.schema, self.decode_doc
+        add, add_json = writer.add_document, writer.add_json
         misfits = 0
-        fast = not self._floats  # float fields need the NaN check of the single path
+        as_json = self.document_format == "json"
+        fast = not self._floats  # (msgpack) float fields need the NaN check of the single path
         for key, value in records:
-            if fast:
+            if as_json:
+                if value[:1] == b"{" and value[-1:] == b"}":
+                    try:
+                        add_json(_TANTIVY_JSON((value[:-1], orjson.dumps(id_term(key)), _base64(pack(key, value)))).decode())
+                        continue
+                    except ValueError:
+                        pass  # (a wrong type, a None field, not JSON) the single path names or repairs it
+            elif fast:
                 try:
                     add(from_dict({**decode(value), ID_FIELD: key.decode("latin-1"), DOC_FIELD: pack(key, value)},
                                   schema))
