@@ -17,17 +17,19 @@ of the whole process and of the task thread per document, and the load average.
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from localstate import TaskStorage
-from localstate.benchmarks.search_engine import _CHUNK, _config, _documents, _raw_build
+from localstate.benchmarks.search_engine import (
+    _documents,
+    _raw_build,
+    index_in_chunks,
+    interleaved,
+    timed,
+)
 from localstate.engines.search_documents import DocumentBuilder
 from localstate.engines.search_feeder import WriterFeeder
 
@@ -44,48 +46,27 @@ def main(n: int, reps: int) -> None:
     docs = _documents(n)
     threaded_submit, json_docs = WriterFeeder.submit, DocumentBuilder.json_docs
 
-    def measure(work: Callable[[], None]) -> Figures:
-        t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
-        work()
-        return n / (time.perf_counter() - t0), time.process_time() - c0, time.thread_time() - m0
-
     def engine(feeder: bool = True, json: bool = True) -> Callable[[Path], Figures]:
         def trial(root: Path) -> Figures:
             WriterFeeder.submit = threaded_submit if feeder else _inline_submit  # type: ignore[method-assign]
             DocumentBuilder.json_docs = json_docs if json else (lambda *a: None)  # type: ignore[method-assign]
             try:
-                with TaskStorage(_config(root)) as s:
-                    p = s.store("profiles")
-
-                    def work() -> None:
-                        for i in range(0, n, _CHUNK):
-                            p.index_all(docs[i : i + _CHUNK])
-                        s.commit(1)
-                    return measure(work)
+                return index_in_chunks(root, docs)
             finally:
                 WriterFeeder.submit, DocumentBuilder.json_docs = threaded_submit, json_docs  # type: ignore[method-assign]
         return trial
 
     arms: dict[str, Callable[[Path], Figures]] = {
-        "raw": lambda root: measure(lambda: _raw_build(root / "raw", docs)),
+        "raw": lambda root: timed(n, lambda: _raw_build(root / "raw", docs)),
         "engine": engine(),
         "no feeder": engine(feeder=False),
         "no JSON": engine(json=False),
     }
-    results: dict[str, list[Figures]] = {name: [] for name in arms}
-    loads = []
-    for r in range(reps + 1):
-        for name, trial in arms.items():
-            root = Path(tempfile.mkdtemp(prefix="search-ab-"))
-            try:
-                figures = trial(root)
-            finally:
-                shutil.rmtree(root, ignore_errors=True)
-            if r:
-                results[name].append(figures)
-        loads.append(os.getloadavg()[0])
+    load_before = os.getloadavg()[0]
+    results = interleaved(arms, reps)
+    loads = sorted((load_before, os.getloadavg()[0]))
     raw = statistics.median(f[0] for f in results["raw"])
-    print(f"{n} documents, {reps} interleaved rounds, 1-minute load {min(loads):.1f}-{max(loads):.1f}")
+    print(f"{n} documents, {reps} interleaved rounds, 1-minute load {loads[0]:.1f} (start or end) - {loads[1]:.1f}")
     for name, runs in results.items():
         rate = statistics.median(f[0] for f in runs)
         print(f"  {name:10s} {rate:10,.0f} docs/s  {rate / raw:5.2f}x raw  "

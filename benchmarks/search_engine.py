@@ -22,15 +22,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import tantivy
 from localstate import Config, TaskStorage
 
 from .runner import make_row, repeat_trials
 
-Trial = Callable[[Path], tuple[float, float]]
-"""One timed run in a fresh directory: ``(documents per second, process CPU seconds)``."""
+T = TypeVar("T")
 
 __all__ = ["run"]
 
@@ -105,10 +104,31 @@ def _raw_build(path: Path, docs: list[tuple[str, dict[str, Any]]]) -> tantivy.In
     return index
 
 
-def _interleaved(trials: dict[str, Trial], repeats: int) -> dict[str, list[tuple[float, float]]]:
+def timed(n: int, work: Callable[[], None]) -> tuple[float, float, float]:
+    """``work()`` over ``n`` documents: (documents per second, process CPU seconds, CPU
+    seconds of the calling thread)."""
+    t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
+    work()
+    return n / (time.perf_counter() - t0), time.process_time() - c0, time.thread_time() - m0
+
+
+def index_in_chunks(root: Path, docs: list[tuple[str, dict[str, Any]]]) -> tuple[float, float, float]:
+    """One run of the ``search.index`` shape: ``index_all`` per chunk of 10k documents,
+    then one task commit, in a new store under ``root`` (figures as :func:`timed`)."""
+    with TaskStorage(_config(root)) as s:
+        p = s.store("profiles")
+
+        def work() -> None:
+            for i in range(0, len(docs), _CHUNK):
+                p.index_all(docs[i : i + _CHUNK])
+            s.commit(1)
+        return timed(len(docs), work)
+
+
+def interleaved(trials: dict[str, Callable[[Path], T]], repeats: int) -> dict[str, list[T]]:
     """A warm-up round, then ``repeats`` rounds of every trial in turn, each in a fresh
-    temporary directory."""
-    out: dict[str, list[tuple[float, float]]] = {name: [] for name in trials}
+    temporary directory; each trial's figures in run order."""
+    out: dict[str, list[T]] = {name: [] for name in trials}
     for i in range(repeats + 1):
         for name, trial in trials.items():
             root = Path(tempfile.mkdtemp(prefix="ls-search-bench-"))
@@ -132,22 +152,7 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     # -- indexing (interleaved) ------------------------------------------------------------
-    def timed(work: Callable[[], None]) -> tuple[float, float]:
-        t0, c0 = time.perf_counter(), time.process_time()
-        work()
-        return n / (time.perf_counter() - t0), time.process_time() - c0
-
-    def ours_batched(root: Path) -> tuple[float, float]:
-        with TaskStorage(_config(root)) as s:
-            p = s.store("profiles")
-
-            def work() -> None:
-                for i in range(0, n, _CHUNK):
-                    p.index_all(docs[i : i + _CHUNK])
-                s.commit(1)
-            return timed(work)
-
-    def ours_single(root: Path) -> tuple[float, float]:
+    def ours_single(root: Path) -> tuple[float, float, float]:
         with TaskStorage(_config(root)) as s:
             index = s.store("profiles").index
 
@@ -155,19 +160,20 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
                 for doc_id, doc in docs:
                     index(doc_id, doc)
                 s.commit(1)
-            return timed(work)
+            return timed(n, work)
 
-    def raw_index(root: Path) -> tuple[float, float]:
-        return timed(lambda: _raw_build(root / "raw", docs))
-
-    figures = _interleaved({"raw": raw_index, "batched": ours_batched, "single": ours_single}, repeats)
+    figures = interleaved({
+        "raw": lambda root: timed(n, lambda: _raw_build(root / "raw", docs)),
+        "batched": lambda root: index_in_chunks(root, docs),
+        "single": ours_single,
+    }, repeats)
     for name, engine, baseline, notes in [
         ("raw", "tantivy", None, "raw tantivy: add_document(Document(**fields)) + commit, 2 writer threads (as the engine)"),
         ("batched", "search", "tantivy", "index_all in chunks of 10k + task commit (changelog fsync)"),
         ("single", "search (index())", "tantivy", "one index() call per document + task commit"),
     ]:
-        cpu = 1e6 * statistics.median(c for _, c in figures[name]) / n
-        rows.append(make_row("search.index", engine, params, "docs/s", [rate for rate, _ in figures[name]],
+        cpu = 1e6 * statistics.median(f[1] for f in figures[name]) / n
+        rows.append(make_row("search.index", engine, params, "docs/s", [f[0] for f in figures[name]],
                              baseline=baseline,
                              notes=f"{notes}; interleaved with the other search.index rows; process CPU {cpu:.2f} µs/doc"))
 
