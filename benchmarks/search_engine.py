@@ -3,7 +3,10 @@
 * ``search.index`` — documents indexed per second through ``TaskStorage`` with the file
   changelog on (``index_all`` in chunks, then one task commit), against raw tantivy
   (``add_document`` + ``commit``) on the same documents and schema; also the per-call
-  ``index()`` path.
+  ``index()`` path. The three run interleaved (raw, batched, per call, raw, …) so that a
+  change of load on a shared machine hits them alike; each row's notes also give the
+  median CPU time of the whole process per document (tantivy's writer threads
+  included), which load disturbs less than wall time.
 * ``search.query`` — top-10 queries per second including the hits' stored documents,
   against raw tantivy (``parse_query`` + ``search`` + ``doc().to_dict()`` per hit).
 * ``search.restore`` — seconds to rebuild a wiped local index of N documents from the
@@ -14,15 +17,19 @@ from __future__ import annotations
 
 import random
 import shutil
+import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import tantivy
 from localstate import Config, TaskStorage
 
 from .runner import make_row, repeat_trials
+
+T = TypeVar("T")
 
 __all__ = ["run"]
 
@@ -97,6 +104,43 @@ def _raw_build(path: Path, docs: list[tuple[str, dict[str, Any]]]) -> tantivy.In
     return index
 
 
+def timed(n: int, work: Callable[[], None]) -> tuple[float, float, float]:
+    """``work()`` over ``n`` documents: (documents per second, process CPU seconds, CPU
+    seconds of the calling thread)."""
+    t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
+    work()
+    return n / (time.perf_counter() - t0), time.process_time() - c0, time.thread_time() - m0
+
+
+def index_in_chunks(root: Path, docs: list[tuple[str, dict[str, Any]]]) -> tuple[float, float, float]:
+    """One run of the ``search.index`` shape: ``index_all`` per chunk of 10k documents,
+    then one task commit, in a new store under ``root`` (figures as :func:`timed`)."""
+    with TaskStorage(_config(root)) as s:
+        p = s.store("profiles")
+
+        def work() -> None:
+            for i in range(0, len(docs), _CHUNK):
+                p.index_all(docs[i : i + _CHUNK])
+            s.commit(1)
+        return timed(len(docs), work)
+
+
+def interleaved(trials: dict[str, Callable[[Path], T]], repeats: int) -> dict[str, list[T]]:
+    """A warm-up round, then ``repeats`` rounds of every trial in turn, each in a fresh
+    temporary directory; each trial's figures in run order."""
+    out: dict[str, list[T]] = {name: [] for name in trials}
+    for i in range(repeats + 1):
+        for name, trial in trials.items():
+            root = Path(tempfile.mkdtemp(prefix="ls-search-bench-"))
+            try:
+                figure = trial(root)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            if i:
+                out[name].append(figure)
+    return out
+
+
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     n = 3_000 if quick else 100_000
     nq = 200 if quick else 3_000
@@ -107,38 +151,31 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     params = {"docs": n, "fields": FIELDS, "changelog": "file"}
     rows: list[dict[str, Any]] = []
 
-    # -- indexing -----------------------------------------------------------------------
-    def ours_batched(root: Path) -> float:
+    # -- indexing (interleaved) ------------------------------------------------------------
+    def ours_single(root: Path) -> tuple[float, float, float]:
         with TaskStorage(_config(root)) as s:
-            p = s.store("profiles")
-            t0 = time.perf_counter()
-            for i in range(0, n, _CHUNK):
-                p.index_all(docs[i : i + _CHUNK])
-            s.commit(1)
-            return n / (time.perf_counter() - t0)
+            index = s.store("profiles").index
 
-    def ours_single(root: Path) -> float:
-        with TaskStorage(_config(root)) as s:
-            p = s.store("profiles")
-            index = p.index
-            t0 = time.perf_counter()
-            for doc_id, doc in docs:
-                index(doc_id, doc)
-            s.commit(1)
-            return n / (time.perf_counter() - t0)
+            def work() -> None:
+                for doc_id, doc in docs:
+                    index(doc_id, doc)
+                s.commit(1)
+            return timed(n, work)
 
-    def raw_index(root: Path) -> float:
-        t0 = time.perf_counter()
-        _raw_build(root / "raw", docs)
-        return n / (time.perf_counter() - t0)
-
-    raw_rate = repeat_trials(raw_index, repeats, scratch="ls-search-bench")
-    rows.append(make_row("search.index", "tantivy", params, "docs/s", raw_rate,
-                         notes="raw tantivy: add_document(Document(**fields)) + commit, 2 writer threads (as the engine)"))
-    rows.append(make_row("search.index", "search", params, "docs/s", repeat_trials(ours_batched, repeats, scratch="ls-search-bench"),
-                         baseline="tantivy", notes="index_all in chunks of 10k + task commit (changelog fsync)"))
-    rows.append(make_row("search.index", "search (index())", params, "docs/s", repeat_trials(ours_single, repeats, scratch="ls-search-bench"),
-                         baseline="tantivy", notes="one index() call per document + task commit"))
+    figures = interleaved({
+        "raw": lambda root: timed(n, lambda: _raw_build(root / "raw", docs)),
+        "batched": lambda root: index_in_chunks(root, docs),
+        "single": ours_single,
+    }, repeats)
+    for name, engine, baseline, notes in [
+        ("raw", "tantivy", None, "raw tantivy: add_document(Document(**fields)) + commit, 2 writer threads (as the engine)"),
+        ("batched", "search", "tantivy", "index_all in chunks of 10k + task commit (changelog fsync)"),
+        ("single", "search (index())", "tantivy", "one index() call per document + task commit"),
+    ]:
+        cpu = 1e6 * statistics.median(f[1] for f in figures[name]) / n
+        rows.append(make_row("search.index", engine, params, "docs/s", [f[0] for f in figures[name]],
+                             baseline=baseline,
+                             notes=f"{notes}; interleaved with the other search.index rows; process CPU {cpu:.2f} µs/doc"))
 
     # -- queries --------------------------------------------------------------------------
     qparams = {"docs": n, "queries": nq, "limit": 10}

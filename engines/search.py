@@ -47,17 +47,16 @@ Contract
   bulk restore, at ``close()``) is replaced by a new one.
 
 Modules: this one is the engine (the index's life cycle, writes, reads, restore);
-``search_documents.py`` builds documents (one or in bulk), ``search_files.py`` owns the
-files beside the index, ``search_schema.py`` the schema and options.
+``search_documents.py`` builds documents (one or in bulk), ``search_feeder.py`` runs the
+batches of deletes and adds on a thread of their own, ``search_files.py`` owns the files
+beside the index, ``search_schema.py`` the schema and options.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +77,8 @@ from localstate.errors import (
 )
 from localstate.serdes import Serde
 
-from .search_documents import DocumentBuilder, id_term, unpack
+from .search_documents import DocumentBuilder, TantivyInput, id_term, unpack
+from .search_feeder import WriterFeeder, apply_batch
 from .search_files import SearchFiles
 from .search_schema import (
     DOC_FIELD,
@@ -147,8 +147,11 @@ class SearchEngine(StorageEngine):
         self._index_dir = self._files.index_dir
         self._index: tantivy.Index | None = None
         self._writer: tantivy.IndexWriter | None = None
+        self._feeder = WriterFeeder(name)
+        """Sends the batches of deletes and adds to the writer on its own thread; anything
+        else that touches the writer waits for it first (``_w``, ``_drop_writer``)."""
         self._closed = False
-        self._buffer: dict[bytes, tuple[bytes, tantivy.Document] | None] = {}
+        self._buffer: dict[bytes, tuple[bytes, TantivyInput] | None] = {}
         """Writes not yet sent to the tantivy writer (last write per id wins)."""
         self._sent: dict[bytes, bytes | None] = {}
         """Writes sent to the writer but not yet in a tantivy commit (for get())."""
@@ -239,6 +242,7 @@ class SearchEngine(StorageEngine):
 
     def _drop_writer(self) -> None:
         """Discard uncommitted operations and release the writer lock (consumes the writer)."""
+        self._feeder.reset()
         writer, self._writer = self._writer, None
         if writer is not None:
             try:
@@ -248,6 +252,12 @@ class SearchEngine(StorageEngine):
         self._dirty = False
 
     def _w(self) -> tantivy.IndexWriter:
+        """The writer, for direct use: after every batch handed to the feeder has run."""
+        self._feeder.wait()
+        return self._feed_writer()
+
+    def _feed_writer(self) -> tantivy.IndexWriter:
+        """The writer (a new one after a bulk restore consumed it), for the feeder."""
         w = self._writer
         if w is None:
             if self._closed:
@@ -288,23 +298,20 @@ class SearchEngine(StorageEngine):
             raise InvalidValueError(f"store {self.name!r}: index_all takes (doc_id, doc) pairs or a mapping: {e}") from e
         keys = self._docs.keys(doc_ids)
         encoded, tdocs = self._docs.documents(keys, values)
-        if len(set(keys)) != len(keys):  # the last write of an id wins
-            latest = dict(zip(keys, zip(encoded, tdocs)))
-            keys = list(latest)
-            encoded = list(map(itemgetter(0), latest.values()))
-            tdocs = list(map(itemgetter(1), latest.values()))
+        records = dict(zip(keys, encoded))  # the change records; the last write of an id wins
+        if len(records) != len(keys):
+            tdocs = list(dict(zip(keys, tdocs)).values())
+            keys = list(records)
+            encoded = list(records.values())
         if len(keys) < self.options.write_buffer_docs:
             self._stage(list(zip(keys, zip(encoded, tdocs))))
         else:
             # a big batch goes straight to the writer: one delete of its ids, then adds
             self._send()
-            writer = self._w()
-            self._delete_ids(writer, keys)
-            deque(map(writer.add_document, tdocs), 0)
-            self._dirty = True
-            self._sent.update(zip(keys, encoded))
+            self._feed(keys, tdocs)
+            self._sent.update(records)
         if self._logged:
-            self._log_all(zip(keys, encoded))  # type: ignore[misc]
+            self._log_all(records)  # type: ignore[misc]
 
     def delete(self, doc_id: Any) -> None:
         """Remove document ``doc_id`` (not an error if it does not exist); logs a tombstone."""
@@ -324,7 +331,7 @@ class SearchEngine(StorageEngine):
         if self._logged:
             self._log_all([(k, None) for k in keys])  # type: ignore[misc]
 
-    def _stage(self, items: list[tuple[bytes, tuple[bytes, tantivy.Document] | None]]) -> None:
+    def _stage(self, items: list[tuple[bytes, tuple[bytes, TantivyInput] | None]]) -> None:
         limit = self.options.write_buffer_docs
         buffer = self._buffer
         i, n = 0, len(items)
@@ -341,30 +348,27 @@ class SearchEngine(StorageEngine):
         buffer = self._buffer
         if not buffer:
             return
-        writer = self._w()
-        self._delete_ids(writer, list(buffer))
-        add = writer.add_document
-        sent = self._sent
-        for key, value in buffer.items():
-            if value is None:
-                sent[key] = None
-            else:
-                add(value[1])
-                sent[key] = value[0]
+        self._feed(list(buffer), [value[1] for value in buffer.values() if value is not None])
+        self._sent.update((key, None if value is None else value[0]) for key, value in buffer.items())
         self._buffer = {}
+
+    def _feed(self, keys: list[bytes], items: list[TantivyInput]) -> None:
+        """Hand the writer one delete of the documents of ``keys`` that may exist, then the
+        adds of ``items`` (on the feeder thread: see search_feeder.py)."""
+        self._feeder.submit(apply_batch, self._feed_writer(), self._delete_queries(keys), items)
         self._dirty = True
 
-    def _delete_ids(self, writer: tantivy.IndexWriter, keys: list[bytes]) -> None:
-        """Delete the documents of ``keys`` that may exist, before their new versions are
-        added. In an index created empty and not committed since, only ids already sent can
-        exist: the others are skipped (a delete query cost the writer's threads ~45% on top
-        of indexing new documents, measured; benchmarks/RESULTS.md)."""
+    def _delete_queries(self, keys: list[bytes]) -> list[tantivy.Query]:
+        """The deletes of the documents of ``keys`` that may exist, before their new versions
+        are added. In an index created empty and not committed since, only ids already sent
+        can exist: the others are skipped (a delete query cost the writer's threads ~45% on
+        top of indexing new documents, measured; benchmarks/RESULTS.md)."""
         if self._index_empty:
             sent = self._sent
             keys = [k for k in keys if k in sent]
-        for i in range(0, len(keys), _DELETE_CHUNK):
-            ids = list(map(id_term, keys[i : i + _DELETE_CHUNK]))
-            writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
+        term_set = tantivy.Query.term_set_query
+        return [term_set(self._schema, _ID, list(map(id_term, keys[i : i + _DELETE_CHUNK])))
+                for i in range(0, len(keys), _DELETE_CHUNK)]
 
     def _commit_writer(self) -> None:
         """Make every write searchable and durable in a tantivy commit (not a task commit)."""
@@ -508,11 +512,9 @@ class SearchEngine(StorageEngine):
         latest: dict[bytes, bytes | None] = {}
         latest.update(records)
         if not empty:
-            keys = list(latest)
-            for i in range(0, len(keys), _DELETE_CHUNK):
-                ids = list(map(id_term, keys[i : i + _DELETE_CHUNK]))
-                writer.delete_documents_by_query(tantivy.Query.term_set_query(self._schema, _ID, ids))
-        misfits = self._docs.add_restored(writer.add_document, ((k, v) for k, v in latest.items() if v is not None))
+            for query in self._delete_queries(list(latest)):
+                writer.delete_documents_by_query(query)
+        misfits = self._docs.add_restored(writer, ((k, v) for k, v in latest.items() if v is not None))
         del latest
         if misfits:
             log.warning(
@@ -574,6 +576,7 @@ class SearchEngine(StorageEngine):
             self._drop_writer()
         finally:
             self._index = None
+            self._feeder.close()
 
     def __enter__(self) -> SearchEngine:
         return self
@@ -587,7 +590,7 @@ class SearchEngine(StorageEngine):
         assert not self._closed and self._index is not None
         for key, value in self._buffer.items():
             assert type(key) is bytes
-            assert value is None or (type(value[0]) is bytes and isinstance(value[1], tantivy.Document))
+            assert value is None or (type(value[0]) is bytes and isinstance(value[1], (tantivy.Document, str)))
         for key, value in self._sent.items():
             assert type(key) is bytes and (value is None or type(value) is bytes)
         assert not self._sent or self._dirty, "writes sent but the writer is not dirty"

@@ -4,9 +4,15 @@ bulk, with the checks that make a bad document fail before anything is indexed o
 
 The bulk methods exist because building documents in Python cost as much as tantivy's
 whole indexing loop (benchmarks/RESULTS.md, "Restore and indexing (issue 17)"): they
-run the encoders over a whole batch with ``map`` and build each tantivy document with
-one ``Document.from_dict`` call. A batch that fails any check is rebuilt one document
-at a time, so the error names the first bad document exactly as the single path does.
+run the encoders over a whole batch with ``map``. With the JSON document format a batch
+whose schema fields hold only plain values (:meth:`DocumentBuilder.json_docs`) becomes
+tantivy JSON text built by byte concatenation from the change-record values themselves,
+which ``IndexWriter.add_json`` parses in Rust: no Python dict or ``Document`` per
+document (``from_dict`` cost ~1 µs more per document, and its dicts kept the garbage
+collector busy; "Search indexing, session 3"). Every other batch builds one
+``Document.from_dict`` per document. A batch that fails any check is rebuilt one
+document at a time, so the error names the first bad document exactly as the single
+path does.
 
 The stored ``_doc`` field of every tantivy document is ``packed``: a 4-byte big-endian
 key length, the key, the encoded document (one stored field instead of two: ~10%
@@ -17,8 +23,12 @@ from __future__ import annotations
 
 import math
 import struct
+from binascii import b2a_base64
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from operator import add, methodcaller
+from functools import partial
+from itertools import chain
+from operator import add, itemgetter, methodcaller
 from typing import Any
 
 import msgpack
@@ -29,11 +39,41 @@ from localstate.serdes import Serde, encoder_of_many
 
 from .search_schema import DOC_FIELD, ID_FIELD, FieldSpec
 
-__all__ = ["DocumentBuilder", "id_term", "pack", "unpack"]
+__all__ = ["DocumentBuilder", "TantivyInput", "add_to", "id_term", "pack", "unpack"]
+
+TantivyInput = tantivy.Document | str
+"""What goes to the tantivy writer for one document: a ``Document``, or its JSON text."""
+
+
+def add_to(writer: tantivy.IndexWriter, items: Sequence[TantivyInput]) -> None:
+    """Add each document (a ``Document`` or JSON text, see :data:`TantivyInput`) to ``writer``;
+    a batch of one kind (what the bulk builders return) in one C-level pass."""
+    kinds = set(map(type, items))
+    if len(kinds) == 1:
+        deque(map(writer.add_json if str in kinds else writer.add_document, items), 0)
+        return
+    add_json, add_document = writer.add_json, writer.add_document
+    for item in items:
+        if type(item) is str:
+            add_json(item)
+        else:
+            add_document(item)
 
 _KEY_LENGTH = struct.Struct(">I")
 id_term = methodcaller("decode", "latin-1")
 """The ``_id`` term of a key (keys are arbitrary bytes; latin-1 maps each byte to one char)."""
+
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"text": (str,), "string": (str,), "int": (int,), "float": (float, int)}
+"""The value types a schema field takes on the JSON path: exactly what ``add_json`` and
+``from_dict`` both accept alike (``from_dict`` also takes a bool as a number, ``add_json``
+refuses it; ``None`` counts as absent on the single path): anything else goes there."""
+_ABSENT = {"text": "", "string": "", "int": 0, "float": 0.0}
+"""What a field missing from a document reads as in the batch checks (a value that passes them)."""
+_without_last = itemgetter(slice(None, -1))
+_TANTIVY_JSON = b'%b,"_id":%b,"_doc":"%b"}'.__mod__
+"""A document's JSON without its closing brace, its JSON ``_id`` term, its base64 ``_doc``."""
+_base64 = partial(b2a_base64, newline=False)
 
 
 def pack(key: bytes, encoded: bytes) -> bytes:
@@ -64,6 +104,7 @@ class DocumentBuilder:
         self.schema_text = ", ".join(f.canonical() for f in fields)
         self.schema_names = frozenset(f.name for f in fields)
         self.document_format = document_format
+        self._fields = tuple(fields)
         self._floats = [f.name for f in fields if f.type == "float"]
         self._key_serde = key_serde
         self._encode_keys = encoder_of_many(key_serde)
@@ -120,15 +161,58 @@ class DocumentBuilder:
         encoded = self._encode(key, doc)
         return encoded, self.tantivy_doc(key, doc, encoded)
 
-    def documents(self, keys: Sequence[bytes], docs: Sequence[Any]) -> tuple[list[bytes], list[tantivy.Document]]:
-        """:meth:`document` of each ``(key, doc)``, in bulk: encoded values and tantivy documents."""
+    def documents(self, keys: Sequence[bytes], docs: Sequence[Any]) -> tuple[list[bytes], list[TantivyInput]]:
+        """:meth:`document` of each ``(key, doc)``, in bulk: encoded values and what to add
+        to the tantivy writer (:meth:`json_docs` when it can, else tantivy documents)."""
         if set(map(type, docs)) - {dict}:
             docs = list(map(self._as_dict, keys, docs))  # raises for the first non-document
         try:
             encoded = list(map(self.encode_doc, docs))
         except (TypeError, ValueError, OverflowError):
             encoded = list(map(self._encode, keys, docs))  # raises naming the first bad document
-        return encoded, self.tantivy_docs(keys, docs, encoded)
+        json_docs = self.json_docs(keys, docs, encoded)
+        if json_docs is not None:
+            return encoded, json_docs  # type: ignore[return-value]
+        return encoded, self.tantivy_docs(keys, docs, encoded)  # type: ignore[return-value]
+
+    def json_docs(self, keys: Sequence[bytes], docs: Sequence[dict[str, Any]],
+                  encoded: Sequence[bytes]) -> list[str] | None:
+        """The tantivy JSON of each document, for ``IndexWriter.add_json``: the document's
+        own JSON (its change-record value) with ``_id`` and ``_doc`` (base64, as tantivy
+        reads bytes fields) appended, so they win over a document field of the same name as
+        in :meth:`tantivy_doc`. ``None`` when the batch is not JSON or holds a value that
+        only the single path takes or names (see ``_JSON_TYPES``): tantivy parses the text
+        while adding, so a batch must be known good before its first document is added."""
+        if self.document_format != "json" or not self._plain_values(docs) or b"{}" in encoded:
+            return None  # (an empty document has no field to append after)
+        packed = map(add, map(add, map(_KEY_LENGTH.pack, map(len, keys)), keys), encoded)
+        parts = zip(map(_without_last, encoded), map(orjson.dumps, map(id_term, keys)), map(_base64, packed))
+        return list(map(bytes.decode, map(_TANTIVY_JSON, parts)))
+
+    def _plain_values(self, docs: Sequence[dict[str, Any]]) -> bool:
+        """Whether every schema field of every document is absent or a value of its
+        ``_JSON_TYPES`` (a list of them for text and string fields), in range and finite:
+        one C-level pass per schema field over the batch."""
+        for f in self._fields:
+            allowed = _JSON_TYPES[f.type]
+            values = list(map(methodcaller("get", f.name, _ABSENT[f.type]), docs))
+            types = set(map(type, values))
+            if list in types and f.type in ("text", "string"):
+                types.discard(list)
+                types.update(map(type, chain.from_iterable(v for v in values if type(v) is list)))
+            if not types.issubset(allowed):
+                return False
+            if f.type == "int":
+                ints = values
+            elif f.type == "float":
+                if float in types and not all(map(math.isfinite, values)):
+                    return False
+                ints = [v for v in values if type(v) is int] if int in types else []
+            else:
+                continue
+            if ints and not _I64_MIN <= min(ints) <= max(ints) <= _I64_MAX:
+                return False
+        return True
 
     def tantivy_doc(self, key: bytes, doc: dict[str, Any], encoded: bytes) -> tantivy.Document:
         """The tantivy document of ``doc`` (schema fields, id and stored encoding)."""
@@ -178,17 +262,29 @@ class DocumentBuilder:
         return self.tantivy_doc(key, fitting, encoded)
 
     # -- change records -------------------------------------------------------------------------
-    def add_restored(self, add: Callable[[tantivy.Document], Any], records: Iterable[tuple[bytes, bytes]]) -> int:
-        """Build the tantivy document of each restored ``(key, encoded document)`` and pass
-        it to ``add`` at once (interleaving lets tantivy's threads index while the next is
-        built: building a batch first measured slower). Returns how many had fields that no
-        longer fit the schema (indexed without them: logged under an older schema).
+    def add_restored(self, writer: tantivy.IndexWriter, records: Iterable[tuple[bytes, bytes]]) -> int:
+        """Add the tantivy document of each restored ``(key, encoded document)`` to ``writer``
+        at once (interleaving lets tantivy's threads index while the next is built: building
+        a batch first measured slower). A JSON object goes as JSON text made from the record
+        itself, without decoding it in Python (see :meth:`json_docs`; a record that is not
+        a whole JSON object cannot parse once ``_id`` and ``_doc`` are appended after its
+        last byte, so it takes the single path). Returns how many had fields that no longer
+        fit the schema (indexed without them: logged under an older schema).
         CorruptionError names the first record that is not a document."""
         from_dict, schema, decode = tantivy.Document.from_dict, self.schema, self.decode_doc
+        add, add_json = writer.add_document, writer.add_json
         misfits = 0
-        fast = not self._floats  # float fields need the NaN check of the single path
+        as_json = self.document_format == "json"
+        fast = not self._floats  # (msgpack) float fields need the NaN check of the single path
         for key, value in records:
-            if fast:
+            if as_json:
+                if value[:1] == b"{" and value[-1:] == b"}":
+                    try:
+                        add_json(_TANTIVY_JSON((value[:-1], orjson.dumps(id_term(key)), _base64(pack(key, value)))).decode())
+                        continue
+                    except ValueError:
+                        pass  # (a wrong type, a None field, not JSON) the single path names or repairs it
+            elif fast:
                 try:
                     add(from_dict({**decode(value), ID_FIELD: key.decode("latin-1"), DOC_FIELD: pack(key, value)},
                                   schema))

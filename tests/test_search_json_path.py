@@ -1,0 +1,161 @@
+"""The ``search`` engine's JSON path: a big ``index_all`` batch of plain documents goes to
+tantivy as JSON text built from the change records (``DocumentBuilder.json_docs``); every
+other batch takes the ``Document.from_dict`` path. Both must index the same documents the
+same way, and a batch the JSON path cannot take exactly must fall back, not fail or differ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from localstate import Config, CorruptionError, InvalidValueError, SerializationError, TaskStorage
+from localstate.engine import StoreContext
+from localstate.engines.search import SearchEngine, SearchOptions
+
+FIELDS = "name:text:stored, tags:text, city:string:stored, age:int:fast, score:float"
+
+TRICKY: dict[Any, dict[str, Any]] = {
+    "plain": {"name": "Ada Lovelace", "city": "London", "age": 36, "score": 1.5},
+    "own _id and _doc fields": {"name": "shadow", "_id": "plain", "_doc": "not the document"},
+    'quote " and \\ backslash': {"name": "escaped id"},
+    "ünïcödé ß 🙂": {"name": "non ascii id", "city": "Zürich"},
+    "int in a float field": {"name": "whole", "score": 3},
+    "list of strings": {"name": "tagged", "tags": ["red", "green"]},
+    "empty list": {"name": "untagged", "tags": []},
+    "extra fields": {"name": "extras", "nested": {"a": [1, {"b": None}]}, "when": "2020-01-01T00:00:00Z"},
+    "smallest i64": {"name": "low", "age": -(2**63)},
+    "largest i64": {"name": "high", "age": 2**63 - 1},
+    "no schema field": {"other": 1},
+}
+"""Documents that take the JSON path (plain values), with ids JSON must escape."""
+
+FALLBACK: dict[Any, dict[str, Any]] = {
+    "bool in an int field": {"name": "flag", "age": True},
+    "bool in a float field": {"name": "flag", "score": False},
+    "None field": {"name": "nothing", "city": None},
+    "empty document": {},
+}
+"""Documents only the ``from_dict`` path takes (or repairs): a batch holding one of them
+falls back as a whole, with the same result as indexing each alone."""
+
+QUERIES = ["ada", "shadow", "escaped", "city:Zürich", "whole", "tags:red", "extras", "age:[-9223372036854775808 TO -1]",
+           "age:[9223372036854775806 TO 9223372036854775807]", "score:[2.5 TO 3.5]", "flag", "nothing"]
+
+
+def _engine(path: Path, **opts: Any) -> SearchEngine:
+    options = SearchOptions(fields=FIELDS, default_fields="name", **opts)
+    return SearchEngine(StoreContext.local(path, "profiles", key_serde="string"), options)
+
+
+def _view(e: SearchEngine) -> tuple[dict[Any, Any], dict[str, list[Any]]]:
+    hits = {}
+    for q in QUERIES:
+        try:
+            hits[q] = sorted((doc_id, doc) for doc_id, _, doc in e.search(q, 100))
+        except InvalidValueError as err:
+            hits[q] = [str(err)]
+    return e.documents(), hits
+
+
+@pytest.mark.parametrize("docs", [TRICKY, {**TRICKY, **FALLBACK}], ids=["json path", "fallback"])
+def test_a_bulk_batch_indexes_like_one_document_at_a_time(tmp_path, docs):
+    json_path_taken = docs is TRICKY
+    with _engine(tmp_path / "bulk", write_buffer_docs=2) as bulk, _engine(tmp_path / "single") as single:
+        built = bulk._docs.json_docs(bulk._docs.keys(list(docs)), list(docs.values()),
+                                     list(map(bulk._docs.encode_doc, docs.values())))
+        assert (built is not None) == json_path_taken
+        bulk.index_all(docs)
+        for doc_id, doc in docs.items():
+            single.index(doc_id, doc)
+        bulk._check()
+        single._check()
+        assert _view(bulk) == _view(single)
+        assert bulk.documents() == docs
+        assert [h[0] for h in bulk.search("shadow")] == ["own _id and _doc fields"]
+        assert bulk.get("plain") == TRICKY["plain"]  # not shadowed by the other's own "_id" field
+
+
+def test_the_json_path_survives_a_commit_and_a_restore(tmp_path):
+    config = Config.from_dict({
+        "job.name": "prof", "job.state.dir": str(tmp_path / "state"), "systems.file.path": str(tmp_path / "log"),
+        "stores.profiles.factory": "search", "stores.profiles.key.serde": "string",
+        "stores.profiles.search.fields": FIELDS, "stores.profiles.search.default.fields": "name",
+        "stores.profiles.search.write.buffer.docs": 2,
+    })
+    with TaskStorage(config) as s:
+        s.store("profiles").index_all(TRICKY)
+        s.commit(1)
+        before = s.store("profiles").documents()
+    assert before == TRICKY
+    for d in (tmp_path / "state").rglob("index"):
+        for f in d.iterdir():
+            f.unlink()  # the local index is gone: rebuilt from the change records
+    with TaskStorage(config) as s:
+        p = s.store("profiles")
+        assert p.documents() == TRICKY
+        assert [h[0] for h in p.search("city:Zürich")] == ["ünïcödé ß 🙂"]
+        p.index_all({k: {**v, "name": "renamed"} for k, v in TRICKY.items()})  # replaces, never duplicates
+        assert len(p) == len(TRICKY) and p.count("renamed") == len(TRICKY)
+        s.engine("profiles")._check()
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    ({"name": "big", "age": 2**63}, InvalidValueError, "'b5'"),
+    ({"name": "nan", "score": float("nan")}, InvalidValueError, "'b5'.*NaN"),
+    ({"name": 5}, InvalidValueError, "'b5'"),
+    ({"name": ["ok", 5]}, InvalidValueError, "'b5'"),
+    ({"name": [["nested"]]}, InvalidValueError, "'b5'"),
+    ({"name": "holes", "tags": ["a", None]}, InvalidValueError, "'b5'"),
+    ({"name": "x", "blob": b"\xff"}, SerializationError, "b5"),
+])
+def test_a_bad_value_in_a_bulk_batch_changes_nothing(tmp_path, bad, error, message):
+    """The JSON path checks a whole batch before its first document reaches tantivy (which
+    parses while adding): a bad value anywhere leaves nothing indexed and nothing logged."""
+    config = Config.from_dict({
+        "job.name": "prof", "job.state.dir": str(tmp_path / "state"), "systems.file.path": str(tmp_path / "log"),
+        "stores.profiles.factory": "search", "stores.profiles.key.serde": "string",
+        "stores.profiles.search.fields": FIELDS, "stores.profiles.search.write.buffer.docs": 2,
+    })
+    with TaskStorage(config) as s:
+        p = s.store("profiles")
+        good = [(f"g{i}", {"name": f"good {i}", "age": i}) for i in range(8)]
+        with pytest.raises(error, match=message):
+            p.index_all(good[:5] + [("b5", bad)] + good[5:])
+        assert s.engine("profiles")._logger.pending() == 0 and len(p) == 0
+        p.index_all(good)
+        assert len(p) == 8
+        s.engine("profiles")._check()
+
+
+def test_restore_indexes_like_one_document_at_a_time(tmp_path):
+    """Restore hands each JSON change record to tantivy as text made from the record; the
+    records the JSON text cannot take (a bool or None field, a field that no longer fits,
+    an empty document, whitespace after the object) take the single path, same result."""
+    docs = {**TRICKY, **FALLBACK, "old float in the int field": {"name": "misfit", "age": 2.5}}
+    records = [(k.encode(), orjson.dumps(v)) for k, v in docs.items()]
+    records.append((b"spaced", b'{"name": "spaced out"} '))
+    with _engine(tmp_path / "restored") as restored, _engine(tmp_path / "single") as single:
+        restored.restore(records, into_empty=True)
+        for doc_id, doc in docs.items():
+            single.index(doc_id, {k: v for k, v in doc.items() if k != "age" or type(v) is not float})
+        single.index("spaced", {"name": "spaced out"})
+        restored._check()
+        hits = _view(restored)[1]
+        assert hits == _view(single)[1]
+        assert restored.documents() == {**docs, "spaced": {"name": "spaced out"}}
+
+
+@pytest.mark.parametrize("value, message", [
+    (b'{"name": "x",}', "not a json document"),
+    (b'{"name": "\xff"}', "not a json document"),
+    (b'{"name": "x"', "not a json document"),
+    (b'{"name": "x}', "not a json document"),
+    (b'[{"name": "x"}]', "json list, not a document"),
+])
+def test_restoring_a_damaged_json_record_names_it(tmp_path, value, message):
+    with _engine(tmp_path) as e:
+        good = [(b"u%d" % i, b'{"name": "ok"}') for i in range(5)]
+        with pytest.raises(CorruptionError, match=f"change record b'bad'.*{message}"):
+            e.restore(good + [(b"bad", value)] + good, into_empty=True)
