@@ -43,6 +43,7 @@ from typing import Any
 from ..errors import InvalidValueError, SerializationError, StoreClosedError
 from ..kv import KeyValueIterator, KeyValueStore, reject_none
 from ..metrics import StoreMetrics
+from ..serdes import Serde
 from .forwarding import ForwardingStore
 
 __all__ = ["CachedStore"]
@@ -97,6 +98,11 @@ def _plain(k: Any) -> Any:
     return k.key if type(k) is _Encoded else k
 
 
+def _no_clock(*_: Any) -> None:
+    """The clock of a cache under no ``ttl`` layer (see :meth:`CachedStore.expire_with`)."""
+    raise TypeError("get_unexpired needs expire_with() first: this cache is under no ttl layer")
+
+
 def _exact_type(serde: Any) -> type | None:
     """The type every object of which ``serde`` encodes as it is (so needs no check)."""
     from ..serdes import get_serde
@@ -146,6 +152,12 @@ class CachedStore(ForwardingStore):
         self._cache: OrderedDict[Any, Any] = OrderedDict()
         self._dirty: dict[Any, None] = {}
         self._closed = False
+        # set by expire_with (a ttl layer above): 0 = plain values
+        self._ttl_ns = 0
+        self._max_expiry = 0
+        self._clock: Callable[[], int | None] = _no_clock
+        self._on_expired: Callable[[Any], None] = _no_clock
+        self._no_time: Callable[[], Exception] = _no_clock
 
     def _check_open(self) -> None:
         if self._closed:
@@ -364,13 +376,52 @@ class CachedStore(ForwardingStore):
                     self._evict()
         return out
 
-    def put_validated(self, key: Any, value: Any) -> None:
-        """``put`` of a value whose encodability the caller has already checked (the ``ttl``
-        layer above checks the value itself before pairing it with its expiry, which saves
-        encoding the pair once more here); the key is still checked."""
-        self.put(key, value, True)
+    def expire_with(self, clock: Callable[[], int | None], ttl_ns: int, max_expiry: int, value_serde: Serde,
+                    on_expired: Callable[[Any], None], no_time: Callable[[], Exception]) -> None:
+        """Fuse the ``ttl`` layer above into this cache's per-record paths (its entries are
+        ``(expiry, value)`` pairs, expiry in ns): from now on :meth:`put` takes a plain
+        value, checks it with ``value_serde`` (the serde of the value inside the pair) and
+        caches it as ``(min(now + ttl_ns,
+        max_expiry), value)``, raising ``no_time()`` while ``clock()`` is ``None``; and
+        :meth:`get_unexpired` hides an expired pair, handing its key to ``on_expired``.
+        Bulk calls (``put_all``, ``get_all``, scans) still take and give pairs: the ttl
+        layer stamps and checks those itself."""
+        self._clock, self._ttl_ns, self._max_expiry = clock, ttl_ns, max_expiry
+        self._value_encode, self._value_exact = value_serde.encode, _exact_type(value_serde)
+        self._on_expired, self._no_time = on_expired, no_time
 
-    def put(self, key: Any, value: Any, _validated: bool = False) -> None:
+    def get_unexpired(self, key: Any, default: Any = None) -> Any:
+        """``get`` for the ``ttl`` layer above, with its expiry check fused in: the value of
+        the cached (or read) ``(expiry, value)`` pair while the clock is before ``expiry``,
+        else ``default`` (and the key goes to ``on_expired``). The per-record read path of a
+        TTL store, so one call instead of a call through the ttl layer and one here;
+        otherwise the same steps as :meth:`get` (hit/miss counts, LRU order, cached misses)."""
+        if self._closed:
+            self._check_open()
+        t = type(key)
+        ck = key if t is str or t is bytes or t is int else self._ckey(key)
+        cache = self._cache
+        pair = cache.get(ck, _MISSING)
+        if pair is _MISSING:
+            self.metrics.misses += 1
+            pair = self._miss_get(key) if t is self._key_exact else self.inner.get(key)
+            cache[ck] = _ABSENT if pair is None else pair
+            if len(cache) > self.cache_size:
+                self._evict_one()
+            if pair is None:
+                return default
+        else:
+            self.metrics.hits += 1
+            cache.move_to_end(ck)
+            if pair is _ABSENT:
+                return default
+        now = self._clock()
+        if now is not None and pair[0] <= now:
+            self._on_expired(key)
+            return default
+        return pair[1]
+
+    def put(self, key: Any, value: Any) -> None:
         """One put (or, with the ``_ABSENT`` marker from :meth:`delete`, one delete).
 
         The per-record path of every cached store, so it is one function, not a call per
@@ -378,16 +429,25 @@ class CachedStore(ForwardingStore):
         store and key), then the entry goes into the cache and the dirty set; a full dirty
         set goes down; the LRU end is evicted inline (a dirty one calls out: it is written
         first). A ``bytes`` value or key of the built-in bytes serde needs no encoder call.
+        Under a ttl layer (:meth:`expire_with`) the value is also paired with its expiry.
         """
         if value is None:
             reject_none(self.name, key, value)
-        if type(value) is not self._value_exact and value is not _ABSENT and not _validated:
+        if type(value) is not self._value_exact and value is not _ABSENT:
             encode = self._value_encode
             if encode is not None:
                 try:
                     encode(value)
                 except Exception:
-                    self._check_value(key, value)  # raises the standard error naming store and key
+                    # raises the standard error naming store and key (of the stored pair, with ttl)
+                    self._check_value(key, (0, value) if self._ttl_ns else value)
+        ttl = self._ttl_ns
+        if ttl and value is not _ABSENT:
+            now = self._clock()
+            if now is None:
+                raise self._no_time()
+            expiry = now + ttl
+            value = (expiry if expiry < self._max_expiry else self._max_expiry, value)
         if self._closed:
             self._check_open()
         t = type(key)
