@@ -433,21 +433,22 @@ class CachedStore(ForwardingStore):
         """
         if value is None:
             reject_none(self.name, key, value)
-        if type(value) is not self._value_exact and value is not _ABSENT:
-            encode = self._value_encode
-            if encode is not None:
-                try:
-                    encode(value)
-                except Exception:
-                    # raises the standard error naming store and key (of the stored pair, with ttl)
-                    self._check_value(key, (0, value) if self._ttl_ns else value)
-        ttl = self._ttl_ns
-        if ttl and value is not _ABSENT:
-            now = self._clock()
-            if now is None:
-                raise self._no_time()
-            expiry = now + ttl
-            value = (expiry if expiry < self._max_expiry else self._max_expiry, value)
+        if value is not _ABSENT:
+            if type(value) is not self._value_exact:
+                encode = self._value_encode
+                if encode is not None:
+                    try:
+                        encode(value)
+                    except Exception:
+                        # raises the standard error naming store and key (of the stored pair, with ttl)
+                        self._check_value(key, (0, value) if self._ttl_ns else value)
+            ttl = self._ttl_ns
+            if ttl:
+                now = self._clock()
+                if now is None:
+                    raise self._no_time()
+                expiry = now + ttl
+                value = (expiry if expiry < self._max_expiry else self._max_expiry, value)
         if self._closed:
             self._check_open()
         t = type(key)

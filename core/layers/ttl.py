@@ -217,8 +217,8 @@ class TtlStore(ForwardingStore):
         if t is not None and pair[0] <= t:
             self._note_expired(key)
             return default
-        if self._refresh:
-            self.put(key, pair[1])  # a new expiry
+        if self._refresh:  # a new expiry: a write of the layers below, not a put the metrics count
+            self.inner.put_all([(key, (self._expiry(), pair[1]))])
         return pair[1]
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
