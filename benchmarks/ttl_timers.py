@@ -7,7 +7,9 @@ Rows (each ratio measured in the same run, against the row named in ``baseline``
   ``TaskStorage.store()`` (json values, string keys, object cache of 10% of the keys),
   with ``stores.s.ttl.ms = 24h`` and without; ``ratio`` = TTL rate / plain rate (the
   target is TTL costing at most 1.2×, i.e. ratio >= 0.83). One commit at the end of the
-  puts is timed with them (it runs the commit-time sweep).
+  puts is timed with them (it runs the commit-time sweep). The two rows do the same work
+  but TTL's: one config but ``ttl.ms`` (serdes, cache, write batch), the same keys in
+  the same order, the same value object, the same random reads, trials interleaved.
 Times are CPU seconds of this process (``time.process_time``, all its threads, RocksDB's
 included): the machine these figures come from is shared, and wall time there measures
 the other tenants more than this code.
