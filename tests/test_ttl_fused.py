@@ -129,3 +129,25 @@ def test_fire_batch_in_large_chunks_fires_each_timer_once_and_leaves_the_future(
         assert [ts for _, ts in seen] == sorted(ts for _, ts in seen)
         assert t.pending() == [(b"b", 2000)]
         st.commit()
+
+
+@pytest.mark.parametrize("cache", [0, 16])
+def test_bad_bulk_input_under_ttl_changes_nothing(make_config, cache):
+    with TaskStorage(make_config(s=ttl_store(cache))) as st:
+        s = st.store("s")
+        with pytest.raises(InvalidValueError, match="no event time yet"):
+            s.put_all({"a": 1})
+        st.advance_event_time(1)
+        with pytest.raises(InvalidValueError, match="use delete"):
+            s.put_all([("a", 1), ("b", None)])
+        with pytest.raises(SerializationError, match=r"store 's'"):
+            s.put_all({"a": 1, "b": float("nan")})
+        with pytest.raises(InvalidValueError, match="None is not a valid key"):
+            s.put_all([(None, 1)])
+        with pytest.raises(InvalidValueError, match="None is not a valid key"):
+            s.get_all(["a", None])
+        st.commit()
+        assert dict(s) == {} and st.metrics("s").puts == 0
+        s.put_all({"a": 1})
+        st.commit()
+        assert dict(s) == {"a": 1}
