@@ -89,11 +89,29 @@ def test_event_time_unknown_refuses_the_fused_put_and_writes_nothing(make_config
         assert dict(s) == {} and st.metrics("s").puts == 0 and s.get("a") is None
 
 
-def test_a_cache_under_no_ttl_layer_has_no_expiring_read():
-    cache = CachedStore(MemoryEngine(), 4, 2, "plain")
-    cache.put(b"k", b"v")
-    with pytest.raises(TypeError, match="expire_with"):
-        cache.get_unexpired(b"k")
+@pytest.mark.parametrize("cache", [0, 16])
+def test_keys_cached_under_their_encoding_under_ttl(make_config, cache):
+    """json keys that Python merges (1, 1.0, True) or that are not simple (floats in a
+    tuple) take the cache's per-key path; under TTL they still expire and stay apart."""
+    store = ttl_store(cache, **{"key.serde": "json"})
+    with TaskStorage(make_config(s=store)) as st:
+        s = st.store("s")
+        st.advance_event_time(0)
+        s[1] = "int"
+        s[1.0] = "float"
+        s[(2.5, "a")] = "tuple"
+        st.advance_event_time(400)
+        s[True] = "bool"
+        assert [s.get(1), s.get(1.0), s.get(True), s.get((2.5, "a"))] == ["int", "float", "bool", "tuple"]
+        assert s.get_all([1.0, (2.5, "a")]) == {1.0: "float", (2.5, "a"): "tuple"}
+        st.advance_event_time(1000)
+        assert s.get(1) is None and s.get(1.0) is None and s.get(True) == "bool"
+        assert s.get_all([1.0, (2.5, "a"), True]) == {True: "bool"}
+        st.commit()  # the sweep: 1 and 1.0 are two keys, the array key comes back as a list
+        assert st.store("s").inner.expired_deleted == 3
+        assert list(st.engine("s").all()) == [(b"true", st.engine("s").get(b"true"))]
+        with s.all() as it:
+            assert list(it) == [(True, "bool")]
 
 
 def test_memory_delete_all_of_a_contiguous_run_keeps_the_rest_and_open_scans():

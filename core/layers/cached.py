@@ -99,8 +99,8 @@ def _plain(k: Any) -> Any:
 
 
 def _no_clock(*_: Any) -> None:
-    """The clock of a cache under no ``ttl`` layer (see :meth:`CachedStore.expire_with`)."""
-    raise TypeError("get_unexpired needs expire_with() first: this cache is under no ttl layer")
+    """The clock of a cache under no ``ttl`` layer (never called: ``_ttl_ns`` is 0)."""
+    raise TypeError("this cache is under no ttl layer (see CachedStore.expire_with)")
 
 
 def _exact_type(serde: Any) -> type | None:
@@ -321,7 +321,9 @@ class CachedStore(ForwardingStore):
             self._evict()
 
     # -- KeyValueStore -----------------------------------------------------------------------
-    def get(self, key: Any, default: Any = None) -> Any:
+    def get(self, key: Any, default: Any = None, _stored: bool = False) -> Any:
+        """The value under ``key``, else ``default``. Under a ttl layer (:meth:`expire_with`)
+        the value of a live ``(expiry, value)`` pair; with ``_stored`` (``get_all``) the pair."""
         if self._closed:
             self._check_open()
         t = type(key)
@@ -334,10 +336,20 @@ class CachedStore(ForwardingStore):
             cache[ck] = _ABSENT if v is None else v
             if len(cache) > self.cache_size:
                 self._evict_one()
-            return default if v is None else v
-        self.metrics.hits += 1
-        cache.move_to_end(ck)
-        return default if v is _ABSENT else v
+            if v is None:
+                return default
+        else:
+            self.metrics.hits += 1
+            cache.move_to_end(ck)
+            if v is _ABSENT:
+                return default
+        if self._ttl_ns and not _stored:  # under a ttl layer (expire_with): v is an (expiry, value) pair
+            now = self._clock()
+            if now is not None and v[0] <= now:
+                self._on_expired(key)
+                return default
+            return v[1]
+        return v
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         if self._closed:
@@ -346,7 +358,7 @@ class CachedStore(ForwardingStore):
         if not _all_simple(keys):
             out = {}
             for k in keys:  # per key: each gets its own identity (see the module docstring)
-                v = self.get(k)
+                v = self.get(k, None, True)  # as stored: a ttl layer above wants its pairs
                 if v is not None:
                     out[k] = v
             return out
@@ -381,45 +393,15 @@ class CachedStore(ForwardingStore):
         """Fuse the ``ttl`` layer above into this cache's per-record paths (its entries are
         ``(expiry, value)`` pairs, expiry in ns): from now on :meth:`put` takes a plain
         value, checks it with ``value_serde`` (the serde of the value inside the pair) and
-        caches it as ``(min(now + ttl_ns,
-        max_expiry), value)``, raising ``no_time()`` while ``clock()`` is ``None``; and
-        :meth:`get_unexpired` hides an expired pair, handing its key to ``on_expired``.
-        Bulk calls (``put_all``, ``get_all``, scans) still take and give pairs: the ttl
-        layer stamps and checks those itself."""
+        caches it as ``(min(now + ttl_ns, max_expiry), value)``, raising ``no_time()`` while
+        ``clock()`` is ``None``; and :meth:`get` gives the value of a live pair and hides an
+        expired one, handing its key to ``on_expired``. So the ttl layer's per-record put
+        and get are this layer's: one Python call each, as without TTL. Bulk calls
+        (``put_all``, ``get_all``, scans) still take and give pairs: the ttl layer stamps
+        and checks those itself."""
         self._clock, self._ttl_ns, self._max_expiry = clock, ttl_ns, max_expiry
         self._value_encode, self._value_exact = value_serde.encode, _exact_type(value_serde)
         self._on_expired, self._no_time = on_expired, no_time
-
-    def get_unexpired(self, key: Any, default: Any = None) -> Any:
-        """``get`` for the ``ttl`` layer above, with its expiry check fused in: the value of
-        the cached (or read) ``(expiry, value)`` pair while the clock is before ``expiry``,
-        else ``default`` (and the key goes to ``on_expired``). The per-record read path of a
-        TTL store, so one call instead of a call through the ttl layer and one here;
-        otherwise the same steps as :meth:`get` (hit/miss counts, LRU order, cached misses)."""
-        if self._closed:
-            self._check_open()
-        t = type(key)
-        ck = key if t is str or t is bytes or t is int else self._ckey(key)
-        cache = self._cache
-        pair = cache.get(ck, _MISSING)
-        if pair is _MISSING:
-            self.metrics.misses += 1
-            pair = self._miss_get(key) if t is self._key_exact else self.inner.get(key)
-            cache[ck] = _ABSENT if pair is None else pair
-            if len(cache) > self.cache_size:
-                self._evict_one()
-            if pair is None:
-                return default
-        else:
-            self.metrics.hits += 1
-            cache.move_to_end(ck)
-            if pair is _ABSENT:
-                return default
-        now = self._clock()
-        if now is not None and pair[0] <= now:
-            self._on_expired(key)
-            return default
-        return pair[1]
 
     def put(self, key: Any, value: Any) -> None:
         """One put (or, with the ``_ABSENT`` marker from :meth:`delete`, one delete).

@@ -148,6 +148,18 @@ def ttl_serde(inner: Serde) -> Serde:
     return Serde(f"ttl+{inner.name}", enc, dec, False, enc_many, dec_many)
 
 
+def _unique(keys: list[Any]) -> list[Any]:
+    """``keys`` once each, in order, told apart as the serdes tell them apart: by ``repr``,
+    not by Python equality, which merges ``1``, ``1.0`` and ``True`` (distinct keys for
+    the json serde) and fails on the lists a json-keyed scan gives for array keys (a list
+    and the tuple a read was given are one key)."""
+    return list(dict(zip(map(_key_id, keys), keys)).values())
+
+
+def _key_id(key: Any) -> str:
+    return repr(tuple(key)) if type(key) is list else repr(key)
+
+
 class TtlStore(ForwardingStore):
     """Wraps a store of ``(expiry_ms, value)`` pairs; the task sees plain values.
 
@@ -164,7 +176,7 @@ class TtlStore(ForwardingStore):
         is an object cache (:class:`CachedStore`). The per-record paths are then the cache's, with the expiry
         stamp and check fused in (:meth:`CachedStore.expire_with`): ``put`` *is* the cache's
         put, ``get`` (update type on-create-and-write) its
-        :meth:`~CachedStore.get_unexpired`, and a metered layer above counts single puts and
+        :meth:`~CachedStore.get`, and a metered layer above counts single puts and
         deletes through the cache (:attr:`counts_writes`), so they make no call there
         either: one Python call per put or get, as without TTL."""
         super().__init__(inner, name)
@@ -180,7 +192,7 @@ class TtlStore(ForwardingStore):
             self.metrics = inner.metrics
             self.put = inner.put  # type: ignore[method-assign]
             if not self._refresh:
-                self.get = inner.get_unexpired  # type: ignore[method-assign]
+                self.get = inner.get  # type: ignore[method-assign]
         self._seen_expired: set[Any] = set()
         self._cursor: Any = None
         """Where the next incremental sweep starts (a key; ``None``: from the first key)."""
@@ -215,16 +227,24 @@ class TtlStore(ForwardingStore):
 
     # -- reads: never return an expired entry --------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:
-        pair = self._get(key)
-        if pair is None:
-            return default
-        t = self.clock()
-        if t is not None and pair[0] <= t:
-            self._note_expired(key)
-            return default
+        # (over an object cache with update type on-create-and-write, the cache's get
+        # replaces this one: see __init__)
+        if self._fused:
+            value = self._get(key)  # the cache's get has checked the expiry
+            if value is None:
+                return default
+        else:
+            pair = self._get(key)
+            if pair is None:
+                return default
+            t = self.clock()
+            if t is not None and pair[0] <= t:
+                self._note_expired(key)
+                return default
+            value = pair[1]
         if self._refresh:  # a new expiry: a write of the layers below, not a put the metrics count
-            self.inner.put_all([(key, (self._expiry(), pair[1]))])
-        return pair[1]
+            self.inner.put_all([(key, (self._expiry(), value))])
+        return value
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         found = self.inner.get_all(keys)
@@ -321,7 +341,7 @@ class TtlStore(ForwardingStore):
             doomed.extend(k for k, (expiry, _) in examined if expiry <= now)
             self._cursor = examined[-1][0] if len(examined) >= limit else None  # None: wrap around
         if doomed:
-            doomed = list(dict.fromkeys(doomed))
+            doomed = _unique(doomed)
             self.inner.delete_all(doomed)
             fault_point("ttl.after_sweep")
             self.expired_deleted += len(doomed)
