@@ -36,9 +36,9 @@ serde), and *checked* in this layer, above the object cache — the cache holds
 ``(expiry, value)`` pairs, so a cache hit is checked like an engine read. Over an
 object cache, the per-record ``put`` and ``get`` are the cache's own, with the stamp
 and the check fused in (:meth:`CachedStore.expire_with`): one Python call per record,
-as without TTL, so TTL costs a clock read, a pair and the 8 bytes (issue 16 measured
-≤ 1.2× as the target; see benchmarks/RESULTS.md). Bulk calls, scans and the sweep
-stay here.
+as without TTL, so TTL costs a clock read, a pair and the 8 bytes (issue 16's target
+is ≤ 1.2× the cost without TTL; figures in benchmarks/RESULTS.md). Bulk calls, scans
+and the sweep stay here.
 """
 
 from __future__ import annotations
