@@ -44,7 +44,9 @@ _BIAS = 1 << 63
 _MARK = b"\x01"
 _HEAD = struct.Struct(">cQ")
 """The domain byte and the biased timestamp that start every record key."""
-_SECOND = itemgetter(1)
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_TAG, _STR_BODY = itemgetter(9), itemgetter(slice(10, None))
+"""The key's type tag in a record key; the UTF-8 of a ``str`` key."""
 _FETCH = 4096
 _TUPLE = get_serde("tuple")
 _STR, _INT, _BYTES, _OTHER = b"s", b"i", b"b", b"t"
@@ -80,8 +82,8 @@ def _decode_key(data: bytes) -> Any:
 
 def _decode_keys(record_keys: list[bytes]) -> list[Any]:
     """The keys of timer record keys (after the domain byte and the timestamp)."""
-    if {k[9] for k in record_keys} == {_STR[0]}:
-        return [k[10:].decode() for k in record_keys]
+    if set(map(_TAG, record_keys)) == {_STR[0]}:  # C-level passes: this is the firing path
+        return list(map(bytes.decode, map(_STR_BODY, record_keys)))
     return [_decode_key(k[9:]) for k in record_keys]
 
 
@@ -247,7 +249,7 @@ class Timers:
         try:
             while True:
                 with self.store.range(start, stop) as it:
-                    due = [k for k, _ in it.take(chunk)]
+                    due = list(map(_FIRST, it.take(chunk)))
                 if not due:
                     return fired
                 self.store.delete_all(due)

@@ -11,7 +11,7 @@ def test_ttl_suite_rows(monkeypatch):
     monkeypatch.setattr(ttl_timers, "QUICK_RECORDS", 2000)
     rows = [normalize_row(r, "ttl") for r in ttl_timers.run(quick=True, repeats=1, engines=("memory",))]
     by = {(r["workload"], r["engine"]): r for r in rows}
-    for op in ("put", "get"):
+    for op in ("put", "get", "put (fresh values)", "get (fresh values)"):
         ttl, plain = by[(f"ttl {op}", "memory")], by[(f"ttl {op}", "memory (no ttl)")]
         assert ttl["baseline"] == "memory (no ttl)" and ttl["ratio"] == ttl["median"] / plain["median"]
     assert all(r["error"] is None for r in rows)

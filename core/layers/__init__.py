@@ -98,8 +98,7 @@ def build_store(
     codec = serialized if isinstance(serialized, SerializedStore) else None
     store = maybe_caching(serialized, cache_size, batch_size, name, metrics, codec)
     if ttl is not None:
-        # over an object cache, the ttl layer checks each value with its own serde and
-        # skips the cache's check of the (expiry, value) pair: one encoding less per put
-        fast_put = (store.put_validated, value_serde.encode) if cache_size > 0 else None
-        store = TtlStore(store, ttl, clock, name, fast_put)
+        # over an object cache, the ttl layer fuses its per-record paths into the cache's,
+        # which checks each value with the value's own serde (not the (expiry, value) pair)
+        store = TtlStore(store, ttl, clock, name, value_serde if cache_size > 0 else None)
     return MeteredStore(store, metrics, count_hits=cache_size <= 0) if metered else store

@@ -43,6 +43,7 @@ from typing import Any
 from ..errors import InvalidValueError, SerializationError, StoreClosedError
 from ..kv import KeyValueIterator, KeyValueStore, reject_none
 from ..metrics import StoreMetrics
+from ..serdes import Serde
 from .forwarding import ForwardingStore
 
 __all__ = ["CachedStore"]
@@ -97,6 +98,11 @@ def _plain(k: Any) -> Any:
     return k.key if type(k) is _Encoded else k
 
 
+def _no_clock(*_: Any) -> None:
+    """The clock of a cache under no ``ttl`` layer (never called: ``_ttl_ns`` is 0)."""
+    raise TypeError("this cache is under no ttl layer (see CachedStore.expire_with)")
+
+
 def _exact_type(serde: Any) -> type | None:
     """The type every object of which ``serde`` encodes as it is (so needs no check)."""
     from ..serdes import get_serde
@@ -146,6 +152,12 @@ class CachedStore(ForwardingStore):
         self._cache: OrderedDict[Any, Any] = OrderedDict()
         self._dirty: dict[Any, None] = {}
         self._closed = False
+        # set by expire_with (a ttl layer above): 0 = plain values
+        self._ttl_ns = 0
+        self._max_expiry = 0
+        self._clock: Callable[[], int | None] = _no_clock
+        self._on_expired: Callable[[Any], None] = _no_clock
+        self._no_time: Callable[[], Exception] = _no_clock
 
     def _check_open(self) -> None:
         if self._closed:
@@ -309,7 +321,9 @@ class CachedStore(ForwardingStore):
             self._evict()
 
     # -- KeyValueStore -----------------------------------------------------------------------
-    def get(self, key: Any, default: Any = None) -> Any:
+    def get(self, key: Any, default: Any = None, _stored: bool = False) -> Any:
+        """The value under ``key``, else ``default``. Under a ttl layer (:meth:`expire_with`)
+        the value of a live ``(expiry, value)`` pair; with ``_stored`` (``get_all``) the pair."""
         if self._closed:
             self._check_open()
         t = type(key)
@@ -322,10 +336,20 @@ class CachedStore(ForwardingStore):
             cache[ck] = _ABSENT if v is None else v
             if len(cache) > self.cache_size:
                 self._evict_one()
-            return default if v is None else v
-        self.metrics.hits += 1
-        cache.move_to_end(ck)
-        return default if v is _ABSENT else v
+            if v is None:
+                return default
+        else:
+            self.metrics.hits += 1
+            cache.move_to_end(ck)
+            if v is _ABSENT:
+                return default
+        if self._ttl_ns and not _stored:  # under a ttl layer (expire_with): v is an (expiry, value) pair
+            now = self._clock()
+            if now is not None and v[0] <= now:
+                self._on_expired(key)
+                return default
+            return v[1]
+        return v
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         if self._closed:
@@ -334,7 +358,7 @@ class CachedStore(ForwardingStore):
         if not _all_simple(keys):
             out = {}
             for k in keys:  # per key: each gets its own identity (see the module docstring)
-                v = self.get(k)
+                v = self.get(k, None, True)  # as stored: a ttl layer above wants its pairs
                 if v is not None:
                     out[k] = v
             return out
@@ -364,13 +388,22 @@ class CachedStore(ForwardingStore):
                     self._evict()
         return out
 
-    def put_validated(self, key: Any, value: Any) -> None:
-        """``put`` of a value whose encodability the caller has already checked (the ``ttl``
-        layer above checks the value itself before pairing it with its expiry, which saves
-        encoding the pair once more here); the key is still checked."""
-        self.put(key, value, True)
+    def expire_with(self, clock: Callable[[], int | None], ttl_ns: int, max_expiry: int, value_serde: Serde,
+                    on_expired: Callable[[Any], None], no_time: Callable[[], Exception]) -> None:
+        """Fuse the ``ttl`` layer above into this cache's per-record paths (its entries are
+        ``(expiry, value)`` pairs, expiry in ns): from now on :meth:`put` takes a plain
+        value, checks it with ``value_serde`` (the serde of the value inside the pair) and
+        caches it as ``(min(now + ttl_ns, max_expiry), value)``, raising ``no_time()`` while
+        ``clock()`` is ``None``; and :meth:`get` gives the value of a live pair and hides an
+        expired one, handing its key to ``on_expired``. So the ttl layer's per-record put
+        and get are this layer's: one Python call each, as without TTL. Bulk calls
+        (``put_all``, ``get_all``, scans) still take and give pairs: the ttl layer stamps
+        and checks those itself."""
+        self._clock, self._ttl_ns, self._max_expiry = clock, ttl_ns, max_expiry
+        self._value_encode, self._value_exact = value_serde.encode, _exact_type(value_serde)
+        self._on_expired, self._no_time = on_expired, no_time
 
-    def put(self, key: Any, value: Any, _validated: bool = False) -> None:
+    def put(self, key: Any, value: Any) -> None:
         """One put (or, with the ``_ABSENT`` marker from :meth:`delete`, one delete).
 
         The per-record path of every cached store, so it is one function, not a call per
@@ -378,16 +411,26 @@ class CachedStore(ForwardingStore):
         store and key), then the entry goes into the cache and the dirty set; a full dirty
         set goes down; the LRU end is evicted inline (a dirty one calls out: it is written
         first). A ``bytes`` value or key of the built-in bytes serde needs no encoder call.
+        Under a ttl layer (:meth:`expire_with`) the value is also paired with its expiry.
         """
         if value is None:
             reject_none(self.name, key, value)
-        if type(value) is not self._value_exact and value is not _ABSENT and not _validated:
-            encode = self._value_encode
-            if encode is not None:
-                try:
-                    encode(value)
-                except Exception:
-                    self._check_value(key, value)  # raises the standard error naming store and key
+        if value is not _ABSENT:
+            if type(value) is not self._value_exact:
+                encode = self._value_encode
+                if encode is not None:
+                    try:
+                        encode(value)
+                    except Exception:
+                        # raises the standard error naming store and key (of the stored pair, with ttl)
+                        self._check_value(key, (0, value) if self._ttl_ns else value)
+            ttl = self._ttl_ns
+            if ttl:
+                now = self._clock()
+                if now is None:
+                    raise self._no_time()
+                expiry = now + ttl
+                value = (expiry if expiry < self._max_expiry else self._max_expiry, value)
         if self._closed:
             self._check_open()
         t = type(key)

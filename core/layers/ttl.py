@@ -33,7 +33,12 @@ records it in the checkpoint and refuses to open a store whose format changed.
 
 Layer placement: the expiry is *encoded* below the serialized layer (a wrapping
 serde), and *checked* in this layer, above the object cache — the cache holds
-``(expiry, value)`` pairs, so a cache hit is checked like an engine read.
+``(expiry, value)`` pairs, so a cache hit is checked like an engine read. Over an
+object cache, the per-record ``put`` and ``get`` are the cache's own, with the stamp
+and the check fused in (:meth:`CachedStore.expire_with`): one Python call per record,
+as without TTL, so TTL costs a clock read, a pair and the 8 bytes (issue 16's target
+is ≤ 1.2× the cost without TTL; figures in benchmarks/RESULTS.md). Bulk calls, scans
+and the sweep stay here.
 """
 
 from __future__ import annotations
@@ -43,18 +48,21 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
+from operator import itemgetter
 from typing import Any, Literal
 
 from ..errors import ConfigError, InvalidValueError
 from ..faults import fault_point
 from ..kv import KeyValueIterator, KeyValueStore, reject_none
 from ..serdes import Serde, decoder_of_many, encoder_of_many
+from .cached import CachedStore
 from .forwarding import ForwardingStore
 
 __all__ = ["TtlPolicy", "TtlStore", "ttl_serde", "wall_clock_ms", "wall_clock_ns", "EXPIRY_BYTES"]
 
 EXPIRY_BYTES = 8
 _EXPIRY = struct.Struct(">q")  # signed: an event-time expiry may be before the epoch
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 MAX_TTL_MS = 100 * 365 * 24 * 3600 * 1000
 """The largest ``ttl.ms`` (100 years): expiries in ns stay inside 64 bits."""
 _MAX_EXPIRY_NS = (1 << 63) - 1
@@ -130,14 +138,26 @@ def ttl_serde(inner: Serde) -> Serde:
         return unpack_from(data)[0], decode(data[EXPIRY_BYTES:])
 
     def enc_many(pairs: list[tuple[int, Any]]) -> list[bytes]:
-        encoded = encode_many([p[1] for p in pairs])
-        return [pack(p[0]) + b for p, b in zip(pairs, encoded)]
+        encoded = encode_many(list(map(_SECOND, pairs)))
+        return list(map(bytes.__add__, map(pack, map(_FIRST, pairs)), encoded))
 
     def dec_many(items: list[bytes]) -> list[tuple[int, Any]]:
         values = decode_many([b[EXPIRY_BYTES:] for b in items])
-        return [(unpack_from(b)[0], v) for b, v in zip(items, values)]
+        return list(zip(map(_FIRST, map(unpack_from, items)), values))
 
     return Serde(f"ttl+{inner.name}", enc, dec, False, enc_many, dec_many)
+
+
+def _unique(keys: list[Any]) -> list[Any]:
+    """``keys`` once each, in order, told apart as the serdes tell them apart: by ``repr``,
+    not by Python equality, which merges ``1``, ``1.0`` and ``True`` (distinct keys for
+    the json serde) and fails on the lists a json-keyed scan gives for array keys (a list
+    and the tuple a read was given are one key)."""
+    return list(dict(zip(map(_key_id, keys), keys)).values())
+
+
+def _key_id(key: Any) -> str:
+    return repr(tuple(key)) if type(key) is list else repr(key)
 
 
 class TtlStore(ForwardingStore):
@@ -151,18 +171,28 @@ class TtlStore(ForwardingStore):
     """
 
     def __init__(self, inner: KeyValueStore[Any, Any], policy: TtlPolicy, now: Callable[[], int | None],
-                 name: str | None = None,
-                 checked_put: tuple[Callable[[Any, Any], None], Callable[[Any], object]] | None = None) -> None:
-        """``checked_put``: ``(put_validated, check)`` of the layer below, when it has a put
-        that skips its own value check (the object cache): ``put`` then checks the value
-        with ``check`` (the value serde's ``encode``) and hands the pair to ``put_validated``."""
+                 name: str | None = None, value_serde: Serde | None = None) -> None:
+        """``value_serde``: the serde of the values (inside the pairs), given when ``inner``
+        is an object cache (:class:`CachedStore`). The per-record paths are then the cache's, with the expiry
+        stamp and check fused in (:meth:`CachedStore.expire_with`): ``put`` *is* the cache's
+        put, ``get`` (update type on-create-and-write) its
+        :meth:`~CachedStore.get`, and a metered layer above counts single puts and
+        deletes through the cache (:attr:`counts_writes`), so they make no call there
+        either: one Python call per put or get, as without TTL."""
         super().__init__(inner, name)
         self.policy = policy
         self.clock = now
         self._get, self._put = inner.get, inner.put
-        self._put_pair, self._check = checked_put if checked_put is not None else (inner.put, None)
         self._ttl = policy.ms * 1_000_000
         self._refresh = policy.update == "on-read-and-write"
+        self._fused = value_serde is not None and isinstance(inner, CachedStore)
+        if self._fused:
+            assert isinstance(inner, CachedStore) and value_serde is not None
+            inner.expire_with(now, self._ttl, _MAX_EXPIRY_NS, value_serde, self._note_expired, self._no_event_time)
+            self.metrics = inner.metrics
+            self.put = inner.put  # type: ignore[method-assign]
+            if not self._refresh:
+                self.get = inner.get  # type: ignore[method-assign]
         self._seen_expired: set[Any] = set()
         self._cursor: Any = None
         """Where the next incremental sweep starts (a key; ``None``: from the first key)."""
@@ -197,16 +227,24 @@ class TtlStore(ForwardingStore):
 
     # -- reads: never return an expired entry --------------------------------------------------
     def get(self, key: Any, default: Any = None) -> Any:
-        pair = self._get(key)
-        if pair is None:
-            return default
-        t = self.clock()
-        if t is not None and pair[0] <= t:
-            self._note_expired(key)
-            return default
-        if self._refresh:
-            self._put(key, (self._expiry(), pair[1]))
-        return pair[1]
+        # (over an object cache with update type on-create-and-write, the cache's get
+        # replaces this one: see __init__)
+        if self._fused:
+            value = self._get(key)  # the cache's get has checked the expiry
+            if value is None:
+                return default
+        else:
+            pair = self._get(key)
+            if pair is None:
+                return default
+            t = self.clock()
+            if t is not None and pair[0] <= t:
+                self._note_expired(key)
+                return default
+            value = pair[1]
+        if self._refresh:  # a new expiry: a write of the layers below, not a put the metrics count
+            self.inner.put_all([(key, (self._expiry(), value))])
+        return value
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         found = self.inner.get_all(keys)
@@ -253,21 +291,22 @@ class TtlStore(ForwardingStore):
 
     # -- writes: stamp the expiry -----------------------------------------------------------------
     def put(self, key: Any, value: Any) -> None:
+        # (over an object cache, the cache's own put replaces this one: see __init__)
         if value is None:
             reject_none(self.name, key, value)
-        t = self.clock()  # _expiry() inlined: put is the hot path
-        if t is None:
-            raise self._no_event_time()
-        expiry = t + self._ttl
-        pair = (expiry if expiry < _MAX_EXPIRY_NS else _MAX_EXPIRY_NS, value)
-        check = self._check
-        if check is not None:
-            try:
-                check(value)
-            except Exception:
-                self._put(key, pair)  # the full put raises the standard error naming the store and key
-                return
-        self._put_pair(key, pair)
+        self._put(key, (self._expiry(), value))
+
+    @property
+    def counts_writes(self) -> bool:
+        """Whether the object cache below counts single puts and deletes (set by a metered
+        layer above; see :attr:`CachedStore.counts_writes`). Only over a cache."""
+        if not self._fused:
+            raise AttributeError("counts_writes: no object cache below the ttl layer")
+        return bool(self.inner.counts_writes)  # type: ignore[attr-defined]
+
+    @counts_writes.setter
+    def counts_writes(self, on: bool) -> None:
+        self.inner.counts_writes = on  # type: ignore[attr-defined]
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
         items = entries.items() if isinstance(entries, Mapping) else entries
@@ -302,7 +341,7 @@ class TtlStore(ForwardingStore):
             doomed.extend(k for k, (expiry, _) in examined if expiry <= now)
             self._cursor = examined[-1][0] if len(examined) >= limit else None  # None: wrap around
         if doomed:
-            doomed = list(dict.fromkeys(doomed))
+            doomed = _unique(doomed)
             self.inner.delete_all(doomed)
             fault_point("ttl.after_sweep")
             self.expired_deleted += len(doomed)
