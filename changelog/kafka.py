@@ -462,6 +462,10 @@ class KafkaChangelogSystem(ChangelogSystem):
             self._generation = self._checkpoints.read_generation(self.job)
         return self._generation
 
+    def generation_known(self) -> bool:
+        """Whether the generation was read (or pinned) already."""
+        return self._generation is not None
+
     def pin_generation(self, generation: Generation) -> None:
         """Read and write ``generation`` from here on (rescale writes the next one with it)."""
         self._generation = generation

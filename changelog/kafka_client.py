@@ -8,7 +8,7 @@ reading its last batch until partition EOF. ``consume(n, timeout)`` waits the wh
 timeout unless ``n`` events arrive, which costs a timeout at the end of every short
 read; :func:`next_batch` takes what is queued at once and otherwise waits for one event.
 
-Batches are of at most :data:`_CONSUME_BATCH` messages, and that number is kept below the
+Batches are of at most :data:`CONSUME_BATCH` messages, and that number is kept below the
 cyclic garbage collector's first threshold (700 net allocations of tracked objects) on
 purpose: each ``Message`` is a tracked object, so a larger ``consume()`` triggers
 collections that traverse the batch being built (measured on a bare consume loop: 2,000
@@ -32,7 +32,7 @@ try:
 except ImportError as _e:  # pragma: no cover - exercised only without the extra
     raise ImportError("Kafka support needs confluent-kafka: pip install 'localstate[kafka]'") from _e
 
-__all__ = ["KafkaSettings", "KafkaClient", "next_batch", "is_fenced", "connect_timeout_ms", "CONNECT_FAST"]
+__all__ = ["KafkaSettings", "KafkaClient", "next_batch", "is_fenced", "connect_timeout_ms", "CONNECT_FAST", "CONSUME_BATCH"]
 
 log = logging.getLogger("localstate.changelog.kafka")
 client_log = logging.getLogger("localstate.changelog.kafka.client")
@@ -46,7 +46,7 @@ PRODUCER_FIXED = {"enable.idempotence": "true", "acks": "all", "transactional.id
 """Producer settings localstate sets itself (None: any value is refused)."""
 CONSUMER_FIXED = {"enable.auto.commit": "false", "enable.partition.eof": "true"}
 _POLL_S = 0.2
-_CONSUME_BATCH = 500
+CONSUME_BATCH = 500
 CONNECT_FAST = {"reconnect.backoff.ms": 20}
 """Set on every client (before the user's settings, which may override it): librdkafka
 spaces new broker connections by half of ``reconnect.backoff.ms`` (default 100), and
@@ -142,13 +142,13 @@ def connect_timeout_ms(settings: KafkaSettings) -> int:
 
 def next_batch(consumer: Any) -> list[Any]:
     """What is queued (up to a batch) at once; else wait up to ``_POLL_S`` for one event."""
-    msgs = consumer.consume(_CONSUME_BATCH, 0)
+    msgs = consumer.consume(CONSUME_BATCH, 0)
     if msgs:
         return msgs
     first = consumer.poll(_POLL_S)
     if first is None:
         return []
-    return [first, *consumer.consume(_CONSUME_BATCH - 1, 0)]
+    return [first, *consumer.consume(CONSUME_BATCH - 1, 0)]
 
 
 class KafkaClient:
