@@ -329,6 +329,50 @@ def test_corrupt_latest_checkpoint_is_an_error_not_a_fall_back(kafka_broker):
         reader.close()
 
 
+def test_checkpoint_and_generation_are_read_in_one_pass_and_a_corrupt_generation_is_named(kafka_broker):
+    """A fresh system reads the job's generation record and the task's checkpoint from one
+    scan of the shared topic (plus the hidden-transaction check): the checkpoint of the
+    current generation is returned, look-alike keys of other jobs (``<job>.genius/0``) are
+    not taken for it, and a corrupt generation record is a CorruptionError naming it."""
+    from confluent_kafka import Producer
+    from localstate.changelog.base import Generation
+
+    job, topic = unique("job"), unique("ckpt")
+    opts = {"bootstrap.servers": kafka_broker, "checkpoint.topic": topic}
+    writer = KafkaChangelogSystem("kafka", opts, job)
+    try:
+        store = writer.checkpoints()
+        store.write(job, 0, Checkpoint(version=3, input_position="gen0", offsets={"kv": 5}, epoch=1))
+        writer.write_generation(Generation(1, 2, 1, {}))
+        store.write(job, 0, Checkpoint(version=4, input_position="gen1", offsets={"kv": 0}, epoch=1))
+        store.write(f"{job}.genius", 0, Checkpoint(version=99, input_position="other job", offsets={}, epoch=1))
+    finally:
+        writer.close()
+
+    reader = KafkaChangelogSystem("kafka", opts, job)
+    consumers = []
+    make_consumer = reader.client.consumer
+    reader.client.consumer = lambda *a, **k: consumers.append(1) or make_consumer(*a, **k)  # type: ignore[method-assign]
+    try:
+        ckpt = reader.checkpoints().read(job, 0, fence=False)
+        assert (ckpt.version, ckpt.input_position) == (4, "gen1")
+        assert reader.generation().number == 1
+        assert len(consumers) == 2  # the one scan + the hidden-transaction check; no generation scan
+    finally:
+        reader.close()
+
+    producer = Producer({"bootstrap.servers": kafka_broker})
+    producer.produce(topic, b"{not json", f"{job}/generation".encode(), 0)
+    assert producer.flush(10) == 0
+    broken = KafkaChangelogSystem("kafka", opts, job)
+    try:
+        with pytest.raises(CorruptionError, match=rf"{job}/generation in kafka topic .*is corrupt"):
+            broken.checkpoints().read(job, 0, fence=False)
+        assert not broken.generation_known()  # nothing pinned from a failed read
+    finally:
+        broken.close()
+
+
 def _open_checkpoint_transaction(bootstrap: str, topic: str) -> Any:
     """A transaction left open on the checkpoint topic, as by a task SIGKILLed inside its
     checkpoint transaction (a raw producer: the state after such a kill, without the kill)."""
