@@ -126,12 +126,12 @@ class _Restore:
         """(seconds, main-thread CPU seconds) of a raw consume loop, writing to rocksdict if ``write``.
 
         The loop is as lean as this client allows, so the ceiling is an honest one:
-        batches of ``kafka_client.CONSUME_BATCH`` messages taken as ours are (:func:`next_batch`: what
-        is queued at once — ``consume(n, timeout)`` would wait out its timeout at the
-        partition's end), ``key()``/``value()`` by C-level ``map``,
-        and the cyclic GC off (a ``Message`` is a GC-tracked object: with the collector
-        on, a loop of 10,000-message batches ran at ~half the speed, which an earlier
-        version of this benchmark reported as the broker's ceiling)."""
+        batches taken as our scan takes them (:func:`next_batch`: what is queued at once;
+        ``consume(n, timeout)`` waits out its timeout at the partition's end),
+        ``key()``/``value()`` by C-level ``map``, and the cyclic GC off (a ``Message`` is a
+        GC-tracked object: with the collector on, a loop of 10,000-message batches ran at
+        about half the speed, which an earlier version of this benchmark reported as the
+        broker's ceiling)."""
         db_dir = Path(tempfile.mkdtemp(prefix="raw-restore-", dir=self.root))
         db = rocksdict.Rdict(str(db_dir), RocksDBOptions().to_native()) if write else None
         if db is not None:
