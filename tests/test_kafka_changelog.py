@@ -300,10 +300,18 @@ def test_two_stores_two_partitions_share_one_transaction_per_task(kafka_broker, 
             assert (dump(s, "a"), dump(s, "b")) == expected[p]
 
 
+def _write_foreign_record(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
+    """A record written to partition 0 of ``topic`` by a plain producer (not localstate)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, value, key, 0)
+    assert producer.flush(10) == 0
+
+
 def test_corrupt_latest_checkpoint_is_an_error_not_a_fall_back(kafka_broker):
     """No silent fall-back to the record before: broker compaction may have made that
     older commit unreconstructible (issue 14, case 1)."""
-    from confluent_kafka import Producer
 
     job, topic = unique("job"), unique("ckpt")
     opts = {"bootstrap.servers": kafka_broker, "checkpoint.topic": topic}
@@ -317,9 +325,7 @@ def test_corrupt_latest_checkpoint_is_an_error_not_a_fall_back(kafka_broker):
     system.close()
     assert KafkaChangelogSystem("kafka", opts, job).checkpoints().read(job, 0, fence=False).version == 2
 
-    producer = Producer({"bootstrap.servers": kafka_broker})
-    producer.produce(topic, b"garbage", f"{job}/0".encode(), 0)
-    assert producer.flush(10) == 0
+    _write_foreign_record(kafka_broker, topic, f"{job}/0".encode(), b"garbage")
     reader = KafkaChangelogSystem("kafka", opts, job)
     try:
         with pytest.raises(CorruptionError, match=rf"{job}/partition 0.*--reset"):
@@ -334,7 +340,6 @@ def test_checkpoint_and_generation_are_read_in_one_pass_and_a_corrupt_generation
     scan of the shared topic (plus the hidden-transaction check): the checkpoint of the
     current generation is returned, look-alike keys of other jobs (``<job>.genius/0``) are
     not taken for it, and a corrupt generation record is a CorruptionError naming it."""
-    from confluent_kafka import Producer
     from localstate.changelog.base import Generation
 
     job, topic = unique("job"), unique("ckpt")
@@ -361,9 +366,7 @@ def test_checkpoint_and_generation_are_read_in_one_pass_and_a_corrupt_generation
     finally:
         reader.close()
 
-    producer = Producer({"bootstrap.servers": kafka_broker})
-    producer.produce(topic, b"{not json", f"{job}/generation".encode(), 0)
-    assert producer.flush(10) == 0
+    _write_foreign_record(kafka_broker, topic, f"{job}/generation".encode(), b"{not json")
     broken = KafkaChangelogSystem("kafka", opts, job)
     try:
         with pytest.raises(CorruptionError, match=rf"{job}/generation in kafka topic .*is corrupt"):
