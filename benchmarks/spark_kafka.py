@@ -197,6 +197,10 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[s
         base = make_row("kafka_e2e", quix_name, params, "events/s", [n / r["seconds"] for r in peer_runs],
                         notes=f"first message to run() returned, consumer-group join excluded; peer run by {how}")
         e2e["ratio"] = e2e["median"] / base["median"] if base["median"] else None
+        # each localstate run is followed by its Quix run: on a shared machine the ratio
+        # within a pair is steadier than the ratio of the medians (the load drifts)
+        pairs = [p["seconds"] / r.seconds for r, p in zip(our_runs, peer_runs)]
+        e2e["notes"] += f"; ratio per interleaved pair {[round(x, 2) for x in pairs]} (median {np.median(pairs):.2f})"
         rows.append(base)
     lat = [ms for r in our_runs for ms in latencies_ms(r)]
     rows.append(make_row("kafka_batch_latency", ls_name, params, "ms (median)", [float(np.median(lat))],

@@ -50,7 +50,14 @@ from localstate.records import ChangeRecord
 
 from .base import ChangelogPartition, ChangelogSystem, CurrentFn, Generation
 from .kafka_checkpoints import KafkaCheckpointStore
-from .kafka_client import KafkaClient, KafkaSettings, client_log, connect_timeout_ms, is_fenced
+from .kafka_client import (
+    CONNECT_FAST,
+    KafkaClient,
+    KafkaSettings,
+    client_log,
+    connect_timeout_ms,
+    is_fenced,
+)
 
 try:
     from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -82,6 +89,7 @@ class _TaskWriter:
             "message.timeout.ms": s.timeout_ms * (s.retries + 1),
             "socket.connection.setup.timeout.ms": connect_timeout_ms(s),
             "logger": client_log,
+            **CONNECT_FAST,
         }
         conf.update(s.producer)
         conf.update({"enable.idempotence": True, "acks": "all", "transactional.id": self.transactional_id})
@@ -453,6 +461,10 @@ class KafkaChangelogSystem(ChangelogSystem):
         if self._generation is None:
             self._generation = self._checkpoints.read_generation(self.job)
         return self._generation
+
+    def generation_known(self) -> bool:
+        """Whether the generation was read (or pinned) already."""
+        return self._generation is not None
 
     def pin_generation(self, generation: Generation) -> None:
         """Read and write ``generation`` from here on (rescale writes the next one with it)."""

@@ -5,6 +5,8 @@ transaction by the task's transactional producer."""
 from __future__ import annotations
 
 import time
+from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from localstate.checkpoint import Checkpoint
@@ -46,7 +48,8 @@ class KafkaCheckpointStore(CheckpointStore):
         checkpoint topic yet: reading would create it)."""
         if not self.system.client.topic_exists(self.topic):
             return Generation()
-        found, _ = self._scan(f"{job}/generation".encode())
+        key = f"{job}/generation".encode()
+        found = self._scan([key])[0][key]
         if not found or found[-1] is None:
             return Generation()
         return Generation.from_bytes(found[-1], f"{job}/generation in kafka topic {self.topic!r}")
@@ -69,11 +72,10 @@ class KafkaCheckpointStore(CheckpointStore):
         if fence:
             s.writer(job, partition)
         s.client.ensure_topic(self.topic, 1, checkpoint=True)
-        key = self._key(job, partition)
         settings = s.settings
         deadline = time.monotonic() + settings.timeout_ms / 1000 * (settings.retries + 1)
         while True:
-            found, end = self._scan(key)
+            found, end, generation = self._scan_task(job, partition)
             # A read_committed reader ends at the last stable offset: an open transaction
             # on this shared topic (another task inside its checkpoint transaction, or one
             # killed there that has not restarted yet) hides every later checkpoint, this
@@ -88,6 +90,8 @@ class KafkaCheckpointStore(CheckpointStore):
                     "broker to abort it (transaction.timeout.ms), then open this task again"
                 )
             time.sleep(0.2)
+        if generation is not None:
+            s.pin_generation(generation)
         if not found or found[-1] is None:
             return None
         where = f"checkpoint of {job}/partition {partition} in kafka topic {self.topic!r}"
@@ -102,21 +106,47 @@ class KafkaCheckpointStore(CheckpointStore):
                 f"state explicitly with `localstate restore --reset STORE` for each store"
             ) from e
 
-    def _scan(self, key: bytes) -> tuple[list[bytes], int]:
-        """The last two committed values of ``key`` and the offset where the read ended."""
+    def _scan_task(self, job: str, partition: int) -> tuple[list[bytes], int, Generation | None]:
+        """The last two committed checkpoints of the task, the offset where the read ended
+        and, when the job's generation was not known yet, its generation: its record is
+        read in the same pass (one read of the shared topic per task open instead of two,
+        and both from one view of the topic)."""
+        s = self.system
+        if job != s.job or s.generation_known():
+            key = self._key(job, partition)
+            found, end = self._scan([key])
+            return found[key], end, None
+        generation_key = f"{job}/generation".encode()
+        # the task's key in any generation: <job>/<p> or <job>.gen<n>/<p>
+        plain, renamed, suffix = f"{job}/{partition}".encode(), f"{job}.gen".encode(), f"/{partition}".encode()
+        found, end = self._scan([generation_key], lambda k: k == plain or (k.startswith(renamed) and k.endswith(suffix)))
+        records = found[generation_key]
+        generation = (Generation() if not records or records[-1] is None
+                      else Generation.from_bytes(records[-1], f"{job}/generation in kafka topic {self.topic!r}"))
+        return found[f"{generation.job(job)}/{partition}".encode()], end, generation
+
+    def _scan(self, keys: list[bytes], also: Callable[[bytes], bool] | None = None
+              ) -> tuple[dict[bytes, list[bytes]], int]:
+        """The last two committed values of each of ``keys`` (and of every key ``also``
+        accepts; any other key maps to ``[]``) and the offset where the read ended."""
         client = self.system.client
-        found: list[bytes] = []
+        found: dict[bytes, list[bytes]] = {k: [] for k in keys}
         end: list[int] = []
         consumer = client.consumer()
         try:
             for msgs, _ in client.scan(consumer, self.topic, 0, 0, eof=end):
                 for m in msgs:
-                    if m.key() == key:
-                        found.append(m.value())
-                        del found[:-2]
+                    key = m.key()
+                    values = found.get(key)
+                    if values is None:
+                        if also is None or key is None or not also(key):
+                            continue
+                        values = found[key] = []
+                    values.append(m.value())
+                    del values[:-2]
         finally:
             consumer.close()
-        return found, end[0] if end else 0
+        return defaultdict(list, found), end[0] if end else 0
 
     def _hidden_after(self, offset: int) -> bool:
         """Whether the topic holds records at or after ``offset`` that a read_committed

@@ -300,10 +300,18 @@ def test_two_stores_two_partitions_share_one_transaction_per_task(kafka_broker, 
             assert (dump(s, "a"), dump(s, "b")) == expected[p]
 
 
+def _write_foreign_record(bootstrap: str, topic: str, key: bytes, value: bytes) -> None:
+    """A record written to partition 0 of ``topic`` by a plain producer (not localstate)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, value, key, 0)
+    assert producer.flush(10) == 0
+
+
 def test_corrupt_latest_checkpoint_is_an_error_not_a_fall_back(kafka_broker):
     """No silent fall-back to the record before: broker compaction may have made that
     older commit unreconstructible (issue 14, case 1)."""
-    from confluent_kafka import Producer
 
     job, topic = unique("job"), unique("ckpt")
     opts = {"bootstrap.servers": kafka_broker, "checkpoint.topic": topic}
@@ -317,9 +325,7 @@ def test_corrupt_latest_checkpoint_is_an_error_not_a_fall_back(kafka_broker):
     system.close()
     assert KafkaChangelogSystem("kafka", opts, job).checkpoints().read(job, 0, fence=False).version == 2
 
-    producer = Producer({"bootstrap.servers": kafka_broker})
-    producer.produce(topic, b"garbage", f"{job}/0".encode(), 0)
-    assert producer.flush(10) == 0
+    _write_foreign_record(kafka_broker, topic, f"{job}/0".encode(), b"garbage")
     reader = KafkaChangelogSystem("kafka", opts, job)
     try:
         with pytest.raises(CorruptionError, match=rf"{job}/partition 0.*--reset"):
@@ -327,6 +333,47 @@ def test_corrupt_latest_checkpoint_is_an_error_not_a_fall_back(kafka_broker):
         assert reader.checkpoints().read(job, 1, fence=False).version == 7  # other tasks unaffected
     finally:
         reader.close()
+
+
+def test_checkpoint_and_generation_are_read_in_one_pass_and_a_corrupt_generation_is_named(kafka_broker):
+    """A fresh system reads the job's generation record and the task's checkpoint from one
+    scan of the shared topic (plus the hidden-transaction check): the checkpoint of the
+    current generation is returned, look-alike keys of other jobs (``<job>.genius/0``) are
+    not taken for it, and a corrupt generation record is a CorruptionError naming it."""
+    from localstate.changelog.base import Generation
+
+    job, topic = unique("job"), unique("ckpt")
+    opts = {"bootstrap.servers": kafka_broker, "checkpoint.topic": topic}
+    writer = KafkaChangelogSystem("kafka", opts, job)
+    try:
+        store = writer.checkpoints()
+        store.write(job, 0, Checkpoint(version=3, input_position="gen0", offsets={"kv": 5}, epoch=1))
+        writer.write_generation(Generation(1, 2, 1, {}))
+        store.write(job, 0, Checkpoint(version=4, input_position="gen1", offsets={"kv": 0}, epoch=1))
+        store.write(f"{job}.genius", 0, Checkpoint(version=99, input_position="other job", offsets={}, epoch=1))
+    finally:
+        writer.close()
+
+    reader = KafkaChangelogSystem("kafka", opts, job)
+    consumers = []
+    make_consumer = reader.client.consumer
+    reader.client.consumer = lambda *a, **k: consumers.append(1) or make_consumer(*a, **k)  # type: ignore[method-assign]
+    try:
+        ckpt = reader.checkpoints().read(job, 0, fence=False)
+        assert (ckpt.version, ckpt.input_position) == (4, "gen1")
+        assert reader.generation().number == 1
+        assert len(consumers) == 2  # the one scan + the hidden-transaction check; no generation scan
+    finally:
+        reader.close()
+
+    _write_foreign_record(kafka_broker, topic, f"{job}/generation".encode(), b"{not json")
+    broken = KafkaChangelogSystem("kafka", opts, job)
+    try:
+        with pytest.raises(CorruptionError, match=rf"{job}/generation in kafka topic .*is corrupt"):
+            broken.checkpoints().read(job, 0, fence=False)
+        assert not broken.generation_known()  # nothing pinned from a failed read
+    finally:
+        broken.close()
 
 
 def _open_checkpoint_transaction(bootstrap: str, topic: str) -> Any:

@@ -256,6 +256,45 @@ def test_kafka_batch_reads_every_record_with_offsets_and_parses_json(sources: An
 
 
 @pytest.mark.kafka
+def test_kafka_reads_over_many_fetch_batches_keep_every_field_and_name_a_bad_record_by_offset(
+    kafka_broker: str,
+) -> None:
+    """The reader takes fetched batches apart into columns as they come (no Message kept):
+    across many consume batches and Arrow batches every key, value, offset and timestamp
+    stays with its record; tombstones are skipped for JSON and a malformed record deep in
+    the range is named by its own offset (the tombstones before it shift the positions)."""
+    from localstate.contrib.spark.sources import kafka as source
+    from localstate.contrib.spark.sources._base import _Range
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    n, bad = 2_345, 1_999
+    topic = _topic(kafka_broker, 1)
+    records = [(0, f"k{i}".encode(), None if i % 97 == 5 else
+                b"{oops" if i == bad else json.dumps({"user_id": f"u{i}", "ts": i}).encode()) for i in range(n)]
+    _produce(kafka_broker, topic, records)  # type: ignore[arg-type]
+    options = {"bootstrap.servers": kafka_broker, "topic": topic}
+    raw = source._KafkaReader(options, StructType([]))
+    old_rows = source._BATCH_ROWS
+    source._BATCH_ROWS = 1_000  # several Arrow batches, each from several consume batches
+    try:
+        batches = list(raw.read(_Range(0, 0, n)))
+        assert len(batches) >= 2
+        rows = [r for b in batches for r in b.to_pylist()]
+        assert [(r["key"], r["value"], r["offset"]) for r in rows] == [(k, v, i) for i, (_, k, v) in enumerate(records)]
+        assert all(r["topic"] == topic and r["partition"] == 0 and r["timestamp"] > 0 for r in rows)
+
+        schema = StructType([StructField("user_id", StringType()), StructField("ts", LongType())])
+        good = source._KafkaReader({**options, "format": "json"}, schema)
+        parsed = [r for b in good.read(_Range(0, 0, bad)) for r in b.to_pylist()]
+        assert [r["ts"] for r in parsed] == [i for i in range(bad) if i % 97 != 5]
+        with pytest.raises(Exception) as e:
+            list(good.read(_Range(0, 0, n)))
+        assert f"offset {bad}" in str(e.value) and "malformed record" in str(e.value)
+    finally:
+        source._BATCH_ROWS = old_rows
+
+
+@pytest.mark.kafka
 def test_kafka_stream_respects_the_read_limit_and_continues_exactly_after_restart(
     sources: Any, kafka_broker: str, tmp_path: Path
 ) -> None:

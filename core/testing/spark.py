@@ -93,7 +93,8 @@ def key_count_task(key: str = "user_id", *, per_record: bool = False) -> type:
             keys = grouped.column("k").to_pylist()
             adds = grouped.column("k_count").to_pylist()
             old = self.counts.get_all(keys)
-            new = [(k, old.get(k, 0) + n) for k, n in zip(keys, adds)] if old else list(zip(keys, adds))
+            # a dict, not pairs: put_all then takes keys and values as they are (no tuple per key)
+            new = dict(zip(keys, [old.get(k, 0) + n for k, n in zip(keys, adds)] if old else adds))
             self.counts.put_all(new)
             self.changed.update(new)
 

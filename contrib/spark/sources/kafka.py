@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
+from confluent_kafka import Message
 from localstate import ChangelogError, ConfigError
 from localstate.changelog.kafka_client import KafkaClient, KafkaSettings
 from localstate.contrib.spark.json_policy import JsonPolicy, read_json_records
@@ -36,6 +37,7 @@ KAFKA_SCHEMA = "key binary, value binary, topic string, partition int, offset lo
 _KAFKA_RANGE = 500_000
 """A Kafka partition's offset range is split into input partitions of this many offsets."""
 _BATCH_ROWS = 100_000
+_key_of, _value_of, _offset_of = Message.key, Message.value, Message.offset
 
 
 _IDLE_CONSUMERS: dict[tuple[Any, ...], Any] = {}
@@ -122,17 +124,19 @@ class _KafkaReader:
         consumer = self._borrow_consumer()
         finished = False
         try:
-            # Messages are kept as they come and turned into columns per Arrow batch, one
-            # comprehension per column (JSON needs only the values): a loop appending four
-            # fields per message cost more than the broker fetch and the JSON parse together.
-            pending: list[Any] = []
+            # Each fetched batch is taken apart into its fields at once (C-level maps), and
+            # only the fields are kept until an Arrow batch is full: a ``Message`` is an
+            # object the cyclic GC tracks, so holding 100k of them made every collection
+            # traverse them (and a loop over messages costs more than the fetch and the
+            # JSON parse together). JSON needs only the values and, for errors, offsets.
+            fields = _Fields(self.json)
             for msgs, _ in self.client.scan(consumer, self.topic, part.part, part.start, part.stop):
-                pending += msgs
-                if len(pending) >= _BATCH_ROWS:
-                    yield self._batch(part.part, pending)
-                    pending = []
-            if pending:
-                yield self._batch(part.part, pending)
+                fields.add(msgs)
+                if len(fields.offsets) >= _BATCH_ROWS:
+                    yield self._batch(part.part, fields)
+                    fields = _Fields(self.json)
+            if fields.offsets:
+                yield self._batch(part.part, fields)
             finished = True
         finally:
             if finished:
@@ -154,32 +158,51 @@ class _KafkaReader:
             spare.close()
         _IDLE_CONSUMERS[self._consumer_key()] = consumer
 
-    def _batch(self, partition: int, msgs: list[Any]) -> pa.RecordBatch:
-        values = [m.value() for m in msgs]
+    def _batch(self, partition: int, fields: _Fields) -> pa.RecordBatch:
+        values, offsets = fields.values, fields.offsets
         if self.json:
             schema = _arrow_schema(self.schema)
             if None in values:  # tombstones carry no record
-                msgs = [m for m, v in zip(msgs, values) if v is not None]
+                offsets = [o for o, v in zip(offsets, values) if v is not None]
                 values = [v for v in values if v is not None]
             table = read_json_records(
                 values, schema, self.policy,
-                lambda i: f"topic {self.topic!r} partition {partition} offset {msgs[i].offset()}", KafkaSource.name(),
+                lambda i: f"topic {self.topic!r} partition {partition} offset {offsets[i]}", KafkaSource.name(),
             )
             return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema)
-        n = len(msgs)
+        n = len(values)
         return pa.RecordBatch.from_arrays(
             [
-                pa.array([m.key() for m in msgs], pa.binary()),
+                pa.array(fields.keys, pa.binary()),
                 pa.array(values, pa.binary()),
                 pa.array([self.topic] * n, pa.string()),
                 pa.array([partition] * n, pa.int32()),
-                pa.array([m.offset() for m in msgs], pa.int64()),
-                pa.array([m.timestamp()[1] for m in msgs], pa.int64()),
+                pa.array(offsets, pa.int64()),
+                pa.array(fields.timestamps, pa.int64()),
             ],
             names=["key", "value", "topic", "partition", "offset", "timestamp"],
         )
 
 
+class _Fields:
+    """The fields of fetched messages, column by column (keys and timestamps only for
+    the raw columns)."""
+
+    __slots__ = ("raw", "values", "offsets", "keys", "timestamps")
+
+    def __init__(self, json: bool) -> None:
+        self.raw = not json
+        self.values: list[bytes | None] = []
+        self.offsets: list[int] = []
+        self.keys: list[bytes | None] = []
+        self.timestamps: list[int] = []
+
+    def add(self, msgs: list[Any]) -> None:
+        self.values += map(_value_of, msgs)
+        self.offsets += map(_offset_of, msgs)
+        if self.raw:
+            self.keys += map(_key_of, msgs)
+            self.timestamps += [m.timestamp()[1] for m in msgs]
 
 
 class KafkaSource(DataSource):
