@@ -48,6 +48,7 @@ from localstate.records import ChangeRecord
 
 from .base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
 from .file_checkpoints import FileCheckpointStore
+from .file_clean import TailClaim, claim_holds, leave_claim, take_claim
 from .format import (
     FLAG_COMPACTED,
     HEADER_SIZE,
@@ -73,6 +74,10 @@ class _Segment:
     path: Path
     next_offset: int
     size: int
+
+
+_UNKNOWN: Any = object()
+"""``FileChangelogPartition._last_batch`` after a rewrite of the segment (no clean-close claim)."""
 
 
 def _segment_path(directory: Path, base: int) -> Path:
@@ -106,6 +111,11 @@ class FileChangelogPartition(ChangelogPartition):
         self._closed = False
         self._torn: tuple[Path, int, int] | None = None  # (segment, byte, offset) of an uncut bad tail
         self._compacted_to = 0  # end offset of the last segment holding a compacted batch
+        # byte position of the last segment's last batch (None: no batch; _UNKNOWN: rewritten
+        # since it was known) and the end offset made durable: a clean close needs both
+        self._last_batch: int | None = _UNKNOWN
+        self._synced_end = 0
+        self._opened = False  # a close after a failed open leaves no claim
         if not readonly:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -113,16 +123,18 @@ class FileChangelogPartition(ChangelogPartition):
                 raise io_error(e, "create changelog directory", self.directory) from e
             self._lock = FileLock(self.directory / ".lock", f"changelog partition {self.directory}")
         try:
-            self._segments = self._recover()
+            # removed before anything can write (the lock is held): see file_clean.py
+            self._segments = self._recover(None if readonly else take_claim(self.directory))
             self._horizon = self._read_horizon()
             self._check_head()
         except BaseException:
             self.close()
             raise
-        self._end = self._segments[-1].next_offset if self._segments else 0
+        self._end = self._synced_end = self._segments[-1].next_offset if self._segments else 0
+        self._opened = True
 
     # -- recovery on open -----------------------------------------------------------------
-    def _recover(self) -> list[_Segment]:
+    def _recover(self, claim: TailClaim | None) -> list[_Segment]:
         if not self.directory.exists():
             return []
         if not self.readonly:
@@ -136,7 +148,13 @@ class FileChangelogPartition(ChangelogPartition):
             except ValueError:
                 raise CorruptionError(f"unexpected file {path} in changelog directory; move it away") from None
             last = i == len(paths) - 1
-            seg = self._scan_segment(path, base, verify=last)
+            if last and claim is not None and claim_holds(path, base, claim):
+                seg = _Segment(base, path, claim.next_offset, claim.size)
+                self._last_batch = claim.last_batch
+                self._compacted_to = max(self._compacted_to, claim.compacted_to)
+                log.debug("changelog %s: active segment as the clean close left it (not re-read)", self.directory)
+            else:
+                seg = self._scan_segment(path, base, verify=last)
             if segments and segments[-1].next_offset != base:
                 raise CorruptionError(
                     f"changelog {self.directory}: offsets {segments[-1].next_offset}..{base - 1} are missing "
@@ -151,6 +169,7 @@ class FileChangelogPartition(ChangelogPartition):
         data = path.read_bytes()
         next_offset = base
         good_end = 0
+        last_batch: int | None = None
         for h, pos in walk(data):
             if h is None or (verify and not check_crc(data, h)) or h.base_offset != next_offset:
                 if not verify:
@@ -171,8 +190,11 @@ class FileChangelogPartition(ChangelogPartition):
                 break
             next_offset = h.next_offset
             good_end = h.end_position
+            last_batch = pos
             if h.flags & FLAG_COMPACTED:
                 self._compacted_to = max(self._compacted_to, h.next_offset)
+        if verify:
+            self._last_batch = last_batch
         return _Segment(base, path, next_offset, good_end)
 
     def _check_head(self) -> None:
@@ -226,6 +248,7 @@ class FileChangelogPartition(ChangelogPartition):
             f.truncate(pos)
             os.fsync(f.fileno())
         self._torn = None
+        self._last_batch = _UNKNOWN
 
     def _open_writer(self) -> BinaryIO:
         if self._torn is not None:
@@ -247,6 +270,7 @@ class FileChangelogPartition(ChangelogPartition):
         except OSError as e:
             raise io_error(e, "create changelog segment", path) from e
         self._segments.append(_Segment(self._end, path, self._end, 0))
+        self._last_batch = None
 
     def append(self, records: list[ChangeRecord]) -> None:
         if not records:
@@ -268,6 +292,7 @@ class FileChangelogPartition(ChangelogPartition):
         self._end += len(records)
         seg = self._segments[-1]
         seg.next_offset = self._end
+        self._last_batch = seg.size
         seg.size += len(data)
 
     def _roll(self) -> None:
@@ -287,6 +312,7 @@ class FileChangelogPartition(ChangelogPartition):
                 os.fsync(w.fileno())
         except OSError as e:
             raise io_error(e, "flush", self._segments[-1].path) from e
+        self._synced_end = self._end
 
     def flush(self) -> int:
         self._check_writable()
@@ -367,6 +393,7 @@ class FileChangelogPartition(ChangelogPartition):
         self._cut_torn_tail()
         if c == self._end:
             return
+        self._last_batch = _UNKNOWN
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -426,6 +453,7 @@ class FileChangelogPartition(ChangelogPartition):
         below the end (its last commit), is never loaded — replaying the empty log over it
         would change nothing and bring the whole state back."""
         self._check_writable()
+        self._last_batch = _UNKNOWN
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -586,8 +614,18 @@ class FileChangelogPartition(ChangelogPartition):
                             self.directory, e)
             self._writer = None
         if self._lock is not None:
+            self._leave_claim()  # while the lock is held: the next opener sees it whole or not at all
             self._lock.release()
             self._lock = None
+
+    def _leave_claim(self) -> None:
+        """Leave the clean-close claim (file_clean.py) when every appended batch was
+        flushed, no torn tail is pending and the last batch's position is known."""
+        if (self.readonly or not self._opened or not self._segments or self._torn is not None or self._last_batch is _UNKNOWN
+                or self._synced_end != self._end):
+            return
+        seg = self._segments[-1]
+        leave_claim(self.directory, seg.path, seg.next_offset, self._last_batch, self._compacted_to, seg.size)
 
 
 @dataclass(frozen=True)
