@@ -6,9 +6,12 @@ Layout under ``systems.<name>.path``::
     <stream>/<partition>/.lock           single-writer lock (flock; holds the pid)
     <stream>/<partition>/<base:020d>.log segments of record batches (see format.py)
     <stream>/<partition>/compaction.json {"tombstone_horizon": offset}
+    <stream>/<partition>/clean.json      the clean-close claim (file_clean.py)
     _checkpoints/<job>/partition-<p>.ckpt (+ .prev)   task checkpoints
 
-On open the active (last) segment is verified batch by batch. A torn or corrupt
+On open the active (last) segment is verified batch by batch, unless the previous close
+was clean and left a claim that still matches the file (``clean.json``, see
+``file_clean.py``: then only its last batch is read and checked). A torn or corrupt
 **tail** is only *noted* on open: it is cut back to the last good batch by
 :meth:`~FileChangelogPartition.discard_tail`, which knows the committed offset, and
 only when every committed record precedes it (a damaged committed batch is an error
