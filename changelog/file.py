@@ -60,6 +60,7 @@ from .format import (
     decode_payload,
     encode_batch,
     find_valid_batch_after,
+    parse_header,
     walk,
 )
 
@@ -169,17 +170,16 @@ class FileChangelogPartition(ChangelogPartition):
         return segments
 
     def _scan_segment(self, path: Path, base: int, *, verify: bool) -> _Segment:
+        """The active segment (``verify``) batch by batch with CRCs, noting a torn tail;
+        an older one from its headers (:meth:`_walk_older_segment`)."""
+        if not verify:
+            return self._walk_older_segment(path, base)
         data = path.read_bytes()
         next_offset = base
         good_end = 0
         last_batch: int | None = None
         for h, pos in walk(data):
-            if h is None or (verify and not check_crc(data, h)) or h.base_offset != next_offset:
-                if not verify:
-                    raise CorruptionError(
-                        f"changelog segment {path} is corrupt at byte {pos} (after offset {next_offset - 1}). "
-                        "Restore it from a backup or rebuild the store from another replica."
-                    )
+            if h is None or not check_crc(data, h) or h.base_offset != next_offset:
                 if find_valid_batch_after(data, pos) is not None:
                     raise CorruptionError(
                         f"changelog segment {path} is corrupt at byte {pos} (offset {next_offset}) and "
@@ -196,9 +196,33 @@ class FileChangelogPartition(ChangelogPartition):
             last_batch = pos
             if h.flags & FLAG_COMPACTED:
                 self._compacted_to = max(self._compacted_to, h.next_offset)
-        if verify:
-            self._last_batch = last_batch
+        self._last_batch = last_batch
         return _Segment(base, path, next_offset, good_end)
+
+    def _walk_older_segment(self, path: Path, base: int) -> _Segment:
+        """An older segment on open, from its batch headers alone (offsets dense, sizes
+        within the file, compaction flags); payload CRCs are checked when batches are
+        read. Reading whole segments here made every open read the whole log."""
+        next_offset, pos = base, 0
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                while pos < size:
+                    f.seek(pos)
+                    h = parse_header(f.read(HEADER_SIZE), 0)
+                    end = pos + HEADER_SIZE + h.payload_len if h is not None else size + 1
+                    if h is None or end > size or h.base_offset != next_offset:
+                        raise CorruptionError(
+                            f"changelog segment {path} is corrupt at byte {pos} (after offset {next_offset - 1}). "
+                            "Restore it from a backup or rebuild the store from another replica."
+                        )
+                    next_offset = h.next_offset
+                    if h.flags & FLAG_COMPACTED:
+                        self._compacted_to = max(self._compacted_to, next_offset)
+                    pos = end
+        except OSError as e:
+            raise io_error(e, "read", path) from e
+        return _Segment(base, path, next_offset, pos)
 
     def _check_head(self) -> None:
         """A log starts at offset 0, or at the horizon a reset (or compaction) recorded:

@@ -1,6 +1,7 @@
-"""The file changelog's clean-close claim (changelog/file_clean.py): a clean close lets the
-next open skip re-reading the active segment; anything short of a clean close, or a file
-changed since, takes the full verification, so torn tails are still found."""
+"""What a file changelog open reads: the active segment is skipped after a clean close
+(the claim, changelog/file_clean.py) and verified in full after anything else, so torn
+tails are still found; older segments are walked from their headers and CRC-checked
+when read."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import pytest
 from localstate.changelog.file import FileChangelogPartition
 from localstate.changelog.file_clean import CLAIM_NAME
+from localstate.errors import CorruptionError
 from localstate.testing.changelog_conformance import records as recs
 
 USED = "as the clean close left it"
@@ -149,3 +151,39 @@ def test_rolled_segments_and_an_empty_active_segment_are_claimed_right(pdir, cap
     q, used = reopen(pdir, caplog, segment_bytes=1024)
     assert used and q.end_offset() == 400 and list(q.read(0, 400)) == []
     q.close()
+
+
+# -- older segments: walked from their headers on open, CRC-checked when read ---------------------
+
+def _older_segment(pdir):
+    closed_cleanly(pdir, count=400, segment_bytes=1024)
+    return sorted(pdir.glob("*.log"))[1]  # neither the first nor the active one
+
+
+def test_a_bad_header_in_an_older_segment_is_refused_on_open_naming_file_and_byte(pdir):
+    segment = _older_segment(pdir)
+    data = bytearray(segment.read_bytes())
+    data[0:2] = b"XX"  # the first batch's magic
+    segment.write_bytes(bytes(data))
+    with pytest.raises(CorruptionError, match=rf"{segment.name} is corrupt at byte 0"):
+        FileChangelogPartition(pdir, segment_bytes=1024)
+
+
+def test_an_older_segment_cut_short_is_refused_on_open(pdir):
+    segment = _older_segment(pdir)
+    with open(segment, "r+b") as f:
+        f.truncate(segment.stat().st_size - 5)
+    with pytest.raises(CorruptionError, match=f"{segment.name} is corrupt at byte"):
+        FileChangelogPartition(pdir, segment_bytes=1024)
+
+
+def test_a_flipped_payload_byte_in_an_older_segment_fails_its_crc_when_read(pdir):
+    segment = _older_segment(pdir)
+    data = bytearray(segment.read_bytes())
+    data[-3] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    p = FileChangelogPartition(pdir, segment_bytes=1024)  # headers intact: the open does not read payloads
+    assert p.end_offset() == 400
+    with pytest.raises(CorruptionError, match="fails its CRC32 check"):
+        list(p.read(0, 400))
+    p.close()
