@@ -83,6 +83,17 @@ def test_a_stored_key_the_serde_cannot_read_is_named_mid_scan() -> None:
         list(it)
 
 
+def test_the_pairs_before_a_bad_one_are_handed_out_before_the_error() -> None:
+    store, engine = _store()
+    data = _windowed(10)
+    store.put_all(data)
+    engine.put(get_serde("tuple").encode((7200, "u999999")), b"short")  # sorts last
+    with store.all() as it:
+        assert [next(it) for _ in range(10)] == sorted(data.items())  # same chunk as the bad pair
+        with pytest.raises(SerializationError, match=r"stored value b'short'"):
+            next(it)
+
+
 def test_a_stored_value_the_serde_cannot_read_is_named_mid_scan() -> None:
     store, engine = _store()
     store.put_all(_windowed(100))

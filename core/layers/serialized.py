@@ -114,9 +114,18 @@ class SerializedStore(ForwardingStore):
         decoded = chain.from_iterable(map(self._decode_chunk, takewhile(len, chunks)))
         return KeyValueIterator(decoded, on_close=pairs.close, what=f"store {self.name!r} iterator")
 
-    def _decode_chunk(self, chunk: list[tuple[bytes, bytes]]) -> zip[tuple[Any, Any]]:
-        keys = self._decode_key_list(list(map(itemgetter(0), chunk)))
-        return zip(keys, self._decode_value_list(list(map(itemgetter(1), chunk))))
+    def _decode_chunk(self, chunk: list[tuple[bytes, bytes]]) -> Iterator[tuple[Any, Any]]:
+        try:
+            keys = self._decode_keys(list(map(itemgetter(0), chunk)))
+            values = self._decode_values(list(map(itemgetter(1), chunk)))
+        except Exception:
+            # pair by pair: the pairs before a bad one are handed out, and the error
+            # (naming the store and the bytes) comes where a pair-by-pair scan raised it
+            return map(self._decode_pair, chunk)
+        return zip(keys, values)
+
+    def _decode_pair(self, kv: tuple[bytes, bytes]) -> tuple[Any, Any]:
+        return self.decode_key(kv[0]), self.decode_value(kv[1])
 
     def encode_keys(self, keys: list[Any]) -> list[bytes]:
         """Every key encoded in one pass; the error names the first bad key."""
@@ -134,12 +143,6 @@ class SerializedStore(ForwardingStore):
             return self._encode_values(values)
         except Exception:
             return list(map(self.encode_value, values))
-
-    def _decode_key_list(self, data: list[bytes]) -> list[Any]:
-        try:
-            return self._decode_keys(data)
-        except Exception:
-            return list(map(self.decode_key, data))
 
     def _decode_value_list(self, data: list[bytes]) -> list[Any]:
         try:
