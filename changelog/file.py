@@ -25,7 +25,7 @@ hard-linked to ``.prev`` before the new one is renamed over it, so no crash leav
 only ``.prev``). A missing or corrupt ``.ckpt`` is damage and an error; ``.prev`` is
 used only when asked (``localstate restore --use-previous-checkpoint``).
 
-Why one module of ~630 lines: it is one concern, the segmented log of a partition,
+Why one module of ~730 lines: it is one concern, the segmented log of a partition,
 read top to bottom in the order of a partition's life (recover on open, append and
 roll, read, cut the tail, reset, verify, compact, close); every method works on the
 same list of segments and its invariants (dense offsets, only the last segment open
