@@ -54,6 +54,8 @@ class TailClaim:
 def take_claim(directory: Path) -> TailClaim | None:
     """The claim a clean close left in ``directory``, removed now; None when there is none
     or it cannot be read or removed (then the open verifies the segment as before)."""
+    for leftover in directory.glob(f"{CLAIM_NAME}.*.tmp"):  # a close that died before its rename
+        leftover.unlink(missing_ok=True)
     path = directory / CLAIM_NAME
     try:
         raw = path.read_bytes()

@@ -125,6 +125,14 @@ def test_a_stale_claim_from_an_earlier_close_does_not_match_a_grown_segment(pdir
     q.close()
 
 
+def test_a_claim_left_half_way_by_a_dead_close_is_removed_on_open(pdir, caplog):
+    closed_cleanly(pdir)
+    (pdir / f"{CLAIM_NAME}.4242.tmp").write_bytes(b'{"segment": "000')  # died before its rename
+    p, used = reopen(pdir, caplog)
+    assert used and not list(pdir.glob(f"{CLAIM_NAME}*"))
+    p.close()
+
+
 def test_unflushed_appends_at_close_leave_no_claim(pdir):
     closed_cleanly(pdir)
     p = FileChangelogPartition(pdir)
