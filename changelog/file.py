@@ -6,9 +6,12 @@ Layout under ``systems.<name>.path``::
     <stream>/<partition>/.lock           single-writer lock (flock; holds the pid)
     <stream>/<partition>/<base:020d>.log segments of record batches (see format.py)
     <stream>/<partition>/compaction.json {"tombstone_horizon": offset}
+    <stream>/<partition>/clean.json      the clean-close claim (file_clean.py)
     _checkpoints/<job>/partition-<p>.ckpt (+ .prev)   task checkpoints
 
-On open the active (last) segment is verified batch by batch. A torn or corrupt
+On open the active (last) segment is verified batch by batch, unless the previous close
+was clean and left a claim that still matches the file (``clean.json``, see
+``file_clean.py``: then only its last batch is read and checked). A torn or corrupt
 **tail** is only *noted* on open: it is cut back to the last good batch by
 :meth:`~FileChangelogPartition.discard_tail`, which knows the committed offset, and
 only when every committed record precedes it (a damaged committed batch is an error
@@ -22,7 +25,7 @@ hard-linked to ``.prev`` before the new one is renamed over it, so no crash leav
 only ``.prev``). A missing or corrupt ``.ckpt`` is damage and an error; ``.prev`` is
 used only when asked (``localstate restore --use-previous-checkpoint``).
 
-Why one module of ~630 lines: it is one concern, the segmented log of a partition,
+Why one module of ~730 lines: it is one concern, the segmented log of a partition,
 read top to bottom in the order of a partition's life (recover on open, append and
 roll, read, cut the tail, reset, verify, compact, close); every method works on the
 same list of segments and its invariants (dense offsets, only the last segment open
@@ -48,6 +51,7 @@ from localstate.records import ChangeRecord
 
 from .base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
 from .file_checkpoints import FileCheckpointStore
+from .file_clean import TailClaim, claim_holds, leave_claim, take_claim
 from .format import (
     FLAG_COMPACTED,
     HEADER_SIZE,
@@ -56,6 +60,7 @@ from .format import (
     decode_payload,
     encode_batch,
     find_valid_batch_after,
+    parse_header,
     walk,
 )
 
@@ -73,6 +78,10 @@ class _Segment:
     path: Path
     next_offset: int
     size: int
+
+
+_UNKNOWN: Any = object()
+"""``FileChangelogPartition._last_batch`` after a rewrite of the segment (no clean-close claim)."""
 
 
 def _segment_path(directory: Path, base: int) -> Path:
@@ -106,6 +115,11 @@ class FileChangelogPartition(ChangelogPartition):
         self._closed = False
         self._torn: tuple[Path, int, int] | None = None  # (segment, byte, offset) of an uncut bad tail
         self._compacted_to = 0  # end offset of the last segment holding a compacted batch
+        # byte position of the last segment's last batch (None: no batch; _UNKNOWN: rewritten
+        # since it was known) and the end offset made durable: a clean close needs both
+        self._last_batch: int | None = _UNKNOWN
+        self._synced_end = 0
+        self._opened = False  # a close after a failed open leaves no claim
         if not readonly:
             try:
                 self.directory.mkdir(parents=True, exist_ok=True)
@@ -113,16 +127,18 @@ class FileChangelogPartition(ChangelogPartition):
                 raise io_error(e, "create changelog directory", self.directory) from e
             self._lock = FileLock(self.directory / ".lock", f"changelog partition {self.directory}")
         try:
-            self._segments = self._recover()
+            # removed before anything can write (the lock is held): see file_clean.py
+            self._segments = self._recover(None if readonly else take_claim(self.directory))
             self._horizon = self._read_horizon()
             self._check_head()
         except BaseException:
             self.close()
             raise
-        self._end = self._segments[-1].next_offset if self._segments else 0
+        self._end = self._synced_end = self._segments[-1].next_offset if self._segments else 0
+        self._opened = True
 
     # -- recovery on open -----------------------------------------------------------------
-    def _recover(self) -> list[_Segment]:
+    def _recover(self, claim: TailClaim | None) -> list[_Segment]:
         if not self.directory.exists():
             return []
         if not self.readonly:
@@ -136,7 +152,13 @@ class FileChangelogPartition(ChangelogPartition):
             except ValueError:
                 raise CorruptionError(f"unexpected file {path} in changelog directory; move it away") from None
             last = i == len(paths) - 1
-            seg = self._scan_segment(path, base, verify=last)
+            if last and claim is not None and claim_holds(path, base, claim):
+                seg = _Segment(base, path, claim.next_offset, claim.size)
+                self._last_batch = claim.last_batch
+                self._compacted_to = max(self._compacted_to, claim.compacted_to)
+                log.debug("changelog %s: active segment as the clean close left it (not re-read)", self.directory)
+            else:
+                seg = self._scan_segment(path, base, verify=last)
             if segments and segments[-1].next_offset != base:
                 raise CorruptionError(
                     f"changelog {self.directory}: offsets {segments[-1].next_offset}..{base - 1} are missing "
@@ -148,16 +170,16 @@ class FileChangelogPartition(ChangelogPartition):
         return segments
 
     def _scan_segment(self, path: Path, base: int, *, verify: bool) -> _Segment:
+        """The active segment (``verify``) batch by batch with CRCs, noting a torn tail;
+        an older one from its headers (:meth:`_walk_older_segment`)."""
+        if not verify:
+            return self._walk_older_segment(path, base)
         data = path.read_bytes()
         next_offset = base
         good_end = 0
+        last_batch: int | None = None
         for h, pos in walk(data):
-            if h is None or (verify and not check_crc(data, h)) or h.base_offset != next_offset:
-                if not verify:
-                    raise CorruptionError(
-                        f"changelog segment {path} is corrupt at byte {pos} (after offset {next_offset - 1}). "
-                        "Restore it from a backup or rebuild the store from another replica."
-                    )
+            if h is None or not check_crc(data, h) or h.base_offset != next_offset:
                 if find_valid_batch_after(data, pos) is not None:
                     raise CorruptionError(
                         f"changelog segment {path} is corrupt at byte {pos} (offset {next_offset}) and "
@@ -171,9 +193,36 @@ class FileChangelogPartition(ChangelogPartition):
                 break
             next_offset = h.next_offset
             good_end = h.end_position
+            last_batch = pos
             if h.flags & FLAG_COMPACTED:
                 self._compacted_to = max(self._compacted_to, h.next_offset)
+        self._last_batch = last_batch
         return _Segment(base, path, next_offset, good_end)
+
+    def _walk_older_segment(self, path: Path, base: int) -> _Segment:
+        """An older segment on open, from its batch headers alone (offsets dense, sizes
+        within the file, compaction flags); payload CRCs are checked when batches are
+        read. Reading whole segments here made every open read the whole log."""
+        next_offset, pos = base, 0
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                while pos < size:
+                    f.seek(pos)
+                    h = parse_header(f.read(HEADER_SIZE), 0)
+                    end = pos + HEADER_SIZE + h.payload_len if h is not None else size + 1
+                    if h is None or end > size or h.base_offset != next_offset:
+                        raise CorruptionError(
+                            f"changelog segment {path} is corrupt at byte {pos} (after offset {next_offset - 1}). "
+                            "Restore it from a backup or rebuild the store from another replica."
+                        )
+                    next_offset = h.next_offset
+                    if h.flags & FLAG_COMPACTED:
+                        self._compacted_to = max(self._compacted_to, next_offset)
+                    pos = end
+        except OSError as e:
+            raise io_error(e, "read", path) from e
+        return _Segment(base, path, next_offset, pos)
 
     def _check_head(self) -> None:
         """A log starts at offset 0, or at the horizon a reset (or compaction) recorded:
@@ -226,6 +275,7 @@ class FileChangelogPartition(ChangelogPartition):
             f.truncate(pos)
             os.fsync(f.fileno())
         self._torn = None
+        self._last_batch = _UNKNOWN
 
     def _open_writer(self) -> BinaryIO:
         if self._torn is not None:
@@ -247,6 +297,7 @@ class FileChangelogPartition(ChangelogPartition):
         except OSError as e:
             raise io_error(e, "create changelog segment", path) from e
         self._segments.append(_Segment(self._end, path, self._end, 0))
+        self._last_batch = None
 
     def append(self, records: list[ChangeRecord]) -> None:
         if not records:
@@ -268,6 +319,7 @@ class FileChangelogPartition(ChangelogPartition):
         self._end += len(records)
         seg = self._segments[-1]
         seg.next_offset = self._end
+        self._last_batch = seg.size
         seg.size += len(data)
 
     def _roll(self) -> None:
@@ -287,6 +339,7 @@ class FileChangelogPartition(ChangelogPartition):
                 os.fsync(w.fileno())
         except OSError as e:
             raise io_error(e, "flush", self._segments[-1].path) from e
+        self._synced_end = self._end
 
     def flush(self) -> int:
         self._check_writable()
@@ -367,6 +420,7 @@ class FileChangelogPartition(ChangelogPartition):
         self._cut_torn_tail()
         if c == self._end:
             return
+        self._last_batch = _UNKNOWN
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -426,6 +480,7 @@ class FileChangelogPartition(ChangelogPartition):
         below the end (its last commit), is never loaded — replaying the empty log over it
         would change nothing and bring the whole state back."""
         self._check_writable()
+        self._last_batch = _UNKNOWN
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -586,8 +641,18 @@ class FileChangelogPartition(ChangelogPartition):
                             self.directory, e)
             self._writer = None
         if self._lock is not None:
+            self._leave_claim()  # while the lock is held: the next opener sees it whole or not at all
             self._lock.release()
             self._lock = None
+
+    def _leave_claim(self) -> None:
+        """Leave the clean-close claim (file_clean.py) when every appended batch was
+        flushed, no torn tail is pending and the last batch's position is known."""
+        if (self.readonly or not self._opened or not self._segments or self._torn is not None or self._last_batch is _UNKNOWN
+                or self._synced_end != self._end):
+            return
+        seg = self._segments[-1]
+        leave_claim(self.directory, seg.path, seg.next_offset, self._last_batch, self._compacted_to, seg.size)
 
 
 @dataclass(frozen=True)

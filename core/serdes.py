@@ -12,7 +12,7 @@ import json
 import math
 import pickle
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
@@ -241,29 +241,35 @@ def _tuple_encode(t: Any) -> bytes:
     return bytes(out)
 
 
-def _escaped_column(raw: Sequence[bytes], tag: bytes) -> list[Any]:
-    """Row pieces of a str/bytes column: the tag, the escaped bodies, the terminators."""
-    if b"\x00" in b"".join(raw):
-        raw = [x.replace(b"\x00", b"\x00\xff") for x in raw]
-    return [repeat(tag), raw, repeat(b"\x00")]
+_ESCAPED_TAGS = {str: _T_STR, bytes: _T_BYTES}
+_TAGGED_Q_TAG = struct.Struct(">BQB")  # an int element and the tag of the str/bytes element after it
 
 
-def _column_pieces(column: list[Any]) -> list[Any] | None:
-    """The encoding of one tuple position across many tuples, as row pieces (lists or
-    ``repeat`` objects), when every element there is exactly int, str or bytes; else None."""
+def _column_kind(column: list[Any]) -> type | None:
+    """The one exact type of a tuple position across many tuples, when it is int, str or bytes."""
     kinds = set(map(type, column))
-    if len(kinds) != 1:
-        return None
-    kind = kinds.pop()
+    kind = kinds.pop() if len(kinds) == 1 else None
+    return kind if kind is int or kind in _ESCAPED_TAGS else None
+
+
+def _column_pieces(column: list[Any], kind: type, next_kind: type | None, tagged: bool) -> list[Any] | None:
+    """The encoding of one tuple position across many tuples, as row pieces (lists or
+    ``repeat`` objects); None when an int does not fit in 64 bits.
+
+    An int column packs the tag of a str/bytes column after it into its own piece, and
+    that column (``tagged``) then adds no tag piece: one piece fewer to join per row."""
     if kind is int:
         if min(column) < -_BIAS or max(column) >= _BIAS:
             return None  # the per-item encoder names the element that does not fit
-        return [list(map(_TAGGED_Q.pack, repeat(_T_INT), map(_BIAS.__add__, column)))]
-    if kind is str:
-        return _escaped_column(list(map(str.encode, column)), b"\x40")
-    if kind is bytes:
-        return _escaped_column(column, b"\x30")
-    return None
+        biased = map(_BIAS.__add__, column)
+        if next_kind in _ESCAPED_TAGS:
+            return [list(map(_TAGGED_Q_TAG.pack, repeat(_T_INT), biased, repeat(_ESCAPED_TAGS[next_kind])))]
+        return [list(map(_TAGGED_Q.pack, repeat(_T_INT), biased))]
+    raw = list(map(str.encode, column)) if kind is str else column
+    if b"\x00" in b"".join(raw):
+        raw = [x.replace(b"\x00", b"\x00\xff") for x in raw]
+    body = [raw, repeat(b"\x00")]
+    return body if tagged else [repeat(bytes((_ESCAPED_TAGS[kind],))), *body]
 
 
 def _tuple_encode_many(items: list[Any]) -> list[bytes]:
@@ -273,14 +279,18 @@ def _tuple_encode_many(items: list[Any]) -> list[bytes]:
     if len(items) >= 16 and _all_of_type(items, tuple):
         widths = set(map(len, items))
         if len(widths) == 1 and (width := widths.pop()) > 0:
-            pieces: list[Any] = []
-            for i in range(width):
-                encoded = _column_pieces(list(map(itemgetter(i), items)))
-                if encoded is None:
-                    break
-                pieces += encoded
-            else:
-                return list(map(b"".join, zip(*pieces)))
+            columns = [list(map(itemgetter(i), items)) for i in range(width)]
+            kinds = list(map(_column_kind, columns))
+            if None not in kinds:
+                pieces: list[Any] = []
+                for i, column in enumerate(columns):
+                    encoded = _column_pieces(column, kinds[i], kinds[i + 1] if i + 1 < width else None,
+                                             tagged=i > 0 and kinds[i - 1] is int)
+                    if encoded is None:
+                        break
+                    pieces += encoded
+                else:
+                    return list(map(b"".join, zip(*pieces)))
     return list(map(_tuple_encode, items))
 
 

@@ -37,6 +37,7 @@ a window that was already emitted is late: it is dropped and counted in
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ CLOCK_WINDOW = -1
 _WATERMARK = (CLOCK_WINDOW, "watermark")
 _EMITTED_BEFORE = (CLOCK_WINDOW, "emitted_before")
 _FORMER_CLOCK_STORE = "clock"
+_SCAN_CHUNK = 65_536
 
 
 class PageViewsPerHour(StreamTask):
@@ -218,14 +220,16 @@ class PageViewsPerHour(StreamTask):
             closes = pc.less(pending.column("w"), boundary)
             self._add_to_store(pending.filter(pc.invert(closes)))
             closing.append(pending.filter(closes))
+        stored: list[tuple[tuple[int, str], int]] = []
         with self.hourly.range((CLOCK_WINDOW + 1,), (boundary,)) as closed:
-            stored = list(closed)
+            while chunk := closed.take(_SCAN_CHUNK):  # whole chunks: no Python call per pair
+                stored += chunk
         if stored:
-            keys = [key for key, _ in stored]
+            keys = list(map(itemgetter(0), stored))
             closing.append(pa.table({
-                "w": pa.array([key[0] for key in keys], pa.int64()),
-                "u": pa.array([key[1] for key in keys], pa.string()),
-                "n": pa.array([count for _, count in stored], pa.int64()),
+                "w": pa.array(list(map(itemgetter(0), keys)), pa.int64()),
+                "u": pa.array(list(map(itemgetter(1), keys)), pa.string()),
+                "n": pa.array(list(map(itemgetter(1), stored)), pa.int64()),
             }))
             self.hourly.delete_all(keys)
         closing = [t for t in closing if t.num_rows]

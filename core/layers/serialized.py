@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from itertools import compress, repeat
-from operator import is_, is_not
+from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain, compress, repeat, takewhile
+from operator import is_, is_not, itemgetter, ne
 from typing import Any
 
 from ..errors import InvalidValueError, SerializationError
@@ -16,6 +16,11 @@ from .forwarding import ForwardingStore
 __all__ = ["SerializedStore"]
 
 log = logging.getLogger("localstate")
+
+
+def _scan_chunk_sizes() -> Iterator[int]:
+    """Pairs a scan decodes per step: few first (a probe takes one pair), then many."""
+    return chain((16, 256), repeat(4096))
 
 
 class SerializedStore(ForwardingStore):
@@ -33,6 +38,7 @@ class SerializedStore(ForwardingStore):
         self._encode_keys = encoder_of_many(key_serde)
         self._encode_values = encoder_of_many(msg_serde)
         self._decode_values = decoder_of_many(msg_serde)
+        self._decode_keys = decoder_of_many(key_serde)
         self._warned_unordered = False
         # bytes in, bytes out: scans hand the engine's pairs up undecoded (no call per pair)
         self._decodes = not (key_serde.name == msg_serde.name == "bytes")
@@ -95,11 +101,31 @@ class SerializedStore(ForwardingStore):
                 f"{self.key_serde.name!r}: {e}. Was the store written with another key.serde?"
             ) from e
 
+    def _decoded(self, pairs: KeyValueIterator[bytes, bytes]) -> KeyValueIterator[Any, Any]:
+        """The decoded pairs of a scan, decoded a chunk at a time (one ``decode_many``
+        pass per chunk for the keys and one for the values, no Python call per pair).
+
+        Chunks start small and grow (:func:`_scan_chunk_sizes`), so a probe that takes one
+        pair decodes a handful, not thousands; the engine's scan reads from its snapshot,
+        so reading ahead within a chunk sees nothing a pair-by-pair scan would not."""
+        if not self._decodes:
+            return pairs
+        chunks = map(pairs.take, _scan_chunk_sizes())
+        decoded = chain.from_iterable(map(self._decode_chunk, takewhile(len, chunks)))
+        return KeyValueIterator(decoded, on_close=pairs.close, what=f"store {self.name!r} iterator")
+
+    def _decode_chunk(self, chunk: list[tuple[bytes, bytes]]) -> Iterator[tuple[Any, Any]]:
+        try:
+            keys = self._decode_keys(list(map(itemgetter(0), chunk)))
+            values = self._decode_values(list(map(itemgetter(1), chunk)))
+        except Exception:
+            # pair by pair: the pairs before a bad one are handed out, and the error
+            # (naming the store and the bytes) comes where a pair-by-pair scan raised it
+            return map(self._decode_pair, chunk)
+        return zip(keys, values)
+
     def _decode_pair(self, kv: tuple[bytes, bytes]) -> tuple[Any, Any]:
         return self.decode_key(kv[0]), self.decode_value(kv[1])
-
-    def _decoded(self, pairs: KeyValueIterator[bytes, bytes]) -> KeyValueIterator[Any, Any]:
-        return pairs.map(self._decode_pair) if self._decodes else pairs
 
     def encode_keys(self, keys: list[Any]) -> list[bytes]:
         """Every key encoded in one pass; the error names the first bad key."""
@@ -178,7 +204,9 @@ class SerializedStore(ForwardingStore):
             entries = entries if isinstance(entries, list) else list(entries)
             if not entries:
                 return
-            keys, values = map(list, zip(*entries))
+            self._check_pairs(entries)
+            # two C-level passes; ``zip(*entries)`` would build one call argument per pair
+            keys, values = list(map(itemgetter(0), entries)), list(map(itemgetter(1), entries))
         if any(map(is_, values, repeat(None))):
             k = keys[list(map(is_, values, repeat(None))).index(True)]
             reject_none(self.name, k, None)
@@ -186,6 +214,18 @@ class SerializedStore(ForwardingStore):
             return
         # a dict, not a list of pairs: no tuple per record (and later pairs for one key win)
         self.inner.put_all(dict(zip(self.encode_keys(keys), self._encode_value_list(values))))
+
+    def _check_pairs(self, entries: list[Any]) -> None:
+        """Refuse a put_all entry that is not a ``(key, value)`` pair, naming it."""
+        try:
+            if not any(map(ne, map(len, entries), repeat(2))):
+                return
+        except TypeError:
+            pass  # an entry without a length
+        bad = next(e for e in entries if not isinstance(e, (tuple, list)) or len(e) != 2)
+        raise InvalidValueError(
+            f"store {self.name!r}: put_all takes a mapping or (key, value) pairs; got the entry {bad!r}"
+        )
 
     def delete(self, key: Any) -> None:
         self.inner.delete(self.encode_key(key))
