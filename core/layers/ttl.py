@@ -54,7 +54,7 @@ from typing import Any, Literal
 from ..errors import ConfigError, InvalidValueError
 from ..faults import fault_point
 from ..kv import KeyValueIterator, KeyValueStore, reject_none
-from ..serdes import Serde, decoder_of_many, encoder_of_many
+from ..serdes import Serde, decoder_of_many, prefixed_encoder_of_many
 from .cached import CachedStore
 from .forwarding import ForwardingStore
 
@@ -128,7 +128,7 @@ class TtlPolicy:
 def ttl_serde(inner: Serde) -> Serde:
     """The value serde of a TTL store: ``(expiry_ms, value)`` ↔ 8-byte expiry + ``inner`` bytes."""
     encode, decode = inner.encode, inner.decode
-    encode_many, decode_many = encoder_of_many(inner), decoder_of_many(inner)
+    encode_many_after, decode_many = prefixed_encoder_of_many(inner), decoder_of_many(inner)
     pack, unpack_from = _EXPIRY.pack, _EXPIRY.unpack_from
 
     def enc(pair: tuple[int, Any]) -> bytes:
@@ -138,8 +138,7 @@ def ttl_serde(inner: Serde) -> Serde:
         return unpack_from(data)[0], decode(data[EXPIRY_BYTES:])
 
     def enc_many(pairs: list[tuple[int, Any]]) -> list[bytes]:
-        encoded = encode_many(list(map(_SECOND, pairs)))
-        return list(map(bytes.__add__, map(pack, map(_FIRST, pairs)), encoded))
+        return encode_many_after(map(pack, map(_FIRST, pairs)), list(map(_SECOND, pairs)))
 
     def dec_many(items: list[bytes]) -> list[tuple[int, Any]]:
         values = decode_many([b[EXPIRY_BYTES:] for b in items])
