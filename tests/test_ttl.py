@@ -230,6 +230,17 @@ def test_a_damaged_value_without_its_expiry_is_a_clear_error(make_config):
 
 
 @pytest.mark.parametrize("cache", [0, 16])
+def test_a_damaged_value_after_a_good_expiry_is_a_clear_error(make_config, cache):
+    """The pair is decoded inline on a read (TtlSerializedStore.get): a value whose expiry
+    parses but whose own bytes do not still names the store and the pair serde."""
+    import struct
+    with TaskStorage(make_config(s=ttl_store(**{"ttl.time": "processing", "object.cache.size": cache}))) as st:
+        st.engine("s").put(b"k", struct.pack(">q", 1 << 62) + b"{not json")
+        with pytest.raises(Exception, match=r"store 's'.*cannot be decoded by serde 'ttl\+json'"):
+            st.store("s").get("k")
+
+
+@pytest.mark.parametrize("cache", [0, 16])
 def test_a_value_its_serde_cannot_encode_is_refused_at_the_put_naming_store_and_key(make_config, cache):
     from localstate import SerializationError
 

@@ -18,7 +18,7 @@ from .logged import LoggedStore
 from .metered import MeteredStore
 from .readonly import ReadOnlyStore
 from .serialized import SerializedStore
-from .ttl import TtlPolicy, TtlStore, ttl_serde, wall_clock_ns
+from .ttl import TtlPolicy, TtlSerializedStore, TtlStore, wall_clock_ns
 
 __all__ = [
     "build_store",
@@ -82,19 +82,22 @@ def build_store(
 
     Each layer is present only when asked for: no logger → no logging layer, no serdes
     → bytes in and out, ``cache_size == 0`` → no cache, ``metered=False`` → no counters,
-    no ``ttl`` → no expiry (with one, the value serde is wrapped by :func:`ttl_serde`
-    so the expiry is stored and logged with the value, and ``clock`` gives "now" in ns).
+    no ``ttl`` → no expiry (with one, the serialized layer is a :class:`TtlSerializedStore`
+    storing :func:`~.ttl.ttl_serde` pairs, so the expiry is stored and logged with the
+    value, and ``clock`` gives "now" in ns).
     """
     metrics = metrics or StoreMetrics()
     engine.name = name
     value_serde = msg_serde
+    serialized: KeyValueStore[Any, Any]
     if ttl is not None:
         from ..serdes import get_serde
 
         value_serde = msg_serde or get_serde("bytes")
-        msg_serde = ttl_serde(value_serde)
-        key_serde = key_serde or get_serde("bytes")
-    serialized = maybe_serializing(maybe_logging(engine, logger), key_serde, msg_serde, name)
+        serialized = TtlSerializedStore(maybe_logging(engine, logger), key_serde or get_serde("bytes"),
+                                        value_serde, name)
+    else:
+        serialized = maybe_serializing(maybe_logging(engine, logger), key_serde, msg_serde, name)
     codec = serialized if isinstance(serialized, SerializedStore) else None
     store = maybe_caching(serialized, cache_size, batch_size, name, metrics, codec)
     if ttl is not None:

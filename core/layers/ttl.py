@@ -57,8 +57,9 @@ from ..kv import KeyValueIterator, KeyValueStore, reject_none
 from ..serdes import Serde, decoder_of_many, prefixed_encoder_of_many
 from .cached import CachedStore
 from .forwarding import ForwardingStore
+from .serialized import SerializedStore
 
-__all__ = ["TtlPolicy", "TtlStore", "ttl_serde", "wall_clock_ms", "wall_clock_ns", "EXPIRY_BYTES"]
+__all__ = ["TtlPolicy", "TtlStore", "TtlSerializedStore", "ttl_serde", "wall_clock_ms", "wall_clock_ns", "EXPIRY_BYTES"]
 
 EXPIRY_BYTES = 8
 _EXPIRY = struct.Struct(">q")  # signed: an event-time expiry may be before the epoch
@@ -145,6 +146,34 @@ def ttl_serde(inner: Serde) -> Serde:
         return list(zip(map(_FIRST, map(unpack_from, items)), values))
 
     return Serde(f"ttl+{inner.name}", enc, dec, False, enc_many, dec_many)
+
+
+class TtlSerializedStore(SerializedStore):
+    """The serialized layer of a TTL store: values are :func:`ttl_serde` pairs of
+    ``value_serde``. Its ``get`` builds the ``(expiry, value)`` pair inline rather than
+    through the pair serde's decoder: a read miss is the per-record read path of a cached
+    TTL store, and that call was ~4% of it. A stored value that does not decode raises the
+    standard error through :meth:`decode_value`, as the plain layer's ``get`` does."""
+
+    def __init__(self, inner: KeyValueStore[bytes, bytes], key_serde: Serde, value_serde: Serde, name: str) -> None:
+        super().__init__(inner, key_serde, ttl_serde(value_serde), name)
+        self._value_decode = value_serde.decode
+        self._unpack_expiry = _EXPIRY.unpack_from
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        try:  # as SerializedStore.get: the serde's encoder inline, encode_key names a bad key
+            if key is None:
+                raise TypeError("None")
+            encoded = self.key_serde.encode(key)
+        except Exception:
+            encoded = self.encode_key(key)
+        data = self.inner.get(encoded)
+        if data is None:
+            return default
+        try:
+            return self._unpack_expiry(data)[0], self._value_decode(data[8:])  # 8: EXPIRY_BYTES
+        except Exception:
+            return self.decode_value(data)
 
 
 def _unique(keys: list[Any]) -> list[Any]:
