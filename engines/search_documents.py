@@ -25,7 +25,7 @@ import math
 import struct
 from binascii import b2a_base64
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from itertools import chain
 from operator import add, itemgetter, methodcaller
@@ -39,7 +39,7 @@ from localstate.serdes import Serde, encoder_of_many
 
 from .search_schema import DOC_FIELD, ID_FIELD, FieldSpec
 
-__all__ = ["DocumentBuilder", "TantivyInput", "add_to", "id_term", "pack", "unpack"]
+__all__ = ["DocumentBuilder", "TantivyInput", "add_to", "id_term", "pack", "pack_many", "unpack"]
 
 TantivyInput = tantivy.Document | str
 """What goes to the tantivy writer for one document: a ``Document``, or its JSON text."""
@@ -79,6 +79,11 @@ _base64 = partial(b2a_base64, newline=False)
 def pack(key: bytes, encoded: bytes) -> bytes:
     """The stored ``_doc`` value of document ``key`` (see the module docstring)."""
     return _KEY_LENGTH.pack(len(key)) + key + encoded
+
+
+def pack_many(keys: Iterable[bytes], encoded: Iterable[bytes]) -> Iterator[bytes]:
+    """:func:`pack` of each ``(key, encoded)``, lazily and in C-level passes (the bulk paths)."""
+    return map(add, map(add, map(_KEY_LENGTH.pack, map(len, keys)), keys), encoded)
 
 
 def unpack(stored: bytes) -> tuple[bytes, bytes]:
@@ -185,7 +190,7 @@ class DocumentBuilder:
         while adding, so a batch must be known good before its first document is added."""
         if self.document_format != "json" or not self._plain_values(docs) or b"{}" in encoded:
             return None  # (an empty document has no field to append after)
-        packed = map(add, map(add, map(_KEY_LENGTH.pack, map(len, keys)), keys), encoded)
+        packed = pack_many(keys, encoded)
         parts = zip(map(_without_last, encoded), map(orjson.dumps, map(id_term, keys)), map(_base64, packed))
         return list(map(bytes.decode, map(_TANTIVY_JSON, parts)))
 
@@ -238,7 +243,7 @@ class DocumentBuilder:
         """:meth:`tantivy_doc` of each document, in bulk (one at a time if any fails)."""
         if not self._floats:
             from_dict, schema = tantivy.Document.from_dict, self.schema
-            packed = map(add, map(add, map(_KEY_LENGTH.pack, map(len, keys)), keys), encoded)
+            packed = pack_many(keys, encoded)
             try:
                 return [
                     from_dict({**doc, ID_FIELD: doc_id, DOC_FIELD: stored}, schema)
@@ -286,7 +291,7 @@ class DocumentBuilder:
                         pass  # (a wrong type, a None field, not JSON) the single path names or repairs it
             elif fast:
                 try:
-                    add(from_dict({**decode(value), ID_FIELD: key.decode("latin-1"), DOC_FIELD: pack(key, value)},
+                    add(from_dict({**decode(value), ID_FIELD: id_term(key), DOC_FIELD: pack(key, value)},
                                   schema))
                     continue
                 except Exception:
