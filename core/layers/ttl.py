@@ -158,7 +158,6 @@ class TtlSerializedStore(SerializedStore):
     def __init__(self, inner: KeyValueStore[bytes, bytes], key_serde: Serde, value_serde: Serde, name: str) -> None:
         super().__init__(inner, key_serde, ttl_serde(value_serde), name)
         self._value_decode = value_serde.decode
-        self._unpack_expiry = _EXPIRY.unpack_from
 
     def get(self, key: Any, default: Any = None) -> Any:
         try:  # as SerializedStore.get: the serde's encoder inline, encode_key names a bad key
@@ -171,7 +170,7 @@ class TtlSerializedStore(SerializedStore):
         if data is None:
             return default
         try:
-            return self._unpack_expiry(data)[0], self._value_decode(data[8:])  # 8: EXPIRY_BYTES
+            return _EXPIRY.unpack_from(data)[0], self._value_decode(data[EXPIRY_BYTES:])
         except Exception:
             return self.decode_value(data)
 
