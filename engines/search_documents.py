@@ -27,7 +27,7 @@ from binascii import b2a_base64
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from itertools import chain
+from itertools import chain, repeat
 from operator import add, itemgetter, methodcaller
 from typing import Any
 
@@ -73,6 +73,10 @@ _ABSENT = {"text": "", "string": "", "int": 0, "float": 0.0}
 _without_last = itemgetter(slice(None, -1))
 _TANTIVY_JSON = b'%b,"_id":%b,"_doc":"%b"}'.__mod__
 """A document's JSON without its closing brace, its JSON ``_id`` term, its base64 ``_doc``."""
+_TANTIVY_JSON_PLAIN_ID = b'%b,"_id":"%b","_doc":"%b"}'.__mod__
+"""The same with the key itself between the quotes of ``_id``: for keys of plain bytes only."""
+_PLAIN_ID_BYTES = bytes(b for b in range(0x20, 0x7F) if b not in b'"\\')
+"""Bytes that stand for themselves inside a JSON string (as their latin-1 ``_id`` term)."""
 _base64 = partial(b2a_base64, newline=False)
 
 
@@ -190,9 +194,14 @@ class DocumentBuilder:
         while adding, so a batch must be known good before its first document is added."""
         if self.document_format != "json" or not self._plain_values(docs) or b"{}" in encoded:
             return None  # (an empty document has no field to append after)
-        packed = pack_many(keys, encoded)
-        parts = zip(map(_without_last, encoded), map(orjson.dumps, map(id_term, keys)), map(_base64, packed))
-        return list(map(bytes.decode, map(_TANTIVY_JSON, parts)))
+        packed = map(_base64, pack_many(keys, encoded))
+        if b"".join(keys).translate(None, _PLAIN_ID_BYTES):  # a key needs JSON escapes in its _id
+            parts = zip(map(_without_last, encoded), map(orjson.dumps, map(id_term, keys)), packed)
+            return list(map(bytes.decode, map(_TANTIVY_JSON, parts)))
+        # every key is printable ASCII without '"' or '\\' (e.g. any string id of that kind):
+        # it goes between the quotes as it is, without a str and an orjson call per document
+        # (-20% of this method's time, "Search indexing, session 4")
+        return list(map(bytes.decode, map(_TANTIVY_JSON_PLAIN_ID, zip(map(_without_last, encoded), keys, packed))))
 
     def _plain_values(self, docs: Sequence[dict[str, Any]]) -> bool:
         """Whether every schema field of every document is absent or a value of its
@@ -200,7 +209,8 @@ class DocumentBuilder:
         one C-level pass per schema field over the batch."""
         for f in self._fields:
             allowed = _JSON_TYPES[f.type]
-            values = list(map(methodcaller("get", f.name, _ABSENT[f.type]), docs))
+            # dict.get over repeat(): a third of the time of a methodcaller("get", ...) pass
+            values = list(map(dict.get, docs, repeat(f.name), repeat(_ABSENT[f.type])))
             types = set(map(type, values))
             if list in types and f.type in ("text", "string"):
                 types.discard(list)

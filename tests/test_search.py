@@ -584,8 +584,11 @@ def test_bulk_index_all_with_one_bad_document_or_id_changes_nothing(tmp_path):
             with pytest.raises(error, match=message):
                 p.index_all(good[:7] + [bad_pair] + good[7:])
             assert pending() == 0 and len(p) == 0 and p.get("g0") is None
-        with pytest.raises(InvalidValueError, match="pairs"):
-            p.index_all([("g1", {"name": "a"}, "extra")])
+        for not_pairs in ([("g1", {"name": "a"}, "extra")], good[:3] + [("g1", {"name": "a"}, "extra")] + good[3:],
+                          good[:3] + [7], [("g1",)]):
+            with pytest.raises(InvalidValueError, match="pairs"):
+                p.index_all(not_pairs)  # (a longer item among pairs was once indexed without its extra)
+            assert pending() == 0 and len(p) == 0
         # duplicates in one big batch: the last write of an id wins, once
         p.index_all(good + [("g3", {"name": "third again"})])
         assert len(p) == 10 and p.get("g3") == {"name": "third again"}

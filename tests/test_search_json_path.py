@@ -77,6 +77,39 @@ def test_a_bulk_batch_indexes_like_one_document_at_a_time(tmp_path, docs):
         assert bulk.get("plain") == TRICKY["plain"]  # not shadowed by the other's own "_id" field
 
 
+PLAIN_IDS = ["user-1", " ~!#$%&'()*+,-./09:;<=>?@AZ[]^_`az{|}", "x"]
+"""Ids of printable ASCII without '"' or '\\': their bytes go between the quotes of ``_id`` as they are."""
+ESCAPED_IDS = ["tab\there", "new\nline", "del\x7f", "nul\x00", 'q"uote', "back\\slash", "é"]
+"""Ids whose JSON string needs escapes (or is not ASCII): one of them sends the batch to orjson."""
+
+
+@pytest.mark.parametrize("ids", [PLAIN_IDS, PLAIN_IDS + ESCAPED_IDS[:1], ESCAPED_IDS + PLAIN_IDS],
+                         ids=["plain ids", "one escaped id", "mixed"])
+def test_the_id_of_the_json_text_is_the_id_term_of_the_key(tmp_path, ids):
+    """The JSON text of a batch of plain ids (key bytes copied) is the same text as the one
+    built with orjson per id; any other batch is built with orjson. Either way the ``_id``
+    term is exact: a rewrite replaces (the delete finds it), a delete removes, get finds."""
+    from localstate.engines.search_documents import _TANTIVY_JSON, _base64, pack
+
+    with _engine(tmp_path, write_buffer_docs=2) as e:
+        docs = {doc_id: {"name": f"first {n}", "age": n} for n, doc_id in enumerate(ids)}
+        keys = e._docs.keys(list(docs))
+        encoded = list(map(e._docs.encode_doc, docs.values()))
+        built = e._docs.json_docs(keys, list(docs.values()), encoded)
+        by_orjson = [_TANTIVY_JSON((v[:-1], orjson.dumps(k.decode("latin-1")), _base64(pack(k, v)))).decode()
+                     for k, v in zip(keys, encoded)]
+        assert built == by_orjson
+        assert [orjson.loads(text)["_id"] for text in built] == [k.decode("latin-1") for k in keys]  # the term
+        e.index_all(docs)
+        e.flush()
+        e.index_all({doc_id: {"name": "second"} for doc_id in ids})  # deletes by _id term, then adds
+        assert len(e) == len(ids) and e.count("second") == len(ids) and e.count("first") == 0
+        assert e.documents() == {doc_id: {"name": "second"} for doc_id in ids}
+        e.delete_all(ids[1:])
+        assert [h[0] for h in e.search("second")] == ids[:1] and e.get(ids[-1]) is None
+        e._check()
+
+
 def test_the_json_path_survives_a_commit_and_a_restore(tmp_path):
     config = Config.from_dict({
         "job.name": "prof", "job.state.dir": str(tmp_path / "state"), "systems.file.path": str(tmp_path / "log"),
