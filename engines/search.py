@@ -57,8 +57,8 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 from operator import itemgetter
+from pathlib import Path
 from typing import Any
 
 import tantivy
