@@ -295,7 +295,11 @@ class DocumentBuilder:
             if as_json:
                 if value[:1] == b"{" and value[-1:] == b"}":
                     try:
-                        add_json(_TANTIVY_JSON((value[:-1], orjson.dumps(id_term(key)), _base64(pack(key, value)))).decode())
+                        if key.translate(None, _PLAIN_ID_BYTES):  # (see json_docs)
+                            text = _TANTIVY_JSON((value[:-1], orjson.dumps(id_term(key)), _base64(pack(key, value))))
+                        else:
+                            text = _TANTIVY_JSON_PLAIN_ID((value[:-1], key, _base64(pack(key, value))))
+                        add_json(text.decode())
                         continue
                     except ValueError:
                         pass  # (a wrong type, a None field, not JSON) the single path names or repairs it
