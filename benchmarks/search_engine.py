@@ -68,12 +68,12 @@ def _queries(n: int, seed: int = 2) -> list[str]:
     return [rng.choice(shapes)() for _ in range(n)]
 
 
-def _config(root: Path) -> Config:
+def _config(root: Path, factory: str = "search") -> Config:
     return Config.from_dict({
         "job.name": "bench",
         "job.state.dir": str(root / "state"),
         "systems.file.path": str(root / "changelog"),
-        "stores.profiles.factory": "search",
+        "stores.profiles.factory": factory,
         "stores.profiles.key.serde": "string",
         "stores.profiles.search.fields": FIELDS,
         "stores.profiles.search.default.fields": "name, bio",
@@ -112,10 +112,12 @@ def timed(n: int, work: Callable[[], None]) -> tuple[float, float, float]:
     return n / (time.perf_counter() - t0), time.process_time() - c0, time.thread_time() - m0
 
 
-def index_in_chunks(root: Path, docs: list[tuple[str, dict[str, Any]]]) -> tuple[float, float, float]:
+def index_in_chunks(root: Path, docs: list[tuple[str, dict[str, Any]]],
+                    factory: str = "search") -> tuple[float, float, float]:
     """One run of the ``search.index`` shape: ``index_all`` per chunk of 10k documents,
-    then one task commit, in a new store under ``root`` (figures as :func:`timed`)."""
-    with TaskStorage(_config(root)) as s:
+    then one task commit, in a new store under ``root`` made by engine ``factory``
+    (figures as :func:`timed`)."""
+    with TaskStorage(_config(root, factory)) as s:
         p = s.store("profiles")
 
         def work() -> None:
