@@ -153,8 +153,11 @@ class SearchEngine(StorageEngine):
         """Sends the batches of deletes and adds to the writer on its own thread; anything
         else that touches the writer waits for it first (``_w``, ``_drop_writer``)."""
         self._closed = False
-        self._buffer: dict[bytes, tuple[bytes, TantivyInput] | None] = {}
-        """Writes not yet sent to the tantivy writer (last write per id wins)."""
+        self._buffer: dict[bytes, tuple[bytes, TantivyInput | None] | None] = {}
+        """Writes not yet sent to the tantivy writer (last write per id wins): the change
+        record and what to add, ``None`` for a plain JSON document whose text is made at
+        ``_send`` from the change record (DocumentBuilder.document_or_json), or ``None``
+        for a delete."""
         self._sent: dict[bytes, bytes | None] = {}
         """Writes sent to the writer but not yet in a tantivy commit (for get())."""
         self._dirty = False
@@ -280,7 +283,7 @@ class SearchEngine(StorageEngine):
         at the next read (see read-your-writes). Bad documents raise before anything is logged."""
         self._ix()
         key = self._docs.key(doc_id)
-        encoded, tdoc = self._docs.document(key, doc)
+        encoded, tdoc = self._docs.document_or_json(key, doc)
         buffer = self._buffer
         buffer[key] = (encoded, tdoc)
         if self._logged:
@@ -341,7 +344,7 @@ class SearchEngine(StorageEngine):
         if self._logged:
             self._log_all([(k, None) for k in keys])  # type: ignore[misc]
 
-    def _stage(self, items: list[tuple[bytes, tuple[bytes, TantivyInput] | None]]) -> None:
+    def _stage(self, items: list[tuple[bytes, tuple[bytes, TantivyInput | None] | None]]) -> None:
         limit = self.options.write_buffer_docs
         buffer = self._buffer
         i, n = 0, len(items)
@@ -358,7 +361,11 @@ class SearchEngine(StorageEngine):
         buffer = self._buffer
         if not buffer:
             return
-        self._feed(list(buffer), [value[1] for value in buffer.values() if value is not None])
+        items: list[TantivyInput] = [value[1] for value in buffer.values() if value is not None and value[1] is not None]
+        plain = [key for key, value in buffer.items() if value is not None and value[1] is None]
+        if plain:  # the documents index() left to be made here, in one bulk pass
+            items += self._docs.json_texts(plain, [buffer[key][0] for key in plain])  # type: ignore[index]
+        self._feed(list(buffer), items)
         self._sent.update((key, None if value is None else value[0]) for key, value in buffer.items())
         self._buffer = {}
 
@@ -600,7 +607,7 @@ class SearchEngine(StorageEngine):
         assert not self._closed and self._index is not None
         for key, value in self._buffer.items():
             assert type(key) is bytes
-            assert value is None or (type(value[0]) is bytes and isinstance(value[1], (tantivy.Document, str)))
+            assert value is None or (type(value[0]) is bytes and isinstance(value[1], (tantivy.Document, str, type(None))))
         for key, value in self._sent.items():
             assert type(key) is bytes and (value is None or type(value) is bytes)
         assert not self._sent or self._dirty, "writes sent but the writer is not dirty"

@@ -70,6 +70,7 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {"text": (str,), "string": (str,), "i
 refuses it; ``None`` counts as absent on the single path): anything else goes there."""
 _ABSENT = {"text": "", "string": "", "int": 0, "float": 0.0}
 """What a field missing from a document reads as in the batch checks (a value that passes them)."""
+_ABSENT_FIELD = object()
 _without_last = itemgetter(slice(None, -1))
 _TANTIVY_JSON = b'%b,"_id":%b,"_doc":"%b"}'.__mod__
 """A document's JSON without its closing brace, its JSON ``_id`` term, its base64 ``_doc``."""
@@ -115,6 +116,11 @@ class DocumentBuilder:
         self.document_format = document_format
         self._fields = tuple(fields)
         self._floats = [f.name for f in fields if f.type == "float"]
+        self._plain_checks = tuple(
+            (f.name, _JSON_TYPES[f.type], f.type in ("int", "float"), f.type == "float", f.type in ("text", "string"))
+            for f in fields)
+        """Per schema field, for :meth:`plain_doc`: name, the value types it takes, whether
+        ints must be in i64 range, floats finite, and a list of str is allowed."""
         self._key_serde = key_serde
         self._encode_keys = encoder_of_many(key_serde)
         self.encode_doc, self.decode_doc = _codec(document_format)
@@ -194,6 +200,11 @@ class DocumentBuilder:
         while adding, so a batch must be known good before its first document is added."""
         if self.document_format != "json" or not self._plain_values(docs) or b"{}" in encoded:
             return None  # (an empty document has no field to append after)
+        return self.json_texts(keys, encoded)
+
+    def json_texts(self, keys: Sequence[bytes], encoded: Sequence[bytes]) -> list[str]:
+        """The tantivy JSON text of each JSON change-record value, made from the encoded
+        bytes alone: only for documents found plain (:meth:`json_docs`, :meth:`plain_doc`)."""
         packed = map(_base64, pack_many(keys, encoded))
         if b"".join(keys).translate(None, _PLAIN_ID_BYTES):  # a key needs JSON escapes in its _id
             parts = zip(map(_without_last, encoded), map(orjson.dumps, map(id_term, keys)), packed)
@@ -228,6 +239,34 @@ class DocumentBuilder:
             if ints and not _I64_MIN <= min(ints) <= max(ints) <= _I64_MAX:
                 return False
         return True
+
+    def plain_doc(self, doc: dict[str, Any]) -> bool:
+        """:meth:`_plain_values` of one document, without a pass per field (the single
+        ``index()`` path): whether its JSON text can go to tantivy as it is."""
+        for name, allowed, ranged, finite, lists in self._plain_checks:
+            v = doc.get(name, _ABSENT_FIELD)
+            t = type(v)
+            if t in allowed:
+                if t is int and ranged and not _I64_MIN <= v <= _I64_MAX:
+                    return False
+                if t is float and finite and not math.isfinite(v):
+                    return False
+            elif v is _ABSENT_FIELD:
+                continue
+            elif not (lists and t is list and all(type(x) is str for x in v)):
+                return False
+        return True
+
+    def document_or_json(self, key: bytes, doc: Any) -> tuple[bytes, tantivy.Document | None]:
+        """:meth:`document`, except that a plain document of the JSON format (see
+        :meth:`plain_doc`) gets ``None``: its tantivy input is made later, in bulk, from the
+        encoded bytes by :meth:`json_texts` (no ``Document`` per call; the caller's dict
+        is not read again, so changing it after the call changes nothing)."""
+        doc = self._as_dict(key, doc)
+        encoded = self._encode(key, doc)
+        if self.document_format == "json" and encoded != b"{}" and self.plain_doc(doc):
+            return encoded, None
+        return encoded, self.tantivy_doc(key, doc, encoded)
 
     def tantivy_doc(self, key: bytes, doc: dict[str, Any], encoded: bytes) -> tantivy.Document:
         """The tantivy document of ``doc`` (schema fields, id and stored encoding)."""

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import pytest
+import tantivy
 from localstate import Config, CorruptionError, InvalidValueError, SerializationError, TaskStorage
 from localstate.engine import StoreContext
 from localstate.engines.search import SearchEngine, SearchOptions
@@ -192,3 +193,38 @@ def test_restoring_a_damaged_json_record_names_it(tmp_path, value, message):
         good = [(b"u%d" % i, b'{"name": "ok"}') for i in range(5)]
         with pytest.raises(CorruptionError, match=f"change record b'bad'.*{message}"):
             e.restore(good + [(b"bad", value)] + good, into_empty=True)
+
+
+BAD_VALUES = [{"name": "big", "age": 2**63}, {"name": "small", "age": -(2**63) - 1}, {"score": float("nan")},
+              {"score": float("-inf")}, {"score": 2**64}, {"name": 5}, {"name": ["ok", 5]}, {"name": [["nested"]]},
+              {"tags": ["a", None]}, {"age": 1.5}, {"age": "1"}, {"age": [1]}, {"city": b"bytes"}, {"name": ("a", "b")}]
+
+
+@pytest.mark.parametrize("doc", [*TRICKY.values(), *FALLBACK.values(), *BAD_VALUES], ids=repr)
+def test_the_single_plain_check_agrees_with_the_batch_check(tmp_path, doc):
+    """``index()`` decides per document what ``index_all`` decides per batch: a document the
+    one-document check calls plain is exactly one the batch check would send as JSON."""
+    with _engine(tmp_path) as e:
+        assert e._docs.plain_doc(doc) == e._docs._plain_values([doc])
+
+
+def test_index_makes_the_json_text_at_send_from_the_change_record(tmp_path):
+    """A plain document given to index() is kept as its change record only: its JSON text
+    is made in bulk when the buffer is sent. Changing the caller's dict afterwards changes
+    nothing, a bad document still raises at the call, and a read sees every write."""
+    with _engine(tmp_path, write_buffer_docs=3) as e:
+        doc = {"name": "before", "age": 1}
+        e.index("a", doc)
+        assert e._buffer[b"a"] == (b'{"name":"before","age":1}', None)
+        doc["name"], doc["age"] = "after", "not an int"  # the caller reuses its dict
+        e.index("b", {"name": "flag", "age": True})  # not plain: a Document now, as before
+        assert isinstance(e._buffer[b"b"][1], tantivy.Document)
+        with pytest.raises(InvalidValueError, match="'c'"):
+            e.index("c", {"name": "bad", "age": "old"})
+        assert b"c" not in e._buffer
+        e.index("d", {"name": "plain too", "tags": ["x"]})  # the third write: the buffer is sent
+        assert not e._buffer
+        assert e.get("a") == {"name": "before", "age": 1}
+        assert sorted(h[0] for h in e.search("before OR flag OR plain")) == ["a", "b", "d"]
+        assert e.count("age:[1 TO 1]") == 2  # a's 1, and b's True indexed as 1 (the from_dict path)
+        e._check()
