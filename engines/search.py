@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -106,6 +106,7 @@ _ID = ID_FIELD
 _DOC = DOC_FIELD
 _DELETE_CHUNK = 100_000
 _first, _second = itemgetter(0), itemgetter(1)
+_PAIR_TYPES = {tuple, list}
 
 
 class InvalidQueryError(InvalidValueError):
@@ -294,21 +295,13 @@ class SearchEngine(StorageEngine):
     def index_all(self, docs: Iterable[tuple[Any, Mapping[str, Any]]] | Mapping[Any, Mapping[str, Any]]) -> None:
         """Index many ``(doc_id, doc)`` pairs; all are validated before any is applied or logged."""
         self._ix()
-        pairs = list(docs.items() if isinstance(docs, Mapping) else docs)
+        try:
+            pairs = list(docs.items() if isinstance(docs, Mapping) else docs)
+        except TypeError as e:
+            raise InvalidValueError(f"store {self.name!r}: index_all takes (doc_id, doc) pairs or a mapping: {e}") from e
         if not pairs:
             return
-        try:
-            sizes = set(map(len, pairs))
-        except TypeError as e:
-            sizes = {e}
-        if sizes != {2}:
-            raise InvalidValueError(
-                f"store {self.name!r}: index_all takes (doc_id, doc) pairs or a mapping, got items of "
-                f"{', '.join(sorted(map(str, sizes)))} elements")
-        # two itemgetter passes, not zip(*pairs): that made one iterator object per pair,
-        # and those garbage-collected allocations cost more than the pass itself (a full
-        # collection scans every object the task holds; "Search indexing, session 4")
-        doc_ids, values = list(map(_first, pairs)), list(map(_second, pairs))
+        doc_ids, values = self._split_pairs(pairs)
         keys = self._docs.keys(doc_ids)
         encoded, tdocs = self._docs.documents(keys, values)
         records = dict(zip(keys, encoded))  # the change records; the last write of an id wins
@@ -325,6 +318,20 @@ class SearchEngine(StorageEngine):
             self._sent.update(records)
         if self._logged:
             self._log_all(records)  # type: ignore[misc]
+
+    def _split_pairs(self, pairs: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The ids and the documents of ``(doc_id, doc)`` pairs; InvalidValueError names the
+        first item that is not a pair. Two itemgetter passes, not ``zip(*pairs)``: that made
+        one iterator object per pair, and such garbage-collected allocations cost more than
+        the pass (a full collection scans every object the task holds; "Search indexing,
+        session 4" in benchmarks/RESULTS.md)."""
+        if set(map(type, pairs)) <= _PAIR_TYPES and set(map(len, pairs)) == {2}:
+            return list(map(_first, pairs)), list(map(_second, pairs))
+        for item in pairs:
+            if isinstance(item, (str, bytes, Mapping)) or not isinstance(item, Sequence) or len(item) != 2:
+                raise InvalidValueError(
+                    f"store {self.name!r}: index_all takes (doc_id, doc) pairs or a mapping, got the item {item!r:.80}")
+        return list(map(_first, pairs)), list(map(_second, pairs))
 
     def delete(self, doc_id: Any) -> None:
         """Remove document ``doc_id`` (not an error if it does not exist); logs a tombstone."""

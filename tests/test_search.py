@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -584,11 +585,18 @@ def test_bulk_index_all_with_one_bad_document_or_id_changes_nothing(tmp_path):
             with pytest.raises(error, match=message):
                 p.index_all(good[:7] + [bad_pair] + good[7:])
             assert pending() == 0 and len(p) == 0 and p.get("g0") is None
-        for not_pairs in ([("g1", {"name": "a"}, "extra")], good[:3] + [("g1", {"name": "a"}, "extra")] + good[3:],
-                          good[:3] + [7], [("g1",)]):
-            with pytest.raises(InvalidValueError, match="pairs"):
-                p.index_all(not_pairs)  # (a longer item among pairs was once indexed without its extra)
+        for not_pairs, named in [([("g1", {"name": "a"}, "extra")], "extra"),
+                                 # (a longer item among pairs was once indexed without its extra)
+                                 (good[:3] + [("g1", {"name": "a"}, "extra")] + good[3:], "extra"),
+                                 (good[:3] + [7], "item 7"), ([("g1",)], "g1"), (good[:3] + [None], "item None"),
+                                 (good[:3] + [{"g1": {"name": "a"}}], "g1"), ([{"g1", "g2"}], "item {"),
+                                 (good[:3] + ["ab"], "item 'ab'"), (42, "int")]:
+            with pytest.raises(InvalidValueError, match=f"pairs.*{re.escape(named)}"):
+                p.index_all(not_pairs)  # type: ignore[arg-type]
             assert pending() == 0 and len(p) == 0
+        p.index_all([["g1", {"name": "a list pair"}]])  # a list of two is a pair too (e.g. from JSON)
+        assert p.get("g1") == {"name": "a list pair"}
+        p.delete("g1")
         # duplicates in one big batch: the last write of an id wins, once
         p.index_all(good + [("g3", {"name": "third again"})])
         assert len(p) == 10 and p.get("g3") == {"name": "third again"}
