@@ -7,7 +7,8 @@ Same process, interleaved round by round, the ``search.index`` shape of the sear
 * ``raw`` — raw tantivy, the suite's baseline row;
 * ``engine`` — the engine as it is (JSON path, writer feeder thread);
 * ``no feeder`` — the same with each batch applied on the task thread;
-* ``no JSON`` — the same with every batch on the ``Document.from_dict`` path;
+* ``no JSON`` — the same with every document on the ``Document.from_dict`` path (no
+  JSON text for ``index_all``'s batches nor for ``index()``'s plain documents);
 * ``before`` (with ``--before COMMIT``) — the engine's modules (``engines/search*.py``) as
   they were at ``COMMIT`` (read with ``git show`` from the repository this file is in),
   imported as a package of their own and registered by ``"module:Factory"``.
@@ -15,7 +16,10 @@ Same process, interleaved round by round, the ``search.index`` shape of the sear
 Each arm reports documents/s (median, and the median of its per-round ratios to raw),
 the CPU of the whole process and of the task thread per document, and the load average.
 
-    python -m localstate.benchmarks.ab_search_indexing DOCS REPEATS [--before COMMIT]   # e.g. 100000 5
+    python -m localstate.benchmarks.ab_search_indexing DOCS REPEATS [--before COMMIT] [--single]   # e.g. 100000 5
+
+``--single`` runs the per-call shape instead (one ``index()`` per document, the suite's
+``search (index())`` row).
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from localstate.benchmarks.search_engine import (
     _documents,
     _raw_build,
     index_in_chunks,
+    index_one_at_a_time,
     interleaved,
     timed,
 )
@@ -69,18 +74,21 @@ def engine_at(commit: str, into: Path) -> str:
     return f"{_BEFORE_PACKAGE}.search:SearchEngineFactory"
 
 
-def main(n: int, reps: int, before: str | None = None) -> None:
+def main(n: int, reps: int, before: str | None = None, single: bool = False) -> None:
     docs = _documents(n)
-    threaded_submit, json_docs = WriterFeeder.submit, DocumentBuilder.json_docs
+    shape = index_one_at_a_time if single else index_in_chunks
+    threaded_submit, json_docs, plain_doc = WriterFeeder.submit, DocumentBuilder.json_docs, DocumentBuilder.plain_doc
 
     def engine(feeder: bool = True, json: bool = True) -> Callable[[Path], Figures]:
         def trial(root: Path) -> Figures:
             WriterFeeder.submit = threaded_submit if feeder else _inline_submit  # type: ignore[method-assign]
             DocumentBuilder.json_docs = json_docs if json else (lambda *a: None)  # type: ignore[method-assign]
+            DocumentBuilder.plain_doc = plain_doc if json else (lambda *a: False)  # type: ignore[method-assign]
             try:
-                return index_in_chunks(root, docs)
+                return shape(root, docs)
             finally:
                 WriterFeeder.submit, DocumentBuilder.json_docs = threaded_submit, json_docs  # type: ignore[method-assign]
+                DocumentBuilder.plain_doc = plain_doc  # type: ignore[method-assign]
         return trial
 
     arms: dict[str, Callable[[Path], Figures]] = {
@@ -92,12 +100,12 @@ def main(n: int, reps: int, before: str | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="ls-search-before-") as scratch:
         if before is not None:
             factory = engine_at(before, Path(scratch))
-            arms[f"before ({before[:10]})"] = lambda root: index_in_chunks(root, docs, factory)
+            arms[f"before ({before[:10]})"] = lambda root: shape(root, docs, factory)
         load_before = os.getloadavg()[0]
         results = interleaved(arms, reps)
     loads = sorted((load_before, os.getloadavg()[0]))
     raw = results["raw"]
-    print(f"{n} documents, {reps} interleaved rounds, 1-minute load {loads[0]:.1f} (start or end) - {loads[1]:.1f}")
+    print(f"{n} documents, {'one index() call each' if single else 'index_all per 10k'}, {reps} interleaved rounds, 1-minute load {loads[0]:.1f} (start or end) - {loads[1]:.1f}")
     for name, runs in results.items():
         rate = statistics.median(f[0] for f in runs)
         ratio = statistics.median(f[0] / r[0] for f, r in zip(runs, raw))
@@ -111,5 +119,6 @@ if __name__ == "__main__":
     parser.add_argument("docs", type=int, nargs="?", default=100_000)
     parser.add_argument("repeats", type=int, nargs="?", default=5)
     parser.add_argument("--before", metavar="COMMIT", help="add an arm with the engine as it was at COMMIT")
+    parser.add_argument("--single", action="store_true", help="one index() call per document instead of index_all")
     args = parser.parse_args()
-    main(args.docs, args.repeats, args.before)
+    main(args.docs, args.repeats, args.before, args.single)

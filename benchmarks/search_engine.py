@@ -127,6 +127,20 @@ def index_in_chunks(root: Path, docs: list[tuple[str, dict[str, Any]]],
         return timed(len(docs), work)
 
 
+def index_one_at_a_time(root: Path, docs: list[tuple[str, dict[str, Any]]],
+                        factory: str = "search") -> tuple[float, float, float]:
+    """One run of the per-call ``search.index`` shape: one ``index()`` per document, then
+    one task commit (otherwise as :func:`index_in_chunks`)."""
+    with TaskStorage(_config(root, factory)) as s:
+        index = s.store("profiles").index
+
+        def work() -> None:
+            for doc_id, doc in docs:
+                index(doc_id, doc)
+            s.commit(1)
+        return timed(len(docs), work)
+
+
 def interleaved(trials: dict[str, Callable[[Path], T]], repeats: int) -> dict[str, list[T]]:
     """A warm-up round, then ``repeats`` rounds of every trial in turn, each in a fresh
     temporary directory; each trial's figures in run order."""
@@ -154,20 +168,10 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     # -- indexing (interleaved) ------------------------------------------------------------
-    def ours_single(root: Path) -> tuple[float, float, float]:
-        with TaskStorage(_config(root)) as s:
-            index = s.store("profiles").index
-
-            def work() -> None:
-                for doc_id, doc in docs:
-                    index(doc_id, doc)
-                s.commit(1)
-            return timed(n, work)
-
     figures = interleaved({
         "raw": lambda root: timed(n, lambda: _raw_build(root / "raw", docs)),
         "batched": lambda root: index_in_chunks(root, docs),
-        "single": ours_single,
+        "single": lambda root: index_one_at_a_time(root, docs),
     }, repeats)
     for name, engine, baseline, notes in [
         ("raw", "tantivy", None, "raw tantivy: add_document(Document(**fields)) + commit, 2 writer threads (as the engine)"),
