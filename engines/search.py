@@ -46,7 +46,8 @@ Contract
   :class:`StoreLockedError`. A writer consumed by ``wait_merging_threads()`` (after a
   bulk restore, at ``close()``) is replaced by a new one.
 
-Modules: this one is the engine (the index's life cycle, writes, reads, restore);
+Modules: this one is the engine (the index's life cycle, writes, reads, restore: one
+concern read top to bottom, which is why it runs past 600 lines);
 ``search_documents.py`` builds documents (one or in bulk), ``search_feeder.py`` runs the
 batches of deletes and adds on a thread of their own, ``search_files.py`` owns the files
 beside the index, ``search_schema.py`` the schema and options.
@@ -56,8 +57,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from operator import itemgetter
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,8 +105,6 @@ log = logging.getLogger("localstate")
 _ID = ID_FIELD
 _DOC = DOC_FIELD
 _DELETE_CHUNK = 100_000
-_first, _second = itemgetter(0), itemgetter(1)
-_PAIR_TYPES = {tuple, list}
 
 
 class InvalidQueryError(InvalidValueError):
@@ -301,7 +299,7 @@ class SearchEngine(StorageEngine):
             raise InvalidValueError(f"store {self.name!r}: index_all takes (doc_id, doc) pairs or a mapping: {e}") from e
         if not pairs:
             return
-        doc_ids, values = self._split_pairs(pairs)
+        doc_ids, values = self._docs.split_pairs(pairs)
         keys = self._docs.keys(doc_ids)
         encoded, tdocs = self._docs.documents(keys, values)
         records = dict(zip(keys, encoded))  # the change records; the last write of an id wins
@@ -318,20 +316,6 @@ class SearchEngine(StorageEngine):
             self._sent.update(records)
         if self._logged:
             self._log_all(records)  # type: ignore[misc]
-
-    def _split_pairs(self, pairs: list[Any]) -> tuple[list[Any], list[Any]]:
-        """The ids and the documents of ``(doc_id, doc)`` pairs; InvalidValueError names the
-        first item that is not a pair. Two itemgetter passes, not ``zip(*pairs)``: that made
-        one iterator object per pair, and such garbage-collected allocations cost more than
-        the pass (a full collection scans every object the task holds; "Search indexing,
-        session 4" in benchmarks/RESULTS.md)."""
-        if set(map(type, pairs)) <= _PAIR_TYPES and set(map(len, pairs)) == {2}:
-            return list(map(_first, pairs)), list(map(_second, pairs))
-        for item in pairs:
-            if isinstance(item, (str, bytes, Mapping)) or not isinstance(item, Sequence) or len(item) != 2:
-                raise InvalidValueError(
-                    f"store {self.name!r}: index_all takes (doc_id, doc) pairs or a mapping, got the item {item!r:.80}")
-        return list(map(_first, pairs)), list(map(_second, pairs))
 
     def delete(self, doc_id: Any) -> None:
         """Remove document ``doc_id`` (not an error if it does not exist); logs a tombstone."""

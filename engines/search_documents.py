@@ -74,6 +74,8 @@ refuses it; ``None`` counts as absent on the single path): anything else goes th
 _ABSENT = {"text": "", "string": "", "int": 0, "float": 0.0}
 """What a field missing from a document reads as in the batch checks (a value that passes them)."""
 _ABSENT_FIELD = object()
+_first, _second = itemgetter(0), itemgetter(1)
+_PAIR_TYPES = {tuple, list}
 _without_last = itemgetter(slice(None, -1))
 _TANTIVY_JSON = b'%b,"_id":%b,"_doc":"%b"}'.__mod__
 """A document's JSON without its closing brace, its JSON ``_id`` term, its base64 ``_doc``."""
@@ -152,6 +154,20 @@ class DocumentBuilder:
         if keys is None or set(map(type, keys)) - {bytes}:
             keys = list(map(self.key, doc_ids))  # raises for the first bad id
         return keys
+
+    def split_pairs(self, pairs: list[Any]) -> tuple[list[Any], list[Any]]:
+        """The ids and the documents of ``index_all``'s ``(doc_id, doc)`` pairs;
+        InvalidValueError names the first item that is not a pair. Two itemgetter passes,
+        not ``zip(*pairs)``: that made one iterator object per pair, and such
+        garbage-collected allocations cost more than the pass (a full collection scans
+        every object the task holds; "Search indexing, session 4" in benchmarks/RESULTS.md)."""
+        if set(map(type, pairs)) <= _PAIR_TYPES and set(map(len, pairs)) == {2}:
+            return list(map(_first, pairs)), list(map(_second, pairs))
+        for item in pairs:
+            if isinstance(item, (str, bytes, Mapping)) or not isinstance(item, Sequence) or len(item) != 2:
+                raise InvalidValueError(
+                    f"store {self.store!r}: index_all takes (doc_id, doc) pairs or a mapping, got the item {item!r:.80}")
+        return list(map(_first, pairs)), list(map(_second, pairs))
 
     # -- documents ----------------------------------------------------------------------------
     def _as_dict(self, key: bytes, doc: Any) -> dict[str, Any]:
