@@ -153,10 +153,10 @@ class SearchEngine(StorageEngine):
         else that touches the writer waits for it first (``_w``, ``_drop_writer``)."""
         self._closed = False
         self._buffer: dict[bytes, tuple[bytes, TantivyInput | None] | None] = {}
-        """Writes not yet sent to the tantivy writer (last write per id wins): the change
-        record and what to add, ``None`` for a plain JSON document whose text is made at
-        ``_send`` from the change record (DocumentBuilder.document_or_json), or ``None``
-        for a delete."""
+        """Writes not yet sent to the tantivy writer (last write per id wins): ``None`` for
+        a delete, else the change record and what to add (a ``Document``, JSON text, or
+        ``None`` for a plain JSON document of ``index()``, whose text ``_send`` makes from
+        the change record: DocumentBuilder.document_or_json)."""
         self._sent: dict[bytes, bytes | None] = {}
         """Writes sent to the writer but not yet in a tantivy commit (for get())."""
         self._dirty = False

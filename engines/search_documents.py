@@ -74,6 +74,7 @@ refuses it; ``None`` counts as absent on the single path): anything else goes th
 _ABSENT = {"text": "", "string": "", "int": 0, "float": 0.0}
 """What a field missing from a document reads as in the batch checks (a value that passes them)."""
 _ABSENT_FIELD = object()
+"""What a field missing from a document reads as in :meth:`DocumentBuilder.plain_doc`."""
 _first, _second = itemgetter(0), itemgetter(1)
 _PAIR_TYPES = {tuple, list}
 _without_last = itemgetter(slice(None, -1))
@@ -189,15 +190,10 @@ class DocumentBuilder:
                 f"store {self.store!r}: document {key!r} cannot be encoded as {self.document_format}: {e}"
             ) from e
 
-    def document(self, key: bytes, doc: Any) -> tuple[bytes, tantivy.Document]:
-        """Encode ``doc`` for the changelog and build its tantivy document (validated)."""
-        doc = self._as_dict(key, doc)
-        encoded = self._encode(key, doc)
-        return encoded, self.tantivy_doc(key, doc, encoded)
-
     def documents(self, keys: Sequence[bytes], docs: Sequence[Any]) -> tuple[list[bytes], list[TantivyInput]]:
-        """:meth:`document` of each ``(key, doc)``, in bulk: encoded values and what to add
-        to the tantivy writer (:meth:`json_docs` when it can, else tantivy documents)."""
+        """Each ``(key, doc)`` encoded for the changelog and validated, in bulk: encoded
+        values and what to add to the tantivy writer (:meth:`json_docs` when it can, else
+        tantivy documents)."""
         if set(map(type, docs)) - {dict}:
             docs = list(map(self._as_dict, keys, docs))  # raises for the first non-document
         try:
@@ -277,10 +273,11 @@ class DocumentBuilder:
         return True
 
     def document_or_json(self, key: bytes, doc: Any) -> tuple[bytes, tantivy.Document | None]:
-        """:meth:`document`, except that a plain document of the JSON format (see
-        :meth:`plain_doc`) gets ``None``: its tantivy input is made later, in bulk, from the
-        encoded bytes by :meth:`json_texts` (no ``Document`` per call; the caller's dict
-        is not read again, so changing it after the call changes nothing)."""
+        """``doc`` encoded for the changelog and validated, and its tantivy document; or
+        ``None`` instead of the document for a plain document of the JSON format (see
+        :meth:`plain_doc`), whose tantivy input is made later, in bulk, from the encoded
+        bytes by :meth:`json_texts` (no ``Document`` per call; the caller's dict is not
+        read again, so changing it after the call changes nothing)."""
         doc = self._as_dict(key, doc)
         encoded = self._encode(key, doc)
         if self.document_format == "json" and encoded != b"{}" and self.plain_doc(doc):
