@@ -119,27 +119,35 @@ def _encode_signed(serde: Serde, column: pa.Array) -> list[bytes]:
         return _rows_encoded(serde, [column])  # the row encoder names the value that does not fit
     # the row serde adds 2**(bits-1): on the two's complement that flips the sign bit
     flipped = values.astype(signed).view(unsigned) ^ _sign_bit(unsigned)
-    return _fixed_width_pieces(flipped.astype(unsigned.newbyteorder(">")).tobytes(), unsigned.itemsize, len(values))
+    return _fixed_width_pieces(flipped.astype(unsigned.newbyteorder(">")).tobytes(), unsigned.itemsize)
 
 
 def _decode_signed(serde: Serde, data: list[bytes | None]) -> Columns:
     signed, unsigned = _SIGNED_WIDTH[serde.name]
     width = unsigned.itemsize
-    missing = [b is None for b in data]
-    any_missing = any(missing)
-    joined = b"".join(bytes(width) if b is None else b for b in data) if any_missing else b"".join(data)  # type: ignore[arg-type]
-    if len(joined) != width * len(data):
+    binary = pa.array(data, pa.binary())  # None -> null, present values back to back
+    offsets = np.frombuffer(binary.buffers()[1], np.int32, len(binary) + 1)
+    present = len(binary) - binary.null_count
+    if int(offsets[-1] - offsets[0]) != width * present or (np.diff(offsets) > width).any():
         return _rows_decoded(serde, data)  # a value of another width: the row decoder's error
-    values = (np.frombuffer(joined, unsigned.newbyteorder(">")).astype(unsigned) ^ _sign_bit(unsigned)).view(signed)
-    return [pa.array(values, pa.from_numpy_dtype(signed), mask=np.array(missing) if any_missing else None)]
+    body = binary.buffers()[2]
+    raw = np.frombuffer(body, unsigned.newbyteorder(">"), present, int(offsets[0])) if present else np.empty(0, unsigned)
+    decoded = (raw.astype(unsigned) ^ _sign_bit(unsigned)).view(signed)
+    if not binary.null_count:
+        return [pa.array(decoded, pa.from_numpy_dtype(signed))]
+    missing = binary.is_null().to_numpy(zero_copy_only=False)
+    values = np.zeros(len(binary), signed)
+    values[~missing] = decoded
+    return [pa.array(values, pa.from_numpy_dtype(signed), mask=missing)]
 
 
 def _sign_bit(unsigned: np.dtype) -> Any:
     return unsigned.type(1 << (unsigned.itemsize * 8 - 1))
 
 
-def _fixed_width_pieces(buffer: bytes, width: int, rows: int) -> list[bytes]:
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), rows, [None, pa.py_buffer(buffer)]).to_pylist()
+def _fixed_width_pieces(buffer: bytes, width: int) -> list[bytes]:
+    """``buffer`` cut into ``width``-byte values (numpy's void items convert to bytes in C)."""
+    return np.frombuffer(buffer, f"V{width}").tolist()
 
 
 # -- string / bytes -------------------------------------------------------------------------
