@@ -214,3 +214,18 @@ def test_closed_storage_refuses_columnar_access(make_config: Any) -> None:
         storage.columns("hourly")
     with pytest.raises(StoreClosedError):
         columns.get_all(keys)
+
+
+def test_the_windowed_job_with_an_object_cache_is_refused_naming_the_store(tmp_path: Any) -> None:
+    from localstate.contrib.spark import runner
+    from localstate.contrib.spark.job_windowed import PageViewsPerHour
+    from localstate.contrib.spark.jobs import job_config
+
+    config = job_config(PageViewsPerHour, tmp_path, partitions=1, engine="rocksdb",
+                        extra={"stores.hourly.object.cache.size": 20_000})
+    batch = pa.record_batch({"ts": pa.array([7200], pa.int64()), "user_id": pa.array(["u1"])})
+    run = runner.TaskRun(config, PageViewsPerHour, PageViewsPerHour.OUTPUT_SCHEMA, batch_id=0)
+    with pytest.raises(ConfigError, match="store 'hourly': no columnar access: .*object.cache.size = 0"):
+        list(runner.run_partition(run, 0, iter([batch])))
+    with TaskStorage(config) as storage:  # nothing was committed
+        assert storage.checkpoint is None

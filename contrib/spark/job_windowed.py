@@ -17,6 +17,8 @@ not once per event. The store work is columnar too (``storage.columns("hourly")`
 :mod:`localstate.layers.columnar`): keys are encoded from the Arrow columns once — a
 lookup and the write after it share them — and closed windows are scanned as columns and
 deleted by their encoded keys, so no ``(window_start, user_id)`` tuple is built per key.
+(Columnar access needs a store without an object cache: a config that sets
+``stores.hourly.object.cache.size`` is refused at the task's start, naming the key.)
 At every window/commit boundary the task splits the pending counts at the closing
 boundary:
 
