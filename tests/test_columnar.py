@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from localstate import TaskStorage
+from localstate import Config, TaskStorage
 from localstate.errors import ConfigError, InvalidValueError, SerializationError, StoreClosedError
 from localstate.layers.columnar import ColumnChunk
 from localstate.serdes import get_serde
@@ -229,3 +229,45 @@ def test_the_windowed_job_with_an_object_cache_is_refused_naming_the_store(tmp_p
         list(runner.run_partition(run, 0, iter([batch])))
     with TaskStorage(config) as storage:  # nothing was committed
         assert storage.checkpoint is None
+
+
+def test_a_crash_after_uncommitted_columnar_writes_reopens_at_the_last_commit(tmp_path: Any) -> None:
+    """A child process writes and commits through columns, then overwrites, deletes and
+    adds keys without committing, and exits without closing (``os._exit``): a real crash.
+    The reopened store equals the last commit, whichever way it was read."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    values = {"job.name": "crash", "job.state.dir": str(tmp_path / "state"),
+              "systems.file.path": str(tmp_path / "changelog"),
+              **{f"stores.hourly.{k}": v for k, v in _HOURLY.items()},
+              "stores.hourly.write.batch.size": 50}  # uncommitted records reach the changelog file
+    child = textwrap.dedent("""
+        import json, os, sys
+        import pyarrow as pa
+        from localstate import Config, TaskStorage
+        s = TaskStorage(Config.from_dict(json.loads(sys.argv[1])))
+        columns = s.columns("hourly")
+        w, u = pa.array([0] * 300, pa.int64()), pa.array([f"u{i:03d}" for i in range(300)])
+        keys = columns.encode_keys([w, u])
+        columns.put_all(keys, [pa.array(range(300), pa.int64())])
+        s.commit(input_position=1)
+        columns.put_all(keys, [pa.array([-1] * 300, pa.int64())])          # never committed
+        with columns.range(None, None, chunk_rows=100) as chunks:
+            for chunk in list(chunks)[:1]:
+                columns.delete_all(chunk.keys)                              # never committed
+        more = columns.encode_keys([pa.array([3600], pa.int64()), pa.array(["new"])])
+        columns.put_all(more, [pa.array([7], pa.int64())])                  # never committed
+        assert s.changelog("hourly").end_offset() > s.committed_offset("hourly")
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", child, json.dumps(values)], check=True, timeout=120)
+    with TaskStorage(Config.from_dict(values)) as storage:
+        assert storage.checkpoint is not None and storage.checkpoint.input_position == 1
+        with storage.store("hourly").all() as pairs:
+            assert dict(pairs) == {(0, f"u{i:03d}"): i for i in range(300)}
+        columns = storage.columns("hourly")
+        (stored,) = columns.get_all(columns.encode_keys([pa.array([0, 3600], pa.int64()), pa.array(["u005", "new"])]))
+        assert stored.to_pylist() == [5, None]
