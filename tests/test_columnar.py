@@ -271,3 +271,20 @@ def test_a_crash_after_uncommitted_columnar_writes_reopens_at_the_last_commit(tm
         columns = storage.columns("hourly")
         (stored,) = columns.get_all(columns.encode_keys([pa.array([0, 3600], pa.int64()), pa.array(["u005", "new"])]))
         assert stored.to_pylist() == [5, None]
+
+
+def test_empty_columns_and_chunked_arrays_work_like_lists(make_config: Any) -> None:
+    with TaskStorage(make_config(hourly=_HOURLY)) as storage:
+        columns = storage.columns("hourly")
+        none = columns.encode_keys([pa.array([], pa.int64()), pa.array([], pa.string())])
+        assert len(none) == 0 and [c.to_pylist() for c in columns.get_all(none)] == [[]]
+        columns.put_all(none, [pa.array([], pa.int64())])
+        columns.delete_all(none)
+        keys = columns.encode_keys([pa.chunked_array([[0], [0, 3600]]), pa.chunked_array([["a", "b"], ["a"]])])
+        assert keys.data == get_serde("tuple").encode_many([(0, "a"), (0, "b"), (3600, "a")])
+        columns.put_all(keys, [pa.chunked_array([[1], [2, 3]])])
+        with storage.store("hourly").all() as pairs:
+            assert dict(pairs) == {(0, "a"): 1, (0, "b"): 2, (3600, "a"): 3}
+        with pytest.raises(SerializationError, match="of equal length"):
+            columns.encode_keys([pa.array([1, 2]), pa.array(["a"])])
+        assert storage.metrics("hourly").puts == 3

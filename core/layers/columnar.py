@@ -94,7 +94,9 @@ class ColumnarStore:
         return EncodedKeys(self._encoded(columns, "key", self.key_serde, self._encode_key_columns), self)
 
     def get_all(self, keys: EncodedKeys) -> Columns:
-        """The value columns of ``keys``, row for row, null where a key is absent."""
+        """The value columns of ``keys``, row for row, null where a key is absent. (With
+        the ``tuple`` msg serde the found tuples give the number of columns: none when no
+        key was found.)"""
         data = self._own(keys).data
         found = self.inner.get_all(data)
         m = self.metrics
