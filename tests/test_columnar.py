@@ -288,3 +288,19 @@ def test_empty_columns_and_chunked_arrays_work_like_lists(make_config: Any) -> N
         with pytest.raises(SerializationError, match="of equal length"):
             columns.encode_keys([pa.array([1, 2]), pa.array(["a"])])
         assert storage.metrics("hourly").puts == 3
+
+
+def test_a_float_where_an_int_belongs_and_mixed_stored_keys_are_named(make_config: Any) -> None:
+    with TaskStorage(make_config(hourly=_HOURLY)) as storage:
+        columns, rows = storage.columns("hourly"), storage.store("hourly")
+        keys = columns.encode_keys(list(_windows(2)))
+        with pytest.raises(SerializationError, match=r"value serde 'long' cannot encode the value columns \(double\)"
+                                                     r".*expected int, got float"):
+            columns.put_all(keys, [pa.array([1.0, 2.5])])
+        rows.put((0, "a"), 1)
+        rows.put((0, "b", 7), 2)  # a key of another shape in the same store: no columns fit both
+        with pytest.raises(SerializationError, match="store 'hourly': a stored key cannot be decoded.*different lengths"):
+            with columns.range(None, None) as chunks:
+                list(chunks)
+        with rows.all() as pairs:
+            assert dict(pairs) == {(0, "a"): 1, (0, "b", 7): 2}
