@@ -46,6 +46,8 @@ from .typed import check_store_types
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogPartition, ChangelogSystem
 
+    from .layers.columnar import ColumnarStore
+
 # the names of store_open and commit a caller may import from here, as before the split
 __all__ = ["TaskStorage", "RestoreListener", "Recovery", "open_system", "task_partition", "check_input_position",
            "engine_phase"]
@@ -93,6 +95,7 @@ class TaskStorage(StoreOpening, TaskCommit):
         self.job = config.job_name
         self._listener = restore_listener
         self._stores: dict[str, _OpenStore] = {}
+        self._columnar: dict[str, ColumnarStore] = {}
         self._systems: dict[str, ChangelogSystem] = {}
         self._closed = False
         self._failed: BaseException | None = None
@@ -249,6 +252,34 @@ class TaskStorage(StoreOpening, TaskCommit):
             name, entry.view, get_serde(entry.spec.key_serde), get_serde(entry.spec.msg_serde),
             key_type, value_type,
         )
+
+    def columns(self, name: str) -> ColumnarStore:
+        """Arrow-columnar bulk access to key-value store ``name``
+        (:class:`~localstate.layers.columnar.ColumnarStore`: keys encoded once, scans as
+        columns), beside :meth:`store` over the same engine, changelog and metrics.
+        Needs pyarrow, no object cache and no TTL (a ConfigError says which)."""
+        entry = self._entry(name)
+        view = self._columnar.get(name)
+        if view is not None:
+            return view
+        spec = entry.spec
+        refusal = ("it is not a key-value store" if not isinstance(entry.engine, KeyValueStore)
+                   else "it has an object cache, which this path would bypass (set object.cache.size = 0)"
+                   if spec.object_cache_size > 0
+                   else "it has a TTL (values are stored with their expiry)" if spec.ttl is not None else None)
+        if refusal:
+            raise ConfigError(f"store {name!r}: no columnar access: {refusal}")
+        try:
+            from .layers.columnar import ColumnarStore
+        except ImportError as e:
+            raise ConfigError(f"store {name!r}: columnar access needs pyarrow: pip install 'localstate[spark]' "
+                              f"({e})") from e
+        from .layers import maybe_logging
+
+        view = ColumnarStore(maybe_logging(entry.engine, entry.logger), get_serde(spec.key_serde),
+                             get_serde(spec.msg_serde), name, entry.metrics)
+        self._columnar[name] = view
+        return view
 
     def engine(self, name: str) -> StorageEngine:
         """The raw engine under store ``name`` (for tools and benchmarks)."""

@@ -13,8 +13,14 @@ with a message saying so.)
 Counting is vectorised: events are counted per ``(window_start, user_id)`` in Arrow
 across batches (up to :attr:`PageViewsPerHour.PENDING_ROWS` events, and always before
 a window closes), so per-key Python work happens once per key per commit interval,
-not once per event. At every window/commit boundary the task splits the pending
-counts at the closing boundary:
+not once per event. The store work is columnar too (``storage.columns("hourly")``,
+:mod:`localstate.layers.columnar`): keys are encoded from the Arrow columns once — a
+lookup and the write after it share them — and closed windows are scanned as columns and
+deleted by their encoded keys, so no ``(window_start, user_id)`` tuple is built per key.
+(Columnar access needs a store without an object cache: a config that sets
+``stores.hourly.object.cache.size`` is refused at the task's start, naming the key.)
+At every window/commit boundary the task splits the pending counts at the closing
+boundary:
 
 * counts of windows that stay open are added to the store: one ``get_all`` (of the keys
   of windows the store already holds) and one ``put_all`` of their distinct keys;
@@ -37,7 +43,6 @@ a window that was already emitted is late: it is dropped and counted in
 
 from __future__ import annotations
 
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -58,7 +63,6 @@ CLOCK_WINDOW = -1
 _WATERMARK = (CLOCK_WINDOW, "watermark")
 _EMITTED_BEFORE = (CLOCK_WINDOW, "emitted_before")
 _FORMER_CLOCK_STORE = "clock"
-_SCAN_CHUNK = 65_536
 
 
 class PageViewsPerHour(StreamTask):
@@ -95,6 +99,7 @@ class PageViewsPerHour(StreamTask):
 
     def init(self, context: TaskContext) -> None:
         self.hourly = context.store("hourly")
+        self.hourly_columns = context.storage.columns("hourly")
         clock = self.hourly.get_all([_WATERMARK, _EMITTED_BEFORE])
         committed = context.storage.checkpoint
         if not clock and committed is not None and _FORMER_CLOCK_STORE in committed.offsets:
@@ -145,29 +150,31 @@ class PageViewsPerHour(StreamTask):
         return pa.table({"w": grouped.column("w"), "u": grouped.column("u"), "n": grouped.column("n_sum")})
 
     def _add_to_store(self, counts: pa.Table) -> None:
-        """Add ``counts`` (distinct ``(w, u)`` keys) to the store: one ``get_all`` of the
-        keys of windows the store already holds, and one ``put_all``.
+        """Add ``counts`` (distinct ``(w, u)`` keys) to the store, a column at a time: the
+        keys of windows the store already holds are encoded once, looked up in one
+        ``get_all`` and written back in one ``put_all``; the others are only written.
 
         A window the store holds no key of (one that opened since the last commit — in a
         stream, about every other window per micro-batch) needs no lookup: one ordered
         probe per distinct window tells, instead of a get per key."""
         if counts.num_rows == 0:
             return
-        held = [w for w in pc.unique(counts.column("w")).to_pylist() if self._holds_window(w)]
-        if len(held) < len(pc.unique(counts.column("w"))):
-            looked_up = counts.filter(pc.is_in(counts.column("w"), pa.array(held, pa.int64())))
-            fresh = counts.filter(pc.invert(pc.is_in(counts.column("w"), pa.array(held, pa.int64()))))
+        windows = pc.unique(counts.column("w"))
+        held = pa.array([w for w in windows.to_pylist() if self._holds_window(w)], pa.int64())
+        if len(held) == len(windows):
+            parts = [(counts, True)]
         else:
-            looked_up, fresh = counts, counts.slice(0, 0)
-        entries = list(zip(zip(fresh.column("w").to_pylist(), fresh.column("u").to_pylist()),
-                           fresh.column("n").to_pylist()))
-        if looked_up.num_rows:
-            keys = list(zip(looked_up.column("w").to_pylist(), looked_up.column("u").to_pylist()))
-            adds = looked_up.column("n").to_pylist()
-            existing = self.hourly.get_all(keys)
-            get = existing.get
-            entries += [(k, get(k, 0) + n) for k, n in zip(keys, adds)] if existing else list(zip(keys, adds))
-        self.hourly.put_all(entries)
+            in_held = pc.is_in(counts.column("w"), held)
+            parts = [(counts.filter(pc.invert(in_held)), False), (counts.filter(in_held), True)]
+        for part, look_up in parts:
+            if part.num_rows == 0:
+                continue
+            keys = self.hourly_columns.encode_keys([part.column("w"), part.column("u")])
+            views = part.column("n").combine_chunks()
+            if look_up:
+                (stored,) = self.hourly_columns.get_all(keys)
+                views = pc.add(views, pc.fill_null(stored, 0))
+            self.hourly_columns.put_all(keys, [views])
 
     def _holds_window(self, window_start: int) -> bool:
         """Whether the store holds any key of the window starting at ``window_start``."""
@@ -220,25 +227,21 @@ class PageViewsPerHour(StreamTask):
             closes = pc.less(pending.column("w"), boundary)
             self._add_to_store(pending.filter(pc.invert(closes)))
             closing.append(pending.filter(closes))
-        stored: list[tuple[tuple[int, str], int]] = []
-        with self.hourly.range((CLOCK_WINDOW + 1,), (boundary,)) as closed:
-            while chunk := closed.take(_SCAN_CHUNK):  # whole chunks: no Python call per pair
-                stored += chunk
-        if stored:
-            keys = list(map(itemgetter(0), stored))
-            closing.append(pa.table({
-                "w": pa.array(list(map(itemgetter(0), keys)), pa.int64()),
-                "u": pa.array(list(map(itemgetter(1), keys)), pa.string()),
-                "n": pa.array(list(map(itemgetter(1), stored)), pa.int64()),
-            }))
-            self.hourly.delete_all(keys)
+        closed_keys = []
+        with self.hourly_columns.range((CLOCK_WINDOW + 1,), (boundary,)) as chunks:
+            for chunk in chunks:  # columns, decoded a chunk at a time; the keys stay encoded
+                (w, u), (n,) = chunk.key_columns, chunk.value_columns
+                closing.append(pa.table({"w": w, "u": u, "n": n}))
+                closed_keys.append(chunk.keys)
+        for keys in closed_keys:  # after the scan: it reads one snapshot either way
+            self.hourly_columns.delete_all(keys)
         closing = [t for t in closing if t.num_rows]
         if not closing:
             return
         if len(closing) == 1:
             out = closing[0]
         else:  # a window both in the store and pending: add the two counts
-            grouped = pa.concat_tables(closing).group_by(["w", "u"], use_threads=False).aggregate([("n", "sum")])
+            grouped = pa.concat_tables(closing, promote_options="permissive").group_by(["w", "u"], use_threads=False).aggregate([("n", "sum")])
             out = pa.table({"w": grouped.column("w"), "u": grouped.column("u"), "n": grouped.column("n_sum")})
         out = out.take(pc.sort_indices(out, [("w", "ascending"), ("u", "ascending")]))
         emit.arrow(pa.RecordBatch.from_arrays(
