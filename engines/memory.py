@@ -40,13 +40,13 @@ def _compact(value: bytes) -> bytes:
 
 def _compacted(batch: dict[bytes, bytes]) -> dict[bytes, bytes]:
     """``batch`` with every value :func:`_compact`-ed, without a Python call per value. A
-    batch of one value for every key (a marker: the timers' records, a set kept as a
-    store) keeps a single copy of it (one check per value: ``list.count`` stops at
-    identity before comparing bytes)."""
+    batch whose keys all hold one value *object* (a marker: the timers' records, a set
+    kept as a store) keeps one copy of it, not one per key. (Equal values that are
+    distinct objects are copied one by one, as they come: merging them would make such
+    a store faster to read than the same data written another way.)"""
     values = list(batch.values())
-    first = values[0] if values else None
-    if first is not None and first == values[-1] and values.count(first) == len(values):
-        return dict.fromkeys(batch, _compact(first))
+    if values and all(map(is_, values, repeat(values[0]))):
+        return dict.fromkeys(batch, _compact(values[0]))
     return dict(zip(batch, map(bytes, map(memoryview, values))))
 
 
