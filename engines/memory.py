@@ -182,6 +182,8 @@ class MemoryEngine(KeyValueEngine):
         dict.update(d, batch)
 
     def delete(self, key: bytes) -> None:
+        if type(key) is not bytes:
+            require_bytes(self.name, "key", key)  # as every engine: not a silent no-op
         self._writable().pop(key, None)
 
     def delete_all(self, keys: Iterable[bytes]) -> None:
@@ -196,6 +198,9 @@ class MemoryEngine(KeyValueEngine):
             if view[start : start + len(keys)] == keys:
                 del view[start : start + len(keys)]
                 return
+        if not set(map(type, keys)) <= {bytes}:
+            for k in keys:  # raises for the first non-bytes key, before anything is deleted
+                require_bytes(self.name, "key", k)
         present = list(dict.fromkeys(filter(d.__contains__, keys)))
         if len(present) * 4 < len(d):
             pop = d.pop

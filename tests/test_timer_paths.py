@@ -58,6 +58,21 @@ def test_memory_put_all_still_refuses_non_bytes_and_writes_nothing(bad):
     assert _contents(engine) == [(b"a", b"1")]
 
 
+@pytest.mark.parametrize("bad", ["k0001", 1, None, ("k",)])
+def test_memory_delete_of_a_non_bytes_key_is_an_error_that_deletes_nothing(bad):
+    """As the other engines: a key that is not bytes reaching the engine is named, not
+    silently ignored (it can never be stored, so ignoring it hid a missing key serde)."""
+    engine = MemoryEngine("m")
+    keys = [b"k%04d" % i for i in range(3000)]
+    engine.put_all(dict.fromkeys(keys, b"v"))
+    with pytest.raises(SerializationError, match="store 'm': engines store bytes"):
+        engine.delete(bad)
+    for batch in ([b"k0001", bad], keys[:2000] + [bad]):  # the general path and the long-run path
+        with pytest.raises(SerializationError, match="store 'm'"):
+            engine.delete_all(batch)
+    assert len(engine) == 3000
+
+
 def test_a_bytes_store_takes_an_all_bytes_dict_as_it_is_and_checks_anything_else(make_config):
     config = make_config(b={"factory": "memory", "object.cache.size": 0})
     with TaskStorage(config) as st:
