@@ -390,7 +390,7 @@ def keys_of(pairs: KeyValueIterator[K, Any]) -> CloseableIterator[K]:
     or exhausted. Unlike ``pairs.map``, each key is taken in C (no Python call per pair),
     so ``take(n)`` of it is one C-level pass."""
     if pairs._closed:  # closed or exhausted already: keep its rules (raise / end)
-        return pairs.map(_first)
+        return CloseableIterator.map(pairs, _first)
     return _KeysOf(pairs)
 
 

@@ -182,3 +182,20 @@ def test_range_keys_counts_one_scan_in_the_metrics(make_config):
         assert _range_keys(s) == ["a", "b"]
         assert list(s.keys()) == ["a", "b"]
         assert st.metrics("s").range_scans == before + 2
+
+
+def test_keys_of_keeps_the_rules_of_a_closed_or_exhausted_pair_iterator():
+    from localstate.kv import KeyValueIterator, keys_of
+
+    done = KeyValueIterator(iter([(b"a", b"1")]))
+    assert list(done) == [(b"a", b"1")] and done.closed
+    assert list(keys_of(done)) == []  # exhausted: ends, as the pairs do
+    closed = KeyValueIterator(iter([(b"a", b"1")]))
+    closed.close()
+    with pytest.raises(StoreClosedError):
+        next(keys_of(closed))
+    live = KeyValueIterator(iter([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]))
+    keys = keys_of(live)
+    assert keys.take(2) == [b"a", b"b"]
+    keys.close()
+    assert live.closed  # closing the keys closes the pairs
