@@ -247,6 +247,9 @@ class SerializedStore(ForwardingStore):
 
     def delete_all(self, keys: Iterable[Any]) -> None:
         keys = keys if isinstance(keys, list) else list(keys)
+        if self._bytes_only and set(map(type, keys)) <= _BYTES_TYPE:
+            self.inner.delete_all(keys)  # bytes keys of a bytes store (the timers' fired chunks): as they are
+            return
         self.inner.delete_all(self.encode_keys(keys))
 
     def _check_ordered(self) -> None:
