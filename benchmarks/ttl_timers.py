@@ -162,9 +162,42 @@ def run(quick: bool = False, repeats: int = 5, engines: tuple[str, ...] = ("memo
     return rows
 
 
+def fresh_processes(engine: str, trials: int, records: int = FULL_RECORDS) -> dict[str, float]:
+    """Medians of ``trials`` rounds, each trial in a new Python process (no warm heap, no
+    earlier trial's garbage), interleaved within a round: plain and TTL (shared value),
+    then the batch timer trial. Returns rates and the TTL costs (plain rate / TTL rate)."""
+    import subprocess
+    import sys
+
+    def trial(call: str) -> list[float]:
+        code = f"from localstate.benchmarks.ttl_timers import _ttl_trial, _timer_trial; print(*{call})"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        return [float(x) for x in out.split()]
+
+    runs: dict[str, list[list[float]]] = {"plain": [], "ttl": [], "timers": []}
+    for _ in range(trials):
+        runs["plain"].append(trial(f"_ttl_trial({engine!r}, {records}, False)"))
+        runs["ttl"].append(trial(f"_ttl_trial({engine!r}, {records}, True)"))
+        runs["timers"].append(trial(f"_timer_trial({engine!r}, {records}, True)"))
+
+    def median(name: str, i: int) -> float:
+        return statistics.median(r[i] for r in runs[name])
+
+    return {"put/s": median("plain", 0), "ttl put/s": median("ttl", 0), "get/s": median("plain", 1),
+            "ttl get/s": median("ttl", 1), "ttl put cost": median("plain", 0) / median("ttl", 0),
+            "ttl get cost": median("plain", 1) / median("ttl", 1),
+            "timers registered/s": median("timers", 0), "timers fired/s": median("timers", 1)}
+
+
 if __name__ == "__main__":  # pragma: no cover - a quick look from a shell
     import json
     import sys
 
+    if "--fresh" in sys.argv:  # python -m localstate.benchmarks.ttl_timers --fresh 5 [memory rocksdb]
+        at = sys.argv.index("--fresh")
+        n = int(sys.argv[at + 1])
+        for engine in [a for a in sys.argv[at + 2:] if not a.startswith("-")] or ["memory", "rocksdb"]:
+            print(engine, json.dumps({k: round(v, 3) for k, v in fresh_processes(engine, n).items()}))
+        sys.exit(0)
     for r in run(quick="--quick" in sys.argv, repeats=3):
         print(json.dumps({k: r[k] for k in ("workload", "engine", "median", "unit", "ratio")}))

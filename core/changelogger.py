@@ -62,6 +62,18 @@ class ChangeLogger:
         if len(pending) >= self.batch_size:
             self._drain()
 
+    def log_deletes(self, keys: list[bytes]) -> None:
+        """Record that every key of ``keys`` is deleted (a bulk delete: the timers' fired
+        chunks, the TTL sweep). With nothing pending, the tombstones' dict becomes the
+        pending dict itself instead of being copied into it."""
+        pending = self._pending
+        if pending:
+            pending.update(dict.fromkeys(keys))
+        else:
+            self._pending = pending = dict.fromkeys(keys)
+        if len(pending) >= self.batch_size:
+            self._drain()
+
     def pending(self) -> int:
         return len(self._pending)
 
@@ -114,6 +126,9 @@ class NullChangeLogger(ChangeLogger):
         return None
 
     def log_all(self, records: Iterable[ChangeRecord] | Mapping[bytes, bytes | None]) -> None:
+        return None
+
+    def log_deletes(self, keys: list[bytes]) -> None:
         return None
 
     def flush(self) -> int:

@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from .errors import InvalidValueError, StoreClosedError
 
-__all__ = ["KeyValueStore", "KeyValueIterator", "CloseableIterator", "prefix_upper_bound"]
+__all__ = ["KeyValueStore", "KeyValueIterator", "CloseableIterator", "prefix_upper_bound", "keys_of"]
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -293,7 +293,16 @@ class KeyValueStore(MutableMapping[K, V], Generic[K, V]):
 
     def keys(self) -> CloseableIterator[K]:  # type: ignore[override]
         """The keys in ascending encoded order; a closeable iterator, not a view."""
-        return self.all().map(_first)
+        return self.range_keys(None, None)
+
+    def range_keys(self, start: K | None, stop: K | None) -> CloseableIterator[K]:
+        """The keys of :meth:`range` (``start <= key < stop`` on encoded bytes, ascending;
+        both ``None``: the keys of :meth:`all`), without their values. This default maps
+        the pairs; engines and layers that can leave the values unread and undecoded
+        (the memory engine, the serialized layer) override it."""
+        if start is None and stop is None:
+            return keys_of(self.all())
+        return keys_of(self.range(start, stop))
 
     def values(self) -> CloseableIterator[V]:  # type: ignore[override]
         """The values in ascending encoded-key order; a closeable iterator, not a view."""
@@ -374,6 +383,37 @@ class KeyValueStore(MutableMapping[K, V], Generic[K, V]):
 
 _first = itemgetter(0)
 _second = itemgetter(1)
+
+
+def keys_of(pairs: KeyValueIterator[K, Any]) -> CloseableIterator[K]:
+    """The keys of ``pairs`` as a closeable iterator that closes ``pairs`` when closed
+    or exhausted. Unlike ``pairs.map``, each key is taken in C (no Python call per pair),
+    so ``take(n)`` of it is one C-level pass."""
+    if pairs._closed:  # closed or exhausted already: keep its rules (raise / end)
+        return CloseableIterator.map(pairs, _first)
+    return _KeysOf(pairs)
+
+
+class _KeysOf(CloseableIterator[Any]):
+    """:func:`keys_of`: reads the pair iterator's own source, but still obeys a close of
+    the pair iterator by someone else (an engine closing its open iterators at close:
+    the native iterator below must not be read after that)."""
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, pairs: KeyValueIterator[Any, Any]) -> None:
+        super().__init__(map(_first, pairs._it), on_close=pairs.close, what=pairs._what)
+        self._pairs = pairs
+
+    def __next__(self) -> Any:
+        if self._pairs._closed:
+            self.close()
+        return CloseableIterator.__next__(self)
+
+    def take(self, n: int) -> list[Any]:
+        if self._pairs._closed:
+            self.close()
+        return CloseableIterator.take(self, n)
 
 
 def reject_none(store: str, key: object, value: object) -> None:

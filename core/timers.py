@@ -44,6 +44,8 @@ _BIAS = 1 << 63
 _MARK = b"\x01"
 _HEAD = struct.Struct(">cQ")
 """The domain byte and the biased timestamp that start every record key."""
+_HEAD_STR = struct.Struct(">cQc")
+"""The same, followed by the ``str`` key tag."""
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _TAG, _STR_BODY = itemgetter(9), itemgetter(slice(10, None))
 """The key's type tag in a record key; the UTF-8 of a ``str`` key."""
@@ -63,10 +65,6 @@ def _encode_key(key: Any) -> bytes:
     return _OTHER + _TUPLE.encode((key,))
 
 
-def _encode_keys(keys: list[Any]) -> list[bytes]:
-    if set(map(type, keys)) <= {str}:
-        return [_STR + k.encode() for k in keys]
-    return [_encode_key(k) for k in keys]
 
 
 def _decode_key(data: bytes) -> Any:
@@ -169,12 +167,18 @@ class Timers:
 
     def _record_keys(self, keys: list[Any], stamps: list[int]) -> list[bytes]:
         """The record keys of ``(key, ts)`` pairs, built in C-level passes."""
+        biased = map(_BIAS.__add__, stamps)
+        if set(map(type, keys)) <= {str}:  # the head ends with the str tag: one concatenation per key
+            heads = map(_HEAD_STR.pack, repeat(self.domain), biased, repeat(_STR))
+            try:
+                return list(map(bytes.__add__, heads, map(str.encode, keys)))
+            except UnicodeEncodeError as e:  # a lone surrogate
+                raise InvalidValueError(f"a timer key cannot be stored: {e}") from None
         try:
-            encoded = _encode_keys(keys)
+            encoded = [_encode_key(k) for k in keys]
         except (TypeError, ValueError) as e:
             raise InvalidValueError(f"a timer key cannot be stored: {e}") from None
-        heads = map(_HEAD.pack, repeat(self.domain), map(_BIAS.__add__, stamps))
-        return list(map(bytes.__add__, heads, encoded))
+        return list(map(bytes.__add__, map(_HEAD.pack, repeat(self.domain), biased), encoded))
 
     def delete(self, key: Any, ts: int) -> None:
         """Remove the timer ``(key, ts)``; not an error if there is none."""
@@ -191,8 +195,8 @@ class Timers:
     def pending(self, up_to: int | None = None) -> list[tuple[Any, int]]:
         """``(key, ts)`` of the registered timers (with ``ts <= up_to``), in firing order."""
         stop = self._stop(up_to)
-        with self.store.range(self.domain, stop) as it:
-            return [_decode(k) for k, _ in it]
+        with self.store.range_keys(self.domain, stop) as it:
+            return list(map(_decode, it))
 
     def _stop(self, up_to: int | None) -> bytes:
         if up_to is None or up_to + 1 >= _BIAS:
@@ -210,12 +214,12 @@ class Timers:
         start = self.domain
         try:
             while True:
-                with self.store.range(start, stop) as it:
+                with self.store.range_keys(start, stop) as it:
                     due = it.take(_FETCH)
                 if not due:
                     return fired
                 self._registered_due = False
-                for record_key, _ in due:
+                for record_key in due:
                     self.store.delete(record_key)
                     key, ts = _decode(record_key)
                     on_timer(key, ts)
@@ -248,8 +252,8 @@ class Timers:
         start = self.domain
         try:
             while True:
-                with self.store.range(start, stop) as it:
-                    due = list(map(_FIRST, it.take(chunk)))
+                with self.store.range_keys(start, stop) as it:  # keys only: a timer's value is a mark
+                    due = it.take(chunk)
                 if not due:
                     return fired
                 self.store.delete_all(due)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import chain, compress, filterfalse, islice, repeat
 from operator import is_, is_not
+from typing import Any
 
 from localstate.engine import (
     ChangeRecord,
@@ -18,7 +19,7 @@ from localstate.engine import (
     StoreSpec,
 )
 from localstate.errors import StoreClosedError
-from localstate.kv import KeyValueIterator, prefix_upper_bound, reject_none
+from localstate.kv import CloseableIterator, KeyValueIterator, prefix_upper_bound, reject_none
 from sortedcontainers import SortedDict
 
 from ._util import require_bytes, require_bytes_pairs
@@ -37,37 +38,52 @@ def _compact(value: bytes) -> bytes:
     return bytes(memoryview(value))
 
 
+def _compacted(batch: dict[bytes, bytes]) -> dict[bytes, bytes]:
+    """``batch`` with every value :func:`_compact`-ed, without a Python call per value. A
+    batch whose keys all hold one value *object* (a marker: the timers' records, a set
+    kept as a store) keeps one copy of it, not one per key. (Equal values that are
+    distinct objects are copied one by one, as they come: merging them would make such
+    a store faster to read than the same data written another way.)"""
+    values = list(batch.values())
+    if values and all(map(is_, values, repeat(values[0]))):
+        return dict.fromkeys(batch, _compact(values[0]))
+    return dict(zip(batch, map(bytes, map(memoryview, values))))
+
+
 class _Scan:
-    """One open range scan: the pairs of ``[start, stop)`` as of its creation.
+    """One open range scan: the pairs (or only the keys) of ``[start, stop)`` as of its
+    creation.
 
     Copying a whole range up front makes ``range(...)`` followed by a short read (the
     timers' ``take(n)``, a prefix probe) cost the size of the range. A scan instead
     copies chunks (growing, each one C-level ``irange`` slice) after the last key it
     copied, and the engine *freezes* every open scan — copies the rest of its range —
-    before any write, so a scan never sees a write made after it was created."""
+    before any write, so a scan never sees a write made after it was created. A
+    keys-only scan (``range_keys``) copies no values."""
 
-    __slots__ = ("data", "lo", "inclusive", "stop", "rest")
+    __slots__ = ("data", "lo", "inclusive", "stop", "rest", "with_values")
 
-    def __init__(self, data: SortedDict, start: bytes | None, stop: bytes | None) -> None:
+    def __init__(self, data: SortedDict, start: bytes | None, stop: bytes | None, with_values: bool = True) -> None:
         self.data = data
         self.lo, self.inclusive, self.stop = start, True, stop
-        self.rest: tuple[list[bytes], list[bytes]] | None = None
-        """The rest of the range (keys, values), once frozen."""
+        self.with_values = with_values
+        self.rest: tuple[list[bytes], list[bytes] | None] | None = None
+        """The rest of the range (keys, values or None), once frozen."""
 
-    def _copy(self, size: int | None) -> tuple[list[bytes], list[bytes]]:
-        """Keys and values after the last key copied (``size`` of them, or all)."""
+    def _copy(self, size: int | None) -> tuple[list[bytes], list[bytes] | None]:
+        """Keys (and values) after the last key copied (``size`` of them, or all)."""
         keys = self.data.irange(self.lo, self.stop, inclusive=(self.inclusive, False))
         keys = list(keys if size is None else islice(keys, size))
-        return keys, list(map(self.data.__getitem__, keys))
+        return keys, list(map(self.data.__getitem__, keys)) if self.with_values else None
 
     def freeze(self) -> None:
         """Copy the rest of the range now (a write is about to change the map)."""
         if self.rest is None:
             self.rest = self._copy(None)
 
-    def chunks(self, engine: MemoryEngine) -> Iterator[Iterable[tuple[bytes, bytes]]]:
-        """The scan's pairs as C-level iterators of up to ``_CHUNK`` pairs each (chained
-        by the caller, so reading a pair resumes no Python frame)."""
+    def chunks(self, engine: MemoryEngine) -> Iterator[Iterable[Any]]:
+        """The scan's pairs (keys) as C-level iterators of up to ``_CHUNK`` each (chained
+        by the caller, so reading one resumes no Python frame)."""
         try:
             size = _FIRST_CHUNK
             while self.rest is None:
@@ -83,11 +99,14 @@ class _Scan:
             engine._scans.discard(self)
 
     @staticmethod
-    def _slices(engine: MemoryEngine, keys: list[bytes], values: list[bytes]) -> Iterator[Iterable[tuple[bytes, bytes]]]:
+    def _slices(engine: MemoryEngine, keys: list[bytes], values: list[bytes] | None) -> Iterator[Iterable[Any]]:
         for i in range(0, len(keys), _CHUNK):
             if engine._data is None:
                 engine._require_open()  # closed mid-scan: StoreClosedError
-            yield zip(keys[i : i + _CHUNK], values[i : i + _CHUNK])
+            if values is None:
+                yield keys[i : i + _CHUNK]
+            else:
+                yield zip(keys[i : i + _CHUNK], values[i : i + _CHUNK])
 
 
 class MemoryEngine(KeyValueEngine):
@@ -151,15 +170,20 @@ class MemoryEngine(KeyValueEngine):
             raise
         if not (set(map(type, batch)) <= {bytes} and set(map(type, batch.values())) <= {bytes}):
             require_bytes_pairs(self.name, batch.items())  # raises, naming the first bad key or value
-        batch = dict(zip(batch, map(bytes, map(memoryview, batch.values()))))  # _compact, without a call per value
+        batch = _compacted(batch)
         new_keys = list(filterfalse(d.__contains__, batch))
+        if len(new_keys) == len(batch):
+            d.update(batch)  # all new: one SortedDict insert of keys and values
+            return
         if new_keys:
-            d.update({k: batch[k] for k in new_keys})
+            d.update(dict(zip(new_keys, map(batch.__getitem__, new_keys))))
         # Every key is in the sorted key list now, so the values can go straight into the
         # underlying dict (SortedDict subclasses dict) without SortedDict re-sorting keys.
         dict.update(d, batch)
 
     def delete(self, key: bytes) -> None:
+        if type(key) is not bytes:
+            require_bytes(self.name, "key", key)  # as every engine: not a silent no-op
         self._writable().pop(key, None)
 
     def delete_all(self, keys: Iterable[bytes]) -> None:
@@ -174,6 +198,9 @@ class MemoryEngine(KeyValueEngine):
             if view[start : start + len(keys)] == keys:
                 del view[start : start + len(keys)]
                 return
+        if not set(map(type, keys)) <= {bytes}:
+            for k in keys:  # raises for the first non-bytes key, before anything is deleted
+                require_bytes(self.name, "key", k)
         present = list(dict.fromkeys(filter(d.__contains__, keys)))
         if len(present) * 4 < len(d):
             pop = d.pop
@@ -194,6 +221,12 @@ class MemoryEngine(KeyValueEngine):
         scan = _Scan(self._require_open(), start, stop)
         self._scans.add(scan)
         return KeyValueIterator(chain.from_iterable(scan.chunks(self)), what=f"store {self.name!r} iterator")
+
+    def range_keys(self, start: bytes | None, stop: bytes | None) -> CloseableIterator[bytes]:
+        """The keys of ``[start, stop)`` as of this call (as :meth:`range`), no value read."""
+        scan = _Scan(self._require_open(), start, stop, with_values=False)
+        self._scans.add(scan)
+        return CloseableIterator(chain.from_iterable(scan.chunks(self)), what=f"store {self.name!r} iterator")
 
     def prefix(self, prefix: bytes) -> KeyValueIterator[bytes, bytes]:
         return self.range(prefix, prefix_upper_bound(prefix))

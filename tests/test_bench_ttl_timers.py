@@ -18,3 +18,12 @@ def test_ttl_suite_rows(monkeypatch):
     for name in ("timers register batch", "timers fire batch", "timers register", "timers fire"):
         assert by[(name, "memory")]["median"] > 0 and by[(name, "memory")]["unit"] == "timers/s"
     assert SUITES["ttl"][0] == "localstate.benchmarks.ttl_timers"
+
+
+def test_fresh_process_trials_give_rates_and_costs():
+    """``python -m localstate.benchmarks.ttl_timers --fresh N``: each trial in its own process."""
+    got = ttl_timers.fresh_processes("memory", 1, records=2000)
+    assert set(got) == {"put/s", "ttl put/s", "get/s", "ttl get/s", "ttl put cost", "ttl get cost",
+                        "timers registered/s", "timers fired/s"}
+    assert all(v > 0 for v in got.values())
+    assert got["ttl get cost"] == got["get/s"] / got["ttl get/s"]

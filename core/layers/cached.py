@@ -41,7 +41,7 @@ from operator import is_, is_not, itemgetter
 from typing import Any
 
 from ..errors import InvalidValueError, SerializationError, StoreClosedError
-from ..kv import KeyValueIterator, KeyValueStore, reject_none
+from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore, reject_none
 from ..metrics import StoreMetrics
 from ..serdes import Serde
 from .forwarding import ForwardingStore
@@ -532,6 +532,11 @@ class CachedStore(ForwardingStore):
         self._check_open()
         self._flush_dirty()
         return self.inner.all()
+
+    def range_keys(self, start: Any, stop: Any) -> CloseableIterator[Any]:
+        self._check_open()
+        self._flush_dirty()
+        return self.inner.range_keys(start, stop)
 
     def flush(self) -> None:
         self._check_open()

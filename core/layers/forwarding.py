@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..kv import KeyValueIterator, KeyValueStore
+from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore
 
 __all__ = ["ForwardingStore"]
 
 
-_FORWARDED = ("get", "get_all", "put", "put_all", "delete", "delete_all", "range", "prefix", "all", "flush", "close")
+_FORWARDED = ("get", "get_all", "put", "put_all", "delete", "delete_all", "range", "prefix", "all", "range_keys",
+              "flush", "close")
 
 
 class ForwardingStore(KeyValueStore[Any, Any]):
@@ -59,6 +60,9 @@ class ForwardingStore(KeyValueStore[Any, Any]):
 
     def all(self) -> KeyValueIterator[Any, Any]:
         return self.inner.all()
+
+    def range_keys(self, start: Any, stop: Any) -> CloseableIterator[Any]:
+        return self.inner.range_keys(start, stop)
 
     def flush(self) -> None:
         self.inner.flush()

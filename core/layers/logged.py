@@ -33,6 +33,6 @@ class LoggedStore(ForwardingStore):
         self.logger.log(key, None)
 
     def delete_all(self, keys: Iterable[bytes]) -> None:
-        keys = list(keys)
+        keys = keys if isinstance(keys, list) else list(keys)  # read twice: by the engine, then by the logger
         self.inner.delete_all(keys)
-        self.logger.log_all(dict.fromkeys(keys))
+        self.logger.log_deletes(keys)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..kv import KeyValueIterator, KeyValueStore
+from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore
 from ..metrics import StoreMetrics
 from .forwarding import ForwardingStore
 
@@ -86,3 +86,7 @@ class MeteredStore(ForwardingStore):
     def all(self) -> KeyValueIterator[Any, Any]:
         self.metrics.range_scans += 1
         return self.inner.all()
+
+    def range_keys(self, start: Any, stop: Any) -> CloseableIterator[Any]:
+        self.metrics.range_scans += 1
+        return self.inner.range_keys(start, stop)

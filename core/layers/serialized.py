@@ -9,13 +9,23 @@ from operator import is_, is_not, itemgetter, ne
 from typing import Any
 
 from ..errors import InvalidValueError, SerializationError
-from ..kv import KeyValueIterator, KeyValueStore, reject_none
-from ..serdes import Serde, decoder_of_many, describe_encode_error, encoder_of_many
+from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore, reject_none
+from ..serdes import Serde, decoder_of_many, describe_encode_error, encoder_of_many, get_serde
 from .forwarding import ForwardingStore
 
 __all__ = ["SerializedStore"]
 
 log = logging.getLogger("localstate")
+_BYTES_SERDE = get_serde("bytes")
+
+
+def _only_bytes(entries: dict[Any, Any]) -> bool:
+    """Every key and value of ``entries`` is exactly ``bytes`` (two C-level passes): what
+    the built-in bytes serde stores unchanged (``None`` values included in the check)."""
+    return set(map(type, entries)) <= _BYTES_TYPE and set(map(type, entries.values())) <= _BYTES_TYPE
+
+
+_BYTES_TYPE = frozenset((bytes,))
 
 
 def _scan_chunk_sizes() -> Iterator[int]:
@@ -42,6 +52,7 @@ class SerializedStore(ForwardingStore):
         self._warned_unordered = False
         # bytes in, bytes out: scans hand the engine's pairs up undecoded (no call per pair)
         self._decodes = not (key_serde.name == msg_serde.name == "bytes")
+        self._bytes_only = key_serde is _BYTES_SERDE and msg_serde is _BYTES_SERDE
 
     def passthrough_get(self) -> Any:
         """The ``get`` of the layer below when both serdes are the built-in ``bytes`` serde
@@ -198,6 +209,10 @@ class SerializedStore(ForwardingStore):
         self.inner.put(*encoded)
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
+        if self._bytes_only and type(entries) is dict and _only_bytes(entries):
+            if entries:
+                self.inner.put_all(entries)  # bytes in, bytes out (the timers' batches): nothing to encode
+            return
         if isinstance(entries, Mapping):
             keys, values = list(entries), list(entries.values())
         else:
@@ -232,6 +247,9 @@ class SerializedStore(ForwardingStore):
 
     def delete_all(self, keys: Iterable[Any]) -> None:
         keys = keys if isinstance(keys, list) else list(keys)
+        if self._bytes_only and set(map(type, keys)) <= _BYTES_TYPE:
+            self.inner.delete_all(keys)  # bytes keys of a bytes store (the timers' fired chunks): as they are
+            return
         self.inner.delete_all(self.encode_keys(keys))
 
     def _check_ordered(self) -> None:
@@ -257,3 +275,24 @@ class SerializedStore(ForwardingStore):
 
     def all(self) -> KeyValueIterator[Any, Any]:
         return self._decoded(self.inner.all())
+
+    # -- keys-only scans (the timers' firing path): no value is read or decoded ------------------
+    def range_keys(self, start: Any, stop: Any) -> CloseableIterator[Any]:
+        if start is None and stop is None:  # all keys: as all(), no order warning
+            keys = self.inner.range_keys(None, None)
+        else:
+            self._check_ordered()
+            keys = self.inner.range_keys(None if start is None else self.encode_key(start),
+                                         None if stop is None else self.encode_key(stop))
+        if self.key_serde is _BYTES_SERDE:
+            return keys  # bytes keys pass this layer unchanged
+        chunks = takewhile(len, map(keys.take, _scan_chunk_sizes()))
+        decoded = chain.from_iterable(map(self._decode_key_chunk, chunks))
+        return CloseableIterator(decoded, on_close=keys.close, what=f"store {self.name!r} iterator")
+
+    def _decode_key_chunk(self, chunk: list[bytes]) -> Iterable[Any]:
+        try:
+            return self._decode_keys(chunk)
+        except Exception:
+            # key by key: the keys before a bad one are handed out, then the error naming it
+            return map(self.decode_key, chunk)

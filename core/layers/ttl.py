@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError, InvalidValueError
 from ..faults import fault_point
-from ..kv import KeyValueIterator, KeyValueStore, reject_none
+from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore, keys_of, reject_none
 from ..serdes import Serde, decoder_of_many, prefixed_encoder_of_many
 from .cached import CachedStore
 from .forwarding import ForwardingStore
@@ -315,6 +315,10 @@ class TtlStore(ForwardingStore):
 
     def all(self) -> KeyValueIterator[Any, Any]:
         return self._live(self.inner.all())
+
+    def range_keys(self, start: Any, stop: Any) -> CloseableIterator[Any]:
+        # the expiry is inside each value: a keys-only scan reads the pairs all the same
+        return keys_of(self.all() if start is None and stop is None else self.range(start, stop))
 
     # -- writes: stamp the expiry -----------------------------------------------------------------
     def put(self, key: Any, value: Any) -> None:

@@ -332,6 +332,25 @@ class KeyValueStoreConformance:
         assert _items(store.all()) == [(b"a", b"9"), (b"c", b"3"), (b"d", b"4")]
         assert _items(store.range(b"a", b"c")) == [(b"a", b"9")]
 
+    def test_range_keys_are_the_keys_of_range(self, store: KeyValueStore) -> None:
+        store.put_all([(b"k%03d" % i, b"%d" % i) for i in range(300)])
+        store.flush()
+        store.delete_all([b"k%03d" % i for i in range(0, 300, 4)])
+        store.put(b"k100x", b"new")  # unflushed writes and deletes are seen, as by range()
+        store.delete(b"k101")
+        for start, stop in [(None, None), (b"k050", b"k150"), (None, b"k010"), (b"k290", None),
+                            (b"k200", b"k200"), (b"k200", b"k100")]:
+            expected = [k for k, _ in _items(store.range(start, stop))]
+            with store.range_keys(start, stop) as it:
+                assert list(it) == expected, (start, stop)
+        with store.keys() as it:
+            assert it.take(3) == [b"k001", b"k002", b"k003"]  # closed early by the with
+        it = store.range_keys(b"k050", None)
+        store.put(b"k050a", b"written after the scan was created")
+        with it:
+            assert b"k050a" not in list(it)
+        assert it.closed
+
     def test_iterator_close_is_idempotent_and_final(self, store: KeyValueStore) -> None:
         store.put_all([(b"a", b"1"), (b"b", b"2")])
         it = store.all()
