@@ -97,6 +97,12 @@ _RESTORE_WRITE_BUFFERS = 8
 """A restore's vector memtables: many small ones keep RocksDB's flushes running beside the
 replay, so less is left to flush at its end (8 MiB x 8 measured as fast as 64 MiB x 3 or faster
 at 1M and 3M records, with 25-85 MiB less peak memory; benchmarks/RESULTS.md)."""
+_RESTORE_L0_COMPACTION_TRIGGER = 16
+"""A restore's L0 files before a compaction starts (normally 4): with random keys every L0 file
+spans the whole key range, so each L0->L1 compaction rewrites all of L1, and at 4 a 1M-record
+replay paid one mid-way (~0.2 s of RocksDB CPU on 2 cores; benchmarks/RESULTS.md, session 4).
+Left below the normal options' slow-down trigger (20), so the reopened store never stalls its
+writes; the leftover L0 files are compacted once, in the background, after the restore."""
 _UNREAD = object()
 _NOT_PENDING = object()
 
@@ -259,6 +265,10 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
         opts.set_allow_concurrent_memtable_write(False)  # the vector memtable does not support it
         opts.set_write_buffer_size(_RESTORE_WRITE_BUFFER_BYTES)
         opts.set_max_write_buffer_number(_RESTORE_WRITE_BUFFERS)
+        opts.set_level_zero_file_num_compaction_trigger(_RESTORE_L0_COMPACTION_TRIGGER)
+        # no write stalls on L0 files while replaying: the trigger above bounds them
+        opts.set_level_zero_slowdown_writes_trigger(_RESTORE_L0_COMPACTION_TRIGGER * 3)
+        opts.set_level_zero_stop_writes_trigger(_RESTORE_L0_COMPACTION_TRIGGER * 4)
         return opts
 
     def _reopen(self, native: rocksdict.Options) -> None:

@@ -163,6 +163,51 @@ def test_a_reopened_rocksdb_database_runs_with_the_configured_options(tmp_path):
             engine.close()
 
 
+def test_a_restore_of_many_flushes_compacts_little_and_reopens_with_the_normal_settings(tmp_path, monkeypatch):
+    """A replay that flushes ~100 memtables (64 KiB each here) with overwrites and tombstones:
+    its compactions wait for 16 L0 files instead of 4, yet the restored database is exact,
+    is left with fewer L0 files than the normal options stop writes at, reopens with the normal
+    compaction settings, and takes more writes."""
+    from localstate.engines import rocksdb as rocksdb_module
+
+    monkeypatch.setattr(rocksdb_module, "_RESTORE_WRITE_BUFFER_BYTES", 64 << 10)
+    rng = random.Random(5)
+    keys = [rng.randbytes(16) for _ in range(20_000)]
+    records: list[tuple[bytes, bytes | None]] = []
+    model: dict[bytes, bytes] = {}
+    for i in range(60_000):
+        k = keys[rng.randrange(len(keys))]
+        v = None if i % 7 == 0 else rng.randbytes(100)
+        records.append((k, v))
+        if v is None:
+            model.pop(k, None)
+        else:
+            model[k] = v
+    context = StoreContext.local(tmp_path / "db", "kv", logged=True)
+    engine = RocksDBEngine(context)
+    try:
+        engine.restore(iter(records), into_empty=True)
+        engine.persist(len(records))
+        db = engine._require_open()
+        assert int(db.property_value("rocksdb.num-files-at-level0")) < 36  # the normal stop-writes trigger
+        with engine.all() as it:
+            assert dict(it) == model
+    finally:
+        engine.close()
+    options = _newest_options_file(tmp_path / "db")
+    assert "level0_file_num_compaction_trigger=4" in options and "disable_auto_compactions=false" in options
+    assert "memtable_factory=SkipListFactory" in options
+    engine = RocksDBEngine(context)
+    try:
+        assert engine.prepare_restore(len(records), 0) == len(records)  # its own snapshot, nothing to replay
+        with engine.all() as it:
+            assert dict(it) == model
+        engine.put_all({b"after-" + k: b"x" for k in keys[:1000]})
+        assert engine.get(b"after-" + keys[0]) == b"x" and len(engine) == len(model) + 1000
+    finally:
+        engine.close()
+
+
 @pytest.mark.kafka
 def test_a_keyless_record_in_a_kafka_changelog_is_named_not_restored(tmp_path, kafka_broker):
     """Something other than localstate wrote a record without a key into the changelog:
