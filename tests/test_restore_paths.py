@@ -208,6 +208,25 @@ def test_a_restore_of_many_flushes_compacts_little_and_reopens_with_the_normal_s
         engine.close()
 
 
+def test_a_full_restore_keeps_an_empty_live_database_and_wipes_one_with_leftovers(tmp_path):
+    """No usable snapshot: a live database with no key is restored into as it is (a first
+    open pays no close, delete and reopen); one holding writes no snapshot covers (a crash's
+    leftovers) is still wiped before the replay."""
+    context = StoreContext.local(tmp_path / "db", "kv", logged=True)
+    engine = RocksDBEngine(context)
+    try:
+        db = engine._require_open()
+        assert engine.prepare_restore(5, 0) == 0 and engine._require_open() is db
+        engine.restore(iter([(b"a", b"1"), (b"b", b"2"), (b"a", None)]), into_empty=True)
+        with engine.all() as it:
+            assert dict(it) == {b"b": b"2"}
+        engine.put_all({b"left": b"over"})  # past any commit, and no snapshot covers it
+        assert engine.prepare_restore(5, 0) == 0
+        assert len(engine) == 0
+    finally:
+        engine.close()
+
+
 @pytest.mark.kafka
 def test_a_keyless_record_in_a_kafka_changelog_is_named_not_restored(tmp_path, kafka_broker):
     """Something other than localstate wrote a record without a key into the changelog:
