@@ -49,7 +49,10 @@ A restore applies the change records in order as ``WriteBatch`` chunks (no WAL; 
 restore ends with a snapshot). One longer than a write batch reopens the database with
 *vector* memtables for its duration (appends, sorted when flushed off the Python thread,
 instead of a skip-list insert per record holding the GIL: the largest cost of a restore),
-flushes, and reopens it with the normal memtable. With ``restore.mode = sst`` a restore into an empty
+flushes, and reopens it with the normal memtable; while it replays, compactions wait for 16 L0
+files instead of 4 (random keys make every L0 file span the whole key range, so each L0->L1
+compaction rewrites all of L1), and what is left is compacted once after the reopen. With
+``restore.mode = sst`` a restore into an empty
 store instead deduplicates them (last write wins, tombstones dropped), writes them
 sorted into SST files with ``SstFileWriter`` and ingests them — it was the default
 until measured slower (the sort and the per-key SST writer cost more than memtable
