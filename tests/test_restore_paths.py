@@ -56,8 +56,8 @@ def _elsewhere(values: dict[str, str], tmp_path: Path, name: str) -> Config:
     return Config.from_dict({**values, "job.state.dir": str(tmp_path / name)})
 
 
-def _write_history(values: dict[str, str], commits: int = 4, per_commit: int = 300) -> dict[str, int]:
-    """Commits of random puts and deletes over 250 keys (overwrites and tombstones in
+def _write_history(values: dict[str, str], commits: int = 4, per_commit: int = 300, keys: int = 250) -> dict[str, int]:
+    """Commits of random puts and deletes over ``keys`` keys (overwrites and tombstones in
     every write batch of the replay), then an uncommitted tail; returns the committed state."""
     rng = random.Random(11)
     model: dict[str, int] = {}
@@ -65,7 +65,7 @@ def _write_history(values: dict[str, str], commits: int = 4, per_commit: int = 3
         kv = s.store("kv")
         for commit in range(1, commits + 1):
             for i in range(per_commit):
-                k = f"k{rng.randrange(250)}"
+                k = f"k{rng.randrange(keys)}"
                 if rng.random() < 0.25:
                     kv.delete(k)
                     model.pop(k, None)
@@ -149,6 +149,36 @@ def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path, 
     assert proc.returncode == -9, proc.stderr
     with TaskStorage(Config.from_dict(config_values)) as s:
         assert _dump(s) == model
+
+
+@pytest.mark.parametrize("point", ["restore.mid", "snapshot.mid"])
+def test_sigkill_in_a_restore_of_many_flushes_then_reopen_is_exact(tmp_path, point):
+    """As above, with 64 KiB restore memtables and ~27k change records: the kill comes early
+    in the replay (the fault point follows its first batch) or while the restored state —
+    dozens of flushed memtables, their L0 files compacted only once 16 wait — is being
+    snapshotted. The reopen (normal options) rebuilds it exactly and takes more writes."""
+    values = _values(tmp_path)
+    model = _write_history(values, commits=8, per_commit=4_000, keys=50_000)  # ~27k change records
+    config_values = {**values, "job.state.dir": str(tmp_path / "machine-b")}
+    child = textwrap.dedent(f"""
+        import json, sys
+        from localstate import Config, TaskStorage
+        from localstate.engines import rocksdb
+        rocksdb.RocksDBEngine.write_batch_records = {BATCH}
+        rocksdb._RESTORE_WRITE_BUFFER_BYTES = 64 << 10
+        TaskStorage(Config.from_dict(json.loads(sys.argv[1])))
+        sys.exit(5)  # the kill must come first
+    """)
+    env = {**os.environ, "LOCALSTATE_FAULTS": f"{point}=kill"}
+    proc = subprocess.run([sys.executable, "-c", child, json.dumps(config_values)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    with TaskStorage(Config.from_dict(config_values)) as s:
+        assert _dump(s) == model
+        s.store("kv").put("after", 1)
+        s.commit(input_position=99)
+    with TaskStorage(Config.from_dict(config_values)) as s:
+        assert _dump(s) == {**model, "after": 1}
 
 
 def test_a_reopened_rocksdb_database_runs_with_the_configured_options(tmp_path):
