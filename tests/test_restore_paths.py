@@ -128,44 +128,26 @@ def test_failure_in_the_middle_of_a_long_restore_changes_nothing(tmp_path):
         assert _dump(s) == model
 
 
+@pytest.mark.parametrize("many_flushes", [False, True], ids=["few-flushes", "many-flushes"])
 @pytest.mark.parametrize("point", ["restore.mid", "snapshot.mid"])
-def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path, point):
-    """Killed while replaying, or after the replay while the restored state is being
-    snapshotted (the vector-memtable database already flushed and reopened)."""
+def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path, point, many_flushes):
+    """Killed while replaying (the fault point follows the first batch), or after the replay
+    while the restored state is being snapshotted (the vector-memtable database already
+    flushed and reopened). ``many_flushes``: 64 KiB restore memtables and ~27k change
+    records, so dozens of flushed memtables — L0 files compacted only once 16 wait — are on
+    disk at the snapshot's kill. The reopen (normal options) is exact and takes more writes."""
     values = _values(tmp_path)
-    model = _write_history(values)
-    config_values = {**values, "job.state.dir": str(tmp_path / "machine-b")}
-    child = textwrap.dedent(f"""
-        import json, sys
-        from localstate import Config, TaskStorage
-        from localstate.engines.rocksdb import RocksDBEngine
-        RocksDBEngine.write_batch_records = {BATCH}
-        TaskStorage(Config.from_dict(json.loads(sys.argv[1])))
-        sys.exit(5)  # the kill must come first
-    """)
-    env = {**os.environ, "LOCALSTATE_FAULTS": f"{point}=kill"}
-    proc = subprocess.run([sys.executable, "-c", child, json.dumps(config_values)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == -9, proc.stderr
-    with TaskStorage(Config.from_dict(config_values)) as s:
-        assert _dump(s) == model
-
-
-@pytest.mark.parametrize("point", ["restore.mid", "snapshot.mid"])
-def test_sigkill_in_a_restore_of_many_flushes_then_reopen_is_exact(tmp_path, point):
-    """As above, with 64 KiB restore memtables and ~27k change records: the kill comes early
-    in the replay (the fault point follows its first batch) or while the restored state —
-    dozens of flushed memtables, their L0 files compacted only once 16 wait — is being
-    snapshotted. The reopen (normal options) rebuilds it exactly and takes more writes."""
-    values = _values(tmp_path)
-    model = _write_history(values, commits=8, per_commit=4_000, keys=50_000)  # ~27k change records
+    history = {"commits": 8, "per_commit": 4_000, "keys": 50_000} if many_flushes else {}
+    model = _write_history(values, **history)
+    memtable_bytes = 64 << 10 if many_flushes else None
     config_values = {**values, "job.state.dir": str(tmp_path / "machine-b")}
     child = textwrap.dedent(f"""
         import json, sys
         from localstate import Config, TaskStorage
         from localstate.engines import rocksdb
         rocksdb.RocksDBEngine.write_batch_records = {BATCH}
-        rocksdb._RESTORE_WRITE_BUFFER_BYTES = 64 << 10
+        if {memtable_bytes!r} is not None:
+            rocksdb._RESTORE_WRITE_BUFFER_BYTES = {memtable_bytes!r}
         TaskStorage(Config.from_dict(json.loads(sys.argv[1])))
         sys.exit(5)  # the kill must come first
     """)
