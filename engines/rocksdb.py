@@ -422,6 +422,14 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
         except Exception as e:
             raise self._translate(e, "multi-get") from e
 
+    def _never_written(self, db: rocksdict.Rdict) -> bool:
+        """No table file and nothing in the memtables, by RocksDB's own bookkeeping: a
+        database that never held a write. Not decided by reading data, which a damaged
+        file could hide (an unknown property counts as written)."""
+        props = ("rocksdb.total-sst-files-size", "rocksdb.num-entries-active-mem-table",
+                 "rocksdb.num-entries-imm-mem-tables")
+        return all(db.property_int_value(p) == 0 for p in props)
+
     def _is_empty(self, db: rocksdict.Rdict) -> bool:
         probe = db.iter(rocksdict.ReadOptions())
         probe.seek_to_first()

@@ -220,10 +220,12 @@ def test_a_restore_of_many_flushes_compacts_little_and_reopens_with_the_normal_s
         engine.close()
 
 
-def test_a_full_restore_keeps_an_empty_live_database_and_wipes_one_with_leftovers(tmp_path):
-    """No usable snapshot: a live database with no key is restored into as it is (a first
-    open pays no close, delete and reopen); one holding writes no snapshot covers (a crash's
-    leftovers) is still wiped before the replay."""
+@pytest.mark.parametrize("leftover", ["a key in the memtable", "a key in a table file", "only a tombstone"])
+def test_a_full_restore_keeps_a_never_written_live_database_and_wipes_any_other(tmp_path, leftover):
+    """No usable snapshot: a live database that never held a write is restored into as it is
+    (a first open pays no close, delete and reopen); one holding anything no snapshot covers
+    (a crash's leftovers: a key, in memory or on disk, or even a tombstone alone) is rebuilt
+    empty before the replay."""
     context = StoreContext.local(tmp_path / "db", "kv", logged=True)
     engine = RocksDBEngine(context)
     try:
@@ -232,9 +234,17 @@ def test_a_full_restore_keeps_an_empty_live_database_and_wipes_one_with_leftover
         engine.restore(iter([(b"a", b"1"), (b"b", b"2"), (b"a", None)]), into_empty=True)
         with engine.all() as it:
             assert dict(it) == {b"b": b"2"}
-        engine.put_all({b"left": b"over"})  # past any commit, and no snapshot covers it
+        engine.wipe()
+        db = engine._require_open()
+        if leftover == "only a tombstone":
+            engine.delete_all([b"gone"])
+        else:
+            engine.put_all({b"left": b"over"})  # past any commit, and no snapshot covers it
+        if leftover != "a key in the memtable":
+            engine._require_open().flush(True)
         assert engine.prepare_restore(5, 0) == 0
-        assert len(engine) == 0
+        assert engine._require_open() is not db and len(engine) == 0  # rebuilt
+        assert engine._require_open().property_int_value("rocksdb.total-sst-files-size") == 0
     finally:
         engine.close()
 
