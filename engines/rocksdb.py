@@ -103,9 +103,9 @@ at 1M and 3M records, with 25-85 MiB less peak memory; benchmarks/RESULTS.md).""
 _RESTORE_L0_COMPACTION_TRIGGER = 16
 """A restore's L0 files before a compaction starts (normally 4): with random keys every L0 file
 spans the whole key range, so each L0->L1 compaction rewrites all of L1, and at 4 a 1M-record
-replay paid one mid-way (~0.2 s of RocksDB CPU on 2 cores; benchmarks/RESULTS.md, session 4).
-Left below the normal options' slow-down trigger (20), so the reopened store never stalls its
-writes; the leftover L0 files are compacted once, in the background, after the restore."""
+replay paid one mid-way (0.1-0.2 s of RocksDB CPU; benchmarks/RESULTS.md, session 4). Left
+below the normal options' slow-down trigger (20), so the reopened store does not normally slow
+its writes; the leftover L0 files are compacted once, in the background, after the restore."""
 _UNREAD = object()
 _NOT_PENDING = object()
 
