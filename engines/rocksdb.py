@@ -49,7 +49,10 @@ A restore applies the change records in order as ``WriteBatch`` chunks (no WAL; 
 restore ends with a snapshot). One longer than a write batch reopens the database with
 *vector* memtables for its duration (appends, sorted when flushed off the Python thread,
 instead of a skip-list insert per record holding the GIL: the largest cost of a restore),
-flushes, and reopens it with the normal memtable. With ``restore.mode = sst`` a restore into an empty
+flushes, and reopens it with the normal memtable; while it replays, compactions wait for 16 L0
+files instead of 4 (random keys make every L0 file span the whole key range, so each L0->L1
+compaction rewrites all of L1), and what is left is compacted once after the reopen. With
+``restore.mode = sst`` a restore into an empty
 store instead deduplicates them (last write wins, tombstones dropped), writes them
 sorted into SST files with ``SstFileWriter`` and ingests them — it was the default
 until measured slower (the sort and the per-key SST writer cost more than memtable
@@ -97,6 +100,12 @@ _RESTORE_WRITE_BUFFERS = 8
 """A restore's vector memtables: many small ones keep RocksDB's flushes running beside the
 replay, so less is left to flush at its end (8 MiB x 8 measured as fast as 64 MiB x 3 or faster
 at 1M and 3M records, with 25-85 MiB less peak memory; benchmarks/RESULTS.md)."""
+_RESTORE_L0_COMPACTION_TRIGGER = 16
+"""A restore's L0 files before a compaction starts (normally 4): with random keys every L0 file
+spans the whole key range, so each L0->L1 compaction rewrites all of L1, and at 4 a 1M-record
+replay paid one mid-way (0.1-0.2 s of RocksDB CPU; benchmarks/RESULTS.md, session 4). Left
+below the normal options' slow-down trigger (20), so the reopened store does not normally slow
+its writes; the leftover L0 files are compacted once, in the background, after the restore."""
 _UNREAD = object()
 _NOT_PENDING = object()
 
@@ -259,6 +268,10 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
         opts.set_allow_concurrent_memtable_write(False)  # the vector memtable does not support it
         opts.set_write_buffer_size(_RESTORE_WRITE_BUFFER_BYTES)
         opts.set_max_write_buffer_number(_RESTORE_WRITE_BUFFERS)
+        opts.set_level_zero_file_num_compaction_trigger(_RESTORE_L0_COMPACTION_TRIGGER)
+        # no write stalls on L0 files while replaying: the trigger above bounds them
+        opts.set_level_zero_slowdown_writes_trigger(_RESTORE_L0_COMPACTION_TRIGGER * 3)
+        opts.set_level_zero_stop_writes_trigger(_RESTORE_L0_COMPACTION_TRIGGER * 4)
         return opts
 
     def _reopen(self, native: rocksdict.Options) -> None:
@@ -408,6 +421,14 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
             return list(zip(keys, db.get(keys)))
         except Exception as e:
             raise self._translate(e, "multi-get") from e
+
+    def _never_written(self, db: rocksdict.Rdict) -> bool:
+        """No table file and nothing in the memtables, by RocksDB's own bookkeeping: a
+        database that never held a write. Not decided by reading data, which a damaged
+        file could hide (an unknown property counts as written)."""
+        props = ("rocksdb.total-sst-files-size", "rocksdb.num-entries-active-mem-table",
+                 "rocksdb.num-entries-imm-mem-tables")
+        return all(db.property_int_value(p) == 0 for p in props)
 
     def _is_empty(self, db: rocksdict.Rdict) -> bool:
         probe = db.iter(rocksdict.ReadOptions())

@@ -54,6 +54,7 @@ class RocksDBSnapshots:
         def _open(self, native: Any = None) -> None: ...
         def _translate(self, e: BaseException, action: str) -> LocalStateError: ...
         def flush(self) -> None: ...
+        def _never_written(self, db: Any) -> bool: ...
 
     def _take_clean_marker(self) -> int | None:
         """Read and durably delete ``db.clean`` (before the live database can be written)."""
@@ -147,6 +148,11 @@ class RocksDBSnapshots:
             # closed cleanly at its newest snapshot, and no open since: db/ is that snapshot
             self._live_snapshot = (clean, 0)
             return clean
+        if not usable and self._never_written(self._require_open()):
+            # a full restore into a database that never held a write (a first open on this
+            # machine): rebuilding it empty would only cost a close, a delete and a reopen
+            self._live_snapshot = None
+            return 0
         self._close_db()
         start = 0
         for offset, path in reversed(usable):

@@ -56,8 +56,8 @@ def _elsewhere(values: dict[str, str], tmp_path: Path, name: str) -> Config:
     return Config.from_dict({**values, "job.state.dir": str(tmp_path / name)})
 
 
-def _write_history(values: dict[str, str], commits: int = 4, per_commit: int = 300) -> dict[str, int]:
-    """Commits of random puts and deletes over 250 keys (overwrites and tombstones in
+def _write_history(values: dict[str, str], commits: int = 4, per_commit: int = 300, keys: int = 250) -> dict[str, int]:
+    """Commits of random puts and deletes over ``keys`` keys (overwrites and tombstones in
     every write batch of the replay), then an uncommitted tail; returns the committed state."""
     rng = random.Random(11)
     model: dict[str, int] = {}
@@ -65,7 +65,7 @@ def _write_history(values: dict[str, str], commits: int = 4, per_commit: int = 3
         kv = s.store("kv")
         for commit in range(1, commits + 1):
             for i in range(per_commit):
-                k = f"k{rng.randrange(250)}"
+                k = f"k{rng.randrange(keys)}"
                 if rng.random() < 0.25:
                     kv.delete(k)
                     model.pop(k, None)
@@ -128,18 +128,26 @@ def test_failure_in_the_middle_of_a_long_restore_changes_nothing(tmp_path):
         assert _dump(s) == model
 
 
+@pytest.mark.parametrize("many_flushes", [False, True], ids=["few-flushes", "many-flushes"])
 @pytest.mark.parametrize("point", ["restore.mid", "snapshot.mid"])
-def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path, point):
-    """Killed while replaying, or after the replay while the restored state is being
-    snapshotted (the vector-memtable database already flushed and reopened)."""
+def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path, point, many_flushes):
+    """Killed while replaying (the fault point follows the first batch), or after the replay
+    while the restored state is being snapshotted (the vector-memtable database already
+    flushed and reopened). ``many_flushes``: 64 KiB restore memtables and ~27k change
+    records, so dozens of flushed memtables — L0 files compacted only once 16 wait — are on
+    disk at the snapshot's kill. The reopen (normal options) is exact and takes more writes."""
     values = _values(tmp_path)
-    model = _write_history(values)
+    history = {"commits": 8, "per_commit": 4_000, "keys": 50_000} if many_flushes else {}
+    model = _write_history(values, **history)
+    memtable_bytes = 64 << 10 if many_flushes else None
     config_values = {**values, "job.state.dir": str(tmp_path / "machine-b")}
     child = textwrap.dedent(f"""
         import json, sys
         from localstate import Config, TaskStorage
-        from localstate.engines.rocksdb import RocksDBEngine
-        RocksDBEngine.write_batch_records = {BATCH}
+        from localstate.engines import rocksdb
+        rocksdb.RocksDBEngine.write_batch_records = {BATCH}
+        if {memtable_bytes!r} is not None:
+            rocksdb._RESTORE_WRITE_BUFFER_BYTES = {memtable_bytes!r}
         TaskStorage(Config.from_dict(json.loads(sys.argv[1])))
         sys.exit(5)  # the kill must come first
     """)
@@ -149,6 +157,10 @@ def test_sigkill_in_the_middle_of_a_long_restore_then_reopen_is_exact(tmp_path, 
     assert proc.returncode == -9, proc.stderr
     with TaskStorage(Config.from_dict(config_values)) as s:
         assert _dump(s) == model
+        s.store("kv").put("after", 1)
+        s.commit(input_position=99)
+    with TaskStorage(Config.from_dict(config_values)) as s:
+        assert _dump(s) == {**model, "after": 1}
 
 
 def test_a_reopened_rocksdb_database_runs_with_the_configured_options(tmp_path):
@@ -161,6 +173,80 @@ def test_a_reopened_rocksdb_database_runs_with_the_configured_options(tmp_path):
             assert db.property_int_value("rocksdb.block-cache-capacity") == 3 << 20
         finally:
             engine.close()
+
+
+def test_a_restore_of_many_flushes_compacts_little_and_reopens_with_the_normal_settings(tmp_path, monkeypatch):
+    """A replay that flushes ~100 memtables (64 KiB each here) with overwrites and tombstones:
+    its compactions wait for 16 L0 files instead of 4, yet the restored database is exact,
+    is left with fewer L0 files than the normal options stop writes at, reopens with the normal
+    compaction settings, and takes more writes."""
+    from localstate.engines import rocksdb as rocksdb_module
+
+    monkeypatch.setattr(rocksdb_module, "_RESTORE_WRITE_BUFFER_BYTES", 64 << 10)
+    rng = random.Random(5)
+    keys = [rng.randbytes(16) for _ in range(20_000)]
+    records: list[tuple[bytes, bytes | None]] = []
+    model: dict[bytes, bytes] = {}
+    for i in range(60_000):
+        k = keys[rng.randrange(len(keys))]
+        v = None if i % 7 == 0 else rng.randbytes(100)
+        records.append((k, v))
+        if v is None:
+            model.pop(k, None)
+        else:
+            model[k] = v
+    context = StoreContext.local(tmp_path / "db", "kv", logged=True)
+    engine = RocksDBEngine(context)
+    try:
+        engine.restore(iter(records), into_empty=True)
+        engine.persist(len(records))
+        db = engine._require_open()
+        assert int(db.property_value("rocksdb.num-files-at-level0")) < 36  # the normal stop-writes trigger
+        with engine.all() as it:
+            assert dict(it) == model
+    finally:
+        engine.close()
+    options = _newest_options_file(tmp_path / "db")
+    assert "level0_file_num_compaction_trigger=4" in options and "disable_auto_compactions=false" in options
+    assert "memtable_factory=SkipListFactory" in options
+    engine = RocksDBEngine(context)
+    try:
+        assert engine.prepare_restore(len(records), 0) == len(records)  # its own snapshot, nothing to replay
+        with engine.all() as it:
+            assert dict(it) == model
+        engine.put_all({b"after-" + k: b"x" for k in keys[:1000]})
+        assert engine.get(b"after-" + keys[0]) == b"x" and len(engine) == len(model) + 1000
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("leftover", ["a key in the memtable", "a key in a table file", "only a tombstone"])
+def test_a_full_restore_keeps_a_never_written_live_database_and_wipes_any_other(tmp_path, leftover):
+    """No usable snapshot: a live database that never held a write is restored into as it is
+    (a first open pays no close, delete and reopen); one holding anything no snapshot covers
+    (a crash's leftovers: a key, in memory or on disk, or even a tombstone alone) is rebuilt
+    empty before the replay."""
+    context = StoreContext.local(tmp_path / "db", "kv", logged=True)
+    engine = RocksDBEngine(context)
+    try:
+        db = engine._require_open()
+        assert engine.prepare_restore(5, 0) == 0 and engine._require_open() is db
+        engine.restore(iter([(b"a", b"1"), (b"b", b"2"), (b"a", None)]), into_empty=True)
+        with engine.all() as it:
+            assert dict(it) == {b"b": b"2"}
+        engine.wipe()
+        db = engine._require_open()
+        if leftover == "only a tombstone":
+            engine.delete_all([b"gone"])
+        else:
+            engine.put_all({b"left": b"over"})  # past any commit, and no snapshot covers it
+        if leftover != "a key in the memtable":
+            engine._require_open().flush(True)
+        assert engine.prepare_restore(5, 0) == 0
+        assert engine._require_open() is not db and len(engine) == 0  # rebuilt
+        assert engine._require_open().property_int_value("rocksdb.total-sst-files-size") == 0
+    finally:
+        engine.close()
 
 
 @pytest.mark.kafka
