@@ -158,7 +158,7 @@ class _TaskAttempt:
 
     def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         task = self.task
-        assert task is not None
+        assert task is not None, "feed after close"
         self.rows += batch.num_rows
         # The batch is processed at its event time (event-time TTL stamps its writes
         # with it); timers fire after it, so the batch can still delete or move them.
@@ -169,7 +169,7 @@ class _TaskAttempt:
 
     def finish(self) -> Iterator[pa.RecordBatch]:
         task = self.task
-        assert task is not None
+        assert task is not None, "finish after close"
         self.context.fire_timers(task, self.emit)
         task.window(self.emit)
         yield from self.drain()
@@ -184,9 +184,11 @@ class _TaskAttempt:
             yield metrics_batch(self.storage, self.run.output_schema)
 
     def close(self) -> None:
+        """Close the task and its storage (once; later calls do nothing)."""
+        task, self.task = self.task, None
         try:
-            if self.task is not None:
-                self.task.close()
+            if task is not None:
+                task.close()
         finally:
             self.storage.close()
 
@@ -230,10 +232,11 @@ def run_partitions(run: TaskRun, partitions: list[int], batches: Iterator[pa.Rec
     Every task is opened first and runs even without rows (its timers fire and it
     commits the version, as in :func:`run_partition`); each input batch is split by
     ``column`` (dropped before the tasks see it). Nothing is committed before all input
-    is read; then each task finishes and commits in turn, so a failure part-way leaves
-    some tasks at the new version and others not — a retry of the Spark task rolls the
-    former back and applies the batch once (:mod:`localstate.contrib.spark.streaming`).
-    A row whose task is not in ``partitions`` is an error (it would be lost).
+    is read; then each task finishes, commits and closes (its locks released) in turn, so
+    a failure part-way leaves some tasks at the new version and others not — a retry of
+    the Spark task rolls the former back and applies the batch once
+    (:mod:`localstate.contrib.spark.streaming`). A row whose task is not in
+    ``partitions`` is an error (it would be lost).
     """
     config, batch_id = _resolve(run)
     attempts: list[_TaskAttempt] = []
@@ -257,6 +260,7 @@ def run_partitions(run: TaskRun, partitions: list[int], batches: Iterator[pa.Rec
                 )
         for attempt in attempts:
             yield from attempt.finish()
+            attempt.close()
     finally:
         errors: list[BaseException] = []
         for attempt in attempts:
