@@ -165,3 +165,36 @@ def test_an_input_column_named_like_the_partition_column_is_refused(spark: Any, 
     df = spark.createDataFrame([("a", 1)], f"user_id string, {PARTITION_COLUMN} int")
     with pytest.raises(ConfigError, match="rename it"):
         job.transform(df, batch_id=0)
+
+
+@pytest.mark.spark
+def test_a_grouped_stream_counts_exactly_and_reports_every_tasks_metrics(spark: Any, tmp_path: Path) -> None:
+    """run_stream with 4 tasks in 2 Spark tasks: two micro-batches (one file each), the
+    output of each is the running totals of its keys, every task commits both, and the
+    observed metrics count all 4 tasks."""
+    from localstate.contrib.spark.sources import register_sources
+
+    register_sources(spark)
+    src = tmp_path / "in"
+    src.mkdir()
+    files = [[f"u{i % 9}" for i in range(60)], [f"u{i % 4}" for i in range(25)]]
+    for n, users in enumerate(files):
+        (src / f"{n}.jsonl").write_text("".join(f'{{"user_id": "{u}"}}\n' for u in users))
+    job = _job(tmp_path / "job", 2)
+    outputs: dict[int, dict[str, int]] = {}
+
+    def output(df: Any, batch_id: int) -> None:
+        outputs[batch_id] = {r["key"]: r["count"] for r in dataframe_to_arrow(df).to_pylist()}
+
+    stream = (spark.readStream.format("localstate-jsonl").schema("user_id string").option("maxFilesPerTrigger", 1)
+              .load(str(src)))
+    query = job.run_stream(stream, checkpoint_location=str(tmp_path / "ckpt"), trigger={"availableNow": True},
+                           output=output)
+    query.awaitTermination(180)
+    assert query.exception() is None, query.exception()
+    total = Counter(files[0]) + Counter(files[1])
+    assert outputs == {0: dict(Counter(files[0])), 1: {k: total[k] for k in set(files[1])}}
+    assert read_counts(job.config) == total
+    assert committed_batches(job.config) == dict.fromkeys(range(PARTITIONS), 1)
+    observed = query.lastProgress["observedMetrics"]["localstate.counts"]
+    assert (observed["numTasks"], observed["commits"], observed["numRowsUpdated"]) == (PARTITIONS, PARTITIONS, 4)
