@@ -198,3 +198,15 @@ def test_a_grouped_stream_counts_exactly_and_reports_every_tasks_metrics(spark: 
     assert committed_batches(job.config) == dict.fromkeys(range(PARTITIONS), 1)
     observed = query.lastProgress["observedMetrics"]["localstate.counts"]
     assert (observed["numTasks"], observed["commits"], observed["numRowsUpdated"]) == (PARTITIONS, PARTITIONS, 4)
+
+
+@pytest.mark.spark
+def test_grouped_batch_runs_apply_each_run_once_with_every_tasks_metrics(spark: Any, tmp_path: Path) -> None:
+    job = _job(tmp_path, 3)  # groups [0, 3], [1], [2]: unequal groups
+    users = [f"u{i % 10}" for i in range(70)]
+    first = {r["key"]: r["count"] for r in dataframe_to_arrow(job.run(_input(spark, users))).to_pylist()}
+    second = {r["key"]: r["count"] for r in dataframe_to_arrow(job.run(_input(spark, users))).to_pylist()}
+    assert first == Counter(users)
+    assert second == {k: 2 * v for k, v in Counter(users).items()}
+    assert committed_batches(job.config) == dict.fromkeys(range(PARTITIONS), 1)
+    assert job.batch_metrics[1]["counts"]["numTasks"] == PARTITIONS
