@@ -9,8 +9,8 @@ and one topic of 1 partition is filled with ``events`` JSON page views
   ``maxOffsetsPerTrigger`` = events / 4, ``minPartitions`` = the session's cores, so the
   one topic partition is read and parsed on both cores) → :meth:`StatefulJob.run_stream`
   with the count-per-key task of :func:`localstate.testing.spark.key_count_task`
-  (rocksdb + file changelog, no object cache, 4 tasks on ``local[2]``, one exactly-once
-  commit per task per micro-batch), ``availableNow``, warm session; timed from
+  (rocksdb + file changelog, no object cache, 4 tasks on ``local[2]`` run in as many
+  Spark tasks as the session has cores, one exactly-once commit per task per micro-batch), ``availableNow``, warm session; timed from
   ``start()`` to the end of the query.
 * ``quix``: Quix Streams 3.28 ``Application(processing_guarantee="exactly-once")``
   counting per key in its RocksDB state with its changelog topic
@@ -50,6 +50,7 @@ from .spark_streaming import (
     latencies_ms,
     localstate_breakdown,
     run_shape,
+    spark_tasks_for,
 )
 
 __all__ = ["KAFKA_FULL", "KAFKA_QUICK", "kafka_rows", "produce_page_views", "main"]
@@ -86,8 +87,10 @@ def produce_page_views(bootstrap: str, topic: str, sizes: Sizes) -> int:
 
 
 def localstate_kafka_stream(spark: Any, bootstrap: str, topic: str, root: Path, per_trigger: int,
-                            timing_dir: Path | None = None) -> tuple[StreamRun, Any]:
-    """Count per user of ``topic`` by :meth:`StatefulJob.run_stream`; the run and its config."""
+                            timing_dir: Path | None = None, spark_tasks: int | None = None) -> tuple[StreamRun, Any]:
+    """Count per user of ``topic`` by :meth:`StatefulJob.run_stream` (its tasks in
+    :func:`~localstate.benchmarks.spark_streaming.spark_tasks_for` Spark tasks); the run
+    and its config."""
     from localstate.contrib.spark.jobs import default_kv_engine
     from localstate.contrib.spark.sources import register_sources
     from localstate.testing.spark import KeyCount, key_count_config, key_count_task
@@ -102,7 +105,8 @@ def localstate_kafka_stream(spark: Any, bootstrap: str, topic: str, root: Path, 
     task = key_count_task("user_id")
     if timing_dir is not None:
         task = timed_task(task, str(timing_dir))
-    job = StatefulJob(config, task, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
+    job = StatefulJob(config, task, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA,
+                      spark_tasks=spark_tasks_for(spark, spark_tasks))
     stream = (spark.readStream.format("localstate-kafka").option("bootstrap.servers", bootstrap)
               .option("topic", topic).option("format", "json").option("maxOffsetsPerTrigger", per_trigger)
               .option("minPartitions", spark.sparkContext.defaultParallelism)
@@ -124,8 +128,9 @@ def quix_run(python: str, bootstrap: str, topic: str, n: int, root: Path) -> dic
     return json.loads(result.read_text())
 
 
-def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
-    """The Kafka end-to-end rows (see the module docstring)."""
+def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: int | None = None) -> list[dict[str, Any]]:
+    """The Kafka end-to-end rows (see the module docstring); localstate's tasks in
+    ``spark_tasks`` Spark tasks (default: the session's cores)."""
     from localstate.testing.kafka import TansuBroker
     from localstate.testing.spark import read_counts
 
@@ -136,7 +141,8 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[s
         n = produce_page_views(broker.bootstrap, topic, sizes)
         per_trigger = -(-n // TRIGGERS)
         params = {"events": n, "users": sizes.users, "topic_partitions": 1, "maxOffsetsPerTrigger": per_trigger,
-                  "tasks": TASKS, "master": spark.sparkContext.master, "broker": "tansu (memory)"}
+                  "tasks": TASKS, "master": spark.sparkContext.master, "broker": "tansu (memory)",
+                  "spark_tasks": spark_tasks_for(spark, spark_tasks)}
 
         def fresh(name: str) -> Path:
             path = work / f"{name}-{time.time_ns()}"
@@ -148,7 +154,8 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[s
             timing = root / "timing"
             timing.mkdir()
             try:
-                run, config = localstate_kafka_stream(spark, broker.bootstrap, topic, root, per_trigger, timing)
+                run, config = localstate_kafka_stream(spark, broker.bootstrap, topic, root, per_trigger, timing,
+                                                      spark_tasks)
                 docs = [json.loads(p.read_text()) for p in timing.glob("*.json")]
                 return run, docs, read_counts(config) if check else None
             finally:

@@ -10,7 +10,8 @@ batch to the next — the shape a streaming user runs (the single-run rows of
 ``spark_jobs`` close most windows inside one run).
 
 * ``localstate``: :meth:`StatefulJob.run_stream` with :class:`PageViewsPerHour`
-  (rocksdb + file changelog, one exactly-once commit per task per micro-batch);
+  (rocksdb + file changelog, one exactly-once commit per task per micro-batch; the 4
+  tasks run in as many Spark tasks as the session has cores, ``--spark-tasks`` to change);
 * ``spark``: ``groupBy(window(event_time, 1 hour), user_id).count()`` with a 60 s
   watermark, append mode, ``RocksDBStateStoreProvider`` with changelog checkpointing.
 
@@ -53,7 +54,7 @@ from .runner import make_row
 from .spark_jobs import ENGINE, HOURS, SPARK_STATE_STORE, TASKS, Sizes, events, timed_task
 
 __all__ = ["StreamSizes", "STREAM_FULL", "STREAM_QUICK", "FILES_PER_TRIGGER", "write_stream_files",
-           "localstate_stream", "spark_stream", "StreamRun", "stream_rows", "finish_query",
+           "localstate_stream", "spark_stream", "spark_tasks_for", "StreamRun", "stream_rows", "finish_query",
            "format_parts", "latencies_ms", "localstate_breakdown", "spark_breakdown", "batch_stages", "run_shape", "main"]
 
 FILES_PER_TRIGGER = 5
@@ -116,14 +117,23 @@ def _stream(spark: Any, input_dir: Path) -> Any:
             .parquet(str(input_dir)))
 
 
+def spark_tasks_for(spark: Any, spark_tasks: int | None = None) -> int:
+    """``spark_tasks`` if given, else the session's cores (``defaultParallelism``), at most
+    the :data:`TASKS` state partitions: the Spark tasks localstate's 4 tasks run in, so a
+    micro-batch's Python stage is one wave (``StatefulJob(spark_tasks=...)``)."""
+    return spark_tasks if spark_tasks is not None else max(1, min(TASKS, spark.sparkContext.defaultParallelism))
+
+
 def localstate_stream(spark: Any, input_dir: Path, root: Path, *, collect: bool = False,
-                      timing_dir: Path | None = None) -> StreamRun:
+                      timing_dir: Path | None = None, spark_tasks: int | None = None) -> StreamRun:
     """:class:`PageViewsPerHour` by :meth:`StatefulJob.run_stream` over ``input_dir`` with
-    fresh state under ``root`` (rocksdb + file changelog); with ``timing_dir``, the
-    tasks' timers (:func:`timed_task`) are written there."""
+    fresh state under ``root`` (rocksdb + file changelog), its 4 tasks in
+    :func:`spark_tasks_for` Spark tasks; with ``timing_dir``, the tasks' timers
+    (:func:`timed_task`) are written there."""
     config = job_config(PageViewsPerHour, root, partitions=TASKS, engine=ENGINE)
     task = timed_task(PageViewsPerHour, str(timing_dir)) if timing_dir is not None else PageViewsPerHour
-    job = StatefulJob(config, task, key=PageViewsPerHour.KEY, output_schema=PageViewsPerHour.OUTPUT_SCHEMA)
+    job = StatefulJob(config, task, key=PageViewsPerHour.KEY, output_schema=PageViewsPerHour.OUTPUT_SCHEMA,
+                      spark_tasks=spark_tasks_for(spark, spark_tasks))
     collected: list[pa.Table] = []
     output: Callable[[Any, int], None] | None = None
     if collect:
@@ -288,9 +298,10 @@ def format_parts(parts: dict[str, float]) -> str:
 
 
 # -- the rows --------------------------------------------------------------------------------
-def stream_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
+def stream_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: int | None = None) -> list[dict[str, Any]]:
     """The streaming rows (see the module docstring) on ``spark``, with scratch space under
-    ``work``; ``repeats`` timed pairs after one verified warm-up pair."""
+    ``work``; ``repeats`` timed pairs after one verified warm-up pair; localstate's tasks
+    in ``spark_tasks`` Spark tasks (:func:`spark_tasks_for`)."""
     import json
 
     sizes = STREAM_QUICK if quick else STREAM_FULL
@@ -301,7 +312,8 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[
     del table
     params = {"events": n, "users": sizes.users, "hours": HOURS, "micro_batches": sizes.batches,
               "maxFilesPerTrigger": FILES_PER_TRIGGER, "trigger": "availableNow", "tasks": TASKS,
-              "master": spark.sparkContext.master, "engine": ENGINE, "changelog": "file"}
+              "master": spark.sparkContext.master, "engine": ENGINE, "changelog": "file",
+              "spark_tasks": spark_tasks_for(spark, spark_tasks)}
 
     def fresh(name: str) -> Path:
         path = work / f"{name}-{time.time_ns()}"
@@ -313,7 +325,8 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[
         timing = root / "timing"
         timing.mkdir()
         try:
-            run = localstate_stream(spark, input_dir, root, collect=collect, timing_dir=timing)
+            run = localstate_stream(spark, input_dir, root, collect=collect, timing_dir=timing,
+                                    spark_tasks=spark_tasks)
             docs = [json.loads(p.read_text()) for p in timing.glob("*.json")]
             return run, docs
         finally:
@@ -377,10 +390,11 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[
 
 
 # -- command line ------------------------------------------------------------------------------
-def run_shape(shape: Callable[[Any, Path, bool, int], list[dict[str, Any]]], argv: list[str] | None,
+def run_shape(shape: Callable[..., list[dict[str, Any]]], argv: list[str] | None,
               prog: str) -> list[dict[str, Any]]:
     """Run one streaming shape on its own ``local[2]`` session: ``[--quick] [--repeats N]
-    [--json PATH]``; prints one line per row (and the load average) and returns the rows."""
+    [--spark-tasks S] [--json PATH]``; prints one line per row (and the load average) and
+    returns the rows."""
     import argparse
     import json
     import tempfile
@@ -390,6 +404,8 @@ def run_shape(shape: Callable[[Any, Path, bool, int], list[dict[str, Any]]], arg
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--quick", action="store_true", help="the CI size")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side (default 3)")
+    parser.add_argument("--spark-tasks", type=int, default=None,
+                        help=f"Spark tasks localstate's {TASKS} tasks run in (default: the session's cores)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -397,7 +413,7 @@ def run_shape(shape: Callable[[Any, Path, bool, int], list[dict[str, Any]]], arg
     spark, owned = start_session(args.quick)
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
     try:
-        rows = shape(spark, work, args.quick, args.repeats)
+        rows = shape(spark, work, args.quick, args.repeats, spark_tasks=args.spark_tasks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if owned:

@@ -44,8 +44,13 @@ class FileLock:
                 f"{what} is locked by pid {holder} ({path}); only one writer may open it. "
                 "Stop the other process (or close its TaskStorage) first."
             ) from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        # Written only when it changes: a reused worker process takes the same locks
+        # at every task, and a truncate waits for the file system's journal (milliseconds
+        # while other processes fsync, per lock, on every task open).
+        holder = f"{os.getpid()}\n".encode()
+        if os.pread(self._fd, len(holder) + 1, 0) != holder:
+            os.pwrite(self._fd, holder, 0)
+            os.ftruncate(self._fd, len(holder))
 
     def release(self) -> None:
         if self._fd is not None:

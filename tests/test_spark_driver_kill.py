@@ -110,13 +110,14 @@ class DriverRun:
     survivors: dict[int, int]
 
 
-def _run_driver(root: Path, input_dir: Path, kill: Kill | None, n: int) -> DriverRun:
+def _run_driver(root: Path, input_dir: Path, kill: Kill | None, n: int, spark_tasks: int | None) -> DriverRun:
     """Start the driver; SIGKILL its process group at ``kill``'s moment (None: let it finish)."""
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     cmd = [
         sys.executable, "-m", "localstate.testing.spark_cluster_driver", "stream",
         "--root", str(root), "--input", str(input_dir), "--partitions", str(PARTITIONS),
         "--task-sleep", str(TASK_SLEEP_S), "--commit-sleep", str(COMMIT_SLEEP_S), "--master", "local[2]",
+        *(["--spark-tasks", str(spark_tasks)] if spark_tasks is not None else []),
     ]
     t0 = time.monotonic()
     seen: dict[int, int] = {}
@@ -153,13 +154,21 @@ def _run_driver(root: Path, input_dir: Path, kill: Kill | None, n: int) -> Drive
     return DriverRun(kill, moment, proc.returncode, time.monotonic() - t0, survivors)
 
 
-@pytest.fixture(scope="module")
-def killed_stream(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Counter[str]], list[DriverRun]]:
+SPARK_TASKS = [2, None] if FULL else [2]
+"""``StatefulJob(spark_tasks=...)`` of the runs: 2 = two tasks per Spark task (a ``commit``
+kill then also lands between the two tasks' commits of one Spark task, the harder case);
+None = one Spark task per task (also covered by the executor kills of
+``test_spark_cluster.py``)."""
+
+
+@pytest.fixture(scope="module", params=SPARK_TASKS, ids=lambda n: f"spark_tasks={n}")
+def killed_stream(request: pytest.FixtureRequest,
+                  tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Counter[str]], list[DriverRun]]:
     root = tmp_path_factory.mktemp("driver-kill")
     files = write_input(root / "input", FILES, rows_per_file=ROWS_PER_FILE, keys=KEYS, seed=11)
     runs = []
     for n, kill in enumerate([*KILLS, None]):
-        run = _run_driver(root, root / "input", kill, n)
+        run = _run_driver(root, root / "input", kill, n, request.param)
         runs.append(run)
         if kill is not None and run.moment is None:
             break  # the driver finished before the moment came: reported by the test

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from localstate import Config, ConfigError, LocalStateError
 
 from .compat import RUNNER_PYSPARK, require_pyspark
@@ -56,6 +57,10 @@ __all__ = [
     "executor_id",
     "executor_state_dir",
     "run_partition",
+    "run_partitions",
+    "task_groups",
+    "spark_task_keys",
+    "PARTITION_COLUMN",
     "spark_session",
 ]
 
@@ -118,6 +123,81 @@ def executor_state_dir(config: Config, executor: str | None = None) -> Config:
     return config.with_overrides({"job.state.dir": state_dir.replace(EXECUTOR_PLACEHOLDER, name)})
 
 
+class _TaskAttempt:
+    """One task's run inside a Spark task: its storage opened for the run's version, the
+    task initialised; :meth:`feed` input batches, then :meth:`finish` (timers, ``window``,
+    commit), :meth:`close` always. Output batches come back from :meth:`feed` and
+    :meth:`finish` as they are emitted."""
+
+    def __init__(self, run: TaskRun, config: Config, partition: int, batch_id: int | None) -> None:
+        self.run = run
+        self.partition = partition
+        self.batch_id = batch_id
+        self.rows = 0
+        opening = time.perf_counter()
+        self.storage = open_version(config, partition, batch_id, run.lock_wait_s)
+        open_seconds = time.perf_counter() - opening
+        self.task: StreamTask | None = None
+        try:
+            emit = self.emit = Emitter(run.output_schema)
+            self.drain = emit.drain
+            if run.in_stream_plan:
+                from .metrics import with_null_metrics
+
+                def drain() -> Iterator[pa.RecordBatch]:
+                    return map(with_null_metrics, emit.drain())
+
+                self.drain = drain
+            task = self.task = run.task()
+            self.context = TaskContext(partition, config.partitions, config, self.storage, task.timer_store,
+                                       open_seconds)
+            task.init(self.context)
+        except BaseException:
+            self.close()
+            raise
+
+    def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+        task = self.task
+        assert task is not None, "feed after close"
+        self.rows += batch.num_rows
+        # The batch is processed at its event time (event-time TTL stamps its writes
+        # with it); timers fire after it, so the batch can still delete or move them.
+        self.context.observe_event_time(task, batch)
+        task.process_batch(batch, self.emit)
+        self.context.fire_timers(task, self.emit)
+        return self.drain()
+
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        task = self.task
+        assert task is not None, "finish after close"
+        self.context.fire_timers(task, self.emit)
+        task.window(self.emit)
+        yield from self.drain()
+        commit_version(self.storage, self.batch_id, self.rows)
+        if self.run.metrics is not None:
+            from .metrics import task_snapshot
+
+            self.run.metrics.add(task_snapshot(self.storage))
+        if self.run.in_stream_plan:
+            from .metrics import metrics_batch
+
+            yield metrics_batch(self.storage, self.run.output_schema)
+
+    def close(self) -> None:
+        """Close the task and its storage (once; later calls do nothing)."""
+        task, self.task = self.task, None
+        try:
+            if task is not None:
+                task.close()
+        finally:
+            self.storage.close()
+
+
+def _resolve(run: TaskRun) -> tuple[Config, int | None]:
+    """The run's config with ``{executor}`` resolved, and its commit version."""
+    return executor_state_dir(run.config), stream_batch_id() if run.in_stream_plan else run.batch_id
+
+
 def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Run task ``partition`` over ``batches`` and yield its output batches.
 
@@ -129,51 +209,87 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
     ``{executor}`` in ``job.state.dir`` is resolved here, on the executor (the task
     sees the resolved config).
     """
-    config = executor_state_dir(run.config)
-    batch_id = stream_batch_id() if run.in_stream_plan else run.batch_id
-    opening = time.perf_counter()
-    storage = open_version(config, partition, batch_id, run.lock_wait_s)
-    open_seconds = time.perf_counter() - opening
-    task: StreamTask | None = None
+    config, batch_id = _resolve(run)
+    attempt = _TaskAttempt(run, config, partition, batch_id)
     try:
-        emit = Emitter(run.output_schema)
-        drain = emit.drain
-        if run.in_stream_plan:
-            from .metrics import with_null_metrics
-
-            def drain() -> Iterator[pa.RecordBatch]:
-                return map(with_null_metrics, emit.drain())
-        task = run.task()
-        context = TaskContext(partition, config.partitions, config, storage, task.timer_store, open_seconds)
-        task.init(context)
-        rows = 0
-        process_batch = task.process_batch
         for batch in batches:
-            rows += batch.num_rows
-            # The batch is processed at its event time (event-time TTL stamps its writes
-            # with it); timers fire after it, so the batch can still delete or move them.
-            context.observe_event_time(task, batch)
-            process_batch(batch, emit)
-            context.fire_timers(task, emit)
-            yield from drain()
-        context.fire_timers(task, emit)
-        task.window(emit)
-        yield from drain()
-        commit_version(storage, batch_id, rows)
-        if run.metrics is not None:
-            from .metrics import task_snapshot
-
-            run.metrics.add(task_snapshot(storage))
-        if run.in_stream_plan:
-            from .metrics import metrics_batch
-
-            yield metrics_batch(storage, run.output_schema)
+            yield from attempt.feed(batch)
+        yield from attempt.finish()
     finally:
-        try:
-            if task is not None:
-                task.close()
-        finally:
-            storage.close()
+        attempt.close()
+
+
+PARTITION_COLUMN = "__localstate_partition"
+"""The column :meth:`StatefulJob.transform` adds when several tasks share a Spark task:
+each row's task, ``pmod(hash(key), N)`` — the partition ``repartition(N, key)`` gives it."""
+
+
+def run_partitions(run: TaskRun, partitions: list[int], batches: Iterator[pa.RecordBatch],
+                   column: str = PARTITION_COLUMN) -> Iterator[pa.RecordBatch]:
+    """Run the tasks ``partitions`` side by side in one Spark task over ``batches``, whose
+    ``column`` holds each row's task; yield their output batches.
+
+    Every task is opened first and runs even without rows (its timers fire and it
+    commits the version, as in :func:`run_partition`); each input batch is split by
+    ``column`` (dropped before the tasks see it). Nothing is committed before all input
+    is read; then each task finishes, commits and closes (its locks released) in turn, so
+    a failure part-way leaves some tasks at the new version and others not — a retry of
+    the Spark task rolls the former back and applies the batch once
+    (:mod:`localstate.contrib.spark.streaming`). A row whose task is not in
+    ``partitions`` is an error (it would be lost).
+    """
+    config, batch_id = _resolve(run)
+    attempts: list[_TaskAttempt] = []
+    try:
+        for partition in partitions:
+            attempts.append(_TaskAttempt(run, config, partition, batch_id))
+        for batch in batches:
+            owners = batch.column(column)
+            data = batch.drop_columns([column])
+            routed = 0
+            for attempt in attempts:
+                part = data.filter(pc.equal(owners, attempt.partition))
+                if part.num_rows:
+                    routed += part.num_rows
+                    yield from attempt.feed(part)
+            if routed != batch.num_rows:
+                stray = sorted(set(owners.to_pylist()) - set(partitions))
+                raise LocalStateError(
+                    f"job {config.job_name!r}: this Spark task runs tasks {partitions} but got rows of "
+                    f"task(s) {stray}; the input was not partitioned by StatefulJob.transform"
+                )
+        for attempt in attempts:
+            yield from attempt.finish()
+            attempt.close()
+    finally:
+        errors: list[BaseException] = []
+        for attempt in attempts:
+            try:
+                attempt.close()
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+def task_groups(tasks: int, spark_tasks: int) -> list[list[int]]:
+    """Which tasks each of ``spark_tasks`` Spark tasks runs: Spark task ``i`` runs tasks
+    ``i, i + spark_tasks, i + 2 * spark_tasks, …`` below ``tasks``."""
+    return [list(range(i, tasks, spark_tasks)) for i in range(spark_tasks)]
+
+
+def spark_task_keys(spark_tasks: int) -> list[int]:
+    """Per Spark task ``i``: the smallest int ``v >= 0`` that ``repartition(spark_tasks, lit(v))``
+    sends to partition ``i`` (Spark's ``pmod(hash(v), spark_tasks)``, :mod:`localstate.partitioning`).
+    Repartitioning by ``keys[task % spark_tasks]`` places every row of a task exactly."""
+    from localstate.partitioning import task_for
+
+    keys: dict[int, int] = {}
+    value = 0
+    while len(keys) < spark_tasks:
+        keys.setdefault(task_for(value, spark_tasks, as_int32=True), value)
+        value += 1
+    return [keys[i] for i in range(spark_tasks)]
 
 
 def _spark_partition_id() -> int:
@@ -205,6 +321,14 @@ class StatefulJob:
     ``num_tasks`` defaults to ``config.partitions`` (``job.partitions``) and must equal
     it: a task is a changelog partition.
 
+    ``spark_tasks`` (default: ``num_tasks``) is how many Spark tasks run them: with
+    fewer, Spark task ``i`` runs tasks ``i, i + spark_tasks, …`` side by side
+    (:func:`run_partitions`). Each Spark task pays a fixed cost (scheduling, shuffle
+    fetch set-up, the Python worker hand-off — tens of ms even for a tiny micro-batch),
+    so setting it to the cores the job gets (e.g. 2 tasks per Spark task on 2 cores)
+    runs a micro-batch in one wave instead of several. Which task a key belongs to does
+    not change (``pmod(hash(key), num_tasks)``, as ``repartition(num_tasks, key)``).
+
     >>> job = StatefulJob(config, CountViews, key="user_id",          # doctest: +SKIP
     ...                   output_schema="user_id string, views long")
     >>> job.run(spark.read.parquet("views")).show()   # runs every task once  # doctest: +SKIP
@@ -218,6 +342,7 @@ class StatefulJob:
         key: str,
         output_schema: StructType | str,
         num_tasks: int | None = None,
+        spark_tasks: int | None = None,
     ) -> None:
         if not isinstance(config, Config):
             raise TypeError(f"StatefulJob needs a localstate.Config, got {type(config).__name__}")
@@ -229,10 +354,17 @@ class StatefulJob:
                 f"num_tasks = {n} but job.partitions = {config.partitions} for job {config.job_name!r}: "
                 "a task is a changelog partition, so set job.partitions to the task count"
             )
+        grouped = n if spark_tasks is None else spark_tasks
+        if isinstance(grouped, bool) or not isinstance(grouped, int) or not 1 <= grouped <= n:
+            raise ConfigError(
+                f"job {config.job_name!r}: spark_tasks must be an int from 1 to the task count {n}, "
+                f"got {spark_tasks!r}"
+            )
         self.config = config
         self.task = task
         self.key = key
         self.num_tasks = n
+        self.spark_tasks = grouped
         self.output_schema = output_schema
         self.lock_wait_s = LOCK_WAIT_S
         self.metrics_accumulator: Any = None
@@ -246,11 +378,17 @@ class StatefulJob:
         return _to_struct(self.output_schema)
 
     def check_input(self, df: DataFrame) -> None:
-        """Raise :class:`ConfigError` unless ``df`` has the job's key column."""
+        """Raise :class:`ConfigError` unless ``df`` has the job's key column (and, when
+        tasks share Spark tasks, no column named :data:`PARTITION_COLUMN`)."""
         if self.key not in df.columns:
             raise ConfigError(
                 f"job {self.config.job_name!r}: key column {self.key!r} is not in the input "
                 f"(columns: {', '.join(df.columns)})"
+            )
+        if self.spark_tasks != self.num_tasks and PARTITION_COLUMN in df.columns:
+            raise ConfigError(
+                f"job {self.config.job_name!r}: the input has a column {PARTITION_COLUMN!r}, which the runner "
+                "adds itself when tasks share Spark tasks (spark_tasks); rename it"
             )
 
     def transform(self, df: DataFrame, batch_id: int | None = None, *, in_stream_plan: bool = False) -> DataFrame:
@@ -267,14 +405,28 @@ class StatefulJob:
         run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s,
                       self.metrics_accumulator, in_stream_plan)
 
-        def task_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            return run_partition(run, _spark_partition_id(), batches)
-
         if in_stream_plan:  # ``in_stream_plan``: see TaskRun.in_stream_plan
             from .metrics import with_metrics_column
 
             struct = with_metrics_column(struct)
-        return df.repartition(self.num_tasks, self.key).mapInArrow(task_fn, struct)
+        if self.spark_tasks == self.num_tasks:
+            def task_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                return run_partition(run, _spark_partition_id(), batches)
+
+            return df.repartition(self.num_tasks, self.key).mapInArrow(task_fn, struct)
+
+        from pyspark.sql import functions as F
+
+        groups = task_groups(self.num_tasks, self.spark_tasks)
+
+        def group_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return run_partitions(run, groups[_spark_partition_id()], batches)
+
+        owner = F.pmod(F.hash(self.key), F.lit(self.num_tasks))
+        keys = F.array(*(F.lit(v) for v in spark_task_keys(self.spark_tasks)))
+        spark_task = F.element_at(keys, F.pmod(F.col(PARTITION_COLUMN), F.lit(self.spark_tasks)) + 1)
+        return (df.withColumn(PARTITION_COLUMN, owner).repartition(self.spark_tasks, spark_task)
+                .mapInArrow(group_fn, struct))
 
     def run(self, df: DataFrame, *, version: int | None = None) -> DataFrame:
         """Batch run — an **action**: repartition ``df`` by key into N tasks, run every

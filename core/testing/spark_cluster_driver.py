@@ -198,12 +198,14 @@ def run_batch(spark: Any, root: Path, input_dir: Path, config: Config) -> None:
     _write_json(root / "output.json", rows)
 
 
-def run_stream(spark: Any, root: Path, input_dir: Path, config: Config) -> int | None:
+def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_tasks: int | None = None) -> int | None:
     """The streaming job, one input file per micro-batch, until the input is consumed;
-    batch ``B``'s rows to ``root/output/batch-B.json``. Returns the last batch id."""
+    batch ``B``'s rows to ``root/output/batch-B.json``. Returns the last batch id.
+    ``spark_tasks``: see :class:`StatefulJob` (None: one Spark task per task)."""
     from localstate.contrib.spark import StatefulJob
 
-    job = StatefulJob(config, RecordedKeyCount, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
+    job = StatefulJob(config, RecordedKeyCount, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA,
+                      spark_tasks=spark_tasks)
     out_dir = root / "output"
 
     def output(df: Any, batch_id: int) -> None:
@@ -230,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--task-sleep", type=float, default=0.0, help="stream: seconds a task run sleeps after start")
     parser.add_argument("--commit-sleep", type=float, default=0.0, help="stream: seconds a task run sleeps after commit")
+    parser.add_argument("--spark-tasks", type=int, default=None,
+                        help="stream: Spark tasks the tasks run in (default: one per task)")
     args = parser.parse_args(argv)
 
     from localstate.contrib.spark import spark_session
@@ -266,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode in ("stream", "all"):
             _write_json(args.root / "stream-started.json", {"time": time.time()})
             root = args.root / "stream"
-            result["last_batch"] = run_stream(spark, root, args.input, config(root, True))
+            result["last_batch"] = run_stream(spark, root, args.input, config(root, True), args.spark_tasks)
         result["status"] = "ok"
     except Exception as e:
         result["status"] = "failed"
