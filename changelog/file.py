@@ -55,6 +55,7 @@ from .file_clean import TailClaim, claim_holds, leave_claim, take_claim
 from .format import (
     FLAG_COMPACTED,
     HEADER_SIZE,
+    BatchEncoder,
     BatchHeader,
     check_crc,
     decode_payload,
@@ -112,6 +113,7 @@ class FileChangelogPartition(ChangelogPartition):
         self.readonly = readonly
         self._lock: FileLock | None = None
         self._writer: BinaryIO | None = None
+        self._encoder = BatchEncoder()  # the append path's reused batch buffer
         self._closed = False
         self._torn: tuple[Path, int, int] | None = None  # (segment, byte, offset) of an uncut bad tail
         self._compacted_to = 0  # end offset of the last segment holding a compacted batch
@@ -309,18 +311,16 @@ class FileChangelogPartition(ChangelogPartition):
             self._roll()
         writer = self._open_writer()
         try:
-            data = encode_batch(self._end, records)
-        except (TypeError, ValueError) as e:
-            raise ChangelogError(f"changelog {self.directory}: records must be (bytes, bytes | None) pairs: {e}") from e
-        try:
-            writer.write(data)
+            size = self._encoder.write_plain(self._end, records, writer.write)
         except OSError as e:
             raise io_error(e, "append to", self._segments[-1].path) from e
+        except (TypeError, ValueError) as e:
+            raise ChangelogError(f"changelog {self.directory}: records must be (bytes, bytes | None) pairs: {e}") from e
         self._end += len(records)
         seg = self._segments[-1]
         seg.next_offset = self._end
         self._last_batch = seg.size
-        seg.size += len(data)
+        seg.size += size
 
     def _roll(self) -> None:
         self._sync()

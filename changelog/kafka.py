@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
@@ -218,8 +218,20 @@ class KafkaChangelogPartition(ChangelogPartition):
                 self._acked = off
 
     def append(self, records: list[ChangeRecord]) -> None:
-        if not records:
-            return
+        if records:
+            self._produce(iter(records), len(records))
+
+    def append_columns(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        """As :meth:`append` of the pairs, without a tuple per record: ``zip`` hands the
+        loop one reused tuple (one message per record either way)."""
+        if len(keys) != len(values):
+            super().append_columns(keys, values)  # raises, naming the partition
+        if keys:
+            self._produce(zip(keys, values), len(keys))
+
+    def _produce(self, records: Iterator[tuple[bytes, bytes | None]], count: int) -> None:
+        """Produce ``count`` records, in order, into the task's open transaction; the last
+        one carries the delivery callback (acks come in order, so it covers the rest)."""
         self._check_open()
         fault_point("changelog.append")
         writer = self._writer
@@ -228,13 +240,13 @@ class KafkaChangelogPartition(ChangelogPartition):
         produce = writer.producer.produce
         topic, part = self.stream, self.partition
         try:
-            for key, value in islice(records, len(records) - 1):
+            for key, value in islice(records, count - 1):
                 try:
                     produce(topic, value, key, part)
                 except BufferError:
                     writer.make_room(topic)
                     produce(topic, value, key, part)
-            key, value = records[-1]
+            key, value = next(records)
             try:
                 produce(topic, value, key, part, on_delivery=self._delivered)
             except BufferError:
