@@ -21,6 +21,8 @@ and young-generation GC collections per 10k puts. Run::
     python -m localstate.benchmarks.ab_changelog_drain --records 200000 --repeats 3 --before a8c36e3~1 --changelog file
     python -m localstate.benchmarks.ab_changelog_drain --records 500000 --repeats 3 --before a8c36e3~1 --changelog file --bulk
 
+    python -m localstate.benchmarks.ab_changelog_drain --encode    # the batch encoding alone, ~10 s
+
 (``--bulk``: ``put_all`` of 10k per commit, the shape of bulk writes and search's
 ``index_all``, where the old drain's 10k tuples alive at once triggered young GCs.)
 """
@@ -122,6 +124,41 @@ def store_puts(changelog: str, bootstrap: str | None, keys: list[bytes], value: 
         shutil.rmtree(root, ignore_errors=True)
 
 
+def encode_rows(repeats: int) -> None:
+    """The file changelog's batch encoding alone: ``encode_batch`` + one write (before)
+    against ``BatchEncoder.write_plain`` (now), into a file with the partition's 1 MiB
+    write buffer; main-thread CPU ns per record, rounds interleaved, medians."""
+    import random
+
+    rng = random.Random(1)
+    with tempfile.TemporaryDirectory(prefix="ab-encode-") as scratch:
+        out = open(Path(scratch) / "batches", "wb", buffering=1 << 20)
+        try:
+            for batch in (500, 10_000):
+                records = [(rng.randbytes(16), rng.randbytes(100)) for _ in range(batch)]
+                encoder = BatchEncoder()
+                arms: dict[str, Callable[[], object]] = {
+                    "before: encode_batch + write": lambda r=records: out.write(encode_batch(0, r)),
+                    "now: BatchEncoder.write_plain": lambda r=records, e=encoder: e.write_plain(0, r, out.write),
+                }
+                calls = max(1, 400_000 // batch)
+                ns: dict[str, list[float]] = {name: [] for name in arms}
+                for round_ in range(repeats + 1):
+                    for name, arm in arms.items():
+                        out.seek(0)
+                        out.truncate()
+                        c0 = time.thread_time()
+                        for _ in range(calls):
+                            arm()
+                        if round_:
+                            ns[name].append((time.thread_time() - c0) / (calls * batch) * 1e9)
+                medians = {name: statistics.median(v) for name, v in ns.items()}
+                print(f"batches of {batch:,} records (116 B), load {os.getloadavg()[0]:.1f}: " + "; ".join(
+                    f"{name} {m:.0f} ns/record" for name, m in medians.items()))
+        finally:
+            out.close()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200_000)
@@ -129,7 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--before", metavar="COMMIT", help="add the arm with the hand-over as at COMMIT")
     parser.add_argument("--changelog", choices=("kafka", "file"), default="kafka")
     parser.add_argument("--bulk", action="store_true", help="put_all of 10k per commit instead of put per record")
+    parser.add_argument("--encode", action="store_true", help="only the file batch encoding, before vs now")
     args = parser.parse_args(argv)
+    if args.encode:
+        encode_rows(max(args.repeats, 5))
+        return
     keys, value = keys_of(args.records, 1), value_of(1)
     broker_context: AbstractContextManager[Any] = nullcontext()
     if args.changelog == "kafka":
