@@ -22,6 +22,7 @@ and young-generation GC collections per 10k puts. Run::
     python -m localstate.benchmarks.ab_changelog_drain --records 500000 --repeats 3 --before a8c36e3~1 --changelog file --bulk
 
     python -m localstate.benchmarks.ab_changelog_drain --encode    # the batch encoding alone, ~10 s
+    python -m localstate.benchmarks.ab_changelog_drain --search --records 100000 --repeats 5 --before a8c36e3~1
 
 (``--bulk``: ``put_all`` of 10k per commit, the shape of bulk writes and search's
 ``index_all``, where the old drain's 10k tuples alive at once triggered young GCs.)
@@ -159,6 +160,30 @@ def encode_rows(repeats: int) -> None:
             out.close()
 
 
+def search_rows(n: int, repeats: int, commit: str) -> None:
+    """Full-text indexing with the file changelog (``index_all`` per 10k, one commit),
+    this tree against the hand-over as at ``commit``, raw tantivy beside them."""
+    from .search_engine import _documents, _raw_build, index_in_chunks, interleaved, timed
+
+    docs = _documents(n)
+
+    def before(root: Path) -> tuple[float, float, float]:
+        with before_at(commit):
+            return index_in_chunks(root, docs)
+
+    load = os.getloadavg()[0]
+    results = interleaved({"raw tantivy": lambda root: timed(n, lambda: _raw_build(root / "raw", docs)),
+                           "now": lambda root: index_in_chunks(root, docs), f"before ({commit})": before}, repeats)
+    raw = results["raw tantivy"]
+    print(f"{n:,} documents, index_all per 10k, file changelog; load {load:.1f} -> {os.getloadavg()[0]:.1f}; "
+          f"medians of {repeats}, arms interleaved")
+    for name, runs in results.items():
+        print(f"  {name:<22} {statistics.median(f[0] for f in runs):>10,.0f} docs/s "
+              f"({statistics.median(f[0] / r[0] for f, r in zip(runs, raw)):.2f}x raw)  process CPU "
+              f"{1e6 * statistics.median(f[1] for f in runs) / n:.2f} µs/doc, task thread "
+              f"{1e6 * statistics.median(f[2] for f in runs) / n:.2f} µs/doc")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200_000)
@@ -167,7 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--changelog", choices=("kafka", "file"), default="kafka")
     parser.add_argument("--bulk", action="store_true", help="put_all of 10k per commit instead of put per record")
     parser.add_argument("--encode", action="store_true", help="only the file batch encoding, before vs now")
+    parser.add_argument("--search", action="store_true", help="full-text indexing (index_all) instead of puts")
     args = parser.parse_args(argv)
+    if args.search:
+        search_rows(args.records, args.repeats, args.before or "HEAD")
+        return
     if args.encode:
         encode_rows(max(args.repeats, 5))
         return
