@@ -198,3 +198,46 @@ def test_the_logger_hands_columns_in_write_batch_size_slices_latest_value_per_ke
     logger.log_all({b"x%d" % i: b"v" for i in range(8)})  # one bulk hand-over, sliced to 3
     assert [len(keys) for _, (keys, values) in part.calls] == [3, 3, 2]
     assert all(len(keys) == len(values) for _, (keys, values) in part.calls)
+
+
+class PayloadWriteFails:
+    """Declared test double: a disk that fills up between a batch's two writes (the header
+    reaches the file, the payload gets ENOSPC) cannot be arranged at that exact byte, so
+    the segment writer is wrapped to fail the second write of one batch that way."""
+
+    def __init__(self, real) -> None:
+        self.real, self.writes = real, 0
+
+    def write(self, data) -> int:
+        self.writes += 1
+        if self.writes == 2:
+            self.real.flush()  # the header is on disk, as after a short write
+            raise OSError(28, "No space left on device")
+        return self.real.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_a_payload_write_that_fails_after_the_header_loses_nothing_committed(tmp_path):
+    directory = tmp_path / "p"
+    p = FileChangelogPartition(directory)
+    p.append(pairs(0, 50))
+    assert p.flush() == 50
+    flushed = len(segment_bytes(directory))
+    p._writer = PayloadWriteFails(p._open_writer())
+    with pytest.raises(ChangelogError, match=r"cannot append to .*No space left on device; the disk is full"):
+        p.append_columns([b"x%d" % i for i in range(10)], [b"v"] * 10)
+    assert p.end_offset() == 50  # the failed batch got no offsets
+    p._writer = p._writer.real
+    p.close()
+    assert len(segment_bytes(directory)) == flushed + HEADER_SIZE  # a header without its payload
+    q = FileChangelogPartition(directory)  # reopen: the torn tail is cut, the flushed records stay
+    assert q.end_offset() == 50
+    assert list(q.read(0, 50)) == pairs(0, 50)
+    q.append(pairs(50, 60))
+    assert q.flush() == 60
+    q.close()
+    r = FileChangelogPartition(directory)
+    assert list(r.read(0, 60)) == pairs(0, 60)
+    r.close()
