@@ -114,6 +114,7 @@ class FileChangelogPartition(ChangelogPartition):
         self._lock: FileLock | None = None
         self._writer: BinaryIO | None = None
         self._encoder = BatchEncoder()  # the append path's reused batch buffer
+        self._write_failed: ChangelogError | None = None  # set by a failed append: no more writes
         self._closed = False
         self._torn: tuple[Path, int, int] | None = None  # (segment, byte, offset) of an uncut bad tail
         self._compacted_to = 0  # end offset of the last segment holding a compacted batch
@@ -262,6 +263,11 @@ class FileChangelogPartition(ChangelogPartition):
             raise ChangelogError(f"changelog partition {self.directory} is closed")
         if self.readonly:
             raise ChangelogError(f"changelog partition {self.directory} was opened read-only")
+        if self._write_failed is not None:
+            raise ChangelogError(
+                f"changelog partition {self.directory}: an earlier append failed ({self._write_failed}); "
+                "reopen it (opening cuts the uncommitted tail; nothing committed is lost)"
+            )
 
     def _cut_torn_tail(self) -> None:
         """Cut the bad tail noted on open (its records were never committed)."""
@@ -313,7 +319,10 @@ class FileChangelogPartition(ChangelogPartition):
         try:
             size = self._encoder.write_plain(self._end, records, writer.write)
         except OSError as e:
-            raise io_error(e, "append to", self._segments[-1].path) from e
+            # part of the batch (its header, a buffer) may be in the segment: a batch
+            # written after it would sit behind a torn one, so this instance writes no more
+            self._write_failed = error = io_error(e, "append to", self._segments[-1].path)
+            raise error from e
         except (TypeError, ValueError) as e:
             raise ChangelogError(f"changelog {self.directory}: records must be (bytes, bytes | None) pairs: {e}") from e
         self._end += len(records)

@@ -230,6 +230,10 @@ def test_a_payload_write_that_fails_after_the_header_loses_nothing_committed(tmp
         p.append_columns([b"x%d" % i for i in range(10)], [b"v"] * 10)
     assert p.end_offset() == 50  # the failed batch got no offsets
     p._writer = p._writer.real
+    # a batch written behind the torn one would make the segment corrupt: this instance refuses
+    for write in (lambda: p.append(pairs(60, 70)), p.flush, lambda: p.append_columns([b"y"], [None])):
+        with pytest.raises(ChangelogError, match="an earlier append failed .*No space left.*; reopen it"):
+            write()
     p.close()
     assert len(segment_bytes(directory)) == flushed + HEADER_SIZE  # a header without its payload
     q = FileChangelogPartition(directory)  # reopen: the torn tail is cut, the flushed records stay
