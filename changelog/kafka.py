@@ -172,6 +172,19 @@ class _TaskWriter:
             self.in_txn = False
         return exc
 
+    def abandon(self, exc: ChangelogError) -> ChangelogError:
+        """Mark the producer unusable after a batch was cut short by a bad record (the
+        records before it are already in the open transaction) and abort that
+        transaction, so that no part of the batch can be committed by a later flush."""
+        self.failed = exc
+        if self.in_txn:
+            try:
+                self.producer.abort_transaction(min(5.0, self.system.settings.timeout_ms / 1000))
+            except KafkaException as e:
+                log.warning("aborting the open transaction of %s failed: %s", self.transactional_id, e)
+            self.in_txn = False
+        return exc
+
     def close(self) -> None:
         """Abort an open transaction (best effort, bounded) and drop the producer."""
         if self.in_txn and self.failed is None:
@@ -254,8 +267,11 @@ class KafkaChangelogPartition(ChangelogPartition):
                 produce(topic, value, key, part, on_delivery=self._delivered)
         except KafkaException as e:
             raise writer.fail(e.args[0], f"write to {self.where}") from e
-        except TypeError as e:
-            raise ChangelogError(f"{self.where}: records must be (bytes, bytes | None) pairs: {e}") from e
+        except (TypeError, ValueError) as e:
+            raise writer.abandon(ChangelogError(
+                f"{self.where}: records must be (bytes, bytes | None) pairs: {e}. The records before it were "
+                "already produced, so the open transaction was aborted: nothing since the last commit counts"
+            )) from e
         writer.producer.poll(0)
 
     def flush(self) -> int:

@@ -245,3 +245,34 @@ def test_a_payload_write_that_fails_after_the_header_loses_nothing_committed(tmp
     r = FileChangelogPartition(directory)
     assert list(r.read(0, 60)) == pairs(0, 60)
     r.close()
+
+
+@pytest.mark.parametrize("columns", [False, True])
+def test_kafka_a_bad_record_mid_batch_commits_no_part_of_it(kafka_broker, columns):
+    """The records before the bad one were already produced into the open transaction:
+    the writer must not commit them later as if the batch had been appended."""
+    from localstate.changelog.kafka import KafkaChangelogSystem
+    from localstate.testing.changelog_conformance import unique
+
+    job, stream = unique("job"), unique("bad")
+    options = {"bootstrap.servers": kafka_broker, "timeout.ms": 1500, "retries": 1, "retry.backoff.ms": 100}
+    system = KafkaChangelogSystem("kafka", options, job)
+    p = system.open_partition(stream, 0, 1)
+    p.append(pairs(0, 5))
+    committed = p.flush()
+    bad = [(b"a", b"1"), (b"b", b"2"), (b"c", 3.5)]
+    with pytest.raises(ChangelogError, match=r"records must be \(bytes, bytes \| None\) pairs"):
+        if columns:
+            p.append_columns([k for k, _ in bad], [v for _, v in bad])  # type: ignore[misc]
+        else:
+            p.append(bad)  # type: ignore[arg-type]
+    with pytest.raises(ChangelogError, match="failed earlier"):
+        p.flush()
+    p.close()
+    system.close()
+    again = KafkaChangelogSystem("kafka", options, job)
+    q = again.open_partition(stream, 0, 1)
+    assert [r for r in q.read(0, q.end_offset()) if r[0] in (b"a", b"b", b"c")] == []
+    assert list(q.read(0, committed))[:5] == pairs(0, 5)
+    q.close()
+    again.close()
