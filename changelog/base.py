@@ -108,6 +108,19 @@ class ChangelogPartition(ABC):
     def append(self, records: list[ChangeRecord]) -> None:
         """Append records (buffered; not durable until :meth:`flush`)."""
 
+    def append_columns(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        """Append the records ``(keys[i], values[i])``, in order: the same records, offsets
+        and stored bytes as ``append(list(zip(keys, values)))``, which is what this default
+        does. The change logger hands its batches over this way; a backend overrides it to
+        skip building a tuple per record. ``keys`` and ``values`` of different lengths are
+        a :class:`ChangelogError`, with nothing appended."""
+        if len(keys) != len(values):
+            raise ChangelogError(
+                f"{self.describe()}: append_columns got {len(keys)} keys but {len(values)} values; "
+                "nothing was appended"
+            )
+        self.append(list(zip(keys, values)))
+
     @abstractmethod
     def flush(self) -> int:
         """Make every appended record durable and return the end offset.

@@ -55,6 +55,7 @@ from .file_clean import TailClaim, claim_holds, leave_claim, take_claim
 from .format import (
     FLAG_COMPACTED,
     HEADER_SIZE,
+    BatchEncoder,
     BatchHeader,
     check_crc,
     decode_payload,
@@ -112,6 +113,8 @@ class FileChangelogPartition(ChangelogPartition):
         self.readonly = readonly
         self._lock: FileLock | None = None
         self._writer: BinaryIO | None = None
+        self._encoder = BatchEncoder()  # the append path's reused batch buffer
+        self._write_failed: ChangelogError | None = None  # set by a failed append: no more writes
         self._closed = False
         self._torn: tuple[Path, int, int] | None = None  # (segment, byte, offset) of an uncut bad tail
         self._compacted_to = 0  # end offset of the last segment holding a compacted batch
@@ -260,6 +263,11 @@ class FileChangelogPartition(ChangelogPartition):
             raise ChangelogError(f"changelog partition {self.directory} is closed")
         if self.readonly:
             raise ChangelogError(f"changelog partition {self.directory} was opened read-only")
+        if self._write_failed is not None:
+            raise ChangelogError(
+                f"changelog partition {self.directory}: an earlier append failed ({self._write_failed}); "
+                "reopen it (opening cuts the uncommitted tail; nothing committed is lost)"
+            )
 
     def _cut_torn_tail(self) -> None:
         """Cut the bad tail noted on open (its records were never committed)."""
@@ -309,18 +317,19 @@ class FileChangelogPartition(ChangelogPartition):
             self._roll()
         writer = self._open_writer()
         try:
-            data = encode_batch(self._end, records)
+            size = self._encoder.write_plain(self._end, records, writer.write)
+        except OSError as e:
+            # part of the batch (its header, a buffer) may be in the segment: a batch
+            # written after it would sit behind a torn one, so this instance writes no more
+            self._write_failed = error = io_error(e, "append to", self._segments[-1].path)
+            raise error from e
         except (TypeError, ValueError) as e:
             raise ChangelogError(f"changelog {self.directory}: records must be (bytes, bytes | None) pairs: {e}") from e
-        try:
-            writer.write(data)
-        except OSError as e:
-            raise io_error(e, "append to", self._segments[-1].path) from e
         self._end += len(records)
         seg = self._segments[-1]
         seg.next_offset = self._end
         self._last_batch = seg.size
-        seg.size += len(data)
+        seg.size += size
 
     def _roll(self) -> None:
         self._sync()

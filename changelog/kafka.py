@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any
 
@@ -176,6 +176,19 @@ class _TaskWriter:
             self.in_txn = False
         return exc
 
+    def abandon(self, exc: ChangelogError) -> ChangelogError:
+        """Mark the producer unusable after a batch was cut short by a bad record (the
+        records before it are already in the open transaction) and abort that
+        transaction, so that no part of the batch can be committed by a later flush."""
+        self.failed = exc
+        if self.in_txn:
+            try:
+                self.producer.abort_transaction(min(5.0, self.system.settings.timeout_ms / 1000))
+            except KafkaException as e:
+                log.warning("aborting the open transaction of %s failed: %s", self.transactional_id, e)
+            self.in_txn = False
+        return exc
+
     def close(self) -> None:
         """Abort an open transaction (best effort, bounded) and drop the producer."""
         if self.in_txn and self.failed is None:
@@ -222,8 +235,20 @@ class KafkaChangelogPartition(ChangelogPartition):
                 self._acked = off
 
     def append(self, records: list[ChangeRecord]) -> None:
-        if not records:
-            return
+        if records:
+            self._produce(iter(records), len(records))
+
+    def append_columns(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        """As :meth:`append` of the pairs, without a tuple per record: ``zip`` hands the
+        loop one reused tuple (one message per record either way)."""
+        if len(keys) != len(values):
+            super().append_columns(keys, values)  # raises, naming the partition
+        if keys:
+            self._produce(zip(keys, values), len(keys))
+
+    def _produce(self, records: Iterator[tuple[bytes, bytes | None]], count: int) -> None:
+        """Produce ``count`` records, in order, into the task's open transaction; the last
+        one carries the delivery callback (acks come in order, so it covers the rest)."""
         self._check_open()
         fault_point("changelog.append")
         writer = self._writer
@@ -232,13 +257,13 @@ class KafkaChangelogPartition(ChangelogPartition):
         produce = writer.producer.produce
         topic, part = self.stream, self.partition
         try:
-            for key, value in islice(records, len(records) - 1):
+            for key, value in islice(records, count - 1):
                 try:
                     produce(topic, value, key, part)
                 except BufferError:
                     writer.make_room(topic)
                     produce(topic, value, key, part)
-            key, value = records[-1]
+            key, value = next(records)
             try:
                 produce(topic, value, key, part, on_delivery=self._delivered)
             except BufferError:
@@ -246,8 +271,11 @@ class KafkaChangelogPartition(ChangelogPartition):
                 produce(topic, value, key, part, on_delivery=self._delivered)
         except KafkaException as e:
             raise writer.fail(e.args[0], f"write to {self.where}") from e
-        except TypeError as e:
-            raise ChangelogError(f"{self.where}: records must be (bytes, bytes | None) pairs: {e}") from e
+        except (TypeError, ValueError) as e:
+            raise writer.abandon(ChangelogError(
+                f"{self.where}: records must be (bytes, bytes | None) pairs: {e}. The records before it were "
+                "already produced, so the open transaction was aborted: nothing since the last commit counts"
+            )) from e
         writer.producer.poll(0)
 
     def flush(self) -> int:

@@ -110,7 +110,7 @@ from .base import (
     Generation,
     check_stream_partitions,
 )
-from .format import BatchHeader, check_crc, decode_payload, encode_batch, walk
+from .format import BatchEncoder, BatchHeader, check_crc, decode_payload, encode_batch, walk
 from .objectstore_chain import ObjectName, chain_of, offsets_of, slice_batches
 from .objectstore_checkpoints import ObjectStoreCheckpointStore
 from .objectstore_client import EXISTS, MISSING, ObjectStoreClient, ObjectStoreSettings
@@ -164,6 +164,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self.log_prefix = f"{self.prefix}/log"
         self._closed = False
         self._buffer = bytearray()
+        self._encoder = BatchEncoder()  # the append path's reused batch buffer
         self._buffer_start = 0
         self.epoch = 0
         self._chain: list[ObjectName] = []
@@ -226,7 +227,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._check_writable()
         fault_point("changelog.append")
         try:
-            self._buffer += encode_batch(self._end, records)
+            self._encoder.write_plain(self._end, records, self._buffer.extend)
         except (TypeError, ValueError) as e:
             raise ChangelogError(f"{self.describe()}: records must be (bytes, bytes | None) pairs: {e}") from e
         self._end += len(records)

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 from localstate.changelog.base import ChangelogPartition, ChangelogSystem
 from localstate.config import Config
-from localstate.errors import CorruptionError, FencedError, StoreLockedError
+from localstate.errors import ChangelogError, CorruptionError, FencedError, StoreLockedError
 from localstate.records import apply_records
 from localstate.registry import ENGINES
 from localstate.storage import TaskStorage
@@ -154,6 +154,24 @@ class ChangelogSystemConformance:
         assert e2 > e1
         assert list(p.read(e1, e2)) == [(b"gone", None), (b"k1", b"again")]
         assert list(p.read(0, e2)) == records(0, 15) + [(b"gone", None), (b"k1", b"again")]
+
+    def test_append_columns_is_append_of_the_pairs(self, open_partition):
+        """The change logger's form: the same records and offsets as ``append`` of the
+        pairs, tombstones included; different lengths append nothing."""
+        p = open_partition()
+        pairs = records(0, 7) + [(b"k3", None), (b"k9", b"")]
+        p.append_columns([k for k, _ in pairs], [v for _, v in pairs])
+        p.append_columns([], [])
+        with pytest.raises(ChangelogError, match="3 keys but 2 values"):
+            p.append_columns([b"a", b"b", b"c"], [b"1", b"2"])
+        e1 = p.flush()
+        assert list(p.read(0, e1)) == pairs
+        p.append(records(20, 23))
+        p.append_columns([b"k20"], [None])
+        e2 = p.flush()
+        assert list(p.read(e1, e2)) == records(20, 23) + [(b"k20", None)]
+        p.close()
+        assert list(open_partition().read(0, e2)) == pairs + records(20, 23) + [(b"k20", None)]
 
     def test_reopen_sees_every_flushed_record(self, open_partition):
         p = open_partition()
