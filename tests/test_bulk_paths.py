@@ -136,7 +136,7 @@ def test_none_anywhere_in_put_all_rejects_the_batch(cache_size: int) -> None:
     store, engine, _, _ = _stack(cache_size=cache_size)
     with pytest.raises(InvalidValueError):
         store.put_all([("a", 1), ("a", None), ("a", 2)])  # even when a later pair overrides it
-    with pytest.raises(InvalidValueError):
+    with pytest.raises(InvalidValueError, match="k7"):  # a mapping goes in as two columns: the key still named
         store.put_all({f"k{i}": (None if i == 7 else i) for i in range(10)})
     store.flush()
     assert _engine_state(engine) == {}
