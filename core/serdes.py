@@ -59,7 +59,7 @@ class Serde:
     accessors (``storage.store(name, str, int)``) check against it."""
 
 
-def _all_of_type(items: list[Any], cls: type) -> bool:
+def all_of_type(items: Iterable[Any], cls: type) -> bool:
     """True when every item's type is exactly ``cls`` (one C-level pass, no per-item Python call)."""
     return set(map(type, items)) <= {cls}
 
@@ -100,7 +100,7 @@ def _identity_bytes(b: Any) -> bytes:
 
 
 def _identity_bytes_many(items: list[Any]) -> list[bytes]:
-    if _all_of_type(items, bytes):
+    if all_of_type(items, bytes):
         return list(items)
     return list(map(_identity_bytes, items))
 
@@ -112,7 +112,7 @@ def _str_encode(s: Any) -> bytes:
 
 
 def _str_encode_many(items: list[Any]) -> list[bytes]:
-    if _all_of_type(items, str):
+    if all_of_type(items, str):
         return list(map(str.encode, items))
     return list(map(_str_encode, items))  # raises the per-item error for the first non-str
 
@@ -195,7 +195,7 @@ def _fixed_int(width: int) -> Serde:
         return unpack(b)[0] - bias
 
     def encode_many(items: list[Any]) -> list[bytes]:
-        if _all_of_type(items, int):
+        if all_of_type(items, int):
             try:
                 return list(map(pack, map(add, items, repeat(bias))))
             except struct.error:
@@ -296,7 +296,7 @@ def _tuple_encode_many(items: list[Any]) -> list[bytes]:
     """``[_tuple_encode(t) for t in items]``, column by column when the tuples share one
     shape of int/str/bytes elements (e.g. ``(window_start, user_id)`` keys): a C-level
     pass per column and one join per tuple instead of a Python loop per element."""
-    if len(items) >= 16 and _all_of_type(items, tuple):
+    if len(items) >= 16 and all_of_type(items, tuple):
         widths = set(map(len, items))
         if len(widths) == 1 and (width := widths.pop()) > 0:
             columns = [list(map(itemgetter(i), items)) for i in range(width)]

@@ -34,7 +34,7 @@ from typing import Any
 from .errors import ConfigError, InvalidValueError
 from .faults import fault_point
 from .kv import KeyValueStore
-from .serdes import get_serde
+from .serdes import all_of_type, get_serde
 
 __all__ = ["Timers", "EVENT_TIME", "PROCESSING_TIME", "check_timer_store"]
 
@@ -63,8 +63,6 @@ def _encode_key(key: Any) -> bytes:
     if cls is bytes:
         return _BYTES + key
     return _OTHER + _TUPLE.encode((key,))
-
-
 
 
 def _decode_key(data: bytes) -> Any:
@@ -168,7 +166,7 @@ class Timers:
     def _record_keys(self, keys: list[Any], stamps: list[int]) -> list[bytes]:
         """The record keys of ``(key, ts)`` pairs, built in C-level passes."""
         biased = map(_BIAS.__add__, stamps)
-        if set(map(type, keys)) <= {str}:  # the head ends with the str tag: one concatenation per key
+        if all_of_type(keys, str):  # the head ends with the str tag: one concatenation per key
             heads = map(_HEAD_STR.pack, repeat(self.domain), biased, repeat(_STR))
             try:
                 return list(map(bytes.__add__, heads, map(str.encode, keys)))

@@ -20,6 +20,7 @@ from localstate.engine import (
 )
 from localstate.errors import StoreClosedError
 from localstate.kv import CloseableIterator, KeyValueIterator, prefix_upper_bound, reject_none
+from localstate.serdes import all_of_type
 from sortedcontainers import SortedDict
 
 from ._util import require_bytes, require_bytes_pairs
@@ -168,7 +169,7 @@ class MemoryEngine(KeyValueEngine):
         except TypeError:  # an unhashable key: name it the way every engine does
             require_bytes_pairs(self.name, entries.items() if isinstance(entries, Mapping) else entries)
             raise
-        if not (set(map(type, batch)) <= {bytes} and set(map(type, batch.values())) <= {bytes}):
+        if not (all_of_type(batch, bytes) and all_of_type(batch.values(), bytes)):
             require_bytes_pairs(self.name, batch.items())  # raises, naming the first bad key or value
         batch = _compacted(batch)
         new_keys = list(filterfalse(d.__contains__, batch))
@@ -198,7 +199,7 @@ class MemoryEngine(KeyValueEngine):
             if view[start : start + len(keys)] == keys:
                 del view[start : start + len(keys)]
                 return
-        if not set(map(type, keys)) <= {bytes}:
+        if not all_of_type(keys, bytes):
             for k in keys:  # raises for the first non-bytes key, before anything is deleted
                 require_bytes(self.name, "key", k)
         present = list(dict.fromkeys(filter(d.__contains__, keys)))

@@ -34,8 +34,9 @@ import pyarrow as pa
 from ..errors import InvalidValueError, SerializationError
 from ..kv import CloseableIterator, KeyValueStore
 from ..metrics import StoreMetrics
-from ..serdes import Serde, describe_encode_error
+from ..serdes import Serde
 from ..serdes_columns import Columns, column_decoder, column_encoder
+from .serialized import SerializedStore
 
 __all__ = ["ColumnarStore", "EncodedKeys", "ColumnChunk"]
 
@@ -85,6 +86,8 @@ class ColumnarStore:
         self._encode_value_columns = column_encoder(msg_serde)
         self._decode_key_columns = column_decoder(key_serde)
         self._decode_value_columns = column_decoder(msg_serde)
+        # the row layer over the same bytes: a scan bound is one key, encoded as the row API does
+        self._rows = SerializedStore(inner, key_serde, msg_serde, name)
 
     def encode_keys(self, columns: Sequence[pa.Array | pa.ChunkedArray]) -> EncodedKeys:
         """The keys of the rows of ``columns`` (one per ``tuple`` position, else one),
@@ -135,8 +138,8 @@ class ColumnarStore:
         the row ``range`` it reads one snapshot and must be closed (a ``with`` block)."""
         if type(chunk_rows) is not int or chunk_rows < 1:
             raise InvalidValueError(f"store {self.name!r}: chunk_rows must be an int >= 1, got {chunk_rows!r}")
-        s = None if start is None else self._encode_bound(start)
-        e = None if stop is None else self._encode_bound(stop)
+        s = None if start is None else self._rows.encode_key(start)
+        e = None if stop is None else self._rows.encode_key(stop)
         pairs = self.inner.range(s, e)
         self.metrics.range_scans += 1
         chunks = takewhile(len, map(pairs.take, repeat(chunk_rows)))
@@ -171,12 +174,6 @@ class ColumnarStore:
                 f"({', '.join(types)}): {type(e).__name__}: {e}. Convert the {what}s first or set "
                 f"stores.{self.name}.{'key' if what == 'key' else 'msg'}.serde to a serde for this type."
             ) from e
-
-    def _encode_bound(self, key: Any) -> bytes:
-        try:
-            return self.key_serde.encode(key)
-        except Exception as e:
-            raise describe_encode_error(self.name, "key", self.key_serde, key, e) from e
 
     def _own(self, keys: EncodedKeys) -> EncodedKeys:
         if not isinstance(keys, EncodedKeys) or keys._store is not self:

@@ -10,22 +10,20 @@ from typing import Any
 
 from ..errors import InvalidValueError, SerializationError
 from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore, reject_none
-from ..serdes import Serde, decoder_of_many, describe_encode_error, encoder_of_many, get_serde
+from ..serdes import (
+    Serde,
+    all_of_type,
+    decoder_of_many,
+    describe_encode_error,
+    encoder_of_many,
+    get_serde,
+)
 from .forwarding import ForwardingStore
 
 __all__ = ["SerializedStore"]
 
 log = logging.getLogger("localstate")
 _BYTES_SERDE = get_serde("bytes")
-
-
-def _only_bytes(entries: dict[Any, Any]) -> bool:
-    """Every key and value of ``entries`` is exactly ``bytes`` (two C-level passes): what
-    the built-in bytes serde stores unchanged (``None`` values included in the check)."""
-    return set(map(type, entries)) <= _BYTES_TYPE and set(map(type, entries.values())) <= _BYTES_TYPE
-
-
-_BYTES_TYPE = frozenset((bytes,))
 
 
 def _scan_chunk_sizes() -> Iterator[int]:
@@ -58,10 +56,7 @@ class SerializedStore(ForwardingStore):
         """The ``get`` of the layer below when both serdes are the built-in ``bytes`` serde
         (a bytes key and the stored bytes pass this layer unchanged), else None: the
         cached layer's read miss of a bytes key then costs no call through this layer."""
-        from ..serdes import get_serde
-
-        plain = get_serde("bytes")
-        return self.inner.get if self.key_serde is plain and self.msg_serde is plain else None
+        return self.inner.get if self._bytes_only else None
 
     # -- encoding helpers ----------------------------------------------------------------
     def encode_key(self, key: Any) -> bytes:
@@ -209,7 +204,8 @@ class SerializedStore(ForwardingStore):
         self.inner.put(*encoded)
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
-        if self._bytes_only and type(entries) is dict and _only_bytes(entries):
+        if (self._bytes_only and type(entries) is dict and all_of_type(entries, bytes)
+                and all_of_type(entries.values(), bytes)):
             if entries:
                 self.inner.put_all(entries)  # bytes in, bytes out (the timers' batches): nothing to encode
             return
@@ -247,7 +243,7 @@ class SerializedStore(ForwardingStore):
 
     def delete_all(self, keys: Iterable[Any]) -> None:
         keys = keys if isinstance(keys, list) else list(keys)
-        if self._bytes_only and set(map(type, keys)) <= _BYTES_TYPE:
+        if self._bytes_only and all_of_type(keys, bytes):
             self.inner.delete_all(keys)  # bytes keys of a bytes store (the timers' fired chunks): as they are
             return
         self.inner.delete_all(self.encode_keys(keys))
