@@ -29,15 +29,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .serdes import Serde, decoder_of_many, encoder_of_many, get_serde
+from .serdes import _BIAS as _TUPLE_INT_BIAS
+from .serdes import (
+    _T_BYTES,
+    _T_END,
+    _T_INT,
+    _T_STR,
+    Serde,
+    decoder_of_many,
+    encoder_of_many,
+    get_serde,
+)
 
 __all__ = ["column_encoder", "column_decoder", "Columns"]
 
 Columns = list[pa.Array]
 """Arrow arrays of equal length: one per ``tuple`` position, or a single one."""
 
-_BIAS = np.uint64(1 << 63)
-_T_INT, _T_BYTES, _T_STR, _T_END = 0x10, 0x30, 0x40, 0x00
+# the tuple serde's wire format, from its one home: element tags and the int bias
+_BIAS = np.uint64(_TUPLE_INT_BIAS)
 _SIGNED_WIDTH = {"int": (np.dtype(np.int32), np.dtype(np.uint32)), "long": (np.dtype(np.int64), np.dtype(np.uint64))}
 """The order-preserving integer serdes: their values' dtype and the unsigned dtype of their bytes."""
 
