@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -213,6 +214,15 @@ class CheckpointStore(ABC):
     @abstractmethod
     def write(self, job: str, partition: int, checkpoint: Checkpoint) -> None:
         """Store ``checkpoint`` atomically and durably (the commit point)."""
+
+    def committing(self, job: str, partition: int) -> AbstractContextManager[None]:
+        """The span of one task commit, from its first changelog flush to its checkpoint
+        :meth:`write`. A store whose checkpoint write can also commit the changelog
+        records of the same task in one atomic step (Kafka: one transaction) lets the
+        flushes inside the span wait only for the records to be acknowledged; the
+        checkpoint write then commits them with it. The default does nothing: every
+        flush commits on its own."""
+        return nullcontext()
 
     def close(self) -> None:
         """Release resources (idempotent)."""

@@ -16,7 +16,12 @@ How it maps onto Kafka:
   opens, which fences the older one: the zombie's next flush or checkpoint raises
   :class:`FencedError`.
 * Task checkpoints are records keyed ``<job>/<partition>`` in one compacted topic
-  (``checkpoint.topic``), written in their own transaction by the same producer.
+  (``checkpoint.topic``), written by the same producer. A task commit is **one
+  transaction**: its stores' flushes only wait for their records to be acknowledged, and
+  the checkpoint record commits them with it (:meth:`KafkaCheckpointStore.committing`).
+  A commit killed before that point leaves an open transaction that the next instance's
+  ``init_transactions`` aborts; a flush outside a task commit (the tail trim, a reset, a
+  rescale) commits on its own.
 * After ``localstate rescale`` the job's state is in a new generation of topics,
   ``<topic>.gen<n>`` with the new partition count (a topic's partitions cannot shrink,
   and growing them would move keys), and its checkpoints are keyed ``<job>.gen<n>/<p>``;
@@ -71,6 +76,17 @@ __all__ = ["KafkaChangelogSystem", "KafkaChangelogPartition", "KafkaCheckpointSt
 log = logging.getLogger("localstate.changelog.kafka")
 
 
+def _raised_error(e: BaseException) -> Any:
+    """The ``KafkaError`` behind an exception a confluent-kafka call raised (itself, or
+    the cause or context of the ``SystemError`` it wraps a callback's error in)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, KafkaException):
+            return seen.args[0]
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class _TaskWriter:
     """The transactional producer of one task partition (shared by its stores and its
     checkpoint). A transaction is open from the first produce until :meth:`commit`."""
@@ -92,9 +108,16 @@ class _TaskWriter:
             **CONNECT_FAST,
         }
         conf.update(s.producer)
-        conf.update({"enable.idempotence": True, "acks": "all", "transactional.id": self.transactional_id})
+        conf.update({"enable.idempotence": True, "acks": "all", "transactional.id": self.transactional_id,
+                     "error_cb": self._client_error})
+        self.fatal_error: Any = None
         self.producer = Producer(conf)
         self.in_txn = False
+        self.commit_deferred = False
+        """Inside a task commit whose checkpoint this producer writes
+        (:meth:`KafkaCheckpointStore.committing`): a changelog flush waits for its records'
+        acknowledgements and leaves the transaction open, and the checkpoint write commits
+        data and checkpoint together (one transaction, one commit round trip)."""
         self.failed: BaseException | None = None
         what = f"transactional producer {self.transactional_id!r}"
         # A metadata request first brings a broker connection up, so the producer-id request
@@ -102,6 +125,27 @@ class _TaskWriter:
         # timer (measured on tansu: 8 of 40 inits of a new id took 0.5 s; 0 of 40 after this).
         system.client.with_retries(what, lambda: self.producer.list_topics(timeout=s.timeout_ms / 1000))
         system.client.with_retries(what, lambda: self.producer.init_transactions(s.timeout_ms / 1000))
+
+    def _client_error(self, err: Any) -> None:
+        """librdkafka's error callback. A fatal error (fenced by a newer instance, ...) is
+        kept for the waiting call to raise: without this callback confluent-kafka raises it
+        from inside ``flush()`` while serving delivery callbacks, which surfaces as a
+        ``SystemError``. Other errors are transient and retried by librdkafka."""
+        if err.fatal():
+            self.fatal_error = err
+        else:
+            log.debug("kafka producer %r: %s", self.transactional_id, err)
+
+    def _txn_error(self) -> Any:
+        """After a call failed without saying why (confluent-kafka can lose a fatal error
+        while serving callbacks): abort the open transaction, which reports the
+        producer's fatal error if it has one (fenced, ...)."""
+        try:
+            self.producer.abort_transaction(min(5.0, self.system.settings.timeout_ms / 1000))
+            self.in_txn = False
+        except KafkaException as e:
+            return e.args[0]
+        return KafkaError(KafkaError._FATAL, "the producer failed without an error (aborted its transaction)")
 
     def check(self) -> None:
         if self.failed is not None:
@@ -129,6 +173,23 @@ class _TaskWriter:
             if len(self.producer) <= target:
                 return
         raise self.fail(KafkaError(KafkaError._QUEUE_FULL), f"produce to topic {topic!r} (no acknowledgements)")
+
+    def await_acks(self, topics: str) -> None:
+        """Wait until every record produced so far is acknowledged (the transaction stays
+        open), bounded by the timeout; delivery errors reach the partitions' callbacks."""
+        self.check()
+        s = self.system.settings
+        what = f"get the writes to {topics} acknowledged"
+        try:
+            left = self.producer.flush(s.timeout_ms / 1000 * (s.retries + 1))
+        except (KafkaException, SystemError) as e:
+            # confluent-kafka raises a fatal error (fenced by a newer instance, ...) from
+            # inside flush() while it serves a delivery callback: a SystemError caused by it
+            raise self.fail(self.fatal_error or _raised_error(e) or self._txn_error(), what) from e
+        if self.fatal_error is not None:
+            raise self.fail(self.fatal_error, what)
+        if left > 0:
+            raise self.fail(KafkaError(KafkaError._TIMED_OUT), what)
 
     def commit(self, topics: str) -> None:
         """Commit the open transaction: every record acknowledged, or raise."""
@@ -280,11 +341,18 @@ class KafkaChangelogPartition(ChangelogPartition):
 
     def flush(self) -> int:
         """Commit the task's open transaction (every record acknowledged) and return
-        this partition's end offset: the last acknowledged offset + 1."""
+        this partition's end offset: the last acknowledged offset + 1. Inside a task
+        commit whose checkpoint the same producer writes, only wait for the
+        acknowledgements: the checkpoint write commits these records with it."""
         self._check_open()
         if self._unflushed:
-            self._writer.commit(f"topic {self.stream!r} partition {self.partition}")
-            self._writer.producer.poll(0)
+            writer = self._writer
+            topics = f"topic {self.stream!r} partition {self.partition}"
+            if writer.commit_deferred:
+                writer.await_acks(topics)
+            else:
+                writer.commit(topics)
+            writer.producer.poll(0)
             if self._delivery_error is not None:
                 raise self._writer.fail(self._delivery_error, f"write to {self.where}")
             self._unflushed = False

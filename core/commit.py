@@ -1,7 +1,9 @@
 """Committing one task's stores (DESIGN §4), in this order:
 
 1. flush caches into engines; ``engine.prepare_commit()``;
-2. flush change loggers → changelog appends → durable changelog ``flush()`` → end offsets;
+2. flush change loggers → changelog appends → durable changelog ``flush()`` → end offsets
+   (inside ``checkpoints.committing()``: a Kafka flush waits for acknowledgements and step 4
+   commits the records and the checkpoint in one transaction);
 3. ``engine.persist(offset)``: make local state durable (rocksdb: a local snapshot tagged
    with the offset once enough was written since the last one);
 4. write the task checkpoint ``{version, input_position, offsets}`` atomically.
@@ -151,24 +153,27 @@ class TaskCommit:
             flush_seconds[e.spec.name] = clock() - t0
         fault_point("commit.before_changelog_flush")
         offsets: dict[str, int] = {}
-        for e in entries:
-            if e.changelog is not None:
+        # One span from the flushes to the checkpoint: a checkpoint store that can commit
+        # the changelog records with the checkpoint (Kafka: one transaction) does so.
+        with self._checkpoints.committing(self.job, self.partition):
+            for e in entries:
+                if e.changelog is not None:
+                    t0 = clock()
+                    offsets[e.spec.name] = e.logger.flush()
+                    flush_seconds[e.spec.name] += clock() - t0
+            fault_point("commit.after_changelog_flush")
+            for e in entries:
                 t0 = clock()
-                offsets[e.spec.name] = e.logger.flush()
-                flush_seconds[e.spec.name] += clock() - t0
-        fault_point("commit.after_changelog_flush")
-        for e in entries:
-            t0 = clock()
-            with engine_phase(e.spec, "persist"):
-                e.engine.persist(offsets.get(e.spec.name))
-            e.metrics.persist_latency.observe(clock() - t0)
-            e.metrics.flush_latency.observe(flush_seconds[e.spec.name])
-            e.metrics.commits += 1
-        fault_point("commit.after_engine_checkpoint")
-        # Stores not opened this time (dropped from the config for a deploy) keep their
-        # offsets: self._offsets carries them forward.
-        self._offsets.update(offsets)
-        checkpoint = self._write_checkpoint(version, input_position)
+                with engine_phase(e.spec, "persist"):
+                    e.engine.persist(offsets.get(e.spec.name))
+                e.metrics.persist_latency.observe(clock() - t0)
+                e.metrics.flush_latency.observe(flush_seconds[e.spec.name])
+                e.metrics.commits += 1
+            fault_point("commit.after_engine_checkpoint")
+            # Stores not opened this time (dropped from the config for a deploy) keep their
+            # offsets: self._offsets carries them forward.
+            self._offsets.update(offsets)
+            checkpoint = self._write_checkpoint(version, input_position)
         self.task_metrics.commits += 1
         self.task_metrics.commit_latency.observe(clock() - started)
         self._upload_snapshots(entries, offsets)

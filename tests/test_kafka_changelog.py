@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localstate import Config, TaskStorage
+from localstate import Config, TaskStorage, faults
 from localstate.changelog.kafka import KafkaChangelogSystem
 from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, ConfigError, CorruptionError
@@ -178,8 +178,10 @@ def test_sigkill_between_changelog_flush_and_checkpoint_then_trim(kafka_broker, 
     stream = values[f"stores.{T.STORE}.changelog"].split(".", 1)[1]
     rc, _, err = T.run_child(plan, values, plan.faults[0])
     assert rc == -9, err
-    # before the trim, the log's tail holds the killed attempt's records
-    assert changelog_contents(kafka_broker, stream) == reference[3]
+    # A task commit is one transaction (records and checkpoint), and the kill came before
+    # its commit: a read_committed reader sees only the last commit, not the killed
+    # attempt's records (their transaction stays open until the next instance aborts it)
+    assert changelog_contents(kafka_broker, stream) == reference[2]
     with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
         pos = s.checkpoint.input_position
         # a checkpoint produced but never committed is invisible on Kafka (read_committed);
@@ -195,6 +197,75 @@ def test_sigkill_between_changelog_flush_and_checkpoint_then_trim(kafka_broker, 
     with TaskStorage(moved(values, tmp_path, "machine-d")) as s:
         assert s.checkpoint.input_position == 5
         assert dump(s, T.STORE) == reference[5]
+
+
+@pytest.mark.parametrize("point", ["commit.after_changelog_flush", "commit.after_engine_checkpoint",
+                                   "checkpoint.before_rename"])
+def test_a_commit_is_one_transaction_records_and_checkpoint(kafka_broker, tmp_path, point):
+    """The changelog records of a commit are committed by the checkpoint write, not by
+    the flush before it: a commit that fails anywhere between them leaves no committed
+    record behind (a read_committed reader sees the last commit), and the next instance
+    restores that commit exactly."""
+    values = kafka_values(tmp_path, kafka_broker)
+    stream = values["stores.kv.changelog"].split(".", 1)[1]
+    s = TaskStorage(Config.from_dict(values))
+    kv = s.store("kv")
+    for i in range(100):  # more than the write batch: records reach the producer before the commit
+        kv.put(f"k{i}", i)
+    s.commit(input_position=1)
+    committed = dump(s)
+    for i in range(50, 150):
+        kv.put(f"k{i}", -i)
+    kv.delete("k0")
+    attempted = dump(s)
+    faults.configure(f"{point}=raise")
+    try:
+        with pytest.raises(faults.InjectedFault):
+            s.commit(input_position=2)
+    finally:
+        faults.configure(None)
+    # the failed commit's records were acknowledged but their transaction is still open
+    assert changelog_contents(kafka_broker, stream) == committed
+    # close aborts it (tansu then shows the aborted records to read_committed readers,
+    # which a later full restore must not depend on: the next open trims them)
+    s.close()
+    with TaskStorage(moved(values, tmp_path, "machine-b")) as s2:
+        # a checkpoint record produced but aborted is invisible on Kafka; a broker that shows
+        # aborted records (tansu) shows it with the records it names: still one whole commit
+        pos = s2.checkpoint.input_position
+        assert pos == 1 or (point == "checkpoint.before_rename" and pos == 2)
+        state = committed if pos == 1 else attempted
+        assert dump(s2) == state
+        s2.store("kv").put("k0", 7)
+        s2.commit(input_position=3)
+    assert changelog_contents(kafka_broker, stream) == {**state, "k0": 7}
+
+
+def test_stores_on_another_kafka_system_than_the_checkpoints_commit_at_their_flush(kafka_broker, tmp_path):
+    """Only the producer that writes the checkpoint can commit a store's records with
+    it: a store on another Kafka system commits its own transaction at the flush, so
+    its records are committed before the checkpoint names them."""
+    values = kafka_values(tmp_path, kafka_broker, **{"systems.other.type": "kafka",
+                                                     "systems.other.bootstrap.servers": kafka_broker})
+    job = values["job.name"]
+    values["stores.kv.changelog"] = f"other.{job}-kv"
+    values["job.checkpoint.system"] = "kafka"
+    s = TaskStorage(Config.from_dict(values))
+    s.store("kv").put("a", 1)
+    s.commit(input_position=1)
+    s.store("kv").put("a", 2)
+    faults.configure("commit.after_engine_checkpoint=raise")
+    try:
+        with pytest.raises(faults.InjectedFault):
+            s.commit(input_position=2)
+    finally:
+        faults.configure(None)
+    # this store's transaction was committed by its flush (as before one-transaction commits)
+    assert changelog_contents(kafka_broker, f"{job}-kv") == {"a": 2}
+    s.close()
+    with TaskStorage(moved(values, tmp_path, "machine-b")) as s2:
+        assert s2.checkpoint.input_position == 1
+        assert dump(s2) == {"a": 1}
 
 
 def test_broker_killed_during_commit_fails_the_commit(fresh_kafka_broker, tmp_path):
