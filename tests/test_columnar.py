@@ -165,6 +165,24 @@ def test_range_gives_columns_in_key_order_with_their_encoded_keys(make_config: A
             assert [k[0] for k, _ in pairs] == [7200] * 10
 
 
+def test_range_over_a_key_serde_that_is_not_order_preserving_warns_once(make_config: Any, caplog: Any) -> None:
+    """As the row ``range`` does: the scan follows the encoded bytes, not the key order."""
+    config = make_config(by_json={"factory": "rocksdb", "changelog": "file.by_json", "key.serde": "json",
+                                  "msg.serde": "long", "object.cache.size": 0}, hourly=_HOURLY)
+    with TaskStorage(config) as storage, caplog.at_level("WARNING", logger="localstate"):
+        columns = storage.columns("by_json")
+        columns.put_all(columns.encode_keys([pa.array(["b", "a"])]), [pa.array([1, 2], pa.int64())])
+        for _ in range(2):
+            with columns.range(None, None) as chunks:
+                assert sum(len(c.keys) for c in chunks) == 2
+        warned = [r for r in caplog.records if "not order-preserving" in r.getMessage()]
+        assert len(warned) == 1 and "'by_json'" in warned[0].getMessage()
+        caplog.clear()
+        with storage.columns("hourly").range(None, None) as chunks:
+            list(chunks)
+        assert not [r for r in caplog.records if "not order-preserving" in r.getMessage()]
+
+
 def test_refusals_name_the_store_and_write_nothing(make_config: Any) -> None:
     config = make_config(hourly=_HOURLY, daily={**_HOURLY, "changelog": "file.daily"}, cached={**_HOURLY, "changelog": "file.cached", "object.cache.size": 1000},
                          expiring={**_HOURLY, "changelog": "file.expiring", "ttl.ms": 1000},

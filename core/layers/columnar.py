@@ -138,6 +138,7 @@ class ColumnarStore:
         the row ``range`` it reads one snapshot and must be closed (a ``with`` block)."""
         if type(chunk_rows) is not int or chunk_rows < 1:
             raise InvalidValueError(f"store {self.name!r}: chunk_rows must be an int >= 1, got {chunk_rows!r}")
+        self._rows._check_ordered()  # the row range's warning over a key serde that is not order-preserving
         s = None if start is None else self._rows.encode_key(start)
         e = None if stop is None else self._rows.encode_key(stop)
         pairs = self.inner.range(s, e)
