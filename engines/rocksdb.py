@@ -4,7 +4,7 @@ Layout under the store directory (``job.state.dir/<job>/<store>/<partition>``)::
 
     engine.lock                 flock held while the engine is open (pid inside)
     db/                         the live database
-    db.clean                    after a clean close: the snapshot db/ equals (see below)
+    db.clean                    after a clean close: the changelog prefix db/ equals (see below)
     snapshots/<offset:020d>/    hard-link checkpoints, tagged with the changelog offset
     ingest/                     SST files of a bulk restore (transient)
 
@@ -21,15 +21,18 @@ Fault tolerance (host affinity, incremental restore):
   ``snapshots.keep`` are kept). Commits in between leave the memtable alone: a
   snapshot per commit flushed one small L0 file per commit, and with random keys
   every L0→L1 compaction rewrote all of L1, so writes slowed with the state size
-  (benchmarks/RESULTS.md, issue 17). A reopen replays at most that many records past
-  the newest snapshot; a clean close right after a commit takes the deferred
-  snapshot, so it replays nothing;
-* the live database is **trusted on open only after a clean close that left it equal to
-  its newest snapshot** (nothing written since that snapshot): the close then writes
-  ``db.clean`` naming the snapshot's offset, and the next open consumes (deletes, durably)
-  that file before anything can write, so a crash, a write or any other open in between
-  leaves no claim behind. If that offset is the newest usable snapshot (inside
-  ``[min_valid, C]``), ``prepare_restore`` keeps ``db/`` as it is: a task opened once per
+  (benchmarks/RESULTS.md, issue 17). A reopen after a crash replays at most that many
+  records past the newest snapshot;
+* the live database is **trusted on open only after a clean close that left it equal to a
+  changelog prefix** ``[0, X)``: nothing written since the commit at ``X`` (or since its
+  newest snapshot, at ``X``). The close flushes the memtable (not a snapshot: a task
+  opened once per micro-batch would take one per micro-batch), then writes ``db.clean``
+  = ``{offset: X, records: R}``, ``R`` the records written since the newest snapshot (the
+  next open counts on from there, so the interval still bounds a crash's replay), and the
+  next open consumes (deletes, durably) that file before anything can write, so a crash,
+  a write or any other open in between leaves no claim behind. If ``X`` is the committed
+  offset ``C`` (or, for ``R`` = 0, the newest usable snapshot), and not below
+  ``min_valid``, ``prepare_restore`` keeps ``db/`` as it is: a task opened once per
   micro-batch pays no rebuild. Otherwise — a close after uncommitted writes, a crash —
   the live database may hold writes past the committed offset ``C``. ``prepare_restore(C, min_valid)``
   deletes snapshots past ``C`` (from commit attempts that never completed) and those
@@ -134,7 +137,9 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
         """The offset of the last ``persist`` that left its snapshot for later."""
         self._written_at_persist = 0
         self._clean_offset: Any = _UNREAD
-        """The offset ``db.clean`` named when this engine opened (consumed by the first open)."""
+        """``(offset, records)`` of the ``db.clean`` claim found when this engine opened
+        (consumed by the first open)."""
+        self._closing_claim: tuple[int, int] | None = None
         self._live_snapshot: tuple[int, int] | None = None
         """``(offset, records_written)`` when the live database last equaled the snapshot at
         ``offset``: it still does while ``records_written`` has not moved."""

@@ -67,18 +67,59 @@ def test_commits_below_the_interval_defer_and_one_past_it_snapshots(tmp_path):
         assert _snapshot_offsets(tmp_path) == [first, s.committed_offset("kv")]
 
 
-def test_a_clean_close_after_a_commit_takes_the_deferred_snapshot(tmp_path):
+def _claim(tmp_path: Path) -> dict:
+    return json.loads((tmp_path / "state" / "si" / "kv" / "0" / "db.clean").read_text())
+
+
+def test_a_clean_close_after_a_commit_claims_the_commit_instead_of_a_snapshot(tmp_path):
+    """The deferred snapshot is not taken at close (a task opened per micro-batch would take
+    one per micro-batch): the claim names the commit and the records since the snapshot,
+    and the next open keeps the live database and replays nothing."""
     config = Config.from_dict(_values(tmp_path, 1000))
     with TaskStorage(config) as s:
         _write(s, 0, 10)
         s.commit()
+        first = s.committed_offset("kv")
         _write(s, 10, 10)
         s.commit()
         committed = s.committed_offset("kv")
-    assert _snapshot_offsets(tmp_path)[-1] == committed
+    assert _snapshot_offsets(tmp_path) == [first]
+    assert _claim(tmp_path) == {"offset": committed, "records": 10}
     with TaskStorage(config) as s:
         assert s.last_restore.get("kv") is None or s.last_restore["kv"].records == 0
         assert _contents(s) == _expected(20)
+
+
+def test_micro_batches_carry_the_count_to_the_interval_and_a_crash_replays_at_most_that(tmp_path):
+    """One open per micro-batch of 15 records, interval 40: the claims carry the records
+    written since the newest snapshot from close to open, so a commit snapshots once 40 are
+    reached (not never, not at every close); a crash after that replays from the newest
+    snapshot, fewer records than the interval plus one batch."""
+    config = Config.from_dict(_values(tmp_path, 40))
+    offsets = []
+    for b in range(8):
+        with TaskStorage(config) as s:
+            _write(s, 15 * b, 15)
+            s.commit()
+            offsets.append(s.committed_offset("kv"))
+        assert _claim(tmp_path)["offset"] == offsets[-1]
+    # the first commit snapshots; then one every third batch (15 + 15 + 15 >= 40), and
+    # snapshots.keep (2) keeps the newest two
+    assert _snapshot_offsets(tmp_path) == [offsets[3], offsets[6]]
+    assert _claim(tmp_path)["records"] == 15
+    child = textwrap.dedent("""
+        import json, os, sys
+        from localstate import Config, TaskStorage
+        s = TaskStorage(Config.from_dict(json.loads(sys.argv[1])))
+        for i in range(1000, 1020):
+            s.store("kv").put(f"k{i}", {"i": i})
+        s.store("kv").flush()  # uncommitted writes reach the engine before the crash
+        os._exit(0)
+    """)
+    subprocess.run([sys.executable, "-c", child, json.dumps(_values(tmp_path, 40))], check=True, timeout=120)
+    with TaskStorage(config) as s:
+        assert s.last_restore["kv"].records == offsets[7] - offsets[6] == 15
+        assert _contents(s) == _expected(120)
 
 
 def test_a_close_with_uncommitted_writes_snapshots_nothing_past_the_commit(tmp_path):
