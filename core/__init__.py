@@ -7,17 +7,9 @@ commit. Engines are pluggable by name.
 
 from __future__ import annotations
 
-from .changelogger import ChangeLogger
-from .checkpoint import Checkpoint
-from .config import Config
-from .engine import (
-    ChangeRecord,
-    KeyValueEngine,
-    StorageEngine,
-    StorageEngineFactory,
-    StoreContext,
-    StoreSpec,
-)
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ChangelogError,
     ConfigError,
@@ -34,12 +26,25 @@ from .errors import (
     UnknownSerdeError,
     UnknownSystemError,
 )
-from .kv import CloseableIterator, KeyValueIterator, KeyValueStore
-from .metrics import RestoreProgress, StoreMetrics
-from .reader import StateReader, read_committed
-from .registry import register_engine, register_system
-from .serdes import Serde, get_serde, register_serde
-from .storage import TaskStorage
+
+if TYPE_CHECKING:
+    from .changelogger import ChangeLogger
+    from .checkpoint import Checkpoint
+    from .config import Config
+    from .engine import (
+        ChangeRecord,
+        KeyValueEngine,
+        StorageEngine,
+        StorageEngineFactory,
+        StoreContext,
+        StoreSpec,
+    )
+    from .kv import CloseableIterator, KeyValueIterator, KeyValueStore
+    from .metrics import RestoreProgress, StoreMetrics
+    from .reader import StateReader, read_committed
+    from .registry import register_engine, register_system
+    from .serdes import Serde, get_serde, register_serde
+    from .storage import TaskStorage
 
 __version__ = "0.1.0"
 
@@ -82,3 +87,27 @@ __all__ = [
     "register_system",
     "__version__",
 ]
+
+
+_LAZY = {
+    "ChangeLogger": ".changelogger",
+    "Checkpoint": ".checkpoint",
+    "Config": ".config",
+    **dict.fromkeys(("ChangeRecord", "KeyValueEngine", "StorageEngine", "StorageEngineFactory", "StoreContext",
+                     "StoreSpec"), ".engine"),
+    **dict.fromkeys(("CloseableIterator", "KeyValueIterator", "KeyValueStore"), ".kv"),
+    **dict.fromkeys(("RestoreProgress", "StoreMetrics"), ".metrics"),
+    **dict.fromkeys(("StateReader", "read_committed"), ".reader"),
+    **dict.fromkeys(("register_engine", "register_system"), ".registry"),
+    **dict.fromkeys(("Serde", "get_serde", "register_serde"), ".serdes"),
+    "TaskStorage": ".storage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value

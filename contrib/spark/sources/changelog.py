@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from localstate import ConfigError
+from localstate.errors import ConfigError
 from localstate.contrib.spark.sources._base import (
     DataSource,
     DataSourceReader,

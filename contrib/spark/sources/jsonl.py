@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from localstate import ConfigError
+from localstate.errors import ConfigError
 from localstate.contrib.spark.json_policy import JsonPolicy, read_json_records
 from localstate.contrib.spark.sources._base import (
     DataSource,

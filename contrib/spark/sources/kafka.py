@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Message
-from localstate import ChangelogError, ConfigError
+from localstate.errors import ChangelogError, ConfigError
 from localstate.changelog.kafka_client import KafkaClient, KafkaSettings
 from localstate.contrib.spark.json_policy import JsonPolicy, read_json_records
 from localstate.contrib.spark.sources._base import (
