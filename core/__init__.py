@@ -3,6 +3,12 @@
 Each task owns its stores on local disk; every change also goes to a changelog;
 after a crash or a move the store is rebuilt from that changelog to exactly the last
 commit. Engines are pluggable by name.
+
+The names below are imported on first use (``from localstate import TaskStorage``
+works as always), except the errors: a process that needs only part of localstate —
+Spark's streaming-source runner, a fresh interpreter per query that reads a
+``localstate-kafka`` stream — then does not import the storage, the engines' registry
+and the layers (~60 ms at every query start).
 """
 
 from __future__ import annotations
@@ -89,7 +95,7 @@ __all__ = [
 ]
 
 
-_LAZY = {
+_LAZY = {  # the module of each name of __all__ not imported above (see the module docstring)
     "ChangeLogger": ".changelogger",
     "Checkpoint": ".checkpoint",
     "Config": ".config",
@@ -111,3 +117,7 @@ def __getattr__(name: str) -> Any:
     value = getattr(import_module(module, __name__), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

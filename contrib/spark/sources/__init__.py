@@ -69,3 +69,7 @@ def __getattr__(name: str) -> Any:
     value = getattr(import_module(module, __name__), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

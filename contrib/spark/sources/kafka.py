@@ -12,7 +12,6 @@ from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Message
-from localstate.errors import ChangelogError, ConfigError
 from localstate.changelog.kafka_client import KafkaClient, KafkaSettings
 from localstate.contrib.spark.json_policy import JsonPolicy, read_json_records
 from localstate.contrib.spark.sources._base import (
@@ -29,6 +28,7 @@ from localstate.contrib.spark.sources._base import (
     _options,
     _Range,
 )
+from localstate.errors import ChangelogError, ConfigError
 from localstate.options import parse_options
 
 __all__ = ["KafkaSource", "KAFKA_SCHEMA"]
