@@ -282,7 +282,11 @@ def _close_seconds(progress: dict[str, Any]) -> float:
     runner's observed metrics. Every store's observation repeats its task's figure, so
     one store's is the answer (the largest, should a store be missing from a task)."""
     observed = progress.get("observedMetrics") or {}
-    closes = [m.get("closeTimeMs") or 0 for name, m in observed.items() if name.startswith("localstate.")]
+    closes = []
+    for name, metrics in observed.items():
+        if name.startswith("localstate."):
+            fields = metrics.asDict() if hasattr(metrics, "asDict") else dict(metrics)  # a pyspark Row
+            closes.append(fields.get("closeTimeMs") or 0)
     return max(closes, default=0) / 1000
 
 
