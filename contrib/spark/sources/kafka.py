@@ -235,7 +235,9 @@ class KafkaSource(DataSource):
     this many Spark tasks, cutting partitions' offset ranges; as Spark's Kafka source), ``format`` (``raw`` (default) or ``json``:
     parse values into the given ``schema``, with ``mode`` = ``FAILFAST`` (default) /
     ``PERMISSIVE`` / ``DROPMALFORMED`` for bad values, as ``localstate-jsonl``), ``timeout.s``, and ``kafka.<key>`` for
-    any consumer setting. Reads with ``isolation.level=read_committed``.
+    any consumer setting. Reads with ``isolation.level=read_committed``; the driver's consumer,
+    which only finds the partitions' ends, uses ``fetch.wait.max.ms=1`` unless
+    ``kafka.fetch.wait.max.ms`` is given (see :data:`_END_FETCH_WAIT_MS`).
     """
 
     @classmethod
