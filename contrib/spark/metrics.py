@@ -25,7 +25,7 @@ Prometheus scrape of an executor would see nothing. The metrics leave the task t
   Prometheus collector.
 
 A task's figures leave it after its storage is closed, so they include the close (for
-rocksdb a local snapshot, often the largest fixed cost of a task): ``closeTimeMs``
+rocksdb a local snapshot, a fixed cost per micro-batch as large as the commit): ``closeTimeMs``
 beside ``commitTimeMs``. The snapshot itself is taken just before the close, while the
 stores are open (their counters and engine gauges are read from the open engines).
 

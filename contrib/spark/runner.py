@@ -180,8 +180,9 @@ class _TaskAttempt:
         from .metrics import metrics_batch, task_snapshot, with_close_time
 
         # The figures are read from the open stores, then the task closes before they leave
-        # it, so they include the close (rocksdb's local snapshot: often the largest fixed
-        # cost of a task). The version is committed; the close only releases the state.
+        # it, so they include the close (with rocksdb's local snapshot, a fixed cost per
+        # micro-batch as large as the commit). The version is committed; the close only
+        # releases the state.
         snapshot = task_snapshot(self.storage)
         closing = time.perf_counter()
         self.close()
