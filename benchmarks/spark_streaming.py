@@ -27,7 +27,9 @@ batches of every timed run), from three sources — the query progress (``durati
 the driver's offset/plan/log work vs ``addBatch``, the job), Spark's status store
 (per stage: wall and summed task time, the Parquet-read/shuffle-write stage vs the
 shuffle-read/Python stage) and timers inside the Python tasks (storage open, waiting
-for input = shuffle read + Arrow transfer, ``process_batch``, ``window``, commit).
+for input = shuffle read + Arrow transfer, ``process_batch``, ``window``, commit, and the
+storage close with rocksdb's local snapshot, from the ``closeTimeMs`` the runner puts in
+the query's observed metrics).
 """
 
 from __future__ import annotations
@@ -233,7 +235,9 @@ def latencies_ms(run: StreamRun) -> list[float]:
 
 def localstate_breakdown(runs: list[StreamRun], task_docs: list[list[dict[str, Any]]]) -> dict[str, float]:
     """Mean seconds per data micro-batch of the localstate query: driver, scheduling,
-    the read/shuffle-write stage, and per-task sums of the Python stage's parts."""
+    the read/shuffle-write stage, and per-task sums of the Python stage's parts: open,
+    input, the task's own work (init + process_batch + window, and each of them),
+    commit, close."""
     parts: dict[str, list[float]] = {}
 
     def add(name: str, value: float) -> None:
@@ -261,11 +265,29 @@ def localstate_breakdown(runs: list[StreamRun], task_docs: list[list[dict[str, A
             add("stage 1 task-s", sum(s["task_s"] for s in read))
             add("stage 2 task-s", sum(s["task_s"] for s in python))
             tasks = by_batch.get(batch, [])
-            for key, label in (("open", "open storage"), ("input", "wait for input (shuffle read, Arrow)"),
-                               ("init", "init"), ("process_batch", "process_batch"), ("window", "window"),
-                               ("commit", "commit")):
-                add(f"python task-s: {label}", sum(d.get(key, 0.0) for d in tasks))
+            task_s = {key: sum(d.get(key, 0.0) for d in tasks)
+                      for key in ("open", "input", "init", "process_batch", "window", "commit")}
+            add("python task-s: open storage", task_s["open"])
+            add("python task-s: wait for input (shuffle read, Arrow)", task_s["input"])
+            add("python task-s: state work (init + process_batch + window)",
+                task_s["init"] + task_s["process_batch"] + task_s["window"])
+            for key in ("init", "process_batch", "window", "commit"):
+                add(f"python task-s: {key}", task_s[key])
+            add("python task-s: close (rocksdb snapshot)", _close_seconds(p))
     return {k: statistics.mean(v) for k, v in parts.items()}
+
+
+def _close_seconds(progress: dict[str, Any]) -> float:
+    """The tasks' storage close time (summed) of one micro-batch: ``closeTimeMs`` of the
+    runner's observed metrics. Every store's observation repeats its task's figure, so
+    one store's is the answer (the largest, should a store be missing from a task)."""
+    observed = progress.get("observedMetrics") or {}
+    closes = []
+    for name, metrics in observed.items():
+        if name.startswith("localstate."):
+            fields = metrics.asDict() if hasattr(metrics, "asDict") else dict(metrics)  # a pyspark Row
+            closes.append(fields.get("closeTimeMs") or 0)
+    return max(closes, default=0) / 1000
 
 
 def spark_breakdown(runs: list[StreamRun]) -> dict[str, float]:

@@ -130,7 +130,7 @@ def register(registry: CollectorRegistry = REGISTRY) -> LocalStateCollector:
 
 
 _SPARK_FIELDS = {"numRowsTotal": "rows_total", "numRowsUpdated": "rows_updated", "numRowsRemoved": "rows_removed",
-                 "commitTimeMs": "commit_time_ms", "numTasks": "tasks"}
+                 "commitTimeMs": "commit_time_ms", "closeTimeMs": "close_time_ms", "numTasks": "tasks"}
 
 
 class SparkJobCollector(Collector):

@@ -110,7 +110,8 @@ def test_spark_job_batch_metrics_on_the_driver(tmp_path: Path) -> None:
     register_spark_job(job, registry)
     assert not any(name.startswith("localstate_spark_batch_puts") for name, _ in _scrape(registry))
     job.batch_metrics[3] = batch_progress({"counts": {"puts": 5.0, "deletes": 1.0, "tasks": 2.0,
-                                                      "engine_estimated_keys": 4.0, "records_logged": 6.0}})
+                                                      "engine_estimated_keys": 4.0, "records_logged": 6.0,
+                                                      "close_time_ms": 7.5}})
     samples = _scrape(registry)
     labels = (("job", "m"), ("store", "counts"))
     assert samples[("localstate_spark_batch_id", (("job", "m"),))] == 3
@@ -118,3 +119,4 @@ def test_spark_job_batch_metrics_on_the_driver(tmp_path: Path) -> None:
     assert samples[("localstate_spark_batch_rows_removed", labels)] == 1
     assert samples[("localstate_spark_batch_rows_total", labels)] == 4
     assert samples[("localstate_spark_batch_records_logged", labels)] == 6
+    assert samples[("localstate_spark_batch_close_time_ms", labels)] == 7

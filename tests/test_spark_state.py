@@ -146,13 +146,16 @@ def test_streaming_progress_carries_state_metrics(spark, tmp_path: Path) -> None
     assert counts["customMetrics"]["records_logged"] == 5
     assert counts["customMetrics"]["commits"] == 2
     assert counts["commitTimeMs"] >= 0
+    # the close (rocksdb's local snapshot) is timed too: each task closes before its
+    # figures leave it, so a close of 0 ms in both tasks would mean it was not counted
+    assert counts["closeTimeMs"] > 0 and "close_time_ms" not in counts["customMetrics"]
     # the same figures inside Spark's own StreamingQueryProgress, as observed metrics
     observed = query.lastProgress["observedMetrics"]
     assert set(observed) == {"localstate.counts"}
     row = observed["localstate.counts"]
     assert (row["numRowsUpdated"], row["numRowsTotal"], row["numTasks"]) == (5, 5, 2)
     assert (row["records_logged"], row["commits"], row["numRowsRemoved"]) == (5, 2, 0)
-    assert row["commitTimeMs"] >= 0
+    assert row["commitTimeMs"] >= 0 and abs(row["closeTimeMs"] - counts["closeTimeMs"]) <= 1  # rounding of a float sum
     # a batch run (an action) gathers the same per-store figures under its version
     batch = spark.createDataFrame([(f"u{i % 5}",) for i in range(10)], "user_id string")
     job.run(batch)
@@ -200,6 +203,8 @@ def test_a_tasks_metrics_row_carries_each_store_field_and_nulls_elsewhere(tmp_pa
         METRICS_COLUMN,
         OBSERVED_FIELDS,
         metrics_batch,
+        task_snapshot,
+        with_close_time,
         with_null_metrics,
     )
 
@@ -212,12 +217,13 @@ def test_a_tasks_metrics_row_carries_each_store_field_and_nulls_elsewhere(tmp_pa
         st.store("counts").update({"a": 1, "b": 2})
         st.store("counts").delete("a")
         st.commit()
-        row = metrics_batch(st, schema)
+        row = metrics_batch(with_close_time(task_snapshot(st), 0.0125), schema)
     assert row.num_rows == 1 and row.schema.names == ["user", "n", METRICS_COLUMN]
     assert row.column("user").null_count == 1 and row.column("n").null_count == 1
     entries = dict(row.column(METRICS_COLUMN).to_pylist()[0])
     assert {k.split(".", 1)[1] for k in entries} <= set(OBSERVED_FIELDS)
     assert (entries["counts.numRowsUpdated"], entries["counts.numRowsRemoved"], entries["counts.numTasks"]) == (2, 1, 1)
     assert entries["counts.commits"] == 1 and entries["counts.numRowsTotal"] >= 0
+    assert entries["counts.closeTimeMs"] == 12  # the close time given, in whole ms as Spark's own fields
     out = with_null_metrics(pa.record_batch({"user": ["x"], "n": [3]}, schema=schema))
     assert out.column(METRICS_COLUMN).null_count == 1 and out.column("n").to_pylist() == [3]

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from localstate import LocalStateError
+from localstate.errors import LocalStateError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import pyarrow as pa
-from localstate import ConfigError, InvalidValueError
+from localstate.errors import ConfigError, InvalidValueError
 from pyarrow import json as pajson
 
 __all__ = ["JsonPolicy", "MalformedRecordError", "read_json_records"]

@@ -20,9 +20,14 @@ Prometheus scrape of an executor would see nothing. The metrics leave the task t
   PySpark 4.3: ``observedMetrics`` stays empty — and an observation on the input runs
   before the tasks touch their state: hence rows from the tasks themselves.)
 * **to the driver**: each task also adds a snapshot (:func:`task_snapshot`, engine
-  gauges included) to a Spark accumulator; the driver keeps the per-batch sums in
+  gauges included, with its close time: :func:`with_close_time`) to a Spark accumulator; the driver keeps the per-batch sums in
   ``job.batch_metrics`` (batch runs too), read by :func:`state_progress` and the
   Prometheus collector.
+
+A task's figures leave it after its storage is closed, so they include the close (for
+rocksdb a local snapshot, a fixed cost per micro-batch as large as the commit): ``closeTimeMs``
+beside ``commitTimeMs``. The snapshot itself is taken just before the close, while the
+stores are open (their counters and engine gauges are read from the open engines).
 
 Spark counts accumulator updates and observed rows of a retried task again: under task
 retries the sums over-count (the state itself is exact; see streaming.py).
@@ -46,7 +51,7 @@ if TYPE_CHECKING:
     from .runner import StatefulJob
 
 __all__ = [
-    "StateMetricsParam", "task_snapshot", "metrics_delta", "batch_progress", "state_progress",
+    "StateMetricsParam", "task_snapshot", "with_close_time", "metrics_delta", "batch_progress", "state_progress",
     "METRICS_COLUMN", "OBSERVED_FIELDS", "observation_name", "with_metrics_column", "with_null_metrics",
     "metrics_batch", "observe_state",
 ]
@@ -56,11 +61,12 @@ METRICS_COLUMN = "__localstate_metrics"
 metrics row; null on every row the task emits."""
 
 OBSERVED_FIELDS: tuple[str, ...] = (
-    "numRowsTotal", "numRowsUpdated", "numRowsRemoved", "commitTimeMs", "numTasks", *COUNTER_FIELDS,
+    "numRowsTotal", "numRowsUpdated", "numRowsRemoved", "commitTimeMs", "closeTimeMs", "numTasks", *COUNTER_FIELDS,
 )
 """The fields of each ``localstate.<store>`` observation: Spark's ``stateOperators`` names
-(``numRowsTotal`` is the engine's key estimate, null when the engine has none), then the
-store counters (docs/metrics.md), each summed over the batch's tasks."""
+(``numRowsTotal`` is the engine's key estimate, null when the engine has none; the commit
+and close times are each task's, repeated in every store's observation), then the store
+counters (docs/metrics.md), each summed over the batch's tasks."""
 
 
 class StateMetricsParam(AccumulatorParam):
@@ -102,6 +108,12 @@ def task_snapshot(storage: TaskStorage) -> dict[str, dict[str, float]]:
     return out
 
 
+def with_close_time(snapshot: dict[str, dict[str, float]], seconds: float) -> dict[str, dict[str, float]]:
+    """``snapshot`` (:func:`task_snapshot`) with the task's storage close time,
+    ``close_time_ms``, in every store's row (as ``commit_time_ms``: one figure per task)."""
+    return {store: {**row, "close_time_ms": seconds * 1000} for store, row in snapshot.items()}
+
+
 def batch_progress(totals: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
     """One micro-batch's summed task snapshots, shaped like Spark's ``stateOperators``
     entries (one per store)."""
@@ -112,9 +124,10 @@ def batch_progress(totals: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
             "numRowsUpdated": int(m.get("puts", 0)),
             "numRowsRemoved": int(m.get("deletes", 0)),
             "commitTimeMs": int(m.get("commit_time_ms", 0)),
+            "closeTimeMs": int(m.get("close_time_ms", 0)),
             "numTasks": int(m.get("tasks", 0)),
             "customMetrics": {k: v for k, v in sorted(m.items())
-                              if k not in ("puts", "deletes", "commit_time_ms", "tasks")},
+                              if k not in ("puts", "deletes", "commit_time_ms", "close_time_ms", "tasks")},
         }
     return out
 
@@ -158,11 +171,12 @@ def with_null_metrics(batch: pa.RecordBatch) -> pa.RecordBatch:
                                       names=[*batch.schema.names, METRICS_COLUMN])
 
 
-def metrics_batch(storage: TaskStorage, output_schema: pa.Schema) -> pa.RecordBatch:
-    """One row: nulls in the job's columns, this task's metrics (after its commit) in
+def metrics_batch(snapshot: Mapping[str, Mapping[str, float]], output_schema: pa.Schema) -> pa.RecordBatch:
+    """One row: nulls in the job's columns, this task's metrics (``snapshot``: its
+    :func:`task_snapshot` after its commit, :func:`with_close_time` after its close) in
     :data:`METRICS_COLUMN`."""
     entries: list[tuple[str, float]] = []
-    for store, row in batch_progress(task_snapshot(storage)).items():
+    for store, row in batch_progress(snapshot).items():
         values = {**{k: v for k, v in row.items() if k != "customMetrics"}, **row["customMetrics"]}
         if values["numRowsTotal"] < 0:
             del values["numRowsTotal"]  # the engine has no estimate: null, not -1, in the sums

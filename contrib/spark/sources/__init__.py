@@ -22,14 +22,15 @@ produce Arrow record batches (no per-row Python objects on the way into Spark).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from .changelog import CHANGELOG_SCHEMA, ChangelogSource
-from .jsonl import JsonLinesSource
-from .kafka import KAFKA_SCHEMA, KafkaSource
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from .changelog import CHANGELOG_SCHEMA, ChangelogSource
+    from .jsonl import JsonLinesSource
+    from .kafka import KAFKA_SCHEMA, KafkaSource
 
 __all__ = [
     "KafkaSource",
@@ -46,5 +47,29 @@ def register_sources(spark: SparkSession) -> None:
     ``localstate-state`` (:mod:`localstate.contrib.spark.state_source`)."""
     from localstate.contrib.spark.state_source import StateSource
 
+    from .changelog import ChangelogSource
+    from .jsonl import JsonLinesSource
+    from .kafka import KafkaSource
+
     for source in (KafkaSource, JsonLinesSource, ChangelogSource, StateSource):
         spark.dataSource.register(source)
+
+
+_LAZY = {"KafkaSource": ".kafka", "KAFKA_SCHEMA": ".kafka", "JsonLinesSource": ".jsonl",
+         "ChangelogSource": ".changelog", "CHANGELOG_SCHEMA": ".changelog"}
+"""Where each source lives. They are imported on first use, not with the package: Spark
+runs a stream reader in a fresh interpreter per query, which imports this package on
+its way to the one source module it unpickles (and needs none of the others)."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

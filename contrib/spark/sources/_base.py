@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
-from localstate import ConfigError
 from localstate.contrib.spark.compat import SOURCES_PYSPARK, require_pyspark
+from localstate.errors import ConfigError
 from localstate.options import parse_size_bytes
 
 # Before the imports below fail with a bare ImportError on an older Spark.

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from localstate import ConfigError
 from localstate.contrib.spark.sources._base import (
     DataSource,
     DataSourceReader,
@@ -23,6 +22,7 @@ from localstate.contrib.spark.sources._base import (
     _options,
     _Range,
 )
+from localstate.errors import ConfigError
 
 __all__ = ["ChangelogSource", "CHANGELOG_SCHEMA"]
 

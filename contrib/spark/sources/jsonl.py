@@ -10,7 +10,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
-from localstate import ConfigError
 from localstate.contrib.spark.json_policy import JsonPolicy, read_json_records
 from localstate.contrib.spark.sources._base import (
     DataSource,
@@ -27,6 +26,7 @@ from localstate.contrib.spark.sources._base import (
     _Range,
     _size_option,
 )
+from localstate.errors import ConfigError
 
 __all__ = ["JsonLinesSource"]
 
