@@ -13,8 +13,7 @@ and the layers (~60 ms at every query start).
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import (
     ChangelogError,
@@ -32,6 +31,7 @@ from .errors import (
     UnknownSerdeError,
     UnknownSystemError,
 )
+from .lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .changelogger import ChangeLogger
@@ -110,14 +110,4 @@ _LAZY = {  # the module of each name of __all__ not imported above (see the modu
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)

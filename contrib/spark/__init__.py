@@ -10,8 +10,9 @@ Spark's streaming-source runner (a fresh interpreter per query that reads a
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from localstate.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .runner import Emitter, StatefulJob, StreamTask, TaskContext, spark_session
@@ -19,13 +20,4 @@ if TYPE_CHECKING:
 __all__ = ["Emitter", "StatefulJob", "StreamTask", "TaskContext", "spark_session"]
 
 
-def __getattr__(name: str) -> Any:
-    if name in __all__:
-        value = getattr(import_module(".runner", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(__all__, ".runner"))

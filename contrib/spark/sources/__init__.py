@@ -22,8 +22,9 @@ produce Arrow record batches (no per-row Python objects on the way into Spark).
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from localstate.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -62,14 +63,4 @@ runs a stream reader in a fresh interpreter per query, which imports this packag
 its way to the one source module it unpickles (and needs none of the others)."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
