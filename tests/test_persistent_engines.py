@@ -202,7 +202,8 @@ def test_rocksdb_snapshots_keep_last_two_and_skip_same_offset(tmp_path):
 
 @pytest.mark.parametrize("damage", ["no CURRENT", "lost table file"])
 def test_rocksdb_damaged_snapshot_falls_back_to_an_older_one(tmp_path, damage):
-    config = _config(tmp_path, "rocksdb")
+    # a snapshot at every commit, so that there is an older one to fall back to
+    config = _config(tmp_path, "rocksdb", **{"stores.kv.rocksdb.snapshot.interval.records": 0})
     with TaskStorage(config) as s:
         s.store("kv").put_all([(f"k{i}", i) for i in range(300)])
         s.commit(1)
@@ -263,8 +264,10 @@ def test_reopen_after_commit_replays_nothing(tmp_path, factory):
         assert s.last_restore["kv"].records == 0
         s.store("kv")["uncommitted"] = 1  # clean close without commit: must not survive
     with TaskStorage(config) as s:
-        # rocksdb reloads its snapshot; leveldb finds writes past its offset: dirty, rebuilt
-        assert s.last_restore["kv"].records == (0 if factory == "rocksdb" else 2010)
+        # rocksdb (no clean-close claim) reloads its newest snapshot, the first commit's (the
+        # second commit's is deferred below snapshot.interval.records), and replays the second
+        # commit's records; leveldb finds writes past its offset: dirty, rebuilt
+        assert s.last_restore["kv"].records == (10 if factory == "rocksdb" else 2010)
         assert s.store("kv")["k3"] == -3 and s.store("kv").get("uncommitted") is None
         assert len(_contents(s)) == 2000
     with TaskStorage(config) as s:
@@ -289,8 +292,11 @@ def _stale_local_copy(tmp_path: Path, factory: str, config: Config) -> None:
     """Make the local copy stand at the first commit while the checkpoint is later."""
     d = _store_dir(tmp_path)
     if factory == "rocksdb":
-        snapshots = sorted((d / "snapshots").iterdir())
-        shutil.rmtree(snapshots[-1])  # newest snapshot lost: the one before is still valid
+        # as after a crash (no clean-close claim) that also lost every snapshot after the
+        # first commit's: that one is still valid
+        (d / "db.clean").unlink(missing_ok=True)
+        for snapshot in sorted((d / "snapshots").iterdir())[1:]:
+            shutil.rmtree(snapshot)
     else:
         shutil.rmtree(d / "db")
         shutil.copytree(tmp_path / "copy-at-first-commit", d / "db")
