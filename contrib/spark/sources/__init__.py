@@ -24,7 +24,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from localstate.contrib.spark.compat import SOURCES_PYSPARK, require_pyspark
 from localstate.lazy import lazy_exports
+
+# Here, not in the source modules (imported on first use): importing the package on an
+# older PySpark is the clear error, not a bare ImportError at the first use of a source.
+require_pyspark(SOURCES_PYSPARK, "the localstate Spark data sources (localstate-kafka, -jsonl, -changelog)")
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -9,27 +9,24 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
-from localstate.contrib.spark.compat import SOURCES_PYSPARK, require_pyspark
 from localstate.errors import ConfigError
 from localstate.options import parse_size_bytes
 
-# Before the imports below fail with a bare ImportError on an older Spark.
-require_pyspark(SOURCES_PYSPARK, "the localstate Spark data sources (localstate-kafka, -jsonl, -changelog)")
-
-from pyspark.sql.datasource import (  # noqa: E402
+# (the package checked the PySpark version first: on an older Spark this import would fail bare)
+from pyspark.sql.datasource import (
     CaseInsensitiveDict,
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.streaming.datasource import (  # noqa: E402
+from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType  # noqa: E402
+from pyspark.sql.types import StructType
 
 __all__ = [
     "StreamReader",
