@@ -273,7 +273,7 @@ def localstate_breakdown(runs: list[StreamRun], task_docs: list[list[dict[str, A
                 task_s["init"] + task_s["process_batch"] + task_s["window"])
             for key in ("init", "process_batch", "window", "commit"):
                 add(f"python task-s: {key}", task_s[key])
-            add("python task-s: close (rocksdb snapshot)", _close_seconds(p))
+            add("python task-s: close (memtable flush, clean-close claim)", _close_seconds(p))
     return {k: statistics.mean(v) for k, v in parts.items()}
 
 

@@ -59,8 +59,8 @@ def test_spark_suite_runs_quick_and_reports_every_figure(tmp_path: Path) -> None
     assert {r["unit"] for r in rows if r["workload"] == "stream_batch_latency"} == {"ms (median)", "ms (p95)"}
     breakdown = [r for r in rows if r["workload"] == "stream_breakdown"]
     assert len(breakdown) == 2 and "python task-s: commit" in breakdown[0]["notes"]
-    # the tasks' close (rocksdb's snapshot) is in the breakdown, from the runner's closeTimeMs
-    close_ms = re.search(r"python task-s: close \(rocksdb snapshot\) ([\d,.]+) ms", breakdown[0]["notes"])
+    # the tasks' close (memtable flush, clean-close claim) is in the breakdown, from the runner's closeTimeMs
+    close_ms = re.search(r"python task-s: close \(memtable flush, clean-close claim\) ([\d,.]+) ms", breakdown[0]["notes"])
     assert close_ms is not None and float(close_ms.group(1).replace(",", "")) > 0, breakdown[0]["notes"]
     kafka = [r for r in rows if r["workload"] == "kafka_e2e"]
     assert kafka and "localstate-kafka" in kafka[0]["engine"] and "users" in kafka[0]["notes"]
