@@ -354,7 +354,7 @@ class KafkaChangelogPartition(ChangelogPartition):
                 writer.commit(topics)
             writer.producer.poll(0)
             if self._delivery_error is not None:
-                raise self._writer.fail(self._delivery_error, f"write to {self.where}")
+                raise writer.fail(self._delivery_error, f"write to {self.where}")
             self._unflushed = False
             self._end = max(self._end or 0, self._acked + 1)
         return self.end_offset()

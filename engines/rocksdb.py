@@ -403,9 +403,9 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
     def flush(self) -> None:
         """Make every write so far durable by syncing the WAL.
 
-        Without a WAL (a logged store) this is a no-op: the live database is never
-        trusted on open, and :meth:`checkpoint` flushes the memtable into the snapshot
-        that is the durable local copy.
+        Without a WAL (a logged store) this is a no-op: the durable local copies are the
+        snapshots (:meth:`checkpoint` flushes the memtable into one) and the live database
+        after a clean close (which flushes the memtable before it writes its claim).
         """
         db = self._require_open()
         if not self.use_wal:

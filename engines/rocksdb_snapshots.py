@@ -254,12 +254,7 @@ class RocksDBSnapshots:
         claim = self._clean_claim()
         if claim is not None and claim[1]:
             try:  # RocksDB's own flush at close would not report a failure (no WAL here)
-                self.flush()
-                self._require_open().flush(True)
-            except LocalStateError as e:
-                claim = None
-                log.warning("rocksdb store %r: the flush at close failed (%s); the next open rebuilds "
-                            "the live database from its newest snapshot", self.name, e)
+                self._require_open().flush(True)  # (the write-behind buffer first)
             except Exception as e:
                 claim = None
                 log.warning("rocksdb store %r: the flush at close failed (%s); the next open rebuilds "

@@ -25,9 +25,10 @@ Prometheus scrape of an executor would see nothing. The metrics leave the task t
   Prometheus collector.
 
 A task's figures leave it after its storage is closed, so they include the close (for
-rocksdb a local snapshot, a fixed cost per micro-batch as large as the commit): ``closeTimeMs``
-beside ``commitTimeMs``. The snapshot itself is taken just before the close, while the
-stores are open (their counters and engine gauges are read from the open engines).
+rocksdb a memtable flush and the clean-close claim, a fixed cost per micro-batch):
+``closeTimeMs`` beside ``commitTimeMs``. The snapshot of the figures itself is taken just
+before the close, while the stores are open (their counters and engine gauges are read
+from the open engines).
 
 Spark counts accumulator updates and observed rows of a retried task again: under task
 retries the sums over-count (the state itself is exact; see streaming.py).

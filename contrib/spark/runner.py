@@ -180,8 +180,8 @@ class _TaskAttempt:
         from .metrics import metrics_batch, task_snapshot, with_close_time
 
         # The figures are read from the open stores, then the task closes before they leave
-        # it, so they include the close (with rocksdb's local snapshot, a fixed cost per
-        # micro-batch as large as the commit). The version is committed; the close only
+        # it, so they include the close (with rocksdb a memtable flush and the clean-close
+        # claim, a fixed cost per micro-batch). The version is committed; the close only
         # releases the state.
         snapshot = task_snapshot(self.storage)
         closing = time.perf_counter()
