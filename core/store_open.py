@@ -42,7 +42,7 @@ from .locking import io_error
 from .metrics import RestoreProgress, StoreMetrics
 from .records import ChangeRecord
 from .registry import SYSTEMS, resolve_factory
-from .serdes import get_serde
+from .serdes import checked_serde, get_serde
 
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogPartition, ChangelogSystem
@@ -256,8 +256,8 @@ class StoreOpening:
             logger: ChangeLogger = ChangeLogger(spec.name, changelog, spec.write_batch_size, metrics)
         else:
             logger = NullChangeLogger(spec.name, metrics)
-        key_serde = get_serde(spec.key_serde, store=spec.name)
-        msg_serde = get_serde(spec.msg_serde, store=spec.name)
+        key_serde = checked_serde(get_serde(spec.key_serde, store=spec.name))
+        msg_serde = checked_serde(get_serde(spec.msg_serde, store=spec.name))
         context = StoreContext(
             job=self.job,
             store=spec.name,
