@@ -154,7 +154,9 @@ _NON_FINITE = "NaN and infinities have no JSON form (orjson would write null, so
 
 
 def _json_encode(o: Any) -> bytes:
-    out = _json_dumps(o)
+    # a right-sized copy, as in _json_encode_many: the object cache keeps each put's bytes
+    # until its flush, and orjson's own result holds a larger system-allocator block
+    out = bytes(memoryview(_json_dumps(o)))
     if b"null" in out and _has_non_finite(o):  # null is rare: the walk runs only then
         raise ValueError(_NON_FINITE)
     return out

@@ -160,8 +160,9 @@ class CachedStore(ForwardingStore):
         self._dirty: dict[Any, tuple[bytes, bytes | None] | None] = {}
         """Cache key -> its encoded ``(key, value)`` (value ``None``: a delete) when kept,
         else ``None`` (encoded at the flush)."""
-        self._keeps_bytes = codec is not None
-        """Whether dirty entries keep their encodings (a codec below, no ttl pairs)."""
+        self._keeps_bytes = codec is not None and passthrough is None
+        """Whether dirty entries keep their encodings: a codec below that encodes (bytes
+        keys and values of the built-in bytes serde go down as they are anyway)."""
         self._closed = False
         # set by expire_with (a ttl layer above): 0 = plain values
         self._ttl_ns = 0
