@@ -186,19 +186,20 @@ class WebHdfsClient(ObjectStoreClient):
         return f"{self._root}/{key}" if key else self._root
 
     def _call(self, method: str, key: str, op: str, *, params: Mapping[str, str] | None = None,
-              data: bytes | None = None, redirect: bool = True) -> requests.Response:
-        """One WebHDFS request to the active NameNode; an error answer raised as
-        FileNotFoundError / FileExistsError / :class:`_Retry` / ChangelogError."""
+              redirect: bool = True, about: str | None = None) -> requests.Response:
+        """One WebHDFS request on ``key`` to the active NameNode; an error answer raised as
+        FileNotFoundError / FileExistsError / :class:`_Retry` / ChangelogError naming
+        ``about`` (the key the caller works on; ``key`` itself by default)."""
         node = self._nodes[self._active]
         url = f"{self._http}://{node}/webhdfs/v1{quote(self._path(key))}"
         query = {"op": op, "user.name": self._user, **(params or {})}
         try:
-            resp = self._session().request(method, url, params=query, data=data, timeout=self._timeout,
+            resp = self._session().request(method, url, params=query, timeout=self._timeout,
                                            allow_redirects=redirect)
         except requests.ConnectionError:
             self._fail_over()
             raise
-        self._check(resp, op, key)
+        self._check(resp, op, about or key)
         return resp
 
     def _fail_over(self) -> None:
@@ -248,8 +249,8 @@ class WebHdfsClient(ObjectStoreClient):
             rename = {"destination": self._path(key)} if create else {"destination": self._path(key),
                                                                        "renameoptions": "OVERWRITE"}
             try:
-                self._upload(tmp, data)
-                renamed = self._call("PUT", tmp, "RENAME", params=rename)
+                self._upload(tmp, data, key)
+                renamed = self._call("PUT", tmp, "RENAME", params=rename, about=key)
             except (OSError, ChangelogError):
                 self._discard(tmp)
                 raise
@@ -267,9 +268,10 @@ class WebHdfsClient(ObjectStoreClient):
             ) from e
         self.bytes_put += len(data)
 
-    def _upload(self, key: str, data: bytes) -> None:
-        """The two-step CREATE: the NameNode names a DataNode (307), the bytes go there."""
-        first = self._call("PUT", key, "CREATE", params={"overwrite": "false"}, redirect=False)
+    def _upload(self, tmp: str, data: bytes, key: str) -> None:
+        """The two-step CREATE of ``tmp`` (for ``key``): the NameNode names a DataNode
+        (307), the bytes go there."""
+        first = self._call("PUT", tmp, "CREATE", params={"overwrite": "false"}, redirect=False, about=key)
         location = first.headers.get("Location")
         if first.status_code != 307 or not location:
             raise _Retry(f"WebHDFS CREATE of {self.where(key)}: the NameNode answered HTTP {first.status_code} "

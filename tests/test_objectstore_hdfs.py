@@ -27,9 +27,14 @@ from localstate.changelog.objectstore_inspect import inspect_objectstore
 from localstate.errors import ChangelogError, ConfigError
 from localstate.registry import ENGINES
 from localstate.testing import torture as T
-from localstate.testing.changelog_conformance import ChangelogSystemConformance, dump, task_values, unique
+from localstate.testing.changelog_conformance import (
+    ChangelogSystemConformance,
+    dump,
+    task_values,
+    unique,
+)
 from localstate.testing.changelog_conformance import on_another_machine as moved
-from localstate.testing.hdfs import MiniHdfsCluster, hdfs_cluster, hdfs_options  # noqa: F401 (fixture)
+from localstate.testing.hdfs import MiniHdfsCluster, hdfs_options
 from localstate.testing.kafka import free_port
 
 pytestmark = pytest.mark.hdfs

@@ -23,6 +23,7 @@ The non-shaded ``hadoop-minicluster`` is used on purpose: in the shaded
 from __future__ import annotations
 
 import fcntl
+import getpass
 import hashlib
 import os
 import shutil
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 __all__ = ["HADOOP_VERSION", "MiniHdfsCluster", "cache_dir", "prepare", "hdfs_options", "hdfs_cluster"]
 
@@ -146,8 +148,19 @@ class MiniHdfsCluster:
             time.sleep(0.1)
         found = dict(line.split("=", 1) for line in ports.read_text().split())
         self.webhdfs_port, self.rpc_port = int(found["webhdfs"]), int(found["rpc"])
+        self._warm_up()
         self.start_s = time.monotonic() - began
         return self
+
+    def _warm_up(self) -> None:
+        """One file written, read and deleted through WebHDFS: the JVM's first requests
+        take seconds (class loading, JIT), which would otherwise land on the first test."""
+        base = f"http://127.0.0.1:{self.webhdfs_port}/webhdfs/v1/.warm-up"
+        with requests.Session() as s:
+            first = s.put(f"{base}?op=CREATE&user.name={getpass.getuser()}", allow_redirects=False, timeout=60)
+            s.put(first.headers["Location"], data=b"x", timeout=60).raise_for_status()
+            s.get(f"{base}?op=OPEN&user.name={getpass.getuser()}", timeout=60).raise_for_status()
+            s.delete(f"{base}?op=DELETE&user.name={getpass.getuser()}", timeout=60).raise_for_status()
 
     def url(self, path: str = "/") -> str:
         """``webhdfs://127.0.0.1:<port><path>``."""
@@ -204,7 +217,7 @@ def hdfs_cluster() -> Iterator[MiniHdfsCluster]:
     cluster = MiniHdfsCluster()
     try:
         cluster.start()
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+    except (RuntimeError, OSError, KeyError, subprocess.TimeoutExpired) as e:
         cluster.close()
         pytest.fail(f"could not start the MiniDFSCluster: {e}")
     try:
