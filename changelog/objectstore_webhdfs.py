@@ -230,13 +230,19 @@ class WebHdfsClient(ObjectStoreClient):
                 "objectstore changelog's WebHDFS client does not do; use a cluster or gateway with simple "
                 f"authentication (systems.{self.system}.config.user), or an object store"
             )
-        if exc in _DENIED_EXCEPTIONS or resp.status_code == 403:
+        if exc in _DENIED_EXCEPTIONS:
             raise ChangelogError(
                 f"{what}: permission denied for user {self._user!r}: {message}. Grant that user write access "
                 f"to {self._root} (hdfs dfs -chown / -chmod), or run as its owner with "
                 f"systems.{self.system}.config.user; nothing from this operation counts as done"
             )
-        raise ChangelogError(f"{what}: HTTP {resp.status_code} {exc}: {message}")
+        if "QuotaExceeded" in exc:
+            raise ChangelogError(
+                f"{what}: the directory's quota is used up: {message}. Raise it (hdfs dfsadmin -setSpaceQuota / "
+                "-setQuota) or free space; nothing from this operation counts as done"
+            )
+        raise ChangelogError(f"{what}: HTTP {resp.status_code} {exc}: {message}; nothing from this operation "
+                             "counts as done")
 
     # -- the object-store operations --------------------------------------------------------
     def put(self, key: str, data: bytes, *, create: bool = False) -> None:

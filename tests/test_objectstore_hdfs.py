@@ -8,12 +8,13 @@ DataNode, WebHDFS on 127.0.0.1; ``localstate.testing.hdfs`` fetches it with Mave
 * a SIGKILL inside the commit restores the last commit exactly; a RocksDB snapshot on
   HDFS serves a moved task; ``hdfs://`` with the WebHDFS port; NameNode fail-over;
 * errors name the URL and the fix: a NameNode that does not answer, permission denied,
-  settings HDFS cannot use.
+  settings HDFS cannot use; NameNode 500 / 503 answers are retried, then fail the commit
+  (through :class:`~localstate.testing.s3.FaultProxy`, a test double: a NameNode cannot
+  be made to answer those on demand).
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,7 @@ from localstate.testing.changelog_conformance import (
 from localstate.testing.changelog_conformance import on_another_machine as moved
 from localstate.testing.hdfs import MiniHdfsCluster, hdfs_options
 from localstate.testing.kafka import free_port
+from localstate.testing.s3 import FaultProxy
 
 pytestmark = pytest.mark.hdfs
 
@@ -213,6 +215,25 @@ def test_a_namenode_that_does_not_answer_fails_the_commit_naming_the_url(tmp_pat
         TaskStorage(Config.from_dict(task_values(job_values(where), tmp_path)))
 
 
+def test_namenode_server_errors_are_retried_then_fail_the_commit_naming_the_url(hdfs_cluster, tmp_path):
+    with FaultProxy(f"http://127.0.0.1:{hdfs_cluster.webhdfs_port}") as proxy:
+        where = {"systems.s3.type": "objectstore", "systems.s3.path": f"webhdfs://127.0.0.1:{proxy.port}/{unique('f')}",
+                 **{f"systems.s3.{k}": v for k, v in FAST.items()}}
+        values = task_values(job_values(where), tmp_path)
+        with TaskStorage(Config.from_dict(values)) as s:
+            s.store("kv").put("a", 1)
+            proxy.fail(2, 503, method="PUT")
+            s.commit(input_position=1)  # both answers retried
+            assert [st for _, _, st in proxy.seen].count(503) == 2
+            s.store("kv").put("a", 2)
+            proxy.fail(50, 500, method="PUT")
+            with pytest.raises(ChangelogError, match=rf"webhdfs://127\.0\.0\.1:{proxy.port}/.* after 3 attempt\(s\)"):
+                s.commit(input_position=2)
+            proxy.clear()
+        with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
+            assert s.checkpoint.input_position == 1 and dump(s) == {"a": 1}
+
+
 def test_permission_denied_names_the_url_user_and_fix_and_is_not_retried(hdfs_cluster, where):
     root = client(where)
     root.put("owned-by-root", b"x")  # creates the directory, owned by the cluster's superuser
@@ -246,10 +267,3 @@ def test_settings_hdfs_cannot_use_are_refused_when_the_config_is_read(tmp_path, 
     with pytest.raises(ConfigError, match=match):
         Config.from_dict(values)
 
-
-def test_the_checkpoint_token_survives_hdfs(where):
-    """A checkpoint object round-trips byte for byte (the fencing token is inside)."""
-    c = client(where)
-    body = json.dumps({"token": "abc", "offsets": {"s": 3}}).encode()
-    c.put("_checkpoints/j/partition-0/00000000000000000002", body, create=True)
-    assert c.get("_checkpoints/j/partition-0/00000000000000000002") == body

@@ -2,10 +2,11 @@
 // 127.0.0.1 with WebHDFS, started by localstate.testing.hdfs (which compiles this file
 // against the Hadoop jars it fetched with Maven).
 //
-// Usage: java -cp <classes>:<hadoop classpath> MiniHdfs <data dir> <ports file>
+// Usage: java -cp <classes>:<hadoop classpath> MiniHdfs <data dir> <ports file> [key=value ...]
 // Writes "webhdfs=<NameNode HTTP port>" and "rpc=<NameNode RPC port>" to <ports file>
 // (atomically, once the cluster is up), prints the same, and stops the cluster when its
 // standard input reaches EOF (the test process ended, however it ended) or on SIGTERM.
+// Each key=value is set in the cluster's Hadoop configuration (after the defaults here).
 
 import java.io.File;
 import java.nio.charset.StandardCharsets;
@@ -21,8 +22,8 @@ public final class MiniHdfs {
     }
 
     public static void main(String[] args) throws Exception {
-        if (args.length != 2) {
-            System.err.println("usage: MiniHdfs <data dir> <ports file>");
+        if (args.length < 2) {
+            System.err.println("usage: MiniHdfs <data dir> <ports file> [key=value ...]");
             System.exit(2);
         }
         File base = new File(args[0]).getAbsoluteFile();
@@ -36,6 +37,14 @@ public final class MiniHdfs {
         conf.set("dfs.datanode.address", "127.0.0.1:0");
         conf.set("dfs.datanode.ipc.address", "127.0.0.1:0");
         conf.setBoolean("dfs.webhdfs.enabled", true);
+        for (int i = 2; i < args.length; i++) {
+            int eq = args[i].indexOf('=');
+            if (eq <= 0) {
+                System.err.println("not key=value: " + args[i]);
+                System.exit(2);
+            }
+            conf.set(args[i].substring(0, eq), args[i].substring(eq + 1));
+        }
 
         MiniDFSCluster cluster = new MiniDFSCluster.Builder(conf).numDataNodes(1).build();
         Runtime.getRuntime().addShutdownHook(new Thread(cluster::shutdown));

@@ -119,9 +119,11 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 class MiniHdfsCluster:
-    """One MiniDFSCluster JVM on 127.0.0.1 (data in a temporary directory), stopped by PID."""
+    """One MiniDFSCluster JVM on 127.0.0.1 (data in a temporary directory), stopped by PID.
+    ``conf`` entries are set in its Hadoop configuration (Hadoop's defaults otherwise)."""
 
-    def __init__(self) -> None:
+    def __init__(self, conf: dict[str, str] | None = None) -> None:
+        self.conf = dict(conf or {})
         self.webhdfs_port = 0
         self.rpc_port = 0
         self.process: subprocess.Popen[bytes] | None = None
@@ -135,7 +137,8 @@ class MiniHdfsCluster:
         ports = self._dir / "ports"
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [_tool("java"), *_JVM_FLAGS, "-cp", classpath, "MiniHdfs", str(self._dir / "data"), str(ports)],
+                [_tool("java"), *_JVM_FLAGS, "-cp", classpath, "MiniHdfs", str(self._dir / "data"), str(ports),
+                 *(f"{k}={v}" for k, v in self.conf.items())],
                 stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
             )
         deadline = began + _READY_TIMEOUT_S
