@@ -10,7 +10,8 @@ DataNode, WebHDFS on 127.0.0.1; ``localstate.testing.hdfs`` fetches it with Mave
 * errors name the URL and the fix: a NameNode that does not answer, permission denied,
   settings HDFS cannot use; NameNode 500 / 503 answers are retried, then fail the commit
   (through :class:`~localstate.testing.s3.FaultProxy`, a test double: a NameNode cannot
-  be made to answer those on demand).
+  be made to answer those on demand); a create whose answer was lost is EXISTS, and a
+  commit is not mistaken for fencing.
 """
 
 from __future__ import annotations
@@ -232,6 +233,46 @@ def test_namenode_server_errors_are_retried_then_fail_the_commit_naming_the_url(
             proxy.clear()
         with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
             assert s.checkpoint.input_position == 1 and dump(s) == {"a": 1}
+
+
+class DropCreateAnswers(FaultProxy):
+    """A test double: forwards every request to the NameNode, but of the next ``drops``
+    create-if-absent renames (``op=RENAME`` without ``renameoptions``) the NameNode's
+    answer is dropped after the NameNode carried the rename out — a connection lost at the
+    worst moment, which a real NameNode cannot be made to show on demand."""
+
+    drops = 0
+
+    def _handle(self, h: Any) -> None:
+        if h.command == "PUT" and "op=RENAME" in h.path and "renameoptions" not in h.path and self.drops > 0:
+            self.drops -= 1
+            self._forward(h, b"", length=0)
+            self.seen.append((h.command, h.path, 0))
+            h.close_connection = True
+            h.connection.shutdown(2)
+            return
+        super()._handle(h)
+
+
+def test_a_create_whose_answer_was_lost_is_exists_and_a_commit_is_not_mistaken_for_fencing(hdfs_cluster, tmp_path):
+    with DropCreateAnswers(f"http://127.0.0.1:{hdfs_cluster.webhdfs_port}") as proxy:
+        where = {"systems.s3.type": "objectstore", "systems.s3.path": f"webhdfs://127.0.0.1:{proxy.port}/{unique('d')}",
+                 **{f"systems.s3.{k}": v for k, v in FAST.items()}}
+        c = client(where)
+        proxy.drops = 1
+        with pytest.raises(EXISTS):  # the retry finds the key its first attempt created, as on S3
+            c.put("k", b"mine", create=True)
+        assert proxy.drops == 0 and c.get("k") == b"mine"
+        values = task_values(job_values(where), tmp_path)
+        with TaskStorage(Config.from_dict(values)) as s:
+            s.store("kv").put("a", 1)
+            proxy.drops = 1
+            s.commit(input_position=1)  # the checkpoint store recognises its own object
+            assert proxy.drops == 0
+            s.store("kv").put("a", 2)
+            s.commit(input_position=2)
+        with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
+            assert s.checkpoint.input_position == 2 and dump(s) == {"a": 2}
 
 
 def test_permission_denied_names_the_url_user_and_fix_and_is_not_retried(hdfs_cluster, where):
