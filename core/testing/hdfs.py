@@ -102,7 +102,7 @@ def prepare() -> str:
         stamp_file.unlink(missing_ok=True)
         (cache / "pom.xml").write_text(_POM)
         _run([_tool("mvn"), "-B", "-q", "-f", str(cache / "pom.xml"), f"{_DEPENDENCY_PLUGIN}:build-classpath",
-              f"-Dmdep.outputFile={cp_file}"], "fetch the Hadoop jars with Maven")
+              f"-Dmdep.outputFile={cp_file}"], "fetch the Hadoop jars with Maven", attempts=2)
         jars = cp_file.read_text().strip()
         shutil.rmtree(classes, ignore_errors=True)
         classes.mkdir()
@@ -111,11 +111,15 @@ def prepare() -> str:
         return f"{classes}{os.pathsep}{jars}"
 
 
-def _run(cmd: list[str], what: str) -> None:
-    done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"could not {what} ({' '.join(cmd[:6])} …, exit {done.returncode}):\n"
-                           f"{(done.stdout + done.stderr)[-3000:]}")
+def _run(cmd: list[str], what: str, attempts: int = 1) -> None:
+    """Run ``cmd``; a second attempt (``attempts=2``) rides out a download that failed midway."""
+    for attempt in range(attempts):
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900)
+        if done.returncode == 0:
+            return
+        if attempt + 1 == attempts:
+            raise RuntimeError(f"could not {what} ({' '.join(cmd[:6])} …, exit {done.returncode}):\n"
+                               f"{(done.stdout + done.stderr)[-3000:]}")
 
 
 class MiniHdfsCluster:
