@@ -130,8 +130,8 @@ def _namenodes(settings: ObjectStoreSettings, prefix: str) -> list[str]:
     if listed:
         nodes = [n.strip() for n in str(listed).split(",") if n.strip()]
         for node in nodes:
-            host, _, port = node.rpartition(":")
-            if not host or not port.isdigit():
+            host, _, number = node.rpartition(":")
+            if not host or not number.isdigit():
                 raise ConfigError(f"{prefix}.config.namenodes = {listed!r}: write host:port[,host:port...] "
                                   "(each NameNode's HTTP address, dfs.namenode.http-address)")
         return nodes
@@ -320,23 +320,6 @@ class WebHdfsClient(ObjectStoreClient):
             raise _Retry(f"WebHDFS LISTSTATUS of {self.where(prefix)}: unexpected answer ({e})") from e
         return [s for s in found if s.get("pathSuffix") and not _TMP_NAME.match(s["pathSuffix"])]
 
-    def list(self, prefix: str) -> list[tuple[str, int]]:
-        """``(name relative to prefix, size)`` of every file under ``prefix/``, sorted."""
-        def op() -> list[tuple[str, int]]:
-            out: list[tuple[str, int]] = []
-            todo = [""]
-            while todo:
-                rel = todo.pop()
-                for s in self._status(f"{prefix}/{rel}".rstrip("/")):
-                    name = f"{rel}{s['pathSuffix']}"
-                    if s.get("type") == "DIRECTORY":
-                        todo.append(name + "/")
-                    else:
-                        out.append((name, int(s.get("length", 0))))
-            return sorted(out)
-        result: list[tuple[str, int]] = self._retry("list", prefix + "/", op)
-        return result
-
     def children(self, prefix: str) -> tuple[list[str], list[tuple[str, int]]]:
         """One level under ``prefix`` ("" for the system's root): directory names and
         ``(name, size)`` of the files (for inspection)."""
@@ -355,3 +338,20 @@ class WebHdfsClient(ObjectStoreClient):
                 self._call("DELETE", key, "DELETE", params={"recursive": "false"})  # false: it was missing
             self._retry("delete", key, op)
 
+    # defined last: in the class body, annotations after it would take ``list`` for this method
+    def list(self, prefix: str) -> list[tuple[str, int]]:
+        """``(name relative to prefix, size)`` of every file under ``prefix/``, sorted."""
+        def op() -> list[tuple[str, int]]:
+            out: list[tuple[str, int]] = []
+            todo = [""]
+            while todo:
+                rel = todo.pop()
+                for s in self._status("/".join(part for part in (prefix, rel.rstrip("/")) if part)):
+                    name = f"{rel}{s['pathSuffix']}"
+                    if s.get("type") == "DIRECTORY":
+                        todo.append(name + "/")
+                    else:
+                        out.append((name, int(s.get("length", 0))))
+            return sorted(out)
+        result: list[tuple[str, int]] = self._retry("list", prefix + "/", op)
+        return result
