@@ -151,7 +151,15 @@ def _namenodes(settings: ObjectStoreSettings, prefix: str) -> list[str]:
 
 
 class _Retry(OSError):
-    """A WebHDFS answer the retry policy retries (5xx, standby, safe mode)."""
+    """A WebHDFS answer or connection failure the retry policy retries (5xx, standby, safe
+    mode, refused or dropped connections, timeouts)."""
+
+
+def _unreachable(e: requests.RequestException, what: str) -> _Retry:
+    """A failed or timed-out connection in one line (requests' own text nests three)."""
+    errno = re.search(r"\[Errno -?\d+\] [^'\")]+", str(e))
+    reason = errno.group(0) if errno else type(e).__name__
+    return _Retry(f"{what}: {'timed out' if isinstance(e, requests.Timeout) else 'connection failed'} ({reason})")
 
 
 class WebHdfsClient(ObjectStoreClient):
@@ -196,9 +204,10 @@ class WebHdfsClient(ObjectStoreClient):
         try:
             resp = self._session().request(method, url, params=query, timeout=self._timeout,
                                            allow_redirects=redirect)
-        except requests.ConnectionError:
-            self._fail_over()
-            raise
+        except requests.RequestException as e:
+            if isinstance(e, requests.ConnectionError):
+                self._fail_over()
+            raise _unreachable(e, f"WebHDFS {op} of {self.where(about or key)} on {self._http}://{node}") from e
         self._check(resp, op, about or key)
         return resp
 
@@ -282,8 +291,12 @@ class WebHdfsClient(ObjectStoreClient):
         if first.status_code != 307 or not location:
             raise _Retry(f"WebHDFS CREATE of {self.where(key)}: the NameNode answered HTTP {first.status_code} "
                          "without a DataNode to write to")
-        resp = self._session().put(location, data=data, timeout=self._timeout,
-                                   headers={"Content-Type": "application/octet-stream"})
+        try:
+            resp = self._session().put(location, data=data, timeout=self._timeout,
+                                       headers={"Content-Type": "application/octet-stream"})
+        except requests.RequestException as e:
+            raise _unreachable(e, f"WebHDFS CREATE of {self.where(key)} on the DataNode "
+                                  f"{urlsplit(location).netloc}") from e
         self._check(resp, "CREATE", key)
 
     def _discard(self, key: str) -> None:
@@ -327,7 +340,7 @@ class WebHdfsClient(ObjectStoreClient):
             found = self._status(prefix)
             return (sorted(s["pathSuffix"] for s in found if s.get("type") == "DIRECTORY"),
                     sorted((s["pathSuffix"], int(s.get("length", 0))) for s in found if s.get("type") != "DIRECTORY"))
-        result: tuple[list[str], list[tuple[str, int]]] = self._retry("list", prefix + "/", op)
+        result: tuple[list[str], list[tuple[str, int]]] = self._retry("list", f"{prefix}/" if prefix else "", op)
         return result
 
     def delete(self, keys: list[str]) -> None:

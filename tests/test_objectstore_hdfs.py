@@ -16,16 +16,19 @@ DataNode, WebHDFS on 127.0.0.1; ``localstate.testing.hdfs`` fetches it with Mave
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import requests
+from click.testing import CliRunner
 from localstate import Config, TaskStorage
 from localstate.changelog.objectstore import ObjectStoreChangelogSystem
 from localstate.changelog.objectstore_client import EXISTS, ObjectStoreSettings, connect
 from localstate.changelog.objectstore_inspect import inspect_objectstore
+from localstate.cli import cli
 from localstate.errors import ChangelogError, ConfigError
 from localstate.registry import ENGINES
 from localstate.testing import torture as T
@@ -192,6 +195,11 @@ def test_hdfs_url_with_the_webhdfs_port_and_inspect(hdfs_cluster, tmp_path):
     [row] = report["checkpoints"]
     assert row["job"] == values["job.name"] and row["input_position"] == 1
     assert row["path"].startswith(where["systems.s3.path"])
+    shown = CliRunner().invoke(cli, ["inspect", where["systems.s3.path"], "-o",
+                                     f"config.webhdfs_port={hdfs_cluster.webhdfs_port}", "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert [(r["stream"], r["end_offset"]) for r in json.loads(shown.output)["partitions"]] == [
+        (f"{values['job.name']}-kv", 1)]
 
 
 def test_a_standby_or_dead_namenode_fails_over_to_the_next(hdfs_cluster, tmp_path):
