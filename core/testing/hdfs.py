@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 __all__ = ["HADOOP_VERSION", "MiniHdfsCluster", "cache_dir", "prepare", "hdfs_options", "hdfs_cluster"]
 
@@ -162,6 +161,8 @@ class MiniHdfsCluster:
     def _warm_up(self) -> None:
         """One file written, read and deleted through WebHDFS: the JVM's first requests
         take seconds (class loading, JIT), which would otherwise land on the first test."""
+        import requests  # here, not at the top: the plug-in loads in test runs without the extra
+
         base = f"http://127.0.0.1:{self.webhdfs_port}/webhdfs/v1/.warm-up"
         with requests.Session() as s:
             first = s.put(f"{base}?op=CREATE&user.name={getpass.getuser()}", allow_redirects=False, timeout=60)
