@@ -113,7 +113,7 @@ from .base import (
 from .format import BatchEncoder, BatchHeader, check_crc, decode_payload, encode_batch, walk
 from .objectstore_chain import ObjectName, chain_of, offsets_of, slice_batches
 from .objectstore_checkpoints import ObjectStoreCheckpointStore
-from .objectstore_client import EXISTS, MISSING, ObjectStoreClient, ObjectStoreSettings
+from .objectstore_client import EXISTS, MISSING, ObjectStoreSettings, connect
 from .objectstore_snapshots import RemoteSnapshots
 
 __all__ = [
@@ -563,7 +563,7 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         super().__init__(name, options, job)
         self.settings: ObjectStoreSettings = self.parse_settings(name, options)
-        self.store = ObjectStoreClient(self.settings, name)
+        self.store = connect(self.settings, name)
         self._open: set[tuple[str, int]] = set()
         self._streams: dict[str, int] = {}
         self._generation: Generation | None = None

@@ -36,7 +36,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
         "the objectstore changelog needs obstore: pip install 'localstate[objectstore]'"
     ) from _e
 
-__all__ = ["ObjectStoreSettings", "ObjectStoreClient", "first_line", "MISSING", "EXISTS"]
+__all__ = ["ObjectStoreSettings", "ObjectStoreClient", "connect", "first_line", "MISSING", "EXISTS"]
 
 log = logging.getLogger("localstate.changelog.objectstore")
 
@@ -78,13 +78,9 @@ class ObjectStoreSettings:
                 "s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///absolute/dir"
             )
         scheme = url.split("://", 1)[0].lower()
-        if scheme in _HDFS_SCHEMES:
-            raise ConfigError(
-                f"{prefix}.path = {url!r}: the objectstore changelog cannot reach HDFS — obstore has no HDFS "
-                "client, and fsspec's goes through libhdfs, which needs a Hadoop installation (JVM, "
-                "HADOOP_HOME/CLASSPATH) on every executor. Use the cluster's object store (s3://, gs://, "
-                "az://, abfs://) or the file changelog on an HDFS mount (NFS gateway or FUSE)"
-            )
+        if scheme in _HDFS_SCHEMES:  # served over WebHDFS (objectstore_webhdfs.py)
+            from .objectstore_webhdfs import check_hdfs_settings
+            check_hdfs_settings(self, prefix)
         if url.startswith("file://") and not url[len("file://"):].startswith("/"):
             raise ConfigError(f"{prefix}.path = {url!r}: a file:// URL needs an absolute path (file:///dir)")
         for key, value, low in (("timeout.ms", self.timeout_ms, 100), ("retries", self.retries, 0),
@@ -233,3 +229,11 @@ class ObjectStoreClient:
             except (NotFoundError, FileNotFoundError):
                 pass  # already gone: a delete is idempotent
         self._retry("delete", keys[0], op)
+
+
+def connect(settings: ObjectStoreSettings, system: str = "objectstore") -> ObjectStoreClient:
+    """The client for ``settings.path``: WebHDFS for an HDFS URL, obstore for the others."""
+    if settings.url.split("://", 1)[0].lower() in _HDFS_SCHEMES:
+        from .objectstore_webhdfs import WebHdfsClient
+        return WebHdfsClient(settings, system)
+    return ObjectStoreClient(settings, system)
