@@ -164,6 +164,15 @@ def inspect_remote(url: str | None, config_path: str | None = None, system: str 
         if not targets:
             raise ConfigError(f"{config_path} has no objectstore system"
                               + (f" named {system!r}" if system else "") + " to inspect")
+        from .rescale_copies import check_layout
+        from .store_open import open_system
+
+        for name, _ in targets:
+            opened = open_system(config, name)
+            try:
+                check_layout(config, opened)
+            finally:
+                opened.close()
     else:
         assert url is not None
         opts: dict[str, Any] = {"type": "objectstore", "path": url}

@@ -52,6 +52,7 @@ from .layers.readonly import ReadOnlyStore
 from .layers.ttl import ttl_serde, wall_clock_ms
 from .metrics import StoreMetrics
 from .registry import did_you_mean, resolve_factory
+from .rescale_copies import check_layout
 from .serdes import describe_encode_error, get_serde
 from .store_open import open_system, task_partition
 from .typed import check_store_types
@@ -108,6 +109,7 @@ class StateReader:
         system = self._systems.get(name)
         if system is None:
             system = self._systems[name] = open_system(self.config, name)
+            check_layout(self.config, system)
         return system
 
     def _where(self) -> str:

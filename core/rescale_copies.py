@@ -28,7 +28,6 @@ anything, a config whose ``job.partitions`` is not the count the changelog holds
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,29 +89,25 @@ def tag_local_copy(directory: Path, identity: str, store: str) -> None:
         raise io_error(e, f"tag the local copy of store {store!r} in", directory, LocalStateError) from e
 
 
-def check_layout(config: Config, systems: Iterable[ChangelogSystem], *, partition: int | None = None) -> None:
-    """Refuse ``config`` for a read-only tool when the changelog holds its state at another
-    partition count (a rescale since, through a generation or a swapped stream): the
-    tool would read the wrong keys for every task. Writes nothing. ``partition``, when
-    given, must be below the count."""
+def check_layout(config: Config, system: ChangelogSystem) -> None:
+    """Refuse ``config`` for a read-only tool when ``system`` holds the job's state at
+    another partition count (rescaled since: a generation, or a swapped stream), as
+    opening a task does: the tool would otherwise read the wrong keys for every task.
+    Reads, never writes."""
     n = config.partitions
-    for system in systems:
-        generation = system.generation()
-        if generation.number and generation.partitions != n:
+    generation = system.generation()
+    if generation.number and generation.partitions != n:
+        raise ChangelogError(
+            f"job {config.job_name!r}: its state was rescaled to {generation.partitions} partitions "
+            f"(generation {generation.number} in {system.describe()}) but the config has job.partitions = "
+            f"{n}: set job.partitions = {generation.partitions}. Nothing was read."
+        )
+    for spec in config.stores.values():
+        if spec.changelog is None or spec.changelog[0] != system.name:
+            continue
+        have = system.stream_partitions(spec.changelog[1])
+        if have is not None and have != n:
             raise ChangelogError(
-                f"job {config.job_name!r}: its state was rescaled to {generation.partitions} partitions "
-                f"(generation {generation.number} in {system.describe()}) but the config has job.partitions = "
-                f"{n}: set job.partitions = {generation.partitions}. Nothing was read."
+                f"changelog stream {spec.changelog[1]!r} ({system.describe()}) has {have} partitions but the "
+                f"job has job.partitions = {n} (rescaled since?): set job.partitions = {have}. Nothing was read."
             )
-        for spec in config.stores.values():
-            if spec.changelog is None or spec.changelog[0] != system.name:
-                continue
-            have = system.stream_partitions(spec.changelog[1])
-            if have is not None and have != n:
-                raise ChangelogError(
-                    f"changelog stream {spec.changelog[1]!r} ({system.describe()}) has {have} partitions but the "
-                    f"job has job.partitions = {n} (rescaled since?): set job.partitions = {have}. Nothing was read."
-                )
-    if partition is not None and not 0 <= partition < n:
-        raise LocalStateError(f"partition {partition} is out of range: job.partitions = {n}")
-

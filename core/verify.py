@@ -77,6 +77,7 @@ def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint 
 
 def verify_job(config: Config, partitions: list[int] | None = None, *, deep: bool = True) -> list[StoreCheck]:
     """One :class:`StoreCheck` per changelogged store and task partition of ``config``."""
+    from .rescale_copies import check_layout
     from .store_open import open_system
 
     systems: dict[str, Any] = {}
@@ -84,6 +85,7 @@ def verify_job(config: Config, partitions: list[int] | None = None, *, deep: boo
     def system(name: str) -> Any:
         if name not in systems:
             systems[name] = open_system(config, name)
+            check_layout(config, systems[name])
         return systems[name]
 
     out: list[StoreCheck] = []
