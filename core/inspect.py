@@ -46,9 +46,13 @@ def _read_live(path: Path, attempts: int = 20) -> bytes:
 
 
 def _dir_size(path: Path) -> tuple[int, int]:
+    from .rescale_copies import TAG_FILE
+
     files = size = 0
     for root, _dirs, names in os.walk(path):
         for n in names:
+            if n == TAG_FILE and root == str(path):
+                continue  # the tag of which log the copies are from, not a copy
             try:
                 size += os.stat(os.path.join(root, n)).st_size
                 files += 1

@@ -36,7 +36,7 @@ def _seed(config: Config) -> dict[tuple[str, int], int]:
             storage.store("counts").put_all({u: {"n": 1} for u in USERS[:120] if task_for(u, n) == p})
             storage.advance_event_time(5_000)
             fired: list = []
-            timers.fire(lambda k, ts: fired.append((k, ts)))
+            timers.fire(lambda k, ts, fired=fired: fired.append((k, ts)))
             assert fired and all(ts < 5_000 for _, ts in fired)
             storage.commit("same", version=1)
     return pending
