@@ -479,7 +479,7 @@ def test_an_empty_store_and_empty_new_tasks_open_and_commit(tmp_path, factory):
     config = Config.from_dict({**job_values(tmp_path, factory), "stores.empty.factory": factory})
     run_tasks(config, {"user-1": {"n": 1}}, version=0)
     new = rescale(config, 5).config
-    for round_ in range(2):  # open, commit, reopen: empty partitions behind a horizon past their end
+    for round_ in range(2):  # open, commit, reopen: empty new partitions
         for q in range(5):
             with TaskStorage(new, q) as storage:
                 with storage.store("empty").all() as items:
