@@ -305,7 +305,16 @@ def test_an_old_tasks_copy_on_an_unreachable_disk_is_rebuilt_for_the_new_task(tm
     offset of the old log) belongs to another log and must be rebuilt, never kept or
     replayed on."""
     extra = {} if interval is None else {"stores.counts.rocksdb.snapshot.interval.records": interval}
-    values = any_changelog(2, "rocksdb", **extra)
+    _old_copy_on_machine_a(tmp_path, any_changelog(2, "rocksdb", **extra), 0 if interval is None else 5)
+
+
+def test_an_old_tasks_leveldb_copy_is_rebuilt_too(tmp_path):
+    """The same with LevelDB's copy (its database and persisted offset), file changelog:
+    the tag is one check for every engine, before it opens."""
+    _old_copy_on_machine_a(tmp_path, job_values(tmp_path, "leveldb", 2), 0)
+
+
+def _old_copy_on_machine_a(tmp_path: Path, values: dict[str, Any], past: int) -> None:
     machine_a = Config.from_dict({**values, "job.state.dir": str(tmp_path / "machine-a")})
     keys = {p: [u for u in USERS if task_for(u, 2) == p][:20] for p in range(2)}
     committed: dict[str, Any] = {}
@@ -323,7 +332,7 @@ def test_an_old_tasks_copy_on_an_unreachable_disk_is_rebuilt_for_the_new_task(tm
     one = rescale(machine_b, 1).config  # machine A is unreachable: its copies stay
     on_b = one.with_overrides({"job.state.dir": str(tmp_path / "machine-b")})
     on_a = one.with_overrides({"job.state.dir": str(tmp_path / "machine-a")})
-    target = old_end + (0 if interval is None else 5)
+    target = old_end + past
     n = 0
     while True:
         with TaskStorage(on_b, 0) as storage:
