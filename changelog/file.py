@@ -83,8 +83,9 @@ class _Segment:
 
 
 _UNKNOWN: Any = object()
-LOG_ID = "log.id"
 """``FileChangelogPartition._last_batch`` after a rewrite of the segment (no clean-close claim)."""
+LOG_ID = "log.id"
+"""In a partition directory: the log's identity (:meth:`FileChangelogPartition.log_id`)."""
 
 
 def _segment_path(directory: Path, base: int) -> Path:
@@ -587,8 +588,8 @@ class FileChangelogPartition(ChangelogPartition):
         return value
 
     def raise_horizon(self, horizon: int) -> None:
-        """Make every snapshot tagged below ``horizon`` invalid (never lowers it): a cut
-        tail, a reset, a rescaled partition whose offsets a stale local copy may reuse."""
+        """Make every snapshot tagged below ``horizon`` invalid (never lowers it): a reset
+        records the log's new start here."""
         if horizon > self._horizon:
             atomic_write(self.directory / "compaction.json", json.dumps({"tombstone_horizon": horizon}).encode())
             self._horizon = horizon
