@@ -2,10 +2,11 @@
 ``inspect``, :class:`StateReader`) refuse as opening a task does, instead of answering
 for the wrong layout; and ``localstate rescale`` through the CLI says when it succeeded,
 leaves the config file at the new count (or prints the exact line) and can be run again.
-File changelog and objectstore on moto S3."""
+File changelog, objectstore on moto S3 and Kafka on tansu."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,19 @@ from localstate.testing.rescale_jobs import (
 )
 
 
-@pytest.fixture(params=["file", "objectstore"])
+@pytest.fixture(params=["file", "objectstore", "kafka"])
 def system_values(request, tmp_path) -> dict[str, Any]:
-    """Config values of the 4-task test job on the file changelog or on moto S3."""
+    """Config values of the 4-task test job on the file changelog, on moto S3 or on the
+    tansu Kafka broker."""
     values = job_values(tmp_path)
+    if request.param == "kafka":
+        job = f"clicks-{os.urandom(4).hex()}"
+        values.update({"job.name": job, "job.changelog.system": "kafka",
+                       "systems.kafka.bootstrap.servers": request.getfixturevalue("kafka_broker"),
+                       "systems.kafka.checkpoint.topic": f"{job}-checkpoints",
+                       "stores.counts.changelog": f"kafka.{job}-counts",
+                       "systems.kafka.timeout.ms": 3000, "systems.kafka.retries": 2,
+                       "systems.kafka.retry.backoff.ms": 100})
     if request.param == "objectstore":
         from localstate.testing.s3 import objectstore_options
 
