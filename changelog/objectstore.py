@@ -99,6 +99,7 @@ from localstate.errors import (
     ChangelogError,
     ConfigError,
     CorruptionError,
+    FencedError,
     StoreLockedError,
 )
 from localstate.faults import fault_point
@@ -207,6 +208,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             objects.append(parsed)
             self._sizes[parsed] = size
         self._chain, self._others = chain_of(objects)
+        for o in self._chain:
+            self._sizes[o] = self._sizes[o.whole]
 
     def _key(self, o: ObjectName) -> str:
         return f"{self.log_prefix}/{o.name}"
@@ -248,34 +251,77 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._chain.append(name)
         self._sizes[name] = len(data)
         self._written.append(_Written(name, len(data), 0, data))
-        self._roll_up()
         return self._end
 
-    def _roll_up(self) -> None:
-        """Merge the last ``rollup.objects`` written objects of one level into one of the
-        next level, as long as that keeps it under ``rollup.bytes`` (tiered, so a record is
-        rewritten once per level)."""
+    def _newer_instance(self) -> str | None:
+        """The claim or checkpoint a newer instance of the task made after this one's (one
+        LIST), None if there is none. Checked before every change a newer owner could see
+        (a roll-up, a delete): a fenced instance changes nothing. An instance can still be
+        fenced right after the check; what it then lands is harmless by construction (a
+        roll-up holds committed records only, a late object never enters a newer chain)."""
+        return self.system.checkpoints().newer_claim(self.system.job, self.partition)
+
+    def _refuse_if_fenced(self, what: str) -> None:
+        newer = self._newer_instance()
+        if newer is not None:
+            raise FencedError(
+                f"{self.describe()}: not {what}: a newer instance of the task took over (claim {newer}), so "
+                "this one must stop without changing anything. Nothing was changed"
+            )
+
+    def after_commit(self, offset: int) -> None:
+        """The task committed this partition up to ``offset`` (its checkpoint is written):
+        roll up the objects this writer uploaded below it. Roll-ups run only here, so an
+        object a writer rewrites never holds a record past its last commit: an instance
+        fenced before its checkpoint rolls up nothing, and a roll-up of a zombie that
+        lands late holds only records its own commits made. Best effort (a failure leaves
+        the parts as they are)."""
+        if self.readonly or self._closed:
+            return
+        try:
+            self._roll_up(offset)
+        except (ChangelogError, CorruptionError) as e:
+            log.warning("%s: roll-up not done (%s); the objects stay as they are", self.describe(), e)
+
+    def _roll_up(self, committed: int) -> None:
+        """Merge the last ``rollup.objects`` written objects of one level (all below
+        ``committed``) into one of the next level, as long as that keeps it under
+        ``rollup.bytes`` (tiered, so a record is rewritten once per level)."""
         s = self.system.settings
         n = s.rollup_objects
+        checked = False
         while len(self._written) >= n:
             group = self._written[-n:]
             level = group[0].level
-            if any(w.level != level for w in group):
+            if any(w.level != level for w in group) or group[-1].name.end > committed:
                 return
             size = sum(w.size for w in group)
             if size > s.rollup_bytes:
                 self._written = self._written[-1:] if self._written[-1].level == 0 else []
                 return
+            if not checked:
+                if self._newer_instance() is not None:
+                    log.warning("%s: no roll-up: a newer instance of the task took over", self.describe())
+                    return
+                checked = True
             data = b"".join(w.data if w.data is not None else self._get(w.name) for w in group)
             merged = ObjectName(group[0].name.start, group[-1].name.end, self.epoch)
             self.store.put(self._key(merged), data)
             fault_point("objectstore.rollup.after_put")
             # the merged object wins the chain at its start (same epoch, larger end); the
             # parts are garbage from here on, so a failed delete only leaves garbage
-            i = self._chain.index(group[0].name)
+            try:
+                i = self._chain.index(group[0].name)
+            except ValueError:
+                return
             self._chain[i:i + n] = [merged]
             self._sizes[merged] = len(data)
             self._written[-n:] = [_Written(merged, len(data), level + 1, None)]
+            newer = self._newer_instance()
+            if newer is not None:
+                log.warning("%s: rolled-up objects not deleted: a newer instance of the task took over (%s); "
+                            "they are garbage", self.describe(), newer)
+                return
             try:
                 self.store.delete([self._key(w.name) for w in group])
             except ChangelogError as e:
@@ -312,9 +358,9 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             records, offsets = decode_payload(data, h, where)
             yield h, records, offsets
             expect = h.next_offset
-        if expect != o.end:
+        if expect != o.full_end:
             raise CorruptionError(
-                f"{self.describe()}: {where} ends at offset {expect} but its name says {o.end} (truncated "
+                f"{self.describe()}: {where} ends at offset {expect} but its name says {o.full_end} (truncated "
                 "upload?). Nothing was changed. Restore the object from a backup or a bucket version; or give "
                 "up the store's state with `localstate restore --reset STORE`"
             )
@@ -332,7 +378,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         while pos < uploaded_end:
             try:
                 for o, data in self._fetch_ahead(self._covering(pos, uploaded_end)):
-                    yield from slice_batches(self._decode(o, data), pos, stop)
+                    yield from slice_batches(self._decode(o, data), pos, min(stop, o.end))
                     pos = min(o.end, uploaded_end)
             except _ObjectGone:
                 if relisted or self._written:
@@ -387,7 +433,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                 continue
             for h, records, offsets in self._decode(o, self._get(o)):
                 for off, (k, v) in zip(offsets_of(h, offsets), records):
-                    if start <= off < stop:
+                    if start <= off < min(stop, o.end):
                         yield off, k, v
 
     # -- tail, reset, compaction ---------------------------------------------------------
@@ -439,6 +485,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             keep[-1] = replaced
             doomed.append(cut)
         fault_point("objectstore.discard_tail.before_delete")
+        if doomed:
+            self._refuse_if_fenced("deleting the uncommitted tail")
         self.store.delete([self._key(o) for o in doomed])
         if c < self._end:
             log.info("%s: discarded uncommitted tail [%d, %d)", self.describe(), c, self._end)
@@ -461,6 +509,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             empty = ObjectName(0, end, self.epoch)
             self.store.put(self._key(empty), encode_batch(0, [], offsets=[], span=end))
             old = [o for o in (*self._chain, *self._others) if o != empty]
+            self._refuse_if_fenced("resetting the log")
             self._snapshots.delete_past(-1)
             self.store.delete([self._key(o) for o in old])
             self._chain, self._others, self._written = [empty], [], []
@@ -509,6 +558,8 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         for o in head:
             for h, recs, offsets in self._decode(o, self._get(o)):
                 for off, (k, v) in zip(offsets_of(h, offsets), recs):
+                    if off >= o.end:
+                        break  # past where the chain uses the object
                     latest[k] = (off, v)
                     stats["records_before"] += 1
         survivors = sorted((off, k, v) for k, (off, v) in latest.items())
@@ -519,15 +570,18 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self.store.put(self._key(merged), data)
         self._sizes[merged] = len(data)
         fault_point("compaction.before_rename")
-        self.store.delete([self._key(o) for o in head if o != merged])
+        self._refuse_if_fenced("deleting the compacted objects")
+        self.store.delete([self._key(o) for o in head if o.whole != merged])
         self._chain[: len(head)] = [merged]
         self._written = [w for w in self._written if w.name.start >= end]
         return stats
 
     # -- snapshots (kept remotely by RemoteSnapshots) ----------------------------------------
     def upload_snapshot(self, engine: Any, offset: int) -> bool:
-        """After a commit at ``offset``: upload the engine's snapshot at ``offset`` if
+        """After a commit at ``offset`` (the task calls it once its checkpoint is written):
+        :meth:`after_commit`, then upload the engine's snapshot at ``offset`` if
         ``snapshot.every`` commits passed since the last upload. True if uploaded."""
+        self.after_commit(offset)
         every = self.system.settings.snapshot_every
         if self.readonly or not every or not hasattr(engine, "snapshots"):
             return False
