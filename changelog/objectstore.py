@@ -457,6 +457,9 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         if c > self._end:
             raise self.missing_committed(c)
         self._buffer.clear()
+        # a newer instance may have taken over while this one restored: then its tail,
+        # snapshots and horizon are not this instance's to change
+        self._refuse_if_fenced("discarding the uncommitted tail")
         # manifests first: a snapshot of records about to be discarded must never be used
         self._snapshots.delete_past(c)
         doomed = [o for o in (*self._chain, *self._others) if o.start >= c]
@@ -485,8 +488,6 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             keep[-1] = replaced
             doomed.append(cut)
         fault_point("objectstore.discard_tail.before_delete")
-        if doomed:
-            self._refuse_if_fenced("deleting the uncommitted tail")
         self.store.delete([self._key(o) for o in doomed])
         if c < self._end:
             log.info("%s: discarded uncommitted tail [%d, %d)", self.describe(), c, self._end)
@@ -567,6 +568,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         end = head[-1].end
         data = encode_batch(0, [(k, v) for _, k, v in survivors], offsets=[o for o, _, _ in survivors], span=end)
         merged = ObjectName(0, end, self.epoch)
+        self._refuse_if_fenced("compacting")
         self.store.put(self._key(merged), data)
         self._sizes[merged] = len(data)
         fault_point("compaction.before_rename")
