@@ -590,6 +590,10 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._commits_since_snapshot += 1
         if self._commits_since_snapshot < every:
             return False
+        newer = self._newer_instance()
+        if newer is not None:  # its clean-up would delete manifests and files the new owner may use
+            log.warning("%s: snapshot not uploaded: a newer instance of the task took over (%s)", self.describe(), newer)
+            return False
         if self._snapshots.upload(engine, offset, self.epoch):
             self._commits_since_snapshot = 0
             return True
