@@ -129,6 +129,7 @@ log = logging.getLogger("localstate.changelog.objectstore")
 
 _HORIZON_NAME = re.compile(r"^horizon-(\d{20})$")
 _GENERATION_NAME = re.compile(r"^\d{10}$")
+_GENERATION_CLAIM = re.compile(r"^\d{10}\.writing$")
 _PREFETCH = 8  # objects fetched ahead during restore ...
 _PREFETCH_BYTES = 64 * 1024 * 1024  # ... and at most this many bytes of them (beyond the first)
 
@@ -640,13 +641,35 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         when the system first needs it; 0 when there is none)."""
         if self._generation is None:
             prefix = self.generation_prefix()
-            numbers = sorted(n for n, _ in self.store.list(prefix) if _GENERATION_NAME.match(n))
+            names = [n for n, _ in self.store.list(prefix)]
+            numbers = sorted(n for n in names if _GENERATION_NAME.match(n))
             if not numbers:
-                self._generation = Generation()
+                current = Generation()
             else:
                 key = f"{prefix}/{numbers[-1]}"
-                self._generation = Generation.from_bytes(self.store.get(key), self.store.where(key))
+                current = Generation.from_bytes(self.store.get(key), self.store.where(key))
+            started = [int(n[:10]) for n in names if _GENERATION_CLAIM.match(n)]
+            if started and max(started) > current.number:
+                self._check_record_not_lost(current, max(started))
+            self._generation = current
         return self._generation
+
+    def _check_record_not_lost(self, current: Generation, started: int) -> None:
+        """A rescale to generation ``started`` claimed its number but no record of it is
+        left. A rescale that crashed before its record leaves the current generation whole;
+        one whose record was deleted afterwards left the current generation's checkpoints
+        deleted (a finished rescale drops them) and its own written: then falling back to
+        ``current`` would open every task empty — an error instead."""
+        mine, theirs = (f"_checkpoints/{g.job(self.job)}" for g in (current, Generation(started)))
+        if self.store.list(mine) or not self.store.list(theirs):
+            return
+        key = f"{self.generation_prefix()}/{started:010d}"
+        raise CorruptionError(
+            f"the generation record {self.store.where(key)} of job {self.job!r} is missing: a rescale to "
+            f"generation {started} finished (its checkpoints are under {self.store.where(theirs)}/) and the "
+            f"generation before it has no checkpoints left, so the job's state would open empty. Nothing was "
+            "changed. Restore the record from a backup or a bucket version"
+        )
 
     def pin_generation(self, generation: Generation) -> None:
         """Read and write ``generation`` from here on (rescale writes the next one with it)."""

@@ -254,3 +254,29 @@ def test_get_dump_and_verify_write_nothing(where, tmp_path):
         assert everything() == before
         s.store("kv").put("a", 2)
         s.commit(input_position=2)  # not fenced
+
+
+# -- a lost generation record (after a rescale) ---------------------------------------------------
+def test_a_deleted_generation_record_after_a_rescale_is_an_error_not_an_empty_job(where, tmp_path):
+    """After ``rescale`` the old generation's objects are deleted; deleting the newest
+    ``_generations/<job>/<n>`` record then made every task fall back to the emptied old
+    generation and open empty (no checkpoint, no records). Now an error naming the record."""
+    from localstate.rescale import rescale
+
+    values = {**job_of(where, tmp_path), "job.partitions": 2}
+    config = Config.from_dict(values)
+    for p in range(2):
+        with TaskStorage(config, p) as s:
+            s.store("kv").put(f"k{p}", p)
+            s.commit(input_position=1)
+    one = rescale(config, 1).config
+    with TaskStorage(one, 0) as s:
+        assert dump(s) == {"k0": 0, "k1": 1}
+    system = system_of(values, values["job.name"])
+    prefix = system.generation_prefix()
+    record = max(n for n, _ in system.store.list(prefix) if n.isdigit())
+    system.store.delete([f"{prefix}/{record}"])
+    with pytest.raises(CorruptionError, match=rf"generation record .*{record} of job .* is missing.*would open empty"):
+        TaskStorage(moved(one.to_dict(), tmp_path, "machine-b"), 0)
+    problems = [p for check in verify_job(one) for p in check.problems]
+    assert problems and "generation record" in problems[0]
