@@ -112,7 +112,7 @@ from .base import (
     check_stream_partitions,
 )
 from .format import BatchEncoder, BatchHeader, check_crc, decode_payload, encode_batch, walk
-from .objectstore_chain import ObjectName, chain_of, offsets_of, slice_batches
+from .objectstore_chain import ObjectName, chain_of, foreign_objects, offsets_of, slice_batches
 from .objectstore_checkpoints import ObjectStoreCheckpointStore
 from .objectstore_client import EXISTS, MISSING, ObjectStoreClient, ObjectStoreSettings
 from .objectstore_snapshots import RemoteSnapshots
@@ -211,6 +211,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._chain, self._others = chain_of(objects)
         for o in self._chain:
             self._sizes[o] = self._sizes[o.whole]
+        self._foreign = foreign_objects(self._chain, objects)
 
     def _key(self, o: ObjectName) -> str:
         return f"{self.log_prefix}/{o.name}"
@@ -464,12 +465,18 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         # manifests first: a snapshot of records about to be discarded must never be used
         self._snapshots.delete_past(c)
         doomed = [o for o in (*self._chain, *self._others) if o.start >= c]
-        tail_end = max((o.end for o in (*self._chain, *self._others)), default=0)
+        tail_end = max((o.full_end for o in (*self._chain, *self._others)), default=0)
         if tail_end > c:
             # The offsets [c, tail_end) are written again by this task; a *local* snapshot
             # of the discarded tail on a machine this one cannot reach is tagged with one of
             # them and would pass for committed state once the log grows past it.
             self._set_horizon(tail_end + 1)
+        if self._foreign:
+            # recorded before the objects go: the horizon must outlive them
+            self._set_horizon(self.min_valid_snapshot_offset())
+            on_chain = {o.whole for o in self._chain}
+            doomed += [o for o in self._foreign if o not in on_chain and o.start < c]
+            self._foreign = []
         keep = [o for o in self._chain if o.start < c]
         if keep and keep[-1].end > c:
             cut = keep[-1]
@@ -504,14 +511,14 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         being loaded (one on another machine, tagged with an offset at or below ``end``,
         would otherwise come back whole: replaying the empty log changes nothing)."""
         self._check_writable()
+        self._refuse_if_fenced("resetting the log")
         self._buffer.clear()
         end = self._end = self._buffer_start = max(self._end, self._chain[-1].end if self._chain else 0)
         self._set_horizon(end + 1)
         if end:
             empty = ObjectName(0, end, self.epoch)
             self.store.put(self._key(empty), encode_batch(0, [], offsets=[], span=end))
-            old = [o for o in (*self._chain, *self._others) if o != empty]
-            self._refuse_if_fenced("resetting the log")
+            old = [o for o in (*self._chain, *self._others) if o.whole != empty]
             self._snapshots.delete_past(-1)
             self.store.delete([self._key(o) for o in old])
             self._chain, self._others, self._written = [empty], [], []
@@ -524,8 +531,13 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self._horizon = horizon
 
     def min_valid_snapshot_offset(self) -> int:
-        """0 (compaction keeps tombstones), unless a reset or a rescale set a horizon."""
-        return max(self._horizon, self.generation.horizon(self.logical_stream, self.partition))
+        """0 (compaction keeps tombstones), unless a reset or a rescale set a horizon, or
+        the log holds objects of an older writer where a newer one wrote (a fenced
+        instance's uploads, an old uncommitted tail): the old writer's machine may hold a
+        local snapshot tagged with such an object's end, built from records that were never
+        committed, so no local snapshot at or below their end may be loaded."""
+        foreign = max((o.full_end + 1 for o in self._foreign), default=0)
+        return max(self._horizon, foreign, self.generation.horizon(self.logical_stream, self.partition))
 
     def verify(self) -> dict[str, Any]:
         """Read every object of the chain back (CRC32 of every batch, dense offsets)."""

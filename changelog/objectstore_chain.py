@@ -15,7 +15,7 @@ from localstate.engine import ChangeRecord
 
 from .format import HEADER_SIZE, BatchHeader
 
-__all__ = ["ObjectName", "chain_of", "offsets_of", "slice_batches"]
+__all__ = ["ObjectName", "chain_of", "foreign_objects", "offsets_of", "slice_batches"]
 
 _LOG_NAME = re.compile(r"^(\d{20})-(\d{20})-(\d{10})\.lsb$")
 
@@ -94,6 +94,26 @@ def chain_of(objects: list[ObjectName]) -> tuple[list[ObjectName], list[ObjectNa
         at = best[at].end
     on = {o.whole for o in chain}
     return chain, [o for o in objects if o not in on]
+
+
+def foreign_objects(chain: list[ObjectName], objects: list[ObjectName]) -> list[ObjectName]:
+    """The stored objects that hold offsets where the chain reads a newer writer's object:
+    records an older writer uploaded but never committed (a fenced instance's late uploads,
+    an earlier instance's uncommitted tail). Objects overlapped only by chain pieces of
+    their own epoch or older (the chain's, roll-up parts left behind) are not; an older
+    writer's object that a newer writer's compaction replaced but failed to delete counts
+    (conservatively: it costs one rebuild from the log)."""
+    starts = [o.start for o in chain]
+    out = []
+    for o in objects:
+        i = max(0, bisect_right(starts, o.start) - 1)
+        while i < len(chain) and chain[i].start < o.full_end:
+            piece = chain[i]
+            if piece.end > o.start and piece.epoch > o.epoch:
+                out.append(o)
+                break
+            i += 1
+    return out
 
 
 def offsets_of(h: BatchHeader, offsets: list[int] | None) -> Any:

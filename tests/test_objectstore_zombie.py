@@ -17,6 +17,7 @@ from localstate.checkpoint import Checkpoint
 from localstate.cli import cli
 from localstate.errors import CorruptionError, FencedError
 from localstate.reader import StateReader
+from localstate.registry import ENGINES
 from localstate.storage import Recovery
 from localstate.testing.changelog_conformance import dump, records, task_values
 from localstate.testing.changelog_conformance import on_another_machine as moved
@@ -44,9 +45,9 @@ def system_of(values: dict[str, Any], job: str = "job") -> ObjectStoreChangelogS
     return ObjectStoreChangelogSystem("s3", options, job)
 
 
-def job_of(where: dict[str, Any], tmp_path: Path, **extra: Any) -> dict[str, Any]:
+def job_of(where: dict[str, Any], tmp_path: Path, factory: str = "memory", **extra: Any) -> dict[str, Any]:
     return task_values({"job.changelog.system": "s3", "job.checkpoint.system": "s3", **where}, tmp_path,
-                       **extra)
+                       factory, **extra)
 
 
 def log_objects(values: dict[str, Any]) -> list[ObjectName]:
@@ -280,3 +281,42 @@ def test_a_deleted_generation_record_after_a_rescale_is_an_error_not_an_empty_jo
         TaskStorage(moved(one.to_dict(), tmp_path, "machine-b"), 0)
     problems = [p for check in verify_job(one) for p in check.problems]
     assert problems and "generation record" in problems[0]
+
+
+needs_rocksdb = pytest.mark.skipif(not ENGINES.installed("rocksdb")[0], reason="rocksdb not installed")
+
+
+@needs_rocksdb
+def test_a_zombies_local_snapshot_of_its_failed_commit_is_never_loaded(where, tmp_path):
+    """A zombie's failed commit still took its local rocksdb snapshot (commit step 3 comes
+    before the checkpoint), tagged with the offset its last upload ends at. Once the new
+    owner's log has passed that offset, the zombie's machine reopening the task must not
+    load it: the records under it were never committed. The zombie's upload left in the log
+    makes every snapshot at or below its end untrusted, and the next open records that as a
+    horizon before it deletes the upload."""
+    values = job_of(where, tmp_path, "rocksdb", **{"stores.kv.rocksdb.snapshot.interval.records": 0})
+    a = TaskStorage(Config.from_dict(values))
+    for i in range(3):
+        a.store("kv").put("x", f"a{i}")
+        a.commit(input_position=i)
+    b = TaskStorage(moved(values, tmp_path, "machine-b"))
+    a.store("kv").put("x", "zombie")
+    a.store("kv").put("z", "zombie")
+    with pytest.raises(FencedError):
+        a.commit(input_position=99)
+    a.close()
+    model = {"x": "a2"}
+    for i in range(5):
+        b.store("kv").put("x", f"b{i}")
+        b.store("kv").put(f"y{i}", i)
+        model.update({"x": f"b{i}", f"y{i}": i})
+        b.commit(input_position=10 + i)
+    b.close()
+    with TaskStorage(Config.from_dict(values)) as s:  # the zombie's machine, its local copy kept
+        assert s.checkpoint.input_position == 14
+        assert dump(s) == model
+    zombie_objects = [o for o in log_objects(values) if o.epoch == min(x.epoch for x in log_objects(values))
+                      and o.start >= 3]
+    assert zombie_objects == []  # deleted once the horizon was recorded
+    with TaskStorage(Config.from_dict(values)) as s:  # and the horizon stays
+        assert dump(s) == model
