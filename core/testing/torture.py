@@ -349,11 +349,16 @@ def run_child(plan: TrialPlan, values: dict[str, Any], fault: str | None,
     return rc, child.lines, child.err
 
 
+def _zombie_machine(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` on the zombie's machine: a state dir of its own (the next child must not
+    meet its task lock)."""
+    return {**values, "job.state.dir": str(Path(values["job.state.dir"]).with_name("zombie-state"))}
+
+
 def _start_zombie(plan: TrialPlan, values: dict[str, Any], pause: float) -> _Child:
-    """A child on "another machine" (a state dir of its own: the next child must not meet
-    its task lock) stopped ``pause`` seconds after it opened the task (unless it ended first)."""
-    elsewhere = {**values, "job.state.dir": str(Path(values["job.state.dir"]).with_name("zombie-state"))}
-    child = _Child(plan, elsewhere, None)
+    """A child on the zombie's machine stopped ``pause`` seconds after it opened the task
+    (unless it ended first)."""
+    child = _Child(plan, _zombie_machine(values), None)
     child.opened.wait(CHILD_TIMEOUT_S)
     try:
         child.proc.wait(timeout=pause)
@@ -421,6 +426,9 @@ def _run_rounds(plan: TrialPlan, values: dict[str, Any], ref: Reference, adapter
                 zombie = None
                 if result.divergence is not None:
                     return
+                # the rest of the trial (and the final check) runs on the zombie's machine:
+                # its local copy, built from records it never committed, must not be trusted
+                values.update(_zombie_machine(values))
     finally:
         if zombie is not None:
             zombie.kill()
