@@ -145,12 +145,20 @@ def _fingerprint(storage: TaskStorage, keys: set[bytes]) -> dict[str, str]:
     return {k.hex(): v.hex() for k, v in storage.engine(STORE).current(sorted(keys)) if v is not None}
 
 
+_RESUMED = "LOCALSTATE_TORTURE_RESUMED"
+"""A zombie child's environment: a file that exists once it has been resumed beside a newer
+instance; from then on its batches draw other operations (its input moved on), so records
+it never committed differ from the ones the newer instance commits at the same offsets."""
+
+
 def _work(storage: TaskStorage, plan: TrialPlan, adapter: WorkloadAdapter,
           after_commit: Callable[[int], None] | None = None) -> None:
     start = storage.checkpoint.input_position if storage.checkpoint else 0
     store = storage.store(STORE)
+    resumed = os.environ.get(_RESUMED)
     for batch in range(int(start or 0) + 1, plan.batches + 1):
-        adapter.apply_batch(store, batch, _batch_rng(plan.seed, batch), plan.ops, plan.keys)
+        seed = plan.seed + 7919 if resumed and os.path.exists(resumed) else plan.seed
+        adapter.apply_batch(store, batch, _batch_rng(seed, batch), plan.ops, plan.keys)
         storage.commit(input_position=batch)
         if plan.compact_every and batch % plan.compact_every == 0:
             storage.compact()
@@ -267,11 +275,15 @@ class _Child:
     act when the next child has opened the task)."""
 
     def __init__(self, plan: TrialPlan, values: dict[str, Any], faults: str | None,
-                 on_opened: Callable[[], None] | None = None) -> None:
+                 on_opened: Callable[[], None] | None = None, resumed_flag: Path | None = None) -> None:
         env = dict(os.environ)
         env.pop("LOCALSTATE_FAULTS", None)
+        env.pop(_RESUMED, None)
         if faults:
             env["LOCALSTATE_FAULTS"] = faults
+        self._flag = resumed_flag
+        if resumed_flag is not None:
+            env[_RESUMED] = str(resumed_flag)
         cmd = [sys.executable, "-c", "from localstate.testing.torture import child_main; child_main()",
                json.dumps(asdict(plan)), json.dumps(values)]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -325,6 +337,8 @@ class _Child:
     def resume(self) -> None:
         if self.stopped:
             self.stopped = False
+            if self._flag is not None:
+                self._flag.touch()
             os.kill(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
@@ -358,7 +372,9 @@ def _zombie_machine(values: dict[str, Any]) -> dict[str, Any]:
 def _start_zombie(plan: TrialPlan, values: dict[str, Any], pause: float) -> _Child:
     """A child on the zombie's machine stopped ``pause`` seconds after it opened the task
     (unless it ended first)."""
-    child = _Child(plan, _zombie_machine(values), None)
+    machine = _zombie_machine(values)
+    flag = Path(machine["job.state.dir"]).with_name(f"resumed-{uuid.uuid4().hex[:8]}")
+    child = _Child(plan, machine, None, resumed_flag=flag)
     child.opened.wait(CHILD_TIMEOUT_S)
     try:
         child.proc.wait(timeout=pause)
