@@ -147,8 +147,9 @@ def _fingerprint(storage: TaskStorage, keys: set[bytes]) -> dict[str, str]:
 
 _RESUMED = "LOCALSTATE_TORTURE_RESUMED"
 """A zombie child's environment: a file that exists once it has been resumed beside a newer
-instance; from then on its batches draw other operations (its input moved on), so records
-it never committed differ from the ones the newer instance commits at the same offsets."""
+instance; from then on each of its batches gets more operations before its commit (its
+input moved on), so records it never committed differ from the ones the newer instance
+commits at the same offsets."""
 
 
 def _work(storage: TaskStorage, plan: TrialPlan, adapter: WorkloadAdapter,
@@ -157,8 +158,9 @@ def _work(storage: TaskStorage, plan: TrialPlan, adapter: WorkloadAdapter,
     store = storage.store(STORE)
     resumed = os.environ.get(_RESUMED)
     for batch in range(int(start or 0) + 1, plan.batches + 1):
-        seed = plan.seed + 7919 if resumed and os.path.exists(resumed) else plan.seed
-        adapter.apply_batch(store, batch, _batch_rng(seed, batch), plan.ops, plan.keys)
+        adapter.apply_batch(store, batch, _batch_rng(plan.seed, batch), plan.ops, plan.keys)
+        if resumed and os.path.exists(resumed):
+            adapter.apply_batch(store, batch, _batch_rng(plan.seed + 7919, batch), plan.ops, plan.keys)
         storage.commit(input_position=batch)
         if plan.compact_every and batch % plan.compact_every == 0:
             storage.compact()
