@@ -19,12 +19,14 @@ One **trial** (``seed``) on one engine × changelog system:
    checks the final state (the user-level view and the engine's change records for
    every key ever logged) against the reference.
 
-On the objectstore changelog a crash round may instead make a **zombie** (``zombie:<s>``):
-the child is stopped (SIGSTOP) ``s`` seconds after it opened, the next child takes the
-task over, and once that one has opened the stopped child is resumed: it goes on
-uploading, rolling up and committing beside the new owner until its commit fails with
-``FencedError`` (the only way it may end besides finishing first). Whatever it still lands
-must change nothing the later children and the final check see.
+On the objectstore changelog a crash round may instead make a **zombie** (``zombie:<k>@<s>``):
+the child is stopped (SIGSTOP) ``s`` seconds after its ``k``-th commit, the next child
+takes the task over, and once that one has opened the stopped child is resumed: it goes
+on uploading, rolling up and committing beside the new owner (with other operations: its
+input moved on) until its commit fails with ``FencedError`` (the only way it may end
+besides finishing first). Whatever it still lands, on the store or in its own local copy,
+must change nothing the later children (which run on the zombie's machine) and the final
+check see.
 
 Any difference is a **divergence**, classified as lost / duplicated / resurrected /
 differing keys and reported with the command that reproduces it
@@ -228,7 +230,8 @@ def child_main() -> None:
             "state": adapter.observe(storage.store(STORE), plan.keys),
         }
         print(json.dumps(line, sort_keys=True), flush=True)
-        _work(storage, plan, adapter)
+        _work(storage, plan, adapter,
+              after_commit=lambda batch: print(json.dumps({"event": "committed", "batch": batch}), flush=True))
     print(json.dumps({"event": "done"}), flush=True)
 
 
@@ -291,6 +294,8 @@ class _Child:
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.lines: list[dict] = []
         self.opened = threading.Event()
+        self.commits = 0
+        self.committed = threading.Condition()
         self.stopped = False
         self._on_opened = on_opened
         self._err = b""
@@ -307,11 +312,18 @@ class _Child:
             except ValueError:
                 continue  # a line cut by the kill
             self.lines.append(line)
+            if line.get("event") == "committed":
+                with self.committed:
+                    self.commits += 1
+                    self.committed.notify_all()
             if line.get("event") == "opened":
                 self.opened.set()
                 if self._on_opened is not None:
                     self._on_opened()
         self.opened.set()
+        with self.committed:
+            self.commits = 1 << 30  # ended: nobody waits for more
+            self.committed.notify_all()
 
     def _read_err(self) -> None:
         assert self.proc.stderr is not None
@@ -371,15 +383,18 @@ def _zombie_machine(values: dict[str, Any]) -> dict[str, Any]:
     return {**values, "job.state.dir": str(Path(values["job.state.dir"]).with_name("zombie-state"))}
 
 
-def _start_zombie(plan: TrialPlan, values: dict[str, Any], pause: float) -> _Child:
-    """A child on the zombie's machine stopped ``pause`` seconds after it opened the task
-    (unless it ended first)."""
+def _start_zombie(plan: TrialPlan, values: dict[str, Any], spec: str) -> _Child:
+    """A child on the zombie's machine stopped ``s`` seconds after it opened the task and
+    made its ``k``-th commit (``spec`` = ``"k@s"``; unless it ended first)."""
+    commits, _, pause = spec.partition("@")
     machine = _zombie_machine(values)
     flag = Path(machine["job.state.dir"]).with_name(f"resumed-{uuid.uuid4().hex[:8]}")
     child = _Child(plan, machine, None, resumed_flag=flag)
-    child.opened.wait(CHILD_TIMEOUT_S)
+    child.opened.wait(CHILD_TIMEOUT_S)  # it claimed the task: the next child fences it
+    with child.committed:
+        child.committed.wait_for(lambda: child.commits >= int(commits), CHILD_TIMEOUT_S)
     try:
-        child.proc.wait(timeout=pause)
+        child.proc.wait(timeout=float(pause or 0))
     except subprocess.TimeoutExpired:
         child.stop()
     return child
@@ -425,7 +440,7 @@ def _run_rounds(plan: TrialPlan, values: dict[str, Any], ref: Reference, adapter
             if fault is not None and fault.startswith("zombie:"):
                 if zombie is not None:
                     raise ConfigError(f"{fault}: one zombie round per trial ({reproducer(plan)})")
-                child = _start_zombie(plan, values, float(fault.split(":", 1)[1]))
+                child = _start_zombie(plan, values, fault.split(":", 1)[1])
                 rc, lines, err = (None if child.stopped else child.wait()), child.lines, ""
             else:
                 rc, lines, err = run_child(plan, values, fault, on_opened=zombie.resume if zombie else None)

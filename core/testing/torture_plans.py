@@ -66,8 +66,8 @@ class TrialPlan:
     retention_ms: int
     faults: tuple[str, ...]
     """Per crash round: ``"<point>=kill@N"``, ``"timer:<seconds>"`` or, on the objectstore
-    changelog, ``"zombie:<seconds>"`` (the child is stopped that long after it opened and
-    goes on beside the next one; at most one per trial)."""
+    changelog, ``"zombie:<k>@<seconds>"`` (the child is stopped that long after its k-th
+    commit and goes on beside the next one; at most one per trial)."""
     fsync: bool = False
     """``systems.file.fsync``: a SIGKILL loses no page-cache data, so process-crash trials
     do not need it (power loss is outside what a process-level trial can cause); the
@@ -156,7 +156,7 @@ def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops
         # rounds of a seed stay what they were)
         zrng = random.Random(f"zombie:{seed}")
         if zrng.random() < ZOMBIE_SHARE:
-            faults[zrng.randrange(len(faults))] = f"zombie:{zrng.uniform(0.0, 0.2):.3f}"
+            faults[zrng.randrange(len(faults))] = f"zombie:{zrng.randint(0, max(0, batches // 2))}@{zrng.uniform(0.0, 0.05):.3f}"
     return TrialPlan(
         seed=seed, engine=engine, changelog=changelog, batches=batches, ops=ops, keys=keys,
         compact_every=rng.choice((0, 2, 3)), retention_ms=rng.choice((0, 86_400_000)),
