@@ -34,14 +34,25 @@ Layout under ``path`` (object stores have no append, so nothing is ever modified
 uploaded as one object at :meth:`ObjectStoreChangelogPartition.flush`, which returns
 only after the PUT succeeded. The log is the *chain* of objects from offset 0: at each
 offset the object starting there with the highest writer epoch (then the largest end)
-is taken, and the chain goes on at its end. A writer's epoch is its task instance's
-claim in the checkpoint sequence (below), so an object a zombie instance uploads after a
-newer one took over never enters the chain where the newer one wrote; objects past the
-committed offset are deleted by :meth:`~ObjectStoreChangelogPartition.discard_tail`
-and a zombie's late upload past it is overridden by the newer epoch.
+is taken, and the chain goes on at its end; an object is used only up to the offset where
+an object of a newer epoch starts (``objectstore_chain.chain_of``). A writer's epoch is its
+task instance's claim in the checkpoint sequence (below), and a writer starts writing
+where its predecessor committed, so what an older writer holds past that point was never
+committed: an object a zombie instance uploads after a newer one took over, even one
+reaching back below that point, is never read where the newer one wrote. Objects past the
+committed offset are deleted by :meth:`~ObjectStoreChangelogPartition.discard_tail`;
+an older writer's objects where a newer one wrote (a zombie's) make every local snapshot
+at or below their end untrusted (the zombie's machine may hold one of records it never
+committed) until the next open records that as a horizon and deletes them.
 
-**Roll-up.** Every ``rollup.objects`` objects of one level this writer uploaded are
-rewritten as one object of the next level (levels are tiers: a record is rewritten
+**A fenced writer changes nothing the new owner sees.** Every roll-up, delete,
+compaction, tail cut, reset and snapshot upload first checks (one LIST) that no newer
+instance claimed the task; what a zombie can still land after its check is harmless by
+construction (roll-ups hold committed records only; its other uploads are never read).
+
+**Roll-up.** After a commit's checkpoint (:meth:`~ObjectStoreChangelogPartition.after_commit`),
+every ``rollup.objects`` objects of one level this writer uploaded are rewritten as one
+object of the next level (levels are tiers: a record is rewritten
 about log_N(rollup.bytes / commit size) times) and the small ones deleted. A roll-up
 only concatenates batches, so every offset stays reconstructible; until the deletes
 are done the larger object wins the chain (same epoch, larger end).
@@ -56,7 +67,9 @@ checkpoint to restore claims the next number with a claim object; a zombie insta
 then tries to create a number that exists and gets :class:`FencedError` — its commit
 fails, as the Kafka backend's does. A retried create that finds the object is checked
 against a token unique to the writer, so a lost response is not mistaken for fencing.
-The latest and the previous checkpoint are kept; older ones are deleted.
+The latest and the previous checkpoint are kept; older ones are deleted. Each checkpoint
+names the one it follows, so a deleted newest checkpoint is an error, never a silent step
+back (``objectstore_checkpoints.py``).
 
 **Snapshots** (``objectstore_snapshots.py``). For an engine with local snapshots
 (``snapshots()`` and ``snapshot_path(offset)``, e.g. RocksDB), every ``snapshot.every``
