@@ -347,7 +347,8 @@ class ChangelogSystemConformance:
         assert problems, "verify found nothing wrong after the newest checkpoint was lost"
         with TaskStorage(on_another_machine(values, tmp_path, "machine-c"),
                          recovery=Recovery(accept_log_end={"kv"})) as s:
-            assert dump(s) == {"x": 7, **{f"k{i}": i for i in range(1, 8)}}, "the lost commit's records were deleted"
+            state = dump(s)
+            assert state == {"x": 7, **{f"k{i}": i for i in range(1, 8)}}, f"the lost commit's records were deleted: {state}"
 
     def test_a_fenced_writers_late_upload_and_roll_up_change_nothing(self, job_values, tmp_path):
         """A takes 15 commits (an objectstore writer's 16th upload is a roll-up at the
@@ -389,9 +390,10 @@ class ChangelogSystemConformance:
             b.close()
         with TaskStorage(on_another_machine(values, tmp_path, "machine-c")) as c:
             assert c.checkpoint.input_position == 100
-            assert dump(c) == model
+            state = dump(c)
+            assert state == model, f"the new owner's commit is not what a new instance sees: {state} != {model}"
         problems = [p for check in verify_job(Config.from_dict(values), [0]) for p in check.problems]
-        assert problems == []
+        assert problems == [], problems
 
     def test_a_reader_beside_a_committing_writer_writes_nothing(self, job_values, tmp_path):
         """State queries (``StateReader.get``/``store``, ``read_committed``: what ``localstate
@@ -432,9 +434,10 @@ class ChangelogSystemConformance:
             while not done.is_set() or reads < 3:
                 with StateReader(config, 0) as reader:
                     x = reader.get("kv", "x")
-                    assert x == reader.loaded_versions["kv"], "a read returned a state that was never committed"
+                    assert x == reader.loaded_versions["kv"], f"x = {x} read as of version {reader.loaded_versions}"
                     whole = dict(reader.store("kv"))
-                    assert whole == committed(reader.loaded_versions["kv"])
+                    version = reader.loaded_versions["kv"]
+                    assert whole == committed(version), f"{whole} was never committed (version {version})"
                 reads += 1
                 if done.is_set() and failures:
                     break
