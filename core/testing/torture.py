@@ -348,12 +348,17 @@ class _Child:
         os.kill(self.proc.pid, signal.SIGSTOP)
         self.stopped = True
 
-    def resume(self) -> None:
+    def resume(self, *, fenced: bool = False) -> None:
+        """Continue a stopped child; ``fenced``: a newer instance has opened the task, so
+        the child is a zombie from here on (its input moves on: see ``_RESUMED``)."""
         if self.stopped:
             self.stopped = False
-            if self._flag is not None:
+            if fenced and self._flag is not None:
                 self._flag.touch()
             os.kill(self.proc.pid, signal.SIGCONT)
+
+    def resume_fenced(self) -> None:
+        self.resume(fenced=True)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -401,8 +406,9 @@ def _start_zombie(plan: TrialPlan, values: dict[str, Any], spec: str) -> _Child:
 
 
 def _zombie_ending(zombie: _Child, plan: TrialPlan) -> dict[str, Any] | None:
-    """Resume a zombie and wait for it: it must finish, or fail its commit with
-    FencedError; anything else is a divergence."""
+    """Resume a zombie (if the newer child never opened the task, as the owner it may still
+    be) and wait for it: it must finish, or fail its commit with FencedError; anything else
+    is a divergence."""
     zombie.resume()
     rc = zombie.wait()
     if rc == 0 and any(x.get("event") == "done" for x in zombie.lines):
@@ -443,7 +449,7 @@ def _run_rounds(plan: TrialPlan, values: dict[str, Any], ref: Reference, adapter
                 child = _start_zombie(plan, values, fault.split(":", 1)[1])
                 rc, lines, err = (None if child.stopped else child.wait()), child.lines, ""
             else:
-                rc, lines, err = run_child(plan, values, fault, on_opened=zombie.resume if zombie else None)
+                rc, lines, err = run_child(plan, values, fault, on_opened=zombie.resume_fenced if zombie else None)
                 child = None
             if not _round(plan, ref, adapter, result, fault, rc, lines, child.err if child else err,
                           crashed_before, child):
