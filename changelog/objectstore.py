@@ -568,7 +568,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         return {"objects": len(self._chain), "garbage_objects": len(self._others), "batches": batches,
                 "records": records, "bytes": nbytes, "end_offset": self._end, "problems": problems}
 
-    def compact(self, up_to: int) -> dict[str, int]:
+    def compact(self, up_to: int, *, relisted: bool = False) -> dict[str, int]:
         """Rewrite the chain's objects that end at or below ``up_to`` as one object holding the
         latest record per key (tombstones kept: no local snapshot is invalidated), offsets
         unchanged; then delete the old objects."""
@@ -581,23 +581,35 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         stats = {"objects": len(head), "records_before": 0, "records_after": 0}
         if len(head) < 2:
             return stats
+        self._refuse_if_fenced("compacting")
         latest: dict[bytes, tuple[int, bytes | None]] = {}
-        for o in head:
-            for h, recs, offsets in self._decode(o, self._get(o)):
-                for off, (k, v) in zip(offsets_of(h, offsets), recs):
-                    if off >= o.end:
-                        break  # past where the chain uses the object
-                    latest[k] = (off, v)
-                    stats["records_before"] += 1
+        try:
+            for o in head:
+                for h, recs, offsets in self._decode(o, self._get(o)):
+                    for off, (k, v) in zip(offsets_of(h, offsets), recs):
+                        if off >= o.end:
+                            break  # past where the chain uses the object
+                        latest[k] = (off, v)
+                        stats["records_before"] += 1
+        except _ObjectGone:
+            # Deleted since this writer listed the log: by a newer owner (then this one is
+            # fenced), or by the late delete of a fenced predecessor that passed its check
+            # just before this writer took over (its objects were rewritten, whole, into one
+            # that is listed now): list again and compact what is there.
+            self._refuse_if_fenced("compacting")
+            if relisted:
+                raise
+            self._load()
+            return self.compact(up_to, relisted=True)
         survivors = sorted((off, k, v) for k, (off, v) in latest.items())
         stats["records_after"] = len(survivors)
         end = head[-1].end
         data = encode_batch(0, [(k, v) for _, k, v in survivors], offsets=[o for o, _, _ in survivors], span=end)
         merged = ObjectName(0, end, self.epoch)
-        self._refuse_if_fenced("compacting")
         self.store.put(self._key(merged), data)
         self._sizes[merged] = len(data)
         fault_point("compaction.before_rename")
+        # the upload above may land after a takeover: it holds committed records only
         self._refuse_if_fenced("deleting the compacted objects")
         self.store.delete([self._key(o) for o in head if o.whole != merged])
         self._chain[: len(head)] = [merged]
