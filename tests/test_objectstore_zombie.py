@@ -320,3 +320,28 @@ def test_a_zombies_local_snapshot_of_its_failed_commit_is_never_loaded(where, tm
     assert zombie_objects == []  # deleted once the horizon was recorded
     with TaskStorage(Config.from_dict(values)) as s:  # and the horizon stays
         assert dump(s) == model
+
+
+def test_a_predecessors_late_compaction_deletes_are_read_through(where, tmp_path, monkeypatch):
+    """A's compaction passed its fencing check just before B took over (the race no check
+    can close on S3: simulated by skipping A's checks, a test double for that timing); its
+    merged object and its deletes land after B listed the log. B's own compaction finds
+    objects gone, lists again and goes on; every later open is exact."""
+    values = job_of(where, tmp_path, **{"systems.s3.rollup.objects": 100})
+    a = TaskStorage(Config.from_dict(values))
+    for i in range(1, 5):
+        a.store("kv").put(f"k{i}", i)
+        a.commit(input_position=i)
+    b = TaskStorage(moved(values, tmp_path, "machine-b"))
+    part = a.changelog("kv")
+    monkeypatch.setattr(part, "_refuse_if_fenced", lambda what: None)
+    part.compact(a.committed_offset("kv"))  # lands now: merged object put, A's objects deleted
+    a.close()
+    b.store("kv").put("k1", "b")
+    b.commit(input_position=5)
+    b.store("kv").put("k2", "b")
+    b.commit(input_position=6)
+    b.compact()
+    b.close()
+    with TaskStorage(moved(values, tmp_path, "machine-c")) as c:
+        assert dump(c) == {"k1": "b", "k2": "b", "k3": 3, "k4": 4}
