@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ _CKPT2_MAGIC = b"LSCKPT2\n"  # magic, writer token, " ", predecessor's number or
 _CLAIM_MAGIC = b"LSCLAIM1\n"
 _TOKEN_LEN = 32
 _NO_PREVIOUS = b"-" * 20
+_READ_ATTEMPTS = 10  # lists of the checkpoints while a writer's clean-up races the reads
 
 
 def _encode(token: bytes, previous: int | None, checkpoint: Checkpoint) -> bytes:
@@ -110,7 +112,9 @@ class ObjectStoreCheckpointStore(CheckpointStore):
         whether a newer checkpoint than those was lost (a message naming the keys), see
         the module docstring."""
         lost: str | None = None
-        for _ in range(3):
+        for attempt in range(_READ_ATTEMPTS):
+            if attempt:
+                time.sleep(0.01 * attempt)  # a writer committing meanwhile: let it finish
             seqs = self._list(job, partition)
             found: list[tuple[int, Checkpoint]] = []
             try:
@@ -137,6 +141,11 @@ class ObjectStoreCheckpointStore(CheckpointStore):
                 ) from e
         if lost is not None:
             return seqs, found, lost
+        newer = self.newer_claim(job, partition)
+        if newer is not None:  # this instance was fenced: that is the error to report
+            raise FencedError(f"checkpoints under {self.store.where(self.prefix(job, partition))}/ keep changing: a "
+                              f"newer instance of task {job}/partition {partition} took over (claim {newer}), so "
+                              "this one must stop without committing")
         raise ChangelogError(f"checkpoints under {self.store.where(self.prefix(job, partition))}/ kept "
                              "changing while being read; is another instance of the task running?")
 
