@@ -27,6 +27,7 @@ from typing import Any
 from .checkpoint import Checkpoint
 from .config import Config
 from .errors import LocalStateError
+from .reader import read_checkpoint_readonly
 
 __all__ = ["StoreCheck", "verify_job"]
 
@@ -62,10 +63,7 @@ def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint 
         # reading would create it: verify writes nothing
         return None, [f"checkpoint topic {topic!r} does not exist"]
     try:
-        try:
-            ckpt = store.read(job, partition, fence=False)
-        except TypeError:
-            ckpt = store.read(job, partition)
+        ckpt = read_checkpoint_readonly(store, job, partition)
     except LocalStateError as e:
         problems.append(f"latest checkpoint: {e}")
     try:
