@@ -101,6 +101,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -552,6 +553,11 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         foreign = max((o.full_end + 1 for o in self._foreign), default=0)
         return max(self._horizon, foreign, self.generation.horizon(self.logical_stream, self.partition))
 
+    def log_id(self) -> str:
+        """The identity of the stream this partition belongs to (``stream.json``'s ``id``):
+        a local copy built from a deleted and re-created stream is not this log's."""
+        return self.system.stream_id(self.stream)
+
     def verify(self) -> dict[str, Any]:
         """Read every object of the chain back (CRC32 of every batch, dense offsets)."""
         problems: list[str] = []
@@ -664,6 +670,7 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         self.store = connect(self.settings, name)
         self._open: set[tuple[str, int]] = set()
         self._streams: dict[str, int] = {}
+        self._stream_ids: dict[str, str] = {}
         self._generation: Generation | None = None
         self._checkpoints = ObjectStoreCheckpointStore(self)
 
@@ -742,7 +749,9 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         if self._streams.get(stream) == partitions:
             return
         key = f"{stream}/stream.json"
-        body = json.dumps({"partitions": partitions}).encode()
+        # the stream's identity, made once with it: a prefix deleted and written again by a
+        # new run of the job is another log, whose offsets may line up with the old one's
+        body = json.dumps({"partitions": partitions, "id": uuid.uuid4().hex}).encode()
         try:
             data = self.store.get(key)  # a GET first: it costs a twelfth of a PUT on S3
         except MISSING:
@@ -753,7 +762,27 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
                 data = self.store.get(key)  # another task of the job created it meanwhile
         check_stream_partitions(stream, self.store.where(key), data, partitions,
                                 "Set job.partitions back, or use a new changelog stream.")
+        self._stream_ids[stream] = str(json.loads(data).get("id", ""))  # "": made before streams had ids
         self._streams[stream] = partitions
+
+    def stream_id(self, stream: str) -> str:
+        """The identity ``stream/stream.json`` was created with (``""``: none recorded, or
+        the stream not opened for writing by this system)."""
+        return self._stream_ids.get(stream, "")
+
+    def stream_partitions(self, stream: str) -> int | None:
+        """The partition count the current generation's ``stream.json`` records (read
+        only; None when the stream has none yet)."""
+        key = f"{self.generation().stream(stream)}/stream.json"
+        try:
+            data = self.store.get(key)
+        except MISSING:
+            return None
+        try:
+            return int(json.loads(data)["partitions"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(f"{self.store.where(key)} is damaged ({e}); it records the stream's "
+                                  "partition count") from e
 
     def open_partition(self, stream: str, partition: int, partitions: int, *,
                        readonly: bool = False) -> ObjectStoreChangelogPartition:

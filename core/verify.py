@@ -26,7 +26,7 @@ from typing import Any
 
 from .checkpoint import Checkpoint
 from .config import Config
-from .errors import LocalStateError
+from .errors import CorruptionError, LocalStateError
 from .reader import read_checkpoint_readonly
 
 __all__ = ["StoreCheck", "verify_job"]
@@ -87,9 +87,14 @@ def verify_job(config: Config, partitions: list[int] | None = None, *, deep: boo
         return systems[name]
 
     out: list[StoreCheck] = []
+    wanted = partitions if partitions is not None else range(config.partitions)
     try:
-        ckpt_store = system(config.checkpoint_system).checkpoints()
-        for p in partitions if partitions is not None else range(config.partitions):
+        try:
+            ckpt_store = system(config.checkpoint_system).checkpoints()
+        except CorruptionError as e:  # damage found opening the job (a lost generation record): a problem
+            return [StoreCheck(spec.name, p, problems=[str(e)])
+                    for p in wanted for spec in config.stores.values() if spec.changelog is not None]
+        for p in wanted:
             ckpt, ckpt_problems = _read_checkpoints(ckpt_store, config.job_name, p)
             for spec in config.stores.values():
                 if spec.changelog is None:
