@@ -248,6 +248,12 @@ def test_the_site_builds_in_strict_mode_with_every_docs_page(site: Path) -> None
     api = (site / "api" / "index.html").read_text()
     for name in ("TaskStorage", "StatefulJob", "StorageEngine", "KeyValueStoreConformance"):
         assert name in api, f"the API reference lacks {name}"
+    # what a user calls, rendered as an entry of its own (inherited methods included)
+    for entry in ("localstate.TaskStorage.commit", "localstate.TaskStorage.store", "localstate.StateReader",
+                  "localstate.read_committed", "localstate.timers.Timers", "localstate.timers.Timers.register",
+                  "localstate.rescale.rescale", "localstate.rescale.RescaleResult", "localstate.prometheus.register",
+                  "localstate.prometheus.register_spark_job"):
+        assert f'id="{entry}"' in api, f"the API reference has no entry {entry}"
 
 
 def test_every_page_link_image_and_anchor_works_in_chromium(served: tuple[str, list[tuple[str, int]]],
