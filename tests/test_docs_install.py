@@ -91,8 +91,9 @@ def test_every_install_command_works_today_or_says_once_published() -> None:
             elif not (wheel or EDITABLE.search(line) or BUILD in line or SCAFFOLD in line):
                 wrong.append(f"{where}: {command.strip()}")
     assert not wrong, (
-        "install commands that fail today (localstate is not on a public index): use the "
-        "checkout or wheel forms of docs/getting-started.md, or mark the line 'once published':\n"
+        "install commands that do not work as documented today (localstate is not on a public index, "
+        "and type checkers see only a strict editable install): use the checkout or wheel forms of "
+        "docs/getting-started.md, or mark the line 'once published':\n"
         + "\n".join(wrong))
 
 

@@ -30,7 +30,7 @@ def test_the_extras_table_lists_every_extra() -> None:
 
 DURATION = re.compile(r"\b\d+(?:[.–-]\d+)?\s*(?:s|seconds?|min|minutes?)\b")
 RUNS = re.compile(r"\bthe demo\b|localstate demo|demo pipeline|bench --quick")
-MACHINE = re.compile(r"\b\d+[- ]cores?\b")
+MACHINE = re.compile(r"\b\d+[- ](?:[a-z]+ )?cores?\b")  # "2 cores", "2-core", "2 idle cores"
 
 
 def _user_pages() -> list[tuple[str, str]]:
