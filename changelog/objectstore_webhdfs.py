@@ -184,6 +184,9 @@ class WebHdfsClient(ObjectStoreClient):
         self.bytes_got = 0
 
     # -- HTTP ------------------------------------------------------------------------------
+    def _setup_problem(self, e: BaseException) -> str | None:
+        return None  # WebHDFS answers are read where they arrive (permission, quota, safe mode)
+
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
