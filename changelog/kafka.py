@@ -272,6 +272,7 @@ class KafkaChangelogPartition(ChangelogPartition):
         self.partition = partition
         self._writer = writer
         self._consumer: Any = None
+        self._probe: Any = None
         self._acked = -1  # highest acknowledged offset of this partition
         self._delivery_error: Any = None
         self._end: int | None = None
@@ -422,7 +423,9 @@ class KafkaChangelogPartition(ChangelogPartition):
         client = self.system.client
         retention = client.retention_ms.get(self.stream, client.settings.delete_retention_ms)
         horizon_ms = int(time.time() * 1000) - retention
-        probe = self._reader()
+        # Where records physically are, committed or not: a read_committed reader ends at
+        # the last stable offset, which lags a commit until the broker has written its markers.
+        probe = self._physical_reader()
         tp = TopicPartition(self.stream, self.partition, horizon_ms)
         found = client.with_retries(
             f"look up offsets by time in {self.where}", lambda: probe.offsets_for_times([tp], client.timeout_s)
@@ -435,7 +438,7 @@ class KafkaChangelogPartition(ChangelogPartition):
             return max(rescaled, self._records_end())
         # Verify the answer (tansu answers offset 0 for any time): the first record with
         # a timestamp at or after the horizon, scanning on only when the answer was wrong.
-        for msgs, _ in self._scan(int(found.offset), None):
+        for msgs, _ in client.scan(probe, self.stream, self.partition, int(found.offset)):
             for m in msgs:
                 if m.timestamp()[1] >= horizon_ms:
                     return max(rescaled, int(m.offset()))
@@ -443,7 +446,13 @@ class KafkaChangelogPartition(ChangelogPartition):
 
     def _records_end(self) -> int:
         """Offset after the last record (a trailing transaction marker not counted)."""
-        return self.system.client.end_offset(self._reader(), self.stream, self.partition, back=2)
+        return self.system.client.end_offset(self._physical_reader(), self.stream, self.partition, back=2)
+
+    def _physical_reader(self) -> Any:
+        """A read_uncommitted consumer: for where records are, not what they commit."""
+        if self._probe is None:
+            self._probe = self.system.client.consumer(isolation="read_uncommitted")
+        return self._probe
 
     # -- tail ------------------------------------------------------------------------------
     def discard_tail(self, committed_offset: int, current: CurrentFn) -> None:
@@ -517,9 +526,10 @@ class KafkaChangelogPartition(ChangelogPartition):
         if self._closed:
             return
         self._closed = True
-        if self._consumer is not None:
-            consumer, self._consumer = self._consumer, None
-            consumer.close()
+        for consumer in (self._consumer, self._probe):
+            if consumer is not None:
+                consumer.close()
+        self._consumer = self._probe = None
         self.system._release(self.logical_stream, self.partition)
 
 

@@ -236,11 +236,20 @@ class KafkaClient:
         idle_limit = self.settings.patience_s
         idle_since = time.monotonic()
         last = start - 1
+        unstable: int | None = None  # a read_committed EOF below ``stop`` with records past it
         try:
             while True:
                 msgs = next_batch(consumer)
                 if not msgs:
                     if time.monotonic() - idle_since > idle_limit:
+                        if unstable is not None:
+                            raise ChangelogError(
+                                f"reading {what}: offsets from {unstable} on are written but not readable by a "
+                                f"read_committed reader after {idle_limit:.0f}s (a transaction over them is still "
+                                "open: a producer died inside it and was not replaced yet). Open the task that "
+                                "writes this partition again, or wait for the broker to abort it "
+                                "(transaction.timeout.ms)"
+                            )
                         raise ChangelogError(
                             f"reading {what} from offset {last + 1}: no answer from the brokers for {idle_limit:.0f}s"
                         )
@@ -263,6 +272,9 @@ class KafkaClient:
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
+                            if stop is not None and self._unstable(consumer, topic, partition, m.offset(), stop):
+                                unstable = m.offset()
+                                break  # wait for the records below ``stop`` to become readable
                             if eof is not None:
                                 eof.append(m.offset())
                             done = True
@@ -280,6 +292,19 @@ class KafkaClient:
                     return
         finally:
             consumer.unassign()
+
+    def _unstable(self, consumer: Any, topic: str, partition: int, eof: int, stop: int) -> bool:
+        """Whether a read that wants offsets below ``stop`` and met partition EOF at ``eof``
+        must wait: the broker holds records past ``eof`` (high watermark) that this reader
+        does not see yet. A read_committed reader's EOF is the last stable offset, and a
+        broker writes a committed transaction's markers after ``commit_transaction``
+        returns, so right after a commit its records may be invisible for a moment.
+        (A broker whose high watermark understates the end makes this False: the read
+        ends at EOF, as when the records are missing.)"""
+        if eof >= stop:
+            return False
+        _, high = self.watermarks(consumer, topic, partition)
+        return high > eof
 
     def watermarks(self, consumer: Any, topic: str, partition: int) -> tuple[int, int]:
         """The broker's (low, high) watermarks; high may understate the end (see module)."""
@@ -313,6 +338,16 @@ class KafkaClient:
             raise ChangelogError(f"kafka topic {topic!r} on brokers {self.servers} is not readable (no such topic)")
         return sorted(tmd.partitions)
 
+    def _created(self, topic: str) -> Any:
+        """The metadata of a topic just created: a broker answers the creation before its
+        metadata lists the topic's partitions, so ask again (bounded by the timeout)."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            tmd = self._metadata(topic)
+            if tmd is not None or time.monotonic() > deadline:
+                return tmd
+            time.sleep(0.05)
+
     # -- topics -------------------------------------------------------------------------------
     def topic_exists(self, topic: str) -> bool:
         return self._metadata(topic) is not None
@@ -339,7 +374,7 @@ class KafkaClient:
 
             self.with_retries(f"create topic {topic!r}", create)
             log.info("created kafka topic %r: %d partition(s), cleanup.policy=compact", topic, partitions)
-            tmd = self._metadata(topic)
+            tmd = self._created(topic)
         have = len(tmd.partitions) if tmd is not None else 0
         what = "checkpoint topic" if checkpoint else "changelog topic"
         if have != partitions:

