@@ -60,6 +60,31 @@ class TestKafkaChangelogConformance(ChangelogSystemConformance):
     def job_values(self, kafka_broker) -> dict[str, Any]:
         return {"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": kafka_broker}
 
+    def task_values(self, job_values: dict[str, Any], tmp_path: Path, factory: str = "memory") -> dict[str, Any]:
+        # a checkpoint topic of its own: lose_everything deletes it
+        return task_values(job_values, tmp_path, factory, **{"systems.kafka.checkpoint.topic": unique("ckpt")})
+
+    def lose_stream(self, values: dict[str, Any], stream: str) -> None:
+        delete_topics(values["systems.kafka.bootstrap.servers"], [stream])
+
+    def lose_everything(self, values: dict[str, Any]) -> None:
+        delete_topics(values["systems.kafka.bootstrap.servers"], [
+            values["stores.kv.changelog"].split(".", 1)[1], values["systems.kafka.checkpoint.topic"]])
+
+
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    """Delete ``topics`` and wait until the broker lists none of them (a real broker
+    deletes in the background)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.delete_topics(topics, operation_timeout=10).values():
+        fut.result(10)
+    deadline = time.monotonic() + 30
+    while set(topics) & set(admin.list_topics(timeout=10).topics):
+        assert time.monotonic() < deadline, f"topics {topics} still listed 30 s after their deletion"
+        time.sleep(0.1)
+
 
 def test_a_takeover_bumps_the_producer_epoch(kafka_broker, tmp_path):
     values = kafka_values(tmp_path, kafka_broker)
