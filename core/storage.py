@@ -121,8 +121,10 @@ class TaskStorage(StoreOpening, TaskCommit):
             else:
                 ckpt = self._read_checkpoint(recovery)
             home = self._system(config.checkpoint_system).describe()
+            self._evidence: list[str] = []
             if ckpt is None and not recovery:
                 self._check_home(home)
+                self._evidence = self._commit_evidence(home)
             self._committed: Checkpoint | None = ckpt
             self._checkpoint = ckpt if ckpt is not None and ckpt.committed else None
             self.epoch = (ckpt.epoch if ckpt else 0) + 1
@@ -160,13 +162,12 @@ class TaskStorage(StoreOpening, TaskCommit):
 
     def _check_home(self, home: str) -> None:
         """No checkpoint where the config says, but this state dir remembers the task's
-        checkpoints elsewhere (the checkpoint system was changed, e.g. file → kafka), or
-        holds evidence that the task committed here (:meth:`_commit_evidence`: the
-        checkpoints and changelogs were lost): an error, not a silently new, empty task."""
+        checkpoints elsewhere (the checkpoint system was changed, e.g. file → kafka):
+        an error, not a silently new, empty task."""
         try:
             before = self._home_file().read_text().strip()
         except (FileNotFoundError, OSError):
-            before = ""
+            return
         if before and before != home:
             raise CorruptionError(
                 f"task {self.job}/partition {self.partition}: no checkpoint in {home}, but this state dir "
@@ -174,25 +175,17 @@ class TaskStorage(StoreOpening, TaskCommit):
                 "or changelog system changed? Nothing was changed. Set the config back; or start the task "
                 "over in the new system with `localstate restore --reset STORE` for each store."
             )
-        evidence = self._commit_evidence(before == home)
-        if evidence:
-            stores = " ".join(f"--reset {n}" for n in self.config.stores)
-            raise CorruptionError(
-                f"task {self.job}/partition {self.partition}: no checkpoint in {home}, but this machine holds "
-                f"evidence that the task committed there: {'; '.join(evidence)}. Its checkpoints and changelogs "
-                "are gone (topics deleted, the cluster wiped or replaced, bootstrap servers pointing at an "
-                "empty cluster, the log directory or bucket prefix deleted), or the config points at the wrong "
-                "place. Nothing was changed, local files included. Point the config at the place that holds "
-                "them, or restore them from a backup; to start the task over, empty, on purpose: "
-                f"`localstate restore -c CONFIG -p {self.partition} {stores}`."
-            )
 
-    def _commit_evidence(self, home_here: bool) -> list[str]:
+    def _commit_evidence(self, home: str) -> list[str]:
         """What this state dir holds that only a task with a checkpoint leaves: the home
-        file naming the checkpoint system of the config (the open that wrote it had
-        written a checkpoint there, when the task logs a store), and store directories
-        with local files (a local copy, a snapshot, a clean-close claim)."""
+        file naming the checkpoint system ``home`` (the open that wrote it had written a
+        checkpoint there, when the task logs a store), and store directories with local
+        files (a local copy, a snapshot, a clean-close claim)."""
         found = []
+        try:
+            home_here = self._home_file().read_text().strip() == home
+        except OSError:
+            home_here = False
         if home_here and any(spec.changelog is not None for spec in self.config.stores.values()):
             found.append(f"{self._home_file()} (an earlier open wrote a checkpoint)")
         for name in self.config.stores:
@@ -204,6 +197,20 @@ class TaskStorage(StoreOpening, TaskCommit):
             if files:
                 found.append(f"local files of store {name!r} in {directory}")
         return found
+
+    def _lost_error(self, store: str) -> CorruptionError:
+        """No checkpoint, the changelog of ``store`` empty, and :meth:`_commit_evidence` found."""
+        home = self._system(self.config.checkpoint_system).describe()
+        stores = " ".join(f"--reset {n}" for n in self.config.stores)
+        return CorruptionError(
+            f"task {self.job}/partition {self.partition}: no checkpoint in {home} and store {store!r} has an "
+            f"empty changelog, but this machine holds evidence that the task committed there: "
+            f"{'; '.join(self._evidence)}. Its checkpoints and changelogs are gone (topics deleted, the cluster "
+            "wiped or replaced, bootstrap servers pointing at an empty cluster, the log directory or bucket "
+            "prefix deleted), or the config points at the wrong place. Nothing was changed, local files "
+            "included. Point the config at the place that holds them, or restore them from a backup; to start "
+            f"the task over, empty, on purpose: `localstate restore -c CONFIG -p {self.partition} {stores}`."
+        )
 
     def _write_home(self, home: str) -> None:
         """Remember (once per task, not per commit) where the task's checkpoints live."""

@@ -26,6 +26,7 @@ from localstate import Config, TaskStorage, faults
 from localstate.changelog.kafka import KafkaChangelogSystem
 from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, ConfigError, CorruptionError
+from localstate.testing import FULL
 from localstate.testing import torture as T
 from localstate.testing.changelog_conformance import (
     ChangelogSystemConformance,
@@ -230,6 +231,19 @@ def test_sigkill_between_changelog_flush_and_checkpoint_then_trim(kafka_broker, 
     with TaskStorage(moved(values, tmp_path, "machine-d")) as s:
         assert s.checkpoint.input_position == 5
         assert dump(s, T.STORE) == reference[5]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["memory", "rocksdb"])
+def test_crash_trials_on_apache_kafka(engine, tmp_path, apache_kafka_broker):
+    """The Kafka crash trials (``localstate torture --changelog kafka --bootstrap apache``,
+    short form; the full run is in RELIABILITY.md) on the real broker: SIGKILLs at named
+    commit points and random moments, every reopen equal to the crash-free reference."""
+    report = T.run_trials(engine, "kafka", 8 if FULL else 2, seed=3003, workdir=tmp_path, batches=6, ops=20,
+                          bootstrap=apache_kafka_broker, jobs=2)
+    s = report.summary()
+    assert s["divergences"] == 0, json.dumps(s["first_divergence"], indent=2, default=str)
+    assert s["trials"] == len(report.results) > 0 and sum(r.crashes for r in report.results) >= 1
 
 
 @pytest.mark.parametrize("point", ["commit.after_changelog_flush", "commit.after_engine_checkpoint",
