@@ -95,6 +95,24 @@ def test_a_takeover_bumps_the_producer_epoch(kafka_broker, tmp_path):
         assert b.epoch == first + 1
 
 
+def test_bootstrap_servers_pointing_at_an_empty_cluster(kafka_broker_process, apache_kafka_broker, tmp_path):
+    """A task committed on one cluster, its config then pointing at another, empty one (the
+    tansu and the Apache Kafka broker of the session): an error where the task committed
+    before; a brand-new machine cannot tell an empty cluster from a new job and opens
+    empty. The first cluster still holds the exact commit."""
+    values = kafka_values(tmp_path, kafka_broker_process.bootstrap, "rocksdb")
+    with TaskStorage(Config.from_dict(values)) as s:
+        s.store("kv").put_all({f"k{i}": i for i in range(20)})
+        s.commit(input_position=1)
+    elsewhere = {**values, "systems.kafka.bootstrap.servers": apache_kafka_broker}
+    with pytest.raises(CorruptionError, match=rf"no checkpoint in kafka changelog on brokers {apache_kafka_broker}"):
+        TaskStorage(Config.from_dict(elsewhere))
+    with TaskStorage(moved(elsewhere, tmp_path, "brand-new")) as s:
+        assert s.checkpoint is None and dump(s) == {}
+    with TaskStorage(Config.from_dict(values)) as s:
+        assert s.checkpoint.input_position == 1 and dump(s) == {f"k{i}": i for i in range(20)}
+
+
 # -- configuration -------------------------------------------------------------------------------
 def _cfg(tmp_path: Path, **systems: Any) -> dict[str, Any]:
     values = {

@@ -13,6 +13,9 @@ Use it as a pytest plugin (``pytest_plugins = ["localstate.testing.kafka"]``) to
   Kafka KRaft node for the session (:class:`~localstate.testing.apache_kafka.ApacheKafkaBroker`,
   started on first use: a few seconds, plus a Maven fetch of the jars on a new machine).
 
+``LOCALSTATE_KAFKA_BROKER=apache`` makes the first three Apache Kafka too: every Kafka
+test then runs on the real broker (``LOCALSTATE_KAFKA_BROKER=apache pytest -m kafka``).
+
 tansu keeps everything in memory (``--storage-engine memory://tansu/``): a broker that
 is stopped and started again has **lost every topic**, so "the broker comes back" can
 only be tested by pausing the process. Known differences from Apache Kafka, measured
@@ -41,8 +44,8 @@ import pytest
 if TYPE_CHECKING:
     from localstate.testing.apache_kafka import ApacheKafkaBroker
 
-__all__ = ["TansuBroker", "find_tansu", "free_port", "kafka_broker", "kafka_broker_process", "fresh_kafka_broker",
-           "apache_kafka_broker", "apache_kafka_broker_process"]
+__all__ = ["TansuBroker", "find_tansu", "free_port", "new_broker", "kafka_broker", "kafka_broker_process",
+           "fresh_kafka_broker", "apache_kafka_broker", "apache_kafka_broker_process"]
 
 _READY_TIMEOUT_S = 30.0
 
@@ -189,36 +192,20 @@ class TansuBroker:
         self.close()
 
 
-@pytest.fixture(scope="session")
-def kafka_broker_process() -> Iterator[TansuBroker]:
-    """The session's tansu broker process (shared: pause/resume only, never stop)."""
-    try:
-        broker = TansuBroker()
-    except RuntimeError as e:
-        pytest.fail(str(e))
-    with broker:
-        yield broker
+def new_broker() -> TansuBroker | ApacheKafkaBroker:
+    """A new, not yet started broker of the kind ``$LOCALSTATE_KAFKA_BROKER`` names:
+    ``tansu`` (the default) or ``apache`` (every Kafka test on Apache Kafka)."""
+    kind = os.environ.get("LOCALSTATE_KAFKA_BROKER", "tansu")
+    if kind == "apache":
+        from localstate.testing.apache_kafka import ApacheKafkaBroker
+
+        return ApacheKafkaBroker()
+    if kind != "tansu":
+        raise RuntimeError(f"LOCALSTATE_KAFKA_BROKER = {kind!r}: must be 'tansu' or 'apache'")
+    return TansuBroker()
 
 
-@pytest.fixture(scope="session")
-def kafka_broker(kafka_broker_process: TansuBroker) -> str:
-    """Bootstrap servers (``"127.0.0.1:PORT"``) of a real tansu broker for the session."""
-    return kafka_broker_process.bootstrap
-
-
-@pytest.fixture
-def fresh_kafka_broker() -> Iterator[TansuBroker]:
-    """A broker of this test's own, which the test may stop, kill or pause."""
-    with TansuBroker() as broker:
-        yield broker
-
-
-@pytest.fixture(scope="session")
-def apache_kafka_broker_process() -> Iterator[ApacheKafkaBroker]:
-    """The session's Apache Kafka node (shared: pause/resume only, never stop)."""
-    from localstate.testing.apache_kafka import ApacheKafkaBroker
-
-    broker = ApacheKafkaBroker()
+def _started(broker: TansuBroker | ApacheKafkaBroker) -> Iterator[TansuBroker | ApacheKafkaBroker]:
     try:
         broker.start()
     except RuntimeError as e:
@@ -228,6 +215,40 @@ def apache_kafka_broker_process() -> Iterator[ApacheKafkaBroker]:
         yield broker
     finally:
         broker.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker_process() -> Iterator[TansuBroker | ApacheKafkaBroker]:
+    """The session's broker process (shared: pause/resume only, never stop)."""
+    try:
+        broker = new_broker()
+    except RuntimeError as e:
+        pytest.fail(str(e))
+    yield from _started(broker)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(kafka_broker_process: TansuBroker) -> str:
+    """Bootstrap servers (``"127.0.0.1:PORT"``) of the session's broker."""
+    return kafka_broker_process.bootstrap
+
+
+@pytest.fixture
+def fresh_kafka_broker() -> Iterator[TansuBroker | ApacheKafkaBroker]:
+    """A broker of this test's own, which the test may stop, kill or pause."""
+    yield from _started(new_broker())
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_broker_process(request: pytest.FixtureRequest) -> Iterator[ApacheKafkaBroker]:
+    """The session's Apache Kafka node (shared: pause/resume only, never stop); the
+    session's broker itself when ``$LOCALSTATE_KAFKA_BROKER`` is ``apache``."""
+    from localstate.testing.apache_kafka import ApacheKafkaBroker
+
+    if os.environ.get("LOCALSTATE_KAFKA_BROKER") == "apache":
+        yield request.getfixturevalue("kafka_broker_process")
+        return
+    yield from _started(ApacheKafkaBroker())  # type: ignore[misc]
 
 
 @pytest.fixture(scope="session")
