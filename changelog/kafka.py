@@ -31,8 +31,8 @@ How it maps onto Kafka:
   the high watermark is never trusted for correctness, and correctness never depends
   on aborted transactional records being hidden (some brokers show them).
 
-Production needs a real Kafka cluster; the ``tansu`` broker used by the tests keeps
-data in memory only and does not compact.
+Production needs a real Kafka cluster; the tests run on the ``tansu`` broker (data in
+memory only, no compaction) and on Apache Kafka (``localstate.testing.apache_kafka``).
 """
 
 from __future__ import annotations

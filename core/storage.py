@@ -138,8 +138,7 @@ class TaskStorage(StoreOpening, TaskCommit):
             if self._register:
                 with paused():
                     self._write_checkpoint(ckpt.version if ckpt else -1, ckpt.input_position if ckpt else None)
-            if ckpt is None or recovery:
-                self._write_home(home)
+            self._write_home(home)
         except BaseException:
             self._close_all(raise_errors=False)
             raise
@@ -178,25 +177,17 @@ class TaskStorage(StoreOpening, TaskCommit):
 
     def _commit_evidence(self, home: str) -> list[str]:
         """What this state dir holds that only a task with a checkpoint leaves: the home
-        file naming the checkpoint system ``home`` (the open that wrote it had written a
-        checkpoint there, when the task logs a store), and store directories with local
-        files (a local copy, a snapshot, a clean-close claim)."""
-        found = []
+        file naming the checkpoint system ``home``, when the task logs a store (the open
+        that wrote it wrote a checkpoint there first). A store's local files are no such
+        evidence: an engine creates them before the task's first checkpoint."""
+        path = self._home_file()
         try:
-            home_here = self._home_file().read_text().strip() == home
+            here = path.read_text().strip() == home
         except OSError:
-            home_here = False
-        if home_here and any(spec.changelog is not None for spec in self.config.stores.values()):
-            found.append(f"{self._home_file()} (an earlier open wrote a checkpoint)")
-        for name in self.config.stores:
-            directory = self.store_dir(name)
-            try:
-                files = any(directory.iterdir())
-            except OSError:
-                files = False
-            if files:
-                found.append(f"local files of store {name!r} in {directory}")
-        return found
+            return []
+        if here and any(spec.changelog is not None for spec in self.config.stores.values()):
+            return [f"{path} (an earlier open wrote a checkpoint there)"]
+        return []
 
     def _lost_error(self, store: str) -> CorruptionError:
         """No checkpoint, the changelog of ``store`` empty, and :meth:`_commit_evidence` found."""
@@ -213,7 +204,8 @@ class TaskStorage(StoreOpening, TaskCommit):
         )
 
     def _write_home(self, home: str) -> None:
-        """Remember (once per task, not per commit) where the task's checkpoints live."""
+        """Remember (at open, not per commit; written only when it changes) where the
+        task's checkpoints live."""
         path = self._home_file()
         try:
             if not path.exists() or path.read_text().strip() != home:
