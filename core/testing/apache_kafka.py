@@ -216,12 +216,24 @@ class ApacheKafkaBroker:
                 )
             try:
                 if admin.list_topics(timeout=1.0).brokers:
+                    self._load_transaction_coordinator(deadline)
                     return
             except Exception as e:  # KafkaException while the listener comes up
                 last = e
             time.sleep(0.1)
         self.stop(kill=True)
         raise RuntimeError(f"Apache Kafka on {self.bootstrap} was not ready after {_READY_TIMEOUT_S}s ({last})")
+
+    def _load_transaction_coordinator(self, deadline: float) -> None:
+        """Initialise one transactional producer: a new node creates and loads its
+        transaction log on the first such request, and answers it (and every other one
+        meanwhile) with COORDINATOR_LOAD_IN_PROGRESS until then; a test with a short
+        timeout must not meet that."""
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "transactional.id": "localstate-testing-ready",
+                             "logger": logging.getLogger("localstate.testing.kafka")})
+        producer.init_transactions(max(1.0, deadline - time.monotonic()))
 
     def log_tail(self, nbytes: int = 3000) -> str:
         try:
