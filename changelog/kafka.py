@@ -272,7 +272,6 @@ class KafkaChangelogPartition(ChangelogPartition):
         self.partition = partition
         self._writer = writer
         self._consumer: Any = None
-        self._probe: Any = None
         self._acked = -1  # highest acknowledged offset of this partition
         self._delivery_error: Any = None
         self._end: int | None = None
@@ -423,9 +422,7 @@ class KafkaChangelogPartition(ChangelogPartition):
         client = self.system.client
         retention = client.retention_ms.get(self.stream, client.settings.delete_retention_ms)
         horizon_ms = int(time.time() * 1000) - retention
-        # Where records physically are, committed or not: a read_committed reader ends at
-        # the last stable offset, which lags a commit until the broker has written its markers.
-        probe = self._physical_reader()
+        probe = client.probe()  # where records are: a read_committed reader may end before them
         tp = TopicPartition(self.stream, self.partition, horizon_ms)
         found = client.with_retries(
             f"look up offsets by time in {self.where}", lambda: probe.offsets_for_times([tp], client.timeout_s)
@@ -446,13 +443,8 @@ class KafkaChangelogPartition(ChangelogPartition):
 
     def _records_end(self) -> int:
         """Offset after the last record (a trailing transaction marker not counted)."""
-        return self.system.client.end_offset(self._physical_reader(), self.stream, self.partition, back=2)
-
-    def _physical_reader(self) -> Any:
-        """A read_uncommitted consumer: for where records are, not what they commit."""
-        if self._probe is None:
-            self._probe = self.system.client.consumer(isolation="read_uncommitted")
-        return self._probe
+        client = self.system.client
+        return client.end_offset(client.probe(), self.stream, self.partition, back=2)
 
     # -- tail ------------------------------------------------------------------------------
     def discard_tail(self, committed_offset: int, current: CurrentFn) -> None:
@@ -526,10 +518,9 @@ class KafkaChangelogPartition(ChangelogPartition):
         if self._closed:
             return
         self._closed = True
-        for consumer in (self._consumer, self._probe):
-            if consumer is not None:
-                consumer.close()
-        self._consumer = self._probe = None
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            consumer.close()
         self.system._release(self.logical_stream, self.partition)
 
 
@@ -634,3 +625,4 @@ class KafkaChangelogSystem(ChangelogSystem):
         for w in self._writers.values():
             w.close()
         self._writers.clear()
+        self.client.close()

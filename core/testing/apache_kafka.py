@@ -173,7 +173,9 @@ class ApacheKafkaBroker:
     def _format(self, lib: Path) -> None:
         props = self.home / "server.properties"
         props.write_text(_SERVER.format(port=self.port, controller=self.controller_port, logs=self.home / "logs"))
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = "-"
+        while cluster_id.startswith("-"):  # the tool would take it for an option (Kafka's ids never start so)
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         proc = subprocess.run(
             self._java(lib, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)),
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120,
