@@ -374,8 +374,11 @@ class KafkaChangelogPartition(ChangelogPartition):
         return self._consumer
 
     def _find_end(self) -> int:
-        """Where the next write lands (a trailing transaction marker counted)."""
-        return self.system.client.end_offset(self._reader(), self.stream, self.partition)
+        """Where the next write lands (a trailing transaction marker counted), whatever is
+        committed: a read_committed view ends before a transaction whose markers the broker
+        has not written yet, and the checkpoint of that commit may already be readable."""
+        client = self.system.client
+        return client.end_offset(client.probe(), self.stream, self.partition)
 
     def _scan(self, start: int, stop: int | None) -> Iterator[tuple[list[Any], int]]:
         """``(messages, last_offset)`` batches in ``[start, stop)`` (to EOF if ``stop`` is None)."""

@@ -336,8 +336,10 @@ class KafkaClient:
     def end_offset(self, consumer: Any, topic: str, partition: int, *, back: int = 1) -> int:
         """The true end of the partition: read from ``back`` below the reported high
         watermark to EOF. ``back=1`` counts a trailing transaction marker as part of the
-        partition (where the next write lands); ``back=2`` ends after the last record."""
-        low, high = self.watermarks(self.probe(), topic, partition)
+        partition (where the next write lands); ``back=2`` ends after the last record.
+        Through a read_committed ``consumer``: the end of what is committed and stable
+        (through :meth:`probe`: of every record)."""
+        low, high = self.watermarks(consumer, topic, partition)
         end = high if back == 1 else low
         for _, last in self.scan(consumer, topic, partition, max(low, high - back)):
             end = max(end, last + 1)
