@@ -115,6 +115,42 @@ def test_bootstrap_servers_pointing_at_an_empty_cluster(kafka_broker_process, ap
         assert s.checkpoint.input_position == 1 and dump(s) == {f"k{i}": i for i in range(20)}
 
 
+def test_a_restore_waits_for_committed_records_behind_an_open_transaction(apache_kafka_broker, tmp_path):
+    """A read_committed reader ends at the last stable offset: at the first record of a
+    transaction still open, and on Apache Kafka also for a moment after every commit (the
+    broker writes the commit markers after ``commit_transaction`` returns). A restore of
+    committed records behind that offset waits for them: it never ends early, and the end
+    of the partition is not taken for the stable offset (which would make the committed
+    records look missing). tansu has no such offset, so this runs on Apache Kafka."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    values = kafka_values(tmp_path, apache_kafka_broker)
+    stream = values["stores.kv.changelog"].split(".", 1)[1]
+    with TaskStorage(Config.from_dict(values)) as s:
+        s.store("kv").put_all({f"k{i}": i for i in range(10)})
+        s.commit(input_position=1)
+    other = Producer({"bootstrap.servers": apache_kafka_broker, "transactional.id": unique("other")})
+    other.init_transactions(10)
+    other.begin_transaction()
+    other.produce(stream, b"1", b"other", 0)  # a transaction left open in the changelog partition
+    other.flush(10)
+    with TaskStorage(Config.from_dict(values)) as s:
+        s.store("kv").put_all({f"k{i}": i + 100 for i in range(10)})
+        s.commit(input_position=2)  # its records lie behind the open transaction's first record
+    timer = threading.Timer(1.5, other.abort_transaction, args=(10,))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
+            assert s.checkpoint.input_position == 2
+            assert dump(s) == {f"k{i}": i + 100 for i in range(10)}
+        assert time.monotonic() - t0 >= 1.0  # it waited for the transaction to end
+    finally:
+        timer.join()
+
+
 # -- configuration -------------------------------------------------------------------------------
 def _cfg(tmp_path: Path, **systems: Any) -> dict[str, Any]:
     values = {
