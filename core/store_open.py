@@ -170,11 +170,14 @@ class StoreOpening:
     _register: bool
     _listener: RestoreListener | None
     last_restore: dict[str, RestoreProgress]
+    _evidence: list[str]
+    """No checkpoint was found, but this machine shows that the task committed: what it shows."""
 
     if TYPE_CHECKING:  # provided by TaskStorage
         def store_dir(self, name: str) -> Path: ...
         def _system(self, name: str) -> ChangelogSystem: ...
         def _event_clock_ns(self) -> int | None: ...
+        def _lost_error(self, store: str) -> CorruptionError: ...
 
     def _check_meta(self, spec: StoreSpec, directory: Path) -> None:
         """A store whose engine or serdes changed since its last commit is an error
@@ -254,6 +257,9 @@ class StoreOpening:
         if spec.changelog is not None:
             system, stream = spec.changelog
             changelog = self._system(system).open_partition(stream, self.partition, self.config.partitions)
+            if self._evidence and changelog.end_offset() == 0:  # before the engine touches its local copy
+                changelog.close()
+                raise self._lost_error(spec.name)
             logger: ChangeLogger = ChangeLogger(spec.name, changelog, spec.write_batch_size, metrics)
         else:
             logger = NullChangeLogger(spec.name, metrics)

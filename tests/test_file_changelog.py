@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -31,6 +32,12 @@ class TestFileChangelogConformance(ChangelogSystemConformance):
     def storage_snapshot(self, values):
         root = Path(values["systems.file.path"])
         return sorted((str(f.relative_to(root)), f.read_bytes()) for f in root.rglob("*") if f.is_file())
+
+    def lose_stream(self, values, stream):
+        shutil.rmtree(Path(values["systems.file.path"]) / stream)
+
+    def lose_everything(self, values):
+        shutil.rmtree(values["systems.file.path"])
 
 
 @pytest.fixture

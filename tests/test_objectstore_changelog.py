@@ -105,6 +105,24 @@ class TestObjectStoreChangelogConformance(ChangelogSystemConformance):
         prefixes = [f"{values['job.name']}-kv", f"_checkpoints/{values['job.name']}"]
         return sorted((f"{p}/{n}", store.get(f"{p}/{n}")) for p in prefixes for n, _ in store.list(p))
 
+    def lose_stream(self, values: dict[str, Any], stream: str) -> None:
+        delete_objects(values, stream)
+
+    def lose_everything(self, values: dict[str, Any]) -> None:
+        delete_objects(values, "")
+
+
+def delete_objects(values: dict[str, Any], prefix: str) -> None:
+    """Delete every object under ``prefix`` ("" for everything) of the job's objectstore."""
+    system = make_system(values, values["job.name"])
+    try:
+        client = system.store
+        dirs, files = client.children("") if not prefix else ([prefix], [])
+        client.delete([name for name, _ in files] + [f"{d}/{n}" for d in dirs for n, _ in client.list(d)])
+        assert not any(client.list(d) for d in dirs)
+    finally:
+        system.close()
+
 
 # -- partition conformance -----------------------------------------------------------------
 def test_append_flush_read_reopen(where):

@@ -54,7 +54,7 @@ from localstate.errors import ChangelogError, CorruptionError, FencedError, Stor
 from localstate.reader import StateReader, read_committed
 from localstate.records import apply_records
 from localstate.registry import ENGINES
-from localstate.storage import TaskStorage
+from localstate.storage import Recovery, TaskStorage
 
 __all__ = ["ChangelogSystemConformance", "records", "unique", "on_another_machine", "dump", "apply_records",
            "KV_ENGINES", "task_values"]
@@ -102,6 +102,12 @@ def task_values(job_values: dict[str, Any], tmp_path: Path, factory: str = "memo
         **job_values,
         **extra,
     }
+
+
+def _local_files(state_dir: Path) -> dict[str, bytes]:
+    """Every file under ``state_dir`` but the task locks, relative path → bytes."""
+    return {str(p.relative_to(state_dir)): p.read_bytes() for p in state_dir.rglob("*")
+            if p.is_file() and p.suffix != ".lock"}
 
 
 class ChangelogSystemConformance:
@@ -453,3 +459,53 @@ class ChangelogSystemConformance:
         with TaskStorage(config) as s:  # the task goes on where it stopped
             assert s.checkpoint.input_position == commits
 
+
+    # -- the stream or the whole changelog system lost -----------------------------------------
+    def lose_stream(self, values: dict[str, Any], stream: str) -> None:
+        """Hook: delete the changelog stream ``stream`` of the job configured by ``values``
+        (its checkpoints stay), as an operator or a broker that lost its data would: a
+        Kafka topic, the file log's stream directory, the objects under the stream's prefix."""
+        raise NotImplementedError(f"{type(self).__name__} must implement lose_stream(values, stream)")
+
+    def lose_everything(self, values: dict[str, Any]) -> None:
+        """Hook: delete every changelog stream and checkpoint of the job configured by
+        ``values``: every topic of a wiped cluster (or ``bootstrap.servers`` pointing at an
+        empty one), the file log's directory, the bucket prefix."""
+        raise NotImplementedError(f"{type(self).__name__} must implement lose_everything(values)")
+
+    @pytest.mark.parametrize("factory", [f for f in ("memory", "rocksdb") if f in KV_ENGINES])
+    @pytest.mark.parametrize("lost", ["stream", "everything"])
+    def test_a_lost_stream_or_system_is_an_error_where_evidence_of_a_commit_exists(
+        self, job_values, tmp_path, lost, factory
+    ):
+        """A committed task whose changelog stream, or whose every stream and checkpoint,
+        is gone, reopened where its state dir is: a CorruptionError naming the recovery,
+        twice (nothing was changed, no local file deleted), never a silently empty task.
+        The recovery it names starts the task over, empty."""
+        values = self.task_values(job_values, tmp_path, factory)
+        with TaskStorage(Config.from_dict(values)) as s:
+            for i in range(30):
+                s.store("kv").put(f"k{i}", i)
+            s.commit(input_position=1)
+        if lost == "stream":
+            self.lose_stream(values, values["stores.kv.changelog"].split(".", 1)[1])
+        else:
+            self.lose_everything(values)
+        state = Path(values["job.state.dir"])
+        local = _local_files(state)
+        for _ in range(2):
+            with pytest.raises(CorruptionError, match=r"committed.*--reset (STORE|kv)") as info:
+                TaskStorage(Config.from_dict(values))
+            if lost == "everything":  # refused before any store is opened: not a byte changed
+                assert _local_files(state) == local
+                assert str(state) in str(info.value)  # names what it found
+            else:  # refused by the store's open (an engine may rewrite its own files), nothing deleted
+                now, copy = _local_files(state), f"{values['job.name']}/kv/"
+                assert {p for p in local if not p.startswith(copy)} <= set(now)
+                assert any(p.startswith(copy) for p in now) == any(p.startswith(copy) for p in local)
+        with TaskStorage(Config.from_dict(values), recovery=Recovery(reset={"kv"})) as s:
+            assert dump(s) == {}
+            s.store("kv").put("after", 1)
+            s.commit(input_position=2)
+        with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as s:
+            assert dump(s) == {"after": 1} and s.checkpoint.input_position == 2

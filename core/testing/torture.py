@@ -574,12 +574,14 @@ def _s3_endpoint(endpoint: str | None) -> Iterator[str]:
 
 @contextmanager
 def _kafka_bootstrap(bootstrap: str | None) -> Iterator[str]:
-    if bootstrap:
+    """``bootstrap`` itself, or a broker started here: tansu, or Apache Kafka for ``"apache"``."""
+    if bootstrap and bootstrap != "apache":
         yield bootstrap
         return
+    from localstate.testing.apache_kafka import ApacheKafkaBroker
     from localstate.testing.kafka import TansuBroker
 
-    with TansuBroker() as broker:
+    with ApacheKafkaBroker() if bootstrap == "apache" else TansuBroker() as broker:
         yield broker.bootstrap
 
 
@@ -631,7 +633,7 @@ def run_trials(engine: str, changelog: str, trials: int, seed: int, *, batches: 
 @click.option("--seed", type=int, default=None, help="first trial seed [default: random, printed]")
 @click.option("--batches", type=click.IntRange(min=2), default=12, show_default=True, help="input batches (commits) per trial")
 @click.option("--ops", type=click.IntRange(min=1), default=40, show_default=True, help="operations per batch")
-@click.option("--bootstrap", default=None, help="Kafka brokers for kafka trials [default: start a tansu broker]")
+@click.option("--bootstrap", default=None, help="Kafka brokers for kafka trials; 'apache' starts an Apache Kafka node [default: start a tansu broker]")
 @click.option("--s3-endpoint", default=None,
               help="S3 endpoint (http://host:port) for objectstore trials [default: start a moto server]; "
                    "'file' runs them on file:// directories")
