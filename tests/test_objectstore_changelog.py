@@ -29,6 +29,7 @@ from localstate.registry import ENGINES
 from localstate.testing import torture as T
 from localstate.testing.changelog_conformance import (
     ChangelogSystemConformance,
+    ObjectStoreConformanceHooks,
     dump,
     records,
     task_values,
@@ -69,7 +70,7 @@ def job_values(opts: dict[str, Any]) -> dict[str, Any]:
     return {"job.changelog.system": "s3", "job.checkpoint.system": "s3", **opts}
 
 
-class TestObjectStoreChangelogConformance(ChangelogSystemConformance):
+class TestObjectStoreChangelogConformance(ObjectStoreConformanceHooks, ChangelogSystemConformance):
     fenced_match = r"_checkpoints/.*was already written by a newer instance"
 
     @pytest.fixture
@@ -80,48 +81,6 @@ class TestObjectStoreChangelogConformance(ChangelogSystemConformance):
     @pytest.fixture
     def job_values(self, where) -> dict[str, Any]:
         return job_values(where)
-
-    def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:
-        system = make_system(values, values["job.name"])
-        prefix = system.checkpoints().prefix(values["job.name"], 0)
-        newest = max(n for n, _ in system.store.list(prefix))
-        system.store.delete([f"{prefix}/{newest}"])
-
-    def zombie_late_writes(self, zombie: TaskStorage, values: dict[str, Any]) -> None:
-        """The zombie's uploads that no check can stop on S3 (no atomic check-and-write):
-        one more object past its end, and a roll-up of everything it wrote into one object
-        under its epoch, with its small objects deleted."""
-        part = zombie.changelog("kv")
-        part.append(records(0, 3, b"zombie"))
-        part.flush()
-        mine = sorted(o for o in (ObjectName.parse(n) for n, _ in part.store.list(part.log_prefix))
-                      if o is not None and o.epoch == part.epoch)
-        data = b"".join(part.store.get(f"{part.log_prefix}/{o.name}") for o in mine)
-        part.store.put(f"{part.log_prefix}/{ObjectName(0, mine[-1].end, part.epoch).name}", data)
-        part.store.delete([f"{part.log_prefix}/{o.name}" for o in mine])
-
-    def storage_snapshot(self, values: dict[str, Any]) -> Any:
-        store = make_system(values, values["job.name"]).store
-        prefixes = [f"{values['job.name']}-kv", f"_checkpoints/{values['job.name']}"]
-        return sorted((f"{p}/{n}", store.get(f"{p}/{n}")) for p in prefixes for n, _ in store.list(p))
-
-    def lose_stream(self, values: dict[str, Any], stream: str) -> None:
-        delete_objects(values, stream)
-
-    def lose_everything(self, values: dict[str, Any]) -> None:
-        delete_objects(values, "")
-
-
-def delete_objects(values: dict[str, Any], prefix: str) -> None:
-    """Delete every object under ``prefix`` ("" for everything) of the job's objectstore."""
-    system = make_system(values, values["job.name"])
-    try:
-        client = system.store
-        dirs, files = client.children("") if not prefix else ([prefix], [])
-        client.delete([name for name, _ in files] + [f"{d}/{n}" for d in dirs for n, _ in client.list(d)])
-        assert not any(client.list(d) for d in dirs)
-    finally:
-        system.close()
 
 
 # -- partition conformance -----------------------------------------------------------------
