@@ -23,10 +23,18 @@ Usage in a plug-in's tests::
             return {"systems.mine.type": "mine", "systems.mine.path": str(tmp_path),
                     "job.changelog.system": "mine", "job.checkpoint.system": "mine"}
 
+        def lose_stream(self, values, stream):  # delete one changelog stream
+            shutil.rmtree(Path(values["systems.mine.path"]) / stream)
+
+        def lose_everything(self, values):  # delete every stream and checkpoint
+            shutil.rmtree(values["systems.mine.path"])
+
 ``make_system()`` returns a new system instance each call (like a restarted task) on
 one shared location; ``job_values`` are the config keys that put a job's changelog
 and checkpoints on that system (the suite adds the job name, state directory and a
-``kv`` store).
+``kv`` store). ``lose_stream`` / ``lose_everything`` damage the system as an operator or
+a storage failure would, for the check that a lost stream or system is an error where
+the task's state dir shows a commit.
 """
 
 from __future__ import annotations
