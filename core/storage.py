@@ -28,10 +28,10 @@ from .errors import (
 from .faults import paused
 from .kv import KeyValueStore
 from .layout import home_path, store_dir, task_lock
-from .locking import io_error, remove_tree
+from .locking import atomic_write, io_error, remove_tree
 from .metrics import RestoreProgress, StoreMetrics, TaskMetrics, track, untrack
 from .registry import did_you_mean
-from .serdes import get_serde
+from .serdes import checked_serde, get_serde
 from .store_open import (
     Recovery,
     RestoreListener,
@@ -209,7 +209,7 @@ class TaskStorage(StoreOpening, TaskCommit):
         path = self._home_file()
         try:
             if not path.exists() or path.read_text().strip() != home:
-                path.write_text(home + "\n")
+                atomic_write(path, (home + "\n").encode())  # a torn one would name a wrong home
         except OSError as e:
             log.warning("could not record %s (%s); a later change of checkpoint system will not be detected",
                         path, e)
@@ -306,8 +306,8 @@ class TaskStorage(StoreOpening, TaskCommit):
                               f"({e})") from e
         from .layers import maybe_logging
 
-        view = ColumnarStore(maybe_logging(entry.engine, entry.logger), get_serde(spec.key_serde),
-                             get_serde(spec.msg_serde), name, entry.metrics)
+        view = ColumnarStore(maybe_logging(entry.engine, entry.logger), checked_serde(get_serde(spec.key_serde)),
+                             checked_serde(get_serde(spec.msg_serde)), name, entry.metrics)
         self._columnar[name] = view
         return view
 
