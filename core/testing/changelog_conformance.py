@@ -23,6 +23,12 @@ Usage in a plug-in's tests::
             return {"systems.mine.type": "mine", "systems.mine.path": str(tmp_path),
                     "job.changelog.system": "mine", "job.checkpoint.system": "mine"}
 
+        def lose_stream(self, values, stream):  # delete one changelog stream
+            shutil.rmtree(Path(values["systems.mine.path"]) / stream)
+
+        def lose_everything(self, values):  # delete every stream and checkpoint
+            shutil.rmtree(values["systems.mine.path"])
+
 ``make_system()`` returns a new system instance each call (like a restarted task) on
 one shared location; ``job_values`` are the config keys that put a job's changelog
 and checkpoints on that system (the suite adds the job name, state directory and a
@@ -32,9 +38,13 @@ The damage and zombie cases need a system-specific form, given by methods the su
 overrides: :meth:`~ChangelogSystemConformance.lose_newest_checkpoint` (required: how the
 newest checkpoint of a task is deleted or lost on this system),
 :meth:`~ChangelogSystemConformance.zombie_late_writes` (what a fenced instance can still
-land after the newer one committed; default nothing) and
+land after the newer one committed; default nothing),
 :meth:`~ChangelogSystemConformance.storage_snapshot` (everything the system stores, to
-show a reader wrote nothing; default: not compared).
+show a reader wrote nothing; default: not compared), and
+:meth:`~ChangelogSystemConformance.lose_stream` / :meth:`~ChangelogSystemConformance.lose_everything`
+(required: one changelog stream, or every stream and checkpoint, lost as by an operator
+or a storage failure; a lost stream or system must be an error where the task's state
+dir shows a commit).
 """
 
 from __future__ import annotations
