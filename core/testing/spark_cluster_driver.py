@@ -239,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--task-sleep", type=float, default=0.0, help="stream: seconds a task run sleeps after start")
     parser.add_argument("--commit-sleep", type=float, default=0.0, help="stream: seconds a task run sleeps after commit")
+    parser.add_argument("--locality-wait", default="0",
+                        help="spark.locality.wait (default 0: a task goes to any free executor at once, as "
+                             "after a failure; Spark's own default is 3s)")
     parser.add_argument("--spark-tasks", type=int, default=None,
                         help="stream: Spark tasks the tasks run in (default: one per task)")
     args = parser.parse_args(argv)
@@ -259,9 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         app_name=f"localstate-cluster-{args.mode}",
         **{
             "spark.sql.shuffle.partitions": str(args.partitions),
-            # Do not hold tasks back for the executor holding their shuffle input: let
-            # them go to whichever executor is free, as after a failure.
-            "spark.locality.wait": "0",
+            "spark.locality.wait": args.locality_wait,
         },
     )
     result: dict[str, Any] = {
