@@ -131,6 +131,11 @@ class Placement:
                 load[target] += 1
         return out
 
+    def forget(self) -> None:
+        """Drop what the registry knows (what the registry of a new driver knows)."""
+        self.owners.clear()
+        self._arrived.clear()
+
     def record(self, ran: Mapping[int, str]) -> None:
         """Partition → executor of the runs that committed: they are the owners now."""
         for p, executor in sorted(ran.items()):

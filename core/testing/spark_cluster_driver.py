@@ -32,13 +32,15 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from localstate import Config
+from localstate.contrib.spark.placement import Placement
 from localstate.testing.spark import KeyCount, key_count_config, key_count_task
 
-__all__ = ["cluster_config", "read_events", "event_batch", "fresh_state", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
+__all__ = ["ForgetfulPlacement", "MisplacingPlacement", "cluster_config", "read_events", "event_batch", "fresh_state", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
 
 INPUT_SCHEMA = "user_id string"
 EVENTS_KEY = "testing.events.dir"
@@ -205,18 +207,53 @@ def run_batch(spark: Any, root: Path, input_dir: Path, config: Config) -> None:
     _write_json(root / "output.json", rows)
 
 
-def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_tasks: int | None = None) -> int | None:
+class ForgetfulPlacement(Placement):
+    """A placement registry that can be told to forget everything before its next
+    proposal, as the registry of a new driver knows nothing."""
+
+    forget_at_next_assign = False
+
+    def assign(self, executors: Iterable[str]) -> list[str | None]:
+        if self.forget_at_next_assign:
+            self.forget()
+            self.forget_at_next_assign = False
+        return super().assign(executors)
+
+
+class MisplacingPlacement(ForgetfulPlacement):
+    """A placement registry that proposes, for every partition, the executor after the
+    one it ran on last (in id order): each run goes where a stale copy or none is. A
+    test double for a registry whose claims are wrong (two executors each holding a copy
+    of a partition, the registry naming the stale one), which a working registry never
+    produces on its own."""
+
+    def assign(self, executors: Iterable[str]) -> list[str | None]:
+        alive = sorted(set(executors), key=lambda e: (len(e), e))
+        out = super().assign(alive)
+        if len(alive) < 2:
+            return out
+        return [alive[(alive.index(e) + 1) % len(alive)] if e is not None else None for e in out]
+
+
+def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_tasks: int | None = None,
+               *, forget_placement_at: int | None = None, misplace: bool = False) -> int | None:
     """The streaming job, one input file per micro-batch, until the input is consumed;
     batch ``B``'s rows to ``root/output/batch-B.json``. Returns the last batch id.
-    ``spark_tasks``: see :class:`StatefulJob` (None: one Spark task per task)."""
+    ``spark_tasks``: see :class:`StatefulJob` (None: one Spark task per task).
+    ``forget_placement_at``: the job's placement registry is replaced by an empty one
+    after that micro-batch (as a new driver starts with none); ``misplace``: the
+    registry is a :class:`MisplacingPlacement`."""
     from localstate.contrib.spark import StatefulJob
 
     job = StatefulJob(config, RecordedKeyCount, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA,
                       spark_tasks=spark_tasks)
+    job.placement = (MisplacingPlacement if misplace else ForgetfulPlacement)(job.spark_tasks)
     out_dir = root / "output"
 
     def output(df: Any, batch_id: int) -> None:
         _write_json(out_dir / f"batch-{batch_id}.json", _rows(df))
+        if batch_id == forget_placement_at:
+            job.placement.forget_at_next_assign = True
 
     stream = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(input_dir))
     query = job.run_stream(
@@ -242,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--locality-wait", default="0",
                         help="spark.locality.wait (default 0: a task goes to any free executor at once, as "
                              "after a failure; Spark's own default is 3s)")
+    parser.add_argument("--forget-placement-at", type=int, default=None,
+                        help="stream: replace the placement registry by an empty one after this micro-batch")
+    parser.add_argument("--misplace", action="store_true",
+                        help="stream: a registry that sends every run to another executor")
     parser.add_argument("--spark-tasks", type=int, default=None,
                         help="stream: Spark tasks the tasks run in (default: one per task)")
     args = parser.parse_args(argv)
@@ -278,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode in ("stream", "all"):
             _write_json(args.root / "stream-started.json", {"time": time.time()})
             root = args.root / "stream"
-            result["last_batch"] = run_stream(spark, root, args.input, config(root, True), args.spark_tasks)
+            result["last_batch"] = run_stream(spark, root, args.input, config(root, True), args.spark_tasks,
+                                              forget_placement_at=args.forget_placement_at,
+                                              misplace=args.misplace)
         result["status"] = "ok"
     except Exception as e:
         result["status"] = "failed"
