@@ -236,17 +236,20 @@ class MisplacingPlacement(ForgetfulPlacement):
 
 
 def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_tasks: int | None = None,
-               *, forget_placement_at: int | None = None, misplace: bool = False) -> int | None:
+               *, forget_placement_at: int | None = None, misplace: bool = False, input_format: str = "json",
+               progress: list[dict[str, Any]] | None = None, affinity: bool = True) -> int | None:
     """The streaming job, one input file per micro-batch, until the input is consumed;
     batch ``B``'s rows to ``root/output/batch-B.json``. Returns the last batch id.
     ``spark_tasks``: see :class:`StatefulJob` (None: one Spark task per task).
     ``forget_placement_at``: the job's placement registry is replaced by an empty one
     after that micro-batch (as a new driver starts with none); ``misplace``: the
-    registry is a :class:`MisplacingPlacement`."""
+    registry is a :class:`MisplacingPlacement`. ``input_format``: ``json`` (lines) or
+    ``parquet`` files. ``progress``: receives the query's progress of every micro-batch.
+    ``affinity``: see :class:`StatefulJob`."""
     from localstate.contrib.spark import StatefulJob
 
     job = StatefulJob(config, RecordedKeyCount, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA,
-                      spark_tasks=spark_tasks)
+                      spark_tasks=spark_tasks, affinity=affinity)
     job.placement = (MisplacingPlacement if misplace else ForgetfulPlacement)(job.spark_tasks)
     out_dir = root / "output"
 
@@ -255,7 +258,8 @@ def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_ta
         if batch_id == forget_placement_at:
             job.placement.forget_at_next_assign = True
 
-    stream = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(input_dir))
+    reader = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
+    stream = reader.parquet(str(input_dir)) if input_format == "parquet" else reader.json(str(input_dir))
     query = job.run_stream(
         stream,
         checkpoint_location=str(root / "spark-checkpoint"),
@@ -263,8 +267,10 @@ def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_ta
         output=output,
     )
     query.awaitTermination()
-    progress = query.lastProgress
-    return progress["batchId"] if progress else None
+    if progress is not None:
+        progress.extend(query.recentProgress)
+    last = query.lastProgress
+    return last["batchId"] if last else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="stream: replace the placement registry by an empty one after this micro-batch")
     parser.add_argument("--misplace", action="store_true",
                         help="stream: a registry that sends every run to another executor")
+    parser.add_argument("--no-affinity", action="store_true", help="stream: StatefulJob(affinity=False)")
+    parser.add_argument("--input-format", choices=["json", "parquet"], default="json",
+                        help="stream: the input files' format")
     parser.add_argument("--spark-tasks", type=int, default=None,
                         help="stream: Spark tasks the tasks run in (default: one per task)")
     args = parser.parse_args(argv)
@@ -319,9 +328,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode in ("stream", "all"):
             _write_json(args.root / "stream-started.json", {"time": time.time()})
             root = args.root / "stream"
+            progress: list[dict[str, Any]] = []
             result["last_batch"] = run_stream(spark, root, args.input, config(root, True), args.spark_tasks,
                                               forget_placement_at=args.forget_placement_at,
-                                              misplace=args.misplace)
+                                              misplace=args.misplace, input_format=args.input_format,
+                                              progress=progress, affinity=not args.no_affinity)
+            result["batch_ms"] = [p["durationMs"].get("triggerExecution") for p in progress]
+            result["batch_rows"] = [p.get("numInputRows") for p in progress]
         result["status"] = "ok"
     except Exception as e:
         result["status"] = "failed"
