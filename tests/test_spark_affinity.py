@@ -14,15 +14,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from localstate import Config
-from localstate.contrib.spark.placement import (
-    Placement,
-    copy_record_path,
-    location,
-    read_copy_record,
-    sweep_copies,
-)
+from localstate.contrib.spark.placement import Placement, location, sweep_copies
 from localstate.contrib.spark.runner import TaskRun, executor_state_dir, run_partition
 from localstate.contrib.spark.streaming import committed_batches
+from localstate.copies import copy_record_path, read_copy_record
 from localstate.layout import store_dir, task_lock
 from localstate.testing.spark import key_count_task, read_counts
 from localstate.testing.spark_cluster_driver import MisplacingPlacement, cluster_config, fresh_state
@@ -136,3 +131,22 @@ def test_a_copy_without_a_record_is_kept(shared: Config) -> None:
     copy_record_path(on_a, 0).unlink()
     assert sweep_copies(on_a, {0: "b"}, "a") == []
     assert store_dir(on_a, "counts", 0).is_dir()
+
+
+def test_inspect_shows_whose_copies_a_state_dir_holds_and_which_are_stale(shared: Config, tmp_path: Path) -> None:
+    from localstate.inspect import inspect_path
+
+    on_a, on_b = executor_state_dir(shared, "a"), executor_state_dir(shared, "b")
+    _run(on_a, 0, 0, ["x"])
+    _run(on_b, 0, 1, ["x"])
+    _run(on_a, 1, 0, ["z"])
+    copy_record_path(on_a, 1).unlink()
+    rows = {(r["root"], r["partition"]): r for r in inspect_path(tmp_path)["stores"]}
+    assert {k: (r["copy_version"], r["left_by"], r["copy"]) for k, r in rows.items()} == {
+        ("state/a", 0): (0, "driver", "stale (committed version 1)"),
+        ("state/b", 0): (1, "driver", "current"),
+        ("state/a", 1): (None, None, "no record"),
+    }
+    # Inspecting the state dir alone: no checkpoint to compare with.
+    (row,) = [r for r in inspect_path(tmp_path / "state" / "b")["stores"]]
+    assert row["copy"].startswith("unknown") and row["copy_version"] == 1

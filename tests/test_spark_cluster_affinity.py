@@ -26,10 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from localstate.contrib.spark.placement import COPIES
 from localstate.contrib.spark.streaming import committed_batches
+from localstate.copies import COPIES
 from localstate.testing.spark import read_counts
-from localstate.testing.spark_cluster_driver import cluster_config, fresh_state, read_events, write_input
+from localstate.testing.spark_cluster_driver import (
+    cluster_config,
+    fresh_state,
+    read_events,
+    write_input,
+)
 
 pytestmark = pytest.mark.spark
 

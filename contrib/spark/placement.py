@@ -36,24 +36,20 @@ and crosses one more Python worker; see docs/spark.md ("Host affinity").
 deletes the copies its executor holds of partitions the registry gives to another
 executor, once that partition's committed version is past the copy's (its owner has
 committed past it), each under the partition's lock. Each copy records the version it
-was left at in ``<state dir>/<job>/.copies/partition-<p>.json``
-(:func:`copy_record_path`), which ``localstate inspect`` shows.
+was left at (:mod:`localstate.copies`), which ``localstate inspect`` shows.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
-import time
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from localstate import Config, LocalStateError, StoreLockedError
+from localstate.copies import copy_record_path, read_copy_record
 from localstate.layout import job_dir, store_dir, task_lock
 from pyspark.accumulators import AccumulatorParam
 
@@ -69,19 +65,11 @@ __all__ = [
     "placed",
     "unpacked",
     "PAYLOAD_COLUMN",
-    "COPIES",
-    "copy_record_path",
-    "record_copy",
-    "read_copy_record",
     "sweep_copies",
 ]
 
 PAYLOAD_COLUMN = "__localstate_payload"
 """The one column of :func:`placed`'s DataFrame: a partition's input as an Arrow IPC stream."""
-
-COPIES = ".copies"
-"""Directory under ``<state dir>/<job>`` with one record per local copy (:func:`record_copy`)."""
-
 
 def _executor_order(executor: str) -> tuple[int, str]:
     return (len(executor), executor)  # "2" before "10"
@@ -233,31 +221,6 @@ def placed(df: DataFrame, locations: list[str | None]) -> DataFrame:
     payloads = anchors.zip(rows).map(lambda pair: (pair[1][0],))
     return spark.createDataFrame(payloads, StructType([StructField(PAYLOAD_COLUMN, BinaryType(), False)]),
                                  verifySchema=False)
-
-
-def copy_record_path(config: Config, partition: int) -> Path:
-    """``<state dir>/<job>/.copies/partition-<p>.json``: the version this state dir's copy
-    of task ``partition`` was left at, and by which executor."""
-    return job_dir(config) / COPIES / f"partition-{partition}.json"
-
-
-def record_copy(config: Config, partition: int, version: int | None, executor: str) -> None:
-    """Note that this state dir's copy of ``partition`` holds committed ``version``."""
-    path = copy_record_path(config, partition)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": version, "executor": executor, "written_at": time.time()}),
-                   encoding="utf-8")
-    tmp.replace(path)
-
-
-def read_copy_record(path: Path) -> dict[str, Any] | None:
-    """A copy record (:func:`record_copy`), or None when absent or unreadable."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def _held_partitions(config: Config) -> set[int]:

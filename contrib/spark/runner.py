@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from localstate import Config, ConfigError, LocalStateError
+from localstate.copies import record_copy
 
 from .compat import RUNNER_PYSPARK, require_pyspark
 from .streaming import commit_version, next_version, open_version, stream_batch_id
@@ -192,8 +193,6 @@ class _TaskAttempt:
         task.window(self.emit)
         yield from self.drain()
         commit_version(self.storage, self.batch_id, self.rows)
-        from .placement import record_copy
-
         record_copy(self.storage.config, self.partition, self.batch_id, executor_id())
         if self.run.metrics is None and not self.run.in_stream_plan:
             self.close()
