@@ -113,6 +113,7 @@ class _PlacedRun:
 
 EXECUTOR_PLACEHOLDER = "{executor}"
 _LOG_URL_EXECUTOR = re.compile(r"[?&]executorId=([^&]+)")
+_ENV_PLACEHOLDER = re.compile(r"\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def executor_id() -> str:
@@ -133,13 +134,31 @@ def executor_id() -> str:
 
 
 def executor_state_dir(config: Config, executor: str | None = None) -> Config:
-    """``config`` with ``{executor}`` in ``job.state.dir`` replaced by ``executor``
-    (default: :func:`executor_id`); ``config`` itself when there is no placeholder."""
+    """``config`` with the placeholders of ``job.state.dir`` resolved on this executor:
+    ``{executor}`` by ``executor`` (default: :func:`executor_id`), ``{env:NAME}`` by the
+    environment variable ``NAME`` (e.g. a local disk each worker node sets for the
+    executors it launches); ``config`` itself when there is none.
+
+    Raises :class:`ConfigError` naming the variable when ``{env:NAME}`` is unset.
+    """
     state_dir = str(config.state_dir)
-    if EXECUTOR_PLACEHOLDER not in state_dir:
+    if EXECUTOR_PLACEHOLDER not in state_dir and "{env:" not in state_dir:
         return config
-    name = (executor if executor is not None else executor_id()).replace(os.sep, "_")
-    return config.with_overrides({"job.state.dir": state_dir.replace(EXECUTOR_PLACEHOLDER, name)})
+
+    def from_env(match: re.Match[str]) -> str:
+        value = os.environ.get(match.group(1))
+        if not value:
+            raise ConfigError(
+                f"job {config.job_name!r}: job.state.dir {state_dir!r} names the environment variable "
+                f"{match.group(1)!r}, which is not set on executor {executor_id()!r}; set it for the "
+                "executors (e.g. in the worker's environment or spark.executorEnv.<NAME>)")
+        return value
+
+    resolved = _ENV_PLACEHOLDER.sub(from_env, state_dir)
+    if EXECUTOR_PLACEHOLDER in resolved:
+        name = (executor if executor is not None else executor_id()).replace(os.sep, "_")
+        resolved = resolved.replace(EXECUTOR_PLACEHOLDER, name)
+    return config.with_overrides({"job.state.dir": resolved})
 
 
 class _TaskAttempt:
@@ -373,6 +392,10 @@ class StatefulJob:
     runs a micro-batch in one wave instead of several. Which task a key belongs to does
     not change (``pmod(hash(key), num_tasks)``, as ``repartition(num_tasks, key)``).
 
+    ``affinity`` (default on): on a cluster (executors besides the driver), each run's
+    Spark tasks prefer the executor that holds their state
+    (:mod:`localstate.contrib.spark.placement`, the registry in :attr:`placement`).
+
     >>> job = StatefulJob(config, CountViews, key="user_id",          # doctest: +SKIP
     ...                   output_schema="user_id string, views long")
     >>> job.run(spark.read.parquet("views")).show()   # runs every task once  # doctest: +SKIP
@@ -553,7 +576,10 @@ class StatefulJob:
         does not re-run the tasks); without ``output`` the rows are computed and dropped.
         ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``
         or ``{"processingTime": "2 seconds"}``). Each batch's state metrics are in
-        ``query.lastProgress["observedMetrics"]["localstate.<store>"]``.
+        :attr:`batch_metrics` and, when the tasks run in the query's own plan (``local[*]``,
+        or ``affinity=False``), in ``query.lastProgress["observedMetrics"]["localstate.<store>"]``;
+        on a cluster with affinity they run inside ``foreachBatch``, each run placed
+        (:mod:`localstate.contrib.spark.placement`).
         """
         from .metrics import StateMetricsParam, batch_progress, metrics_delta, observe_state
 

@@ -289,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="stream: replace the placement registry by an empty one after this micro-batch")
     parser.add_argument("--misplace", action="store_true",
                         help="stream: a registry that sends every run to another executor")
+    parser.add_argument("--state-dir", default=None,
+                        help="job.state.dir template (default: ROOT/<job>/state/{executor})")
+    parser.add_argument("--executors", type=int, default=None,
+                        help="wait until this many executors registered (a spark:// master)")
     parser.add_argument("--no-affinity", action="store_true", help="stream: StatefulJob(affinity=False)")
     parser.add_argument("--input-format", choices=["json", "parquet"], default="json",
                         help="stream: the input files' format")
@@ -299,12 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     from localstate.contrib.spark import spark_session
 
     def config(root: Path, sleep: bool) -> Config:
-        return cluster_config(
+        config = cluster_config(
             root,
             partitions=args.partitions,
             task_sleep_s=args.task_sleep if sleep else 0.0,
             commit_sleep_s=args.commit_sleep if sleep else 0.0,
         )
+        return config.with_overrides({"job.state.dir": args.state_dir}) if args.state_dir else config
 
     t0 = time.monotonic()
     spark = spark_session(
@@ -315,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
             "spark.locality.wait": args.locality_wait,
         },
     )
+    if args.executors:
+        from localstate.contrib.spark.runner import wait_for_executors
+
+        wait_for_executors(spark, args.executors)
     result: dict[str, Any] = {
         "mode": args.mode,
         "app_id": spark.sparkContext.applicationId,
