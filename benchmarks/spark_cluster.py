@@ -8,8 +8,10 @@ state growing every batch: batch ``b`` brings ``new`` keys never seen before and
 ``local-cluster[3,1,1024]`` (3 executor JVMs, each with its own state dir; the Spark
 default ``spark.locality.wait``), on ``local[3]``, and on the cluster again with the
 job's affinity off, interleaved (cluster, local, cluster without affinity, cluster, …),
-each in its own driver process (one SparkContext per process).
-``LOCALSTATE_CLUSTER_MASTER=spark://host:port`` adds a standalone cluster's runs.
+each in its own driver process (one SparkContext per process); the full suite also
+runs it on a standalone cluster of a master and 3 workers started from the PySpark
+installation (state in each worker's own directory; ``LOCALSTATE_CLUSTER_STANDALONE=0``
+leaves it out).
 
 Rows per master: ``cluster_batch_ms`` (median micro-batch ``triggerExecution`` over the
 data batches after the first two; the cluster row carries the ratio to ``local[3]``),
@@ -35,13 +37,17 @@ from typing import Any
 
 from .runner import make_row
 
-__all__ = ["ClusterSizes", "CLUSTER_FULL", "CLUSTER_QUICK", "write_growing_input", "ClusterRun", "drive",
+__all__ = ["ClusterSizes", "CLUSTER_FULL", "STANDALONE", "NO_AFFINITY", "CLUSTER_QUICK", "write_growing_input", "ClusterRun", "drive",
            "moves_and_replay", "run", "main"]
 
 TASKS = 6
 LOCAL_CLUSTER = "local-cluster[3,1,1024]"
 LOCAL = "local[3]"
-MASTER_ENV = "LOCALSTATE_CLUSTER_MASTER"
+STANDALONE = "standalone[3 workers]"
+"""A Spark standalone cluster of a master and 3 workers (1 core, 1 GiB each), started for
+the run (:class:`~localstate.testing.spark_standalone.StandaloneCluster`)."""
+STANDALONE_ENV = "LOCALSTATE_CLUSTER_STANDALONE"
+"""``0``: leave the standalone cluster's runs out of the full suite."""
 SKIPPED_BATCHES = 2
 """Data batches left out of the batch time (the first visits of the Python workers)."""
 
@@ -122,18 +128,29 @@ def drive(master: str, input_dir: Path, root: Path) -> ClusterRun:
     """The stream over ``input_dir`` on ``master`` (with :data:`NO_AFFINITY` at its end:
     ``StatefulJob(affinity=False)``), in a driver process of its own."""
     from localstate.testing.spark_cluster_driver import read_events
+    from localstate.testing.spark_standalone import WORKER_STATE_ENV, StandaloneCluster
 
     cmd = [sys.executable, "-m", "localstate.testing.spark_cluster_driver", "stream", "--root", str(root),
            "--input", str(input_dir), "--input-format", "parquet", "--partitions", str(TASKS),
-           "--master", master.removesuffix(NO_AFFINITY), "--locality-wait", "3s"]
+           "--locality-wait", "3s"]
     if master.endswith(NO_AFFINITY):
         cmd.append("--no-affinity")
     before = _load()
     t0 = time.monotonic()
     log = root.with_suffix(".log")
-    with log.open("wb") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                              env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+    cluster = None
+    if master == STANDALONE:
+        cluster = StandaloneCluster(root.with_name(root.name + "-cluster"), workers=3).start()
+        cmd += ["--master", cluster.url, "--executors", "3", "--state-dir", f"{{env:{WORKER_STATE_ENV}}}"]
+    else:
+        cmd += ["--master", master.removesuffix(NO_AFFINITY)]
+    try:
+        with log.open("wb") as out:
+            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                  env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+    finally:
+        if cluster is not None:
+            cluster.stop()
     result = json.loads((root / "result.json").read_text()) if (root / "result.json").exists() else {}
     if proc.returncode != 0 or result.get("status") != "ok":
         raise RuntimeError(f"the {master} driver failed ({proc.returncode}): {result.get('error')}; log {log}")
@@ -177,8 +194,9 @@ def run(quick: bool = False, repeats: int = 2) -> list[dict[str, Any]]:
     """Interleaved runs: ``repeats`` on each master (cluster, local, cluster, …)."""
     sizes = CLUSTER_QUICK if quick else CLUSTER_FULL
     repeats = 1 if quick else max(1, repeats)
-    masters = [LOCAL_CLUSTER, LOCAL, LOCAL_CLUSTER + NO_AFFINITY]
-    masters += [os.environ[MASTER_ENV]] if os.environ.get(MASTER_ENV) else []
+    masters = [LOCAL_CLUSTER, LOCAL]
+    masters += [] if quick or os.environ.get(STANDALONE_ENV) == "0" else [STANDALONE]
+    masters.append(LOCAL_CLUSTER + NO_AFFINITY)
     work = Path(tempfile.mkdtemp(prefix="localstate-cluster-bench-"))
     try:
         keys = write_growing_input(work / "input", sizes)

@@ -10,7 +10,7 @@ inherit: ``job.state.dir = {env:LOCALSTATE_WORKER_STATE_DIR}``)::
         spark_session(cluster.url, ...)
 
 Used by ``tests/test_spark_standalone.py`` and ``localstate bench --suite cluster``
-(``LOCALSTATE_CLUSTER_MASTER``).
+(its standalone runs).
 """
 
 from __future__ import annotations
