@@ -175,7 +175,7 @@ def _rows(runs: list[ClusterRun], sizes: ClusterSizes, keys: int) -> list[dict[s
         by_master.setdefault(r.master, []).append(r)
     local_ms = [statistics.median(r.batch_ms[SKIPPED_BATCHES:] or r.batch_ms) for r in by_master.get(LOCAL, [])]
     for master, mine in by_master.items():
-        batch_ms = [statistics.median(r.batch_ms[SKIPPED_BATCHES:] or r.batch_ms) for r in mine]
+        batch_ms = [float(statistics.median(r.batch_ms[SKIPPED_BATCHES:] or r.batch_ms)) for r in mine]
         loads = "; ".join(f"load {a} -> {b}" for r in mine for a, b in [r.load])
         notes = f"median micro-batch ms per run {[round(x) for x in batch_ms]}; {loads}"
         if master != LOCAL and local_ms:
@@ -184,16 +184,21 @@ def _rows(runs: list[ClusterRun], sizes: ClusterSizes, keys: int) -> list[dict[s
         share = [100.0 * r.moves / r.runs if r.runs else 0.0 for r in mine]
         rows.append(make_row("cluster_moves", master, params, "% of runs", share,
                              notes="; ".join(f"{r.moves} of {r.runs}" for r in mine)))
-        replay = [statistics.mean(r.replayed[1:]) if len(r.replayed) > 1 else 0.0 for r in mine]
+        replay = [float(statistics.mean(r.replayed[1:])) if len(r.replayed) > 1 else 0.0 for r in mine]
         rows.append(make_row("cluster_replayed", master, params, "records/batch", replay,
                              notes="; ".join(f"per batch {r.replayed}" for r in mine)))
     return rows
 
 
-def run(quick: bool = False, repeats: int = 2) -> list[dict[str, Any]]:
-    """Interleaved runs: ``repeats`` on each master (cluster, local, cluster, …)."""
+MAX_ROUNDS = 2
+"""Interleaved rounds at most (a full round takes about an hour on 2 busy cores)."""
+
+
+def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
+    """Interleaved rounds (each master once per round): ``min(repeats, MAX_ROUNDS)``, one
+    when ``quick``."""
     sizes = CLUSTER_QUICK if quick else CLUSTER_FULL
-    repeats = 1 if quick else max(1, repeats)
+    repeats = 1 if quick else max(1, min(repeats, MAX_ROUNDS))
     masters = [LOCAL_CLUSTER, LOCAL]
     masters += [] if quick or os.environ.get(STANDALONE_ENV) == "0" else [STANDALONE]
     masters.append(LOCAL_CLUSTER + NO_AFFINITY)
@@ -219,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=MAX_ROUNDS)
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = run(args.quick, args.repeats)
