@@ -440,6 +440,7 @@ class StatefulJob:
 
         self.placement = Placement(grouped)
         """Where each Spark partition ran last (the placement registry, on this driver)."""
+        self._placement_reports: dict[int, Any] = {}
         self.metrics_accumulator: Any = None
         """Set by :meth:`run_stream`: where the tasks add their state metrics."""
         self.batch_metrics: dict[int, dict[str, Any]] = {}
@@ -527,7 +528,13 @@ class StatefulJob:
         assignment = self.placement.assign(executors)
         locations = [location(e, executors[e]) if e is not None else None for e in assignment]
         owners = self.placement.owner_of_tasks(task_groups(self.num_tasks, self.spark_tasks), assignment)
-        return _PlacedRun(locations, owners, sc.accumulator({}, PlacementParam()))
+        # One accumulator per job and SparkContext, emptied before each run (runs of a job
+        # are sequential): a new one per micro-batch would stay registered with the context.
+        report = self._placement_reports.get(id(sc))
+        if report is None:
+            report = self._placement_reports[id(sc)] = sc.accumulator({}, PlacementParam())
+        report.value = {}
+        return _PlacedRun(locations, owners, report)
 
     def run(self, df: DataFrame, *, version: int | None = None) -> DataFrame:
         """Batch run — an **action**: repartition ``df`` by key into N tasks, run every
