@@ -440,7 +440,7 @@ class StatefulJob:
 
         self.placement = Placement(grouped)
         """Where each Spark partition ran last (the placement registry, on this driver)."""
-        self._placement_reports: dict[int, Any] = {}
+        self._placement_reports: dict[str, Any] = {}
         self.metrics_accumulator: Any = None
         """Set by :meth:`run_stream`: where the tasks add their state metrics."""
         self.batch_metrics: dict[int, dict[str, Any]] = {}
@@ -530,9 +530,9 @@ class StatefulJob:
         owners = self.placement.owner_of_tasks(task_groups(self.num_tasks, self.spark_tasks), assignment)
         # One accumulator per job and SparkContext, emptied before each run (runs of a job
         # are sequential): a new one per micro-batch would stay registered with the context.
-        report = self._placement_reports.get(id(sc))
+        report = self._placement_reports.get(sc.applicationId)
         if report is None:
-            report = self._placement_reports[id(sc)] = sc.accumulator({}, PlacementParam())
+            report = self._placement_reports[sc.applicationId] = sc.accumulator({}, PlacementParam())
         report.value = {}
         return _PlacedRun(locations, owners, report)
 
