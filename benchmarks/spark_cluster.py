@@ -211,6 +211,7 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
                 result = drive(master, work / "input", work / f"run-{i}-{m}")
                 _remove_work_dir(result.extra.get("app_id"))
                 shutil.rmtree(work / f"run-{i}-{m}", ignore_errors=True)
+                shutil.rmtree(work / f"run-{i}-{m}-cluster", ignore_errors=True)
                 runs.append(result)
                 print(f"{master}: batches ms {[round(x) for x in result.batch_ms]}, moves {result.moves}/"
                       f"{result.runs}, replayed {result.replayed}, load {result.load}", file=sys.stderr)
