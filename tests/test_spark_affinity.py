@@ -150,3 +150,13 @@ def test_inspect_shows_whose_copies_a_state_dir_holds_and_which_are_stale(shared
     # Inspecting the state dir alone: no checkpoint to compare with.
     (row,) = [r for r in inspect_path(tmp_path / "state" / "b")["stores"]]
     assert row["copy"].startswith("unknown") and row["copy_version"] == 1
+
+
+def test_a_sweep_that_could_not_finish_leaves_no_half_copy_in_use(shared: Config) -> None:
+    on_a, on_b = executor_state_dir(shared, "a"), executor_state_dir(shared, "b")
+    _run(on_a, 0, 0, ["x"])
+    _run(on_b, 0, 1, ["x"])
+    leftover = store_dir(on_a, "counts", 0).with_name(".deleting-0-1")
+    leftover.mkdir()  # what a delete cut short leaves: out of use, removed by the next sweep
+    assert sweep_copies(on_a, {0: "b"}, "a") == [0]
+    assert not leftover.exists() and not list(store_dir(on_a, "counts", 0).parent.iterdir())

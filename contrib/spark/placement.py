@@ -42,9 +42,11 @@ was left at (:mod:`localstate.copies`), which ``localstate inspect`` shows.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -233,6 +235,25 @@ def _held_partitions(config: Config) -> set[int]:
     return held
 
 
+def _remove_copy(directory: Path) -> None:
+    """Take ``directory`` out of use at once (a rename, so no open ever sees half a copy),
+    then delete it; what a failed delete leaves is a ``.deleting-`` directory that no task
+    opens, removed by a later sweep."""
+    if not directory.exists():
+        return
+    trash = directory.with_name(f".deleting-{directory.name}-{os.getpid()}")
+    directory.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _remove_leftovers(config: Config) -> None:
+    for store in config.stores:
+        sdir = job_dir(config) / store
+        if sdir.is_dir():
+            for leftover in sdir.glob(".deleting-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
 def sweep_copies(config: Config, owners: Mapping[int, str], me: str) -> list[int]:
     """Delete this state dir's copies of partitions that ``owners`` (task → executor)
     gives to another executor than ``me`` and whose committed version is past the
@@ -243,6 +264,7 @@ def sweep_copies(config: Config, owners: Mapping[int, str], me: str) -> list[int
     partition's lock, and the record goes last, so an interrupted sweep leaves a copy
     that the next open verifies or rebuilds like any other.
     """
+    _remove_leftovers(config)
     candidates = sorted(p for p in _held_partitions(config) if owners.get(p, me) != me)
     if not candidates:
         return []
@@ -265,13 +287,13 @@ def sweep_copies(config: Config, owners: Mapping[int, str], me: str) -> list[int
                 continue
             try:
                 for store in config.stores:
-                    shutil.rmtree(store_dir(config, store, p), ignore_errors=True)
+                    _remove_copy(store_dir(config, store, p))
                 copy_record_path(config, p).unlink(missing_ok=True)
             finally:
                 lock.release()
             deleted.append(p)
-    except LocalStateError:
-        return deleted  # the sweep is housekeeping: a checkpoint it cannot read keeps the copies
+    except (LocalStateError, OSError):
+        return deleted  # housekeeping: a checkpoint it cannot read, or a dir it cannot move, keeps copies
     finally:
         system.close()
     return deleted
