@@ -194,14 +194,16 @@ MAX_ROUNDS = 2
 """Interleaved rounds at most (a full round takes about an hour on 2 busy cores)."""
 
 
-def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
-    """Interleaved rounds (each master once per round): ``min(repeats, MAX_ROUNDS)``, one
-    when ``quick``."""
+def run(quick: bool = False, repeats: int = 5, masters: list[str] | None = None) -> list[dict[str, Any]]:
+    """Interleaved rounds (each of ``masters`` once per round; default: the cluster, local,
+    the standalone cluster, the cluster without affinity): ``min(repeats, MAX_ROUNDS)``,
+    one when ``quick``."""
     sizes = CLUSTER_QUICK if quick else CLUSTER_FULL
     repeats = 1 if quick else max(1, min(repeats, MAX_ROUNDS))
-    masters = [LOCAL_CLUSTER, LOCAL]
-    masters += [] if quick or os.environ.get(STANDALONE_ENV) == "0" else [STANDALONE]
-    masters.append(LOCAL_CLUSTER + NO_AFFINITY)
+    if masters is None:
+        masters = [LOCAL_CLUSTER, LOCAL]
+        masters += [] if quick or os.environ.get(STANDALONE_ENV) == "0" else [STANDALONE]
+        masters.append(LOCAL_CLUSTER + NO_AFFINITY)
     work = Path(tempfile.mkdtemp(prefix="localstate-cluster-bench-"))
     try:
         keys = write_growing_input(work / "input", sizes)
@@ -227,8 +229,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=MAX_ROUNDS)
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--masters", default=None,
+                        help=f"comma-separated, in round order (e.g. '{LOCAL_CLUSTER},{LOCAL}'; "
+                             f"'{STANDALONE}', '<master>{NO_AFFINITY}')")
     args = parser.parse_args(argv)
-    rows = run(args.quick, args.repeats)
+    rows = run(args.quick, args.repeats, args.masters.split(",") if args.masters else None)
     text = json.dumps(rows, indent=1, default=str)
     if args.out:
         args.out.write_text(text)
