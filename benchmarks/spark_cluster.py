@@ -230,10 +230,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=MAX_ROUNDS)
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     parser.add_argument("--masters", default=None,
-                        help=f"comma-separated, in round order (e.g. '{LOCAL_CLUSTER},{LOCAL}'; "
+                        help=f"';'-separated, in round order (e.g. '{LOCAL_CLUSTER};{LOCAL}'; "
                              f"'{STANDALONE}', '<master>{NO_AFFINITY}')")
     args = parser.parse_args(argv)
-    rows = run(args.quick, args.repeats, args.masters.split(",") if args.masters else None)
+    rows = run(args.quick, args.repeats, args.masters.split(";") if args.masters else None)
     text = json.dumps(rows, indent=1, default=str)
     if args.out:
         args.out.write_text(text)
