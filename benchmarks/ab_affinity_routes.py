@@ -50,11 +50,10 @@ def _write(directory: Path, batches: int, rows: int) -> None:
         os.utime(path, (base + b, base + b))
 
 
-def _report(batches: list[tuple[int, str]], seen: dict[int, list[str]]) -> tuple[int, int]:
+def _report(batches: list[tuple[int, str]], seen: dict[int, list[str]]) -> None:
+    """Add one micro-batch's ``(partition, executor)`` runs to ``seen``."""
     for p, executor in batches:
         seen.setdefault(p, []).append(executor)
-    moves = sum(a != b for runs in seen.values() for a, b in zip(runs, runs[1:]))
-    return moves, sum(len(r) - 1 for r in seen.values())
 
 
 def _median_ms(query: Any) -> float:
