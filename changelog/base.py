@@ -178,6 +178,14 @@ class ChangelogPartition(ABC):
         (tombstones before it may be gone, so replaying from there could resurrect keys)."""
         return 0
 
+    def log_id(self) -> str:
+        """The identity of this log, beyond the job's :class:`Generation`: a local copy
+        built from a log with another id is never used (it is rebuilt from this one).
+        Default ``""``: the log cannot name itself, so copies are told apart by the
+        generation (and offsets) alone. A system whose offsets can be written twice (a
+        cut tail) returns a new id from then on."""
+        return ""
+
     def verify(self) -> dict[str, Any]:
         """Check the stored records without changing anything: at least
         ``{"end_offset": int, "problems": [str, ...]}``. Default: the end offset only."""
@@ -279,6 +287,12 @@ class ChangelogSystem(ABC):
     def generation(self) -> Generation:
         """The job's current :class:`Generation` (systems that rescale in place: always 0)."""
         return Generation()
+
+    def stream_partitions(self, stream: str) -> int | None:
+        """The partition count ``stream`` holds, read without writing anything; None when
+        the stream does not exist yet or the system cannot tell (then opening a
+        partition for writing is where a wrong count is refused)."""
+        return None
 
     def close(self) -> None:
         """Release resources (idempotent)."""

@@ -7,6 +7,7 @@ Layout under ``systems.<name>.path``::
     <stream>/<partition>/<base:020d>.log segments of record batches (see format.py)
     <stream>/<partition>/compaction.json {"tombstone_horizon": offset}
     <stream>/<partition>/clean.json      the clean-close claim (file_clean.py)
+    <stream>/<partition>/log.id          the log's identity (:meth:`~FileChangelogPartition.log_id`)
     _checkpoints/<job>/partition-<p>.ckpt (+ .prev)   task checkpoints
 
 On open the active (last) segment is verified batch by batch, unless the previous close
@@ -83,6 +84,8 @@ class _Segment:
 
 _UNKNOWN: Any = object()
 """``FileChangelogPartition._last_batch`` after a rewrite of the segment (no clean-close claim)."""
+LOG_ID = "log.id"
+"""In a partition directory: the log's identity (:meth:`FileChangelogPartition.log_id`)."""
 
 
 def _segment_path(directory: Path, base: int) -> Path:
@@ -134,6 +137,7 @@ class FileChangelogPartition(ChangelogPartition):
             self._segments = self._recover(None if readonly else take_claim(self.directory))
             self._horizon = self._read_horizon()
             self._check_head()
+            self._log_id = self._read_log_id()
         except BaseException:
             self.close()
             raise
@@ -433,12 +437,12 @@ class FileChangelogPartition(ChangelogPartition):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        # The offsets [c, end) are written again by this task; a local snapshot of the
-        # discarded tail (its writer persisted it and died before its checkpoint) on a
-        # machine this one cannot reach is tagged with one of them, so once the log grows
-        # past it, it would pass for committed state. The horizon goes past the tail
-        # first; until this task's own snapshots pass it, its opens replay the log.
-        self.raise_horizon(self._end + 1)
+        # The offsets [c, end) are written again by this task: from c on it is another
+        # log. A local copy of the discarded tail (its writer persisted it and died before
+        # its checkpoint) on a machine this one cannot reach carries the old identity, so
+        # it is rebuilt there; the copy this task restored (at or below c) is re-tagged by
+        # TaskStorage and keeps serving its opens.
+        self._new_log_id()
         keep: list[_Segment] = []
         for seg in self._segments:
             if seg.base >= c:
@@ -497,6 +501,7 @@ class FileChangelogPartition(ChangelogPartition):
         # is valid), so a crash part-way leaves a log whose head is accounted for and a reset
         # that can run again.
         self.raise_horizon(self._end + 1)
+        self._new_log_id()
         for seg in self._segments:
             seg.path.unlink(missing_ok=True)
         if self._torn is not None:
@@ -556,9 +561,35 @@ class FileChangelogPartition(ChangelogPartition):
     def min_valid_snapshot_offset(self) -> int:
         return self._horizon
 
+    def log_id(self) -> str:
+        """A random token written when the partition is created and replaced whenever its
+        history is rewritten (an uncommitted tail cut, a reset): two logs with one id
+        hold the same records at every offset both have. ``""`` for a partition opened
+        read-only before any writer gave it one."""
+        return self._log_id
+
+    def _read_log_id(self) -> str:
+        try:
+            return (self.directory / LOG_ID).read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            return "" if self.readonly else self._new_log_id()
+        except (OSError, UnicodeDecodeError) as e:
+            if self.readonly:
+                return ""
+            log.warning("changelog %s: %s is unreadable (%s); the log gets a new identity (local copies "
+                        "are rebuilt once)", self.directory, LOG_ID, e)
+            return self._new_log_id()
+
+    def _new_log_id(self) -> str:
+        self._check_writable()
+        value = os.urandom(8).hex()
+        atomic_write(self.directory / LOG_ID, value.encode("ascii"))
+        self._log_id = value
+        return value
+
     def raise_horizon(self, horizon: int) -> None:
-        """Make every snapshot tagged below ``horizon`` invalid (never lowers it): a cut
-        tail, a reset, a rescaled partition whose offsets a stale local copy may reuse."""
+        """Make every snapshot tagged below ``horizon`` invalid (never lowers it): a reset
+        records the log's new start here."""
         if horizon > self._horizon:
             atomic_write(self.directory / "compaction.json", json.dumps({"tombstone_horizon": horizon}).encode())
             self._horizon = horizon
@@ -702,6 +733,19 @@ class FileChangelogSystem(ChangelogSystem):
 
     def partition_dir(self, stream: str, partition: int) -> Path:
         return self.root / stream / str(partition)
+
+    def stream_partitions(self, stream: str) -> int | None:
+        meta = self.root / stream / "stream.json"
+        try:
+            data = meta.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise io_error(e, "read", meta) from e
+        try:
+            return int(json.loads(data)["partitions"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(f"{meta} is corrupt ({e}); nothing was changed") from e
 
     def open_partition(self, stream: str, partition: int, partitions: int, *, readonly: bool = False) -> FileChangelogPartition:
         sdir = self.root / stream

@@ -31,8 +31,8 @@ How it maps onto Kafka:
   the high watermark is never trusted for correctness, and correctness never depends
   on aborted transactional records being hidden (some brokers show them).
 
-Production needs a real Kafka cluster; the ``tansu`` broker used by the tests keeps
-data in memory only and does not compact.
+Production needs a real Kafka cluster; the tests run on the ``tansu`` broker (data in
+memory only, no compaction) and on Apache Kafka (``localstate.testing.apache_kafka``).
 """
 
 from __future__ import annotations
@@ -374,8 +374,11 @@ class KafkaChangelogPartition(ChangelogPartition):
         return self._consumer
 
     def _find_end(self) -> int:
-        """Where the next write lands (a trailing transaction marker counted)."""
-        return self.system.client.end_offset(self._reader(), self.stream, self.partition)
+        """Where the next write lands (a trailing transaction marker counted), whatever is
+        committed: a read_committed view ends before a transaction whose markers the broker
+        has not written yet, and the checkpoint of that commit may already be readable."""
+        client = self.system.client
+        return client.end_offset(client.probe(), self.stream, self.partition)
 
     def _scan(self, start: int, stop: int | None) -> Iterator[tuple[list[Any], int]]:
         """``(messages, last_offset)`` batches in ``[start, stop)`` (to EOF if ``stop`` is None)."""
@@ -422,7 +425,7 @@ class KafkaChangelogPartition(ChangelogPartition):
         client = self.system.client
         retention = client.retention_ms.get(self.stream, client.settings.delete_retention_ms)
         horizon_ms = int(time.time() * 1000) - retention
-        probe = self._reader()
+        probe = client.probe()  # where records are: a read_committed reader may end before them
         tp = TopicPartition(self.stream, self.partition, horizon_ms)
         found = client.with_retries(
             f"look up offsets by time in {self.where}", lambda: probe.offsets_for_times([tp], client.timeout_s)
@@ -435,7 +438,7 @@ class KafkaChangelogPartition(ChangelogPartition):
             return max(rescaled, self._records_end())
         # Verify the answer (tansu answers offset 0 for any time): the first record with
         # a timestamp at or after the horizon, scanning on only when the answer was wrong.
-        for msgs, _ in self._scan(int(found.offset), None):
+        for msgs, _ in client.scan(probe, self.stream, self.partition, int(found.offset)):
             for m in msgs:
                 if m.timestamp()[1] >= horizon_ms:
                     return max(rescaled, int(m.offset()))
@@ -443,7 +446,8 @@ class KafkaChangelogPartition(ChangelogPartition):
 
     def _records_end(self) -> int:
         """Offset after the last record (a trailing transaction marker not counted)."""
-        return self.system.client.end_offset(self._reader(), self.stream, self.partition, back=2)
+        client = self.system.client
+        return client.end_offset(client.probe(), self.stream, self.partition, back=2)
 
     # -- tail ------------------------------------------------------------------------------
     def discard_tail(self, committed_offset: int, current: CurrentFn) -> None:
@@ -624,3 +628,4 @@ class KafkaChangelogSystem(ChangelogSystem):
         for w in self._writers.values():
             w.close()
         self._writers.clear()
+        self.client.close()

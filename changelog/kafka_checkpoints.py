@@ -154,11 +154,7 @@ class KafkaCheckpointStore(CheckpointStore):
         """Whether the topic holds records at or after ``offset`` that a read_committed
         reader did not get (records of a transaction still open)."""
         client = self.system.client
-        consumer = client.consumer(isolation="read_uncommitted")
-        try:
-            return any(msgs for msgs, _ in client.scan(consumer, self.topic, 0, offset))
-        finally:
-            consumer.close()
+        return any(msgs for msgs, _ in client.scan(client.probe(), self.topic, 0, offset))
 
     @contextmanager
     def committing(self, job: str, partition: int) -> Iterator[None]:

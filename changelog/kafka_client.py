@@ -41,7 +41,9 @@ client_log = logging.getLogger("localstate.changelog.kafka.client")
 T = TypeVar("T")
 
 _FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
-_RETRIABLE_CODES = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+_RETRIABLE_CODES = frozenset({KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+                              # a partition of a topic just created, before its leader is in place
+                              KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE})
 PRODUCER_FIXED = {"enable.idempotence": "true", "acks": "all", "transactional.id": None}
 """Producer settings localstate sets itself (None: any value is refused)."""
 CONSUMER_FIXED = {"enable.auto.commit": "false", "enable.partition.eof": "true"}
@@ -164,6 +166,7 @@ class KafkaClient:
         self.group_id = group_id
         self.timeout_s = settings.timeout_s
         self._admin: Any = None
+        self._probe: Any = None
         self._topics: dict[str, int] = {}
         self.retention_ms: dict[str, int] = {}
         """Per checked topic: its ``delete.retention.ms`` (tombstones older may be compacted away)."""
@@ -224,6 +227,21 @@ class KafkaClient:
             conf["isolation.level"] = isolation
         return Consumer(conf)
 
+    def probe(self) -> Any:
+        """The client's read_uncommitted consumer (created once, closed by :meth:`close`):
+        for where records physically are, committed or not. A read_committed reader ends
+        at the last stable offset, which lags a commit until the broker has written its
+        markers, and stops at any open transaction."""
+        if self._probe is None:
+            self._probe = self.consumer(isolation="read_uncommitted")
+        return self._probe
+
+    def close(self) -> None:
+        """Close the probe consumer (the client can be used again: it is made anew)."""
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            probe.close()
+
     # -- reading to the true end ----------------------------------------------------------------
     def scan(self, consumer: Any, topic: str, partition: int, start: int, stop: int | None = None,
              *, eof: list[int] | None = None) -> Iterator[tuple[list[Any], int]]:
@@ -236,11 +254,20 @@ class KafkaClient:
         idle_limit = self.settings.patience_s
         idle_since = time.monotonic()
         last = start - 1
+        unstable: int | None = None  # a read_committed EOF below ``stop`` with records past it
         try:
             while True:
                 msgs = next_batch(consumer)
                 if not msgs:
                     if time.monotonic() - idle_since > idle_limit:
+                        if unstable is not None:
+                            raise ChangelogError(
+                                f"reading {what}: offsets from {unstable} on are written but not readable by a "
+                                f"read_committed reader after {idle_limit:.0f}s (a transaction over them is still "
+                                "open: a producer died inside it and was not replaced yet). Open the task that "
+                                "writes this partition again, or wait for the broker to abort it "
+                                "(transaction.timeout.ms)"
+                            )
                         raise ChangelogError(
                             f"reading {what} from offset {last + 1}: no answer from the brokers for {idle_limit:.0f}s"
                         )
@@ -263,6 +290,9 @@ class KafkaClient:
                     err = m.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
+                            if stop is not None and self._unstable(topic, partition, m.offset(), stop):
+                                unstable = m.offset()
+                                break  # wait for the records below ``stop`` to become readable
                             if eof is not None:
                                 eof.append(m.offset())
                             done = True
@@ -281,8 +311,23 @@ class KafkaClient:
         finally:
             consumer.unassign()
 
+    def _unstable(self, topic: str, partition: int, eof: int, stop: int) -> bool:
+        """Whether a read that wants offsets below ``stop`` and met partition EOF at ``eof``
+        must wait: the broker holds records past ``eof`` (high watermark) that this reader
+        does not see yet. A read_committed reader's EOF is the last stable offset, and a
+        broker writes a committed transaction's markers after ``commit_transaction``
+        returns, so right after a commit its records may be invisible for a moment.
+        (A broker whose high watermark understates the end makes this False: the read
+        ends at EOF, as when the records are missing.)"""
+        if eof >= stop:
+            return False
+        _, high = self.watermarks(self.probe(), topic, partition)
+        return high > eof
+
     def watermarks(self, consumer: Any, topic: str, partition: int) -> tuple[int, int]:
-        """The broker's (low, high) watermarks; high may understate the end (see module)."""
+        """The broker's (low, high) watermarks; high may understate the end (see module).
+        Asked through a read_committed ``consumer``, a broker answers the last stable
+        offset as high (Apache Kafka does): pass :meth:`probe` for the high watermark."""
         return self.with_retries(
             f"read the offsets of kafka topic {topic!r} partition {partition}",
             lambda: consumer.get_watermark_offsets(TopicPartition(topic, partition), self.timeout_s),
@@ -291,7 +336,9 @@ class KafkaClient:
     def end_offset(self, consumer: Any, topic: str, partition: int, *, back: int = 1) -> int:
         """The true end of the partition: read from ``back`` below the reported high
         watermark to EOF. ``back=1`` counts a trailing transaction marker as part of the
-        partition (where the next write lands); ``back=2`` ends after the last record."""
+        partition (where the next write lands); ``back=2`` ends after the last record.
+        Through a read_committed ``consumer``: the end of what is committed and stable
+        (through :meth:`probe`: of every record)."""
         low, high = self.watermarks(consumer, topic, partition)
         end = high if back == 1 else low
         for _, last in self.scan(consumer, topic, partition, max(low, high - back)):
@@ -312,6 +359,16 @@ class KafkaClient:
         if tmd is None:
             raise ChangelogError(f"kafka topic {topic!r} on brokers {self.servers} is not readable (no such topic)")
         return sorted(tmd.partitions)
+
+    def _created(self, topic: str) -> Any:
+        """The metadata of a topic just created: a broker answers the creation before its
+        metadata lists the topic's partitions, so ask again (bounded by the timeout)."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            tmd = self._metadata(topic)
+            if tmd is not None or time.monotonic() > deadline:
+                return tmd
+            time.sleep(0.05)
 
     # -- topics -------------------------------------------------------------------------------
     def topic_exists(self, topic: str) -> bool:
@@ -339,7 +396,7 @@ class KafkaClient:
 
             self.with_retries(f"create topic {topic!r}", create)
             log.info("created kafka topic %r: %d partition(s), cleanup.policy=compact", topic, partitions)
-            tmd = self._metadata(topic)
+            tmd = self._created(topic)
         have = len(tmd.partitions) if tmd is not None else 0
         what = "checkpoint topic" if checkpoint else "changelog topic"
         if have != partitions:

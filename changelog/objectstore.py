@@ -34,14 +34,25 @@ Layout under ``path`` (object stores have no append, so nothing is ever modified
 uploaded as one object at :meth:`ObjectStoreChangelogPartition.flush`, which returns
 only after the PUT succeeded. The log is the *chain* of objects from offset 0: at each
 offset the object starting there with the highest writer epoch (then the largest end)
-is taken, and the chain goes on at its end. A writer's epoch is its task instance's
-claim in the checkpoint sequence (below), so an object a zombie instance uploads after a
-newer one took over never enters the chain where the newer one wrote; objects past the
-committed offset are deleted by :meth:`~ObjectStoreChangelogPartition.discard_tail`
-and a zombie's late upload past it is overridden by the newer epoch.
+is taken, and the chain goes on at its end; an object is used only up to the offset where
+an object of a newer epoch starts (``objectstore_chain.chain_of``). A writer's epoch is its
+task instance's claim in the checkpoint sequence (below), and a writer starts writing
+where its predecessor committed, so what an older writer holds past that point was never
+committed: an object a zombie instance uploads after a newer one took over, even one
+reaching back below that point, is never read where the newer one wrote. Objects past the
+committed offset are deleted by :meth:`~ObjectStoreChangelogPartition.discard_tail`;
+an older writer's objects where a newer one wrote (a zombie's) make every local snapshot
+at or below their end untrusted (the zombie's machine may hold one of records it never
+committed) until the next open records that as a horizon and deletes them.
 
-**Roll-up.** Every ``rollup.objects`` objects of one level this writer uploaded are
-rewritten as one object of the next level (levels are tiers: a record is rewritten
+**A fenced writer changes nothing the new owner sees.** Every roll-up, delete,
+compaction, tail cut, reset and snapshot upload first checks (one LIST) that no newer
+instance claimed the task; what a zombie can still land after its check is harmless by
+construction (roll-ups hold committed records only; its other uploads are never read).
+
+**Roll-up.** After a commit's checkpoint (:meth:`~ObjectStoreChangelogPartition.after_commit`),
+every ``rollup.objects`` objects of one level this writer uploaded are rewritten as one
+object of the next level (levels are tiers: a record is rewritten
 about log_N(rollup.bytes / commit size) times) and the small ones deleted. A roll-up
 only concatenates batches, so every offset stays reconstructible; until the deletes
 are done the larger object wins the chain (same epoch, larger end).
@@ -56,7 +67,9 @@ checkpoint to restore claims the next number with a claim object; a zombie insta
 then tries to create a number that exists and gets :class:`FencedError` — its commit
 fails, as the Kafka backend's does. A retried create that finds the object is checked
 against a token unique to the writer, so a lost response is not mistaken for fencing.
-The latest and the previous checkpoint are kept; older ones are deleted.
+The latest and the previous checkpoint are kept; older ones are deleted. Each checkpoint
+names the one it follows, so a deleted newest checkpoint is an error, never a silent step
+back (``objectstore_checkpoints.py``).
 
 **Snapshots** (``objectstore_snapshots.py``). For an engine with local snapshots
 (``snapshots()`` and ``snapshot_path(offset)``, e.g. RocksDB), every ``snapshot.every``
@@ -88,6 +101,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import uuid
 from collections import deque
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -99,6 +113,7 @@ from localstate.errors import (
     ChangelogError,
     ConfigError,
     CorruptionError,
+    FencedError,
     StoreLockedError,
 )
 from localstate.faults import fault_point
@@ -111,9 +126,9 @@ from .base import (
     check_stream_partitions,
 )
 from .format import BatchEncoder, BatchHeader, check_crc, decode_payload, encode_batch, walk
-from .objectstore_chain import ObjectName, chain_of, offsets_of, slice_batches
+from .objectstore_chain import ObjectName, chain_of, foreign_objects, offsets_of, slice_batches
 from .objectstore_checkpoints import ObjectStoreCheckpointStore
-from .objectstore_client import EXISTS, MISSING, ObjectStoreClient, ObjectStoreSettings
+from .objectstore_client import EXISTS, MISSING, ObjectStoreSettings, connect
 from .objectstore_snapshots import RemoteSnapshots
 
 __all__ = [
@@ -128,6 +143,7 @@ log = logging.getLogger("localstate.changelog.objectstore")
 
 _HORIZON_NAME = re.compile(r"^horizon-(\d{20})$")
 _GENERATION_NAME = re.compile(r"^\d{10}$")
+_GENERATION_CLAIM = re.compile(r"^\d{10}\.writing$")
 _PREFETCH = 8  # objects fetched ahead during restore ...
 _PREFETCH_BYTES = 64 * 1024 * 1024  # ... and at most this many bytes of them (beyond the first)
 
@@ -207,6 +223,9 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             objects.append(parsed)
             self._sizes[parsed] = size
         self._chain, self._others = chain_of(objects)
+        for o in self._chain:
+            self._sizes[o] = self._sizes[o.whole]
+        self._foreign = foreign_objects(self._chain, objects)
 
     def _key(self, o: ObjectName) -> str:
         return f"{self.log_prefix}/{o.name}"
@@ -248,34 +267,77 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._chain.append(name)
         self._sizes[name] = len(data)
         self._written.append(_Written(name, len(data), 0, data))
-        self._roll_up()
         return self._end
 
-    def _roll_up(self) -> None:
-        """Merge the last ``rollup.objects`` written objects of one level into one of the
-        next level, as long as that keeps it under ``rollup.bytes`` (tiered, so a record is
-        rewritten once per level)."""
+    def _newer_instance(self) -> str | None:
+        """The claim or checkpoint a newer instance of the task made after this one's (one
+        LIST), None if there is none. Checked before every change a newer owner could see
+        (a roll-up, a delete): a fenced instance changes nothing. An instance can still be
+        fenced right after the check; what it then lands is harmless by construction (a
+        roll-up holds committed records only, a late object never enters a newer chain)."""
+        return self.system.checkpoints().newer_claim(self.system.job, self.partition)
+
+    def _refuse_if_fenced(self, what: str) -> None:
+        newer = self._newer_instance()
+        if newer is not None:
+            raise FencedError(
+                f"{self.describe()}: not {what}: a newer instance of the task took over (claim {newer}), so "
+                "this one must stop without changing anything. Nothing was changed"
+            )
+
+    def after_commit(self, offset: int) -> None:
+        """The task committed this partition up to ``offset`` (its checkpoint is written):
+        roll up the objects this writer uploaded below it. Roll-ups run only here, so an
+        object a writer rewrites never holds a record past its last commit: an instance
+        fenced before its checkpoint rolls up nothing, and a roll-up of a zombie that
+        lands late holds only records its own commits made. Best effort (a failure leaves
+        the parts as they are)."""
+        if self.readonly or self._closed:
+            return
+        try:
+            self._roll_up(offset)
+        except (ChangelogError, CorruptionError) as e:
+            log.warning("%s: roll-up not done (%s); the objects stay as they are", self.describe(), e)
+
+    def _roll_up(self, committed: int) -> None:
+        """Merge the last ``rollup.objects`` written objects of one level (all below
+        ``committed``) into one of the next level, as long as that keeps it under
+        ``rollup.bytes`` (tiered, so a record is rewritten once per level)."""
         s = self.system.settings
         n = s.rollup_objects
+        checked = False
         while len(self._written) >= n:
             group = self._written[-n:]
             level = group[0].level
-            if any(w.level != level for w in group):
+            if any(w.level != level for w in group) or group[-1].name.end > committed:
                 return
             size = sum(w.size for w in group)
             if size > s.rollup_bytes:
                 self._written = self._written[-1:] if self._written[-1].level == 0 else []
                 return
+            if not checked:
+                if self._newer_instance() is not None:
+                    log.warning("%s: no roll-up: a newer instance of the task took over", self.describe())
+                    return
+                checked = True
             data = b"".join(w.data if w.data is not None else self._get(w.name) for w in group)
             merged = ObjectName(group[0].name.start, group[-1].name.end, self.epoch)
             self.store.put(self._key(merged), data)
             fault_point("objectstore.rollup.after_put")
             # the merged object wins the chain at its start (same epoch, larger end); the
             # parts are garbage from here on, so a failed delete only leaves garbage
-            i = self._chain.index(group[0].name)
+            try:
+                i = self._chain.index(group[0].name)
+            except ValueError:
+                return
             self._chain[i:i + n] = [merged]
             self._sizes[merged] = len(data)
             self._written[-n:] = [_Written(merged, len(data), level + 1, None)]
+            newer = self._newer_instance()
+            if newer is not None:
+                log.warning("%s: rolled-up objects not deleted: a newer instance of the task took over (%s); "
+                            "they are garbage", self.describe(), newer)
+                return
             try:
                 self.store.delete([self._key(w.name) for w in group])
             except ChangelogError as e:
@@ -312,9 +374,9 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             records, offsets = decode_payload(data, h, where)
             yield h, records, offsets
             expect = h.next_offset
-        if expect != o.end:
+        if expect != o.full_end:
             raise CorruptionError(
-                f"{self.describe()}: {where} ends at offset {expect} but its name says {o.end} (truncated "
+                f"{self.describe()}: {where} ends at offset {expect} but its name says {o.full_end} (truncated "
                 "upload?). Nothing was changed. Restore the object from a backup or a bucket version; or give "
                 "up the store's state with `localstate restore --reset STORE`"
             )
@@ -332,7 +394,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         while pos < uploaded_end:
             try:
                 for o, data in self._fetch_ahead(self._covering(pos, uploaded_end)):
-                    yield from slice_batches(self._decode(o, data), pos, stop)
+                    yield from slice_batches(self._decode(o, data), pos, min(stop, o.end))
                     pos = min(o.end, uploaded_end)
             except _ObjectGone:
                 if relisted or self._written:
@@ -387,7 +449,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
                 continue
             for h, records, offsets in self._decode(o, self._get(o)):
                 for off, (k, v) in zip(offsets_of(h, offsets), records):
-                    if start <= off < stop:
+                    if start <= off < min(stop, o.end):
                         yield off, k, v
 
     # -- tail, reset, compaction ---------------------------------------------------------
@@ -411,15 +473,24 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         if c > self._end:
             raise self.missing_committed(c)
         self._buffer.clear()
+        # a newer instance may have taken over while this one restored: then its tail,
+        # snapshots and horizon are not this instance's to change
+        self._refuse_if_fenced("discarding the uncommitted tail")
         # manifests first: a snapshot of records about to be discarded must never be used
         self._snapshots.delete_past(c)
         doomed = [o for o in (*self._chain, *self._others) if o.start >= c]
-        tail_end = max((o.end for o in (*self._chain, *self._others)), default=0)
+        tail_end = max((o.full_end for o in (*self._chain, *self._others)), default=0)
         if tail_end > c:
             # The offsets [c, tail_end) are written again by this task; a *local* snapshot
             # of the discarded tail on a machine this one cannot reach is tagged with one of
             # them and would pass for committed state once the log grows past it.
             self._set_horizon(tail_end + 1)
+        if self._foreign:
+            # recorded before the objects go: the horizon must outlive them
+            self._set_horizon(self.min_valid_snapshot_offset())
+            on_chain = {o.whole for o in self._chain}
+            doomed += [o for o in self._foreign if o not in on_chain and o.start < c]
+            self._foreign = []
         keep = [o for o in self._chain if o.start < c]
         if keep and keep[-1].end > c:
             cut = keep[-1]
@@ -454,13 +525,14 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         being loaded (one on another machine, tagged with an offset at or below ``end``,
         would otherwise come back whole: replaying the empty log changes nothing)."""
         self._check_writable()
+        self._refuse_if_fenced("resetting the log")
         self._buffer.clear()
         end = self._end = self._buffer_start = max(self._end, self._chain[-1].end if self._chain else 0)
         self._set_horizon(end + 1)
         if end:
             empty = ObjectName(0, end, self.epoch)
             self.store.put(self._key(empty), encode_batch(0, [], offsets=[], span=end))
-            old = [o for o in (*self._chain, *self._others) if o != empty]
+            old = [o for o in (*self._chain, *self._others) if o.whole != empty]
             self._snapshots.delete_past(-1)
             self.store.delete([self._key(o) for o in old])
             self._chain, self._others, self._written = [empty], [], []
@@ -473,8 +545,18 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             self._horizon = horizon
 
     def min_valid_snapshot_offset(self) -> int:
-        """0 (compaction keeps tombstones), unless a reset or a rescale set a horizon."""
-        return max(self._horizon, self.generation.horizon(self.logical_stream, self.partition))
+        """0 (compaction keeps tombstones), unless a reset or a rescale set a horizon, or
+        the log holds objects of an older writer where a newer one wrote (a fenced
+        instance's uploads, an old uncommitted tail): the old writer's machine may hold a
+        local snapshot tagged with such an object's end, built from records that were never
+        committed, so no local snapshot at or below their end may be loaded."""
+        foreign = max((o.full_end + 1 for o in self._foreign), default=0)
+        return max(self._horizon, foreign, self.generation.horizon(self.logical_stream, self.partition))
+
+    def log_id(self) -> str:
+        """The identity of the stream this partition belongs to (``stream.json``'s ``id``):
+        a local copy built from a deleted and re-created stream is not this log's."""
+        return self.system.stream_id(self.stream)
 
     def verify(self) -> dict[str, Any]:
         """Read every object of the chain back (CRC32 of every batch, dense offsets)."""
@@ -492,7 +574,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         return {"objects": len(self._chain), "garbage_objects": len(self._others), "batches": batches,
                 "records": records, "bytes": nbytes, "end_offset": self._end, "problems": problems}
 
-    def compact(self, up_to: int) -> dict[str, int]:
+    def compact(self, up_to: int, *, relisted: bool = False) -> dict[str, int]:
         """Rewrite the chain's objects that end at or below ``up_to`` as one object holding the
         latest record per key (tombstones kept: no local snapshot is invalidated), offsets
         unchanged; then delete the old objects."""
@@ -505,12 +587,26 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         stats = {"objects": len(head), "records_before": 0, "records_after": 0}
         if len(head) < 2:
             return stats
+        self._refuse_if_fenced("compacting")
         latest: dict[bytes, tuple[int, bytes | None]] = {}
-        for o in head:
-            for h, recs, offsets in self._decode(o, self._get(o)):
-                for off, (k, v) in zip(offsets_of(h, offsets), recs):
-                    latest[k] = (off, v)
-                    stats["records_before"] += 1
+        try:
+            for o in head:
+                for h, recs, offsets in self._decode(o, self._get(o)):
+                    for off, (k, v) in zip(offsets_of(h, offsets), recs):
+                        if off >= o.end:
+                            break  # past where the chain uses the object
+                        latest[k] = (off, v)
+                        stats["records_before"] += 1
+        except _ObjectGone:
+            # Deleted since this writer listed the log: by a newer owner (then this one is
+            # fenced), or by the late delete of a fenced predecessor that passed its check
+            # just before this writer took over (its objects were rewritten, whole, into one
+            # that is listed now): list again and compact what is there.
+            self._refuse_if_fenced("compacting")
+            if relisted:
+                raise
+            self._load()
+            return self.compact(up_to, relisted=True)
         survivors = sorted((off, k, v) for k, (off, v) in latest.items())
         stats["records_after"] = len(survivors)
         end = head[-1].end
@@ -519,20 +615,28 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self.store.put(self._key(merged), data)
         self._sizes[merged] = len(data)
         fault_point("compaction.before_rename")
-        self.store.delete([self._key(o) for o in head if o != merged])
+        # the upload above may land after a takeover: it holds committed records only
+        self._refuse_if_fenced("deleting the compacted objects")
+        self.store.delete([self._key(o) for o in head if o.whole != merged])
         self._chain[: len(head)] = [merged]
         self._written = [w for w in self._written if w.name.start >= end]
         return stats
 
     # -- snapshots (kept remotely by RemoteSnapshots) ----------------------------------------
     def upload_snapshot(self, engine: Any, offset: int) -> bool:
-        """After a commit at ``offset``: upload the engine's snapshot at ``offset`` if
+        """After a commit at ``offset`` (the task calls it once its checkpoint is written):
+        :meth:`after_commit`, then upload the engine's snapshot at ``offset`` if
         ``snapshot.every`` commits passed since the last upload. True if uploaded."""
+        self.after_commit(offset)
         every = self.system.settings.snapshot_every
         if self.readonly or not every or not hasattr(engine, "snapshots"):
             return False
         self._commits_since_snapshot += 1
         if self._commits_since_snapshot < every:
+            return False
+        newer = self._newer_instance()
+        if newer is not None:  # its clean-up would delete manifests and files the new owner may use
+            log.warning("%s: snapshot not uploaded: a newer instance of the task took over (%s)", self.describe(), newer)
             return False
         if self._snapshots.upload(engine, offset, self.epoch):
             self._commits_since_snapshot = 0
@@ -563,9 +667,10 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         super().__init__(name, options, job)
         self.settings: ObjectStoreSettings = self.parse_settings(name, options)
-        self.store = ObjectStoreClient(self.settings, name)
+        self.store = connect(self.settings, name)
         self._open: set[tuple[str, int]] = set()
         self._streams: dict[str, int] = {}
+        self._stream_ids: dict[str, str] = {}
         self._generation: Generation | None = None
         self._checkpoints = ObjectStoreCheckpointStore(self)
 
@@ -580,13 +685,35 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         when the system first needs it; 0 when there is none)."""
         if self._generation is None:
             prefix = self.generation_prefix()
-            numbers = sorted(n for n, _ in self.store.list(prefix) if _GENERATION_NAME.match(n))
+            names = [n for n, _ in self.store.list(prefix)]
+            numbers = sorted(n for n in names if _GENERATION_NAME.match(n))
             if not numbers:
-                self._generation = Generation()
+                current = Generation()
             else:
                 key = f"{prefix}/{numbers[-1]}"
-                self._generation = Generation.from_bytes(self.store.get(key), self.store.where(key))
+                current = Generation.from_bytes(self.store.get(key), self.store.where(key))
+            started = [int(n[:10]) for n in names if _GENERATION_CLAIM.match(n)]
+            if started and max(started) > current.number:
+                self._check_record_not_lost(current, max(started))
+            self._generation = current
         return self._generation
+
+    def _check_record_not_lost(self, current: Generation, started: int) -> None:
+        """A rescale to generation ``started`` claimed its number but no record of it is
+        left. A rescale that crashed before its record leaves the current generation whole;
+        one whose record was deleted afterwards left the current generation's checkpoints
+        deleted (a finished rescale drops them) and its own written: then falling back to
+        ``current`` would open every task empty — an error instead."""
+        mine, theirs = (f"_checkpoints/{g.job(self.job)}" for g in (current, Generation(started)))
+        if self.store.list(mine) or not self.store.list(theirs):
+            return
+        key = f"{self.generation_prefix()}/{started:010d}"
+        raise CorruptionError(
+            f"the generation record {self.store.where(key)} of job {self.job!r} is missing: a rescale to "
+            f"generation {started} finished (its checkpoints are under {self.store.where(theirs)}/) and the "
+            f"generation before it has no checkpoints left, so the job's state would open empty. Nothing was "
+            "changed. Restore the record from a backup or a bucket version"
+        )
 
     def pin_generation(self, generation: Generation) -> None:
         """Read and write ``generation`` from here on (rescale writes the next one with it)."""
@@ -622,7 +749,9 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
         if self._streams.get(stream) == partitions:
             return
         key = f"{stream}/stream.json"
-        body = json.dumps({"partitions": partitions}).encode()
+        # the stream's identity, made once with it: a prefix deleted and written again by a
+        # new run of the job is another log, whose offsets may line up with the old one's
+        body = json.dumps({"partitions": partitions, "id": uuid.uuid4().hex}).encode()
         try:
             data = self.store.get(key)  # a GET first: it costs a twelfth of a PUT on S3
         except MISSING:
@@ -633,7 +762,27 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
                 data = self.store.get(key)  # another task of the job created it meanwhile
         check_stream_partitions(stream, self.store.where(key), data, partitions,
                                 "Set job.partitions back, or use a new changelog stream.")
+        self._stream_ids[stream] = str(json.loads(data).get("id", ""))  # "": made before streams had ids
         self._streams[stream] = partitions
+
+    def stream_id(self, stream: str) -> str:
+        """The identity ``stream/stream.json`` was created with (``""``: none recorded, or
+        the stream not opened for writing by this system)."""
+        return self._stream_ids.get(stream, "")
+
+    def stream_partitions(self, stream: str) -> int | None:
+        """The partition count the current generation's ``stream.json`` records (read
+        only; None when the stream has none yet)."""
+        key = f"{self.generation().stream(stream)}/stream.json"
+        try:
+            data = self.store.get(key)
+        except MISSING:
+            return None
+        try:
+            return int(json.loads(data)["partitions"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptionError(f"{self.store.where(key)} is damaged ({e}); it records the stream's "
+                                  "partition count") from e
 
     def open_partition(self, stream: str, partition: int, partitions: int, *,
                        readonly: bool = False) -> ObjectStoreChangelogPartition:

@@ -36,7 +36,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
         "the objectstore changelog needs obstore: pip install 'localstate[objectstore]'"
     ) from _e
 
-__all__ = ["ObjectStoreSettings", "ObjectStoreClient", "first_line", "MISSING", "EXISTS"]
+__all__ = ["ObjectStoreSettings", "ObjectStoreClient", "connect", "first_line", "MISSING", "EXISTS"]
 
 log = logging.getLogger("localstate.changelog.objectstore")
 
@@ -78,13 +78,9 @@ class ObjectStoreSettings:
                 "s3://bucket/prefix, gs://bucket/prefix, az://container/prefix or file:///absolute/dir"
             )
         scheme = url.split("://", 1)[0].lower()
-        if scheme in _HDFS_SCHEMES:
-            raise ConfigError(
-                f"{prefix}.path = {url!r}: the objectstore changelog cannot reach HDFS — obstore has no HDFS "
-                "client, and fsspec's goes through libhdfs, which needs a Hadoop installation (JVM, "
-                "HADOOP_HOME/CLASSPATH) on every executor. Use the cluster's object store (s3://, gs://, "
-                "az://, abfs://) or the file changelog on an HDFS mount (NFS gateway or FUSE)"
-            )
+        if scheme in _HDFS_SCHEMES:  # served over WebHDFS (objectstore_webhdfs.py)
+            from .objectstore_webhdfs import check_hdfs_settings
+            check_hdfs_settings(self, prefix)
         if url.startswith("file://") and not url[len("file://"):].startswith("/"):
             raise ConfigError(f"{prefix}.path = {url!r}: a file:// URL needs an absolute path (file:///dir)")
         for key, value, low in (("timeout.ms", self.timeout_ms, 100), ("retries", self.retries, 0),
@@ -121,6 +117,36 @@ def first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
+_NO_BUCKET = "<Code>NoSuchBucket</Code>"
+_DENIED = ("<Code>InvalidAccessKeyId</Code>", "<Code>SignatureDoesNotMatch</Code>", "<Code>AccessDenied</Code>",
+           "<Code>InvalidToken</Code>", "<Code>ExpiredToken</Code>", "403 Forbidden")
+_METADATA_ADDRESS = "169.254.169.254"  # where the AWS SDKs look for instance credentials
+
+
+def setup_problem(e: BaseException, url: str, system: str) -> str | None:
+    """What a request's failure says about the system's settings, when it says something:
+    the bucket does not exist, the credentials were refused, or none were configured (the
+    client then asked the instance-metadata address). ``None`` for any other failure.
+    Such a failure is never retried and never read as a missing object: a GET in a bucket
+    that does not exist answers 404 like a missing key, and an empty state must not be
+    built from that."""
+    text = str(e)
+    bucket = url.split("://", 1)[-1].split("/", 1)[0]
+    if _NO_BUCKET in text:
+        return (f"the bucket {bucket!r} does not exist (systems.{system}.path = {url}). Create it, or fix the "
+                f"bucket name in systems.{system}.path or the endpoint in systems.{system}.config.endpoint")
+    if _METADATA_ADDRESS in text:
+        return (f"no credentials for {url}: none are set, so the client asked the cloud's instance-metadata "
+                f"address, which did not answer. Set systems.{system}.config.access_key_id and "
+                f"systems.{system}.config.secret_access_key (or the AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+                "environment variables)")
+    if any(code in text for code in _DENIED):
+        return (f"the object store refused the credentials for {url} ({first_line(e)[:160]}). Check "
+                f"systems.{system}.config.access_key_id / secret_access_key (and the region in "
+                f"systems.{system}.config.region), and that they may read and write the bucket {bucket!r}")
+    return None
+
+
 class ObjectStoreClient:
     """One obstore store with the system's retry policy; every error names the URL."""
 
@@ -149,29 +175,42 @@ class ObjectStoreClient:
     def where(self, key: str) -> str:
         return f"{self.url}/{key}"
 
+    def _setup_problem(self, e: BaseException) -> str | None:
+        """:func:`setup_problem` for obstore's answers (a client for another protocol
+        overrides this with its own reading of its errors)."""
+        return setup_problem(e, self.url, self.system)
+
     def _retry(self, what: str, key: str, op: Callable[[], T]) -> T:
         s = self.settings
         for attempt in range(s.retries + 1):
             try:
                 return op()
-            except (NotFoundError, AlreadyExistsError, PreconditionError, FileNotFoundError, FileExistsError):
-                raise
-            except (GenericError, OSError, TimeoutError) as e:
+            except Exception as e:
+                problem = self._setup_problem(e)
+                if problem is not None:
+                    raise ChangelogError(f"object store: could not {what} {self.where(key)}: {problem}; "
+                                         "nothing from this operation counts as done") from e
+                if isinstance(e, (NotFoundError, AlreadyExistsError, PreconditionError, FileNotFoundError,
+                                  FileExistsError)):
+                    raise
+                if not isinstance(e, (GenericError, OSError, TimeoutError)):
+                    if isinstance(e, BaseError):  # permission, authentication, bad path: not retried
+                        raise ChangelogError(
+                            f"object store: could not {what} {self.where(key)}: {first_line(e)}"
+                        ) from e
+                    raise
                 if attempt == s.retries:
                     raise ChangelogError(
                         f"object store: could not {what} {self.where(key)} after {attempt + 1} attempt(s): "
-                        f"{first_line(e)}. Check that the store is reachable and the settings under "
-                        f"systems.{self.system}.*; nothing from this operation counts as done"
+                        f"{first_line(e)}. Check that the store is reachable (systems.{self.system}.config."
+                        f"endpoint) and the settings under systems.{self.system}.*; nothing from this "
+                        "operation counts as done"
                     ) from e
                 # full jitter: attempts of many tasks that failed together spread out
                 delay = random.uniform(0, min(_MAX_BACKOFF_S, s.retry_backoff_ms / 1000 * 2**attempt))
                 log.warning("object store: %s %s failed (%s); retry %d/%d in %.2fs",
                             what, self.where(key), first_line(e), attempt + 1, s.retries, delay)
                 time.sleep(delay)
-            except BaseError as e:  # permission, authentication, bad path: not retried
-                raise ChangelogError(
-                    f"object store: could not {what} {self.where(key)}: {first_line(e)}"
-                ) from e
         raise AssertionError("unreachable")
 
     def put(self, key: str, data: bytes, *, create: bool = False) -> None:
@@ -233,3 +272,11 @@ class ObjectStoreClient:
             except (NotFoundError, FileNotFoundError):
                 pass  # already gone: a delete is idempotent
         self._retry("delete", keys[0], op)
+
+
+def connect(settings: ObjectStoreSettings, system: str = "objectstore") -> ObjectStoreClient:
+    """The client for ``settings.path``: WebHDFS for an HDFS URL, obstore for the others."""
+    if settings.url.split("://", 1)[0].lower() in _HDFS_SCHEMES:
+        from .objectstore_webhdfs import WebHdfsClient
+        return WebHdfsClient(settings, system)
+    return ObjectStoreClient(settings, system)

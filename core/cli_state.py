@@ -146,7 +146,7 @@ def rescale_command(config_path: str, overrides: tuple[str, ...], to: int, input
     store cannot be split. A crash midway leaves the old job intact, or a rescale
     that running the same command again completes.
     """
-    from .rescale import SAME_POSITION, rescale, update_config_file
+    from .rescale import SAME_POSITION, check_state_count, rescale, update_config_file
 
     if input_position is not None and spark_runner:
         raise click.BadParameter("give --input-position or --spark-runner, not both")
@@ -161,6 +161,14 @@ def rescale_command(config_path: str, overrides: tuple[str, ...], to: int, input
 
         position = rescaled_position
     config = _load_config(config_path, overrides)
+    if config.partitions == to:  # a re-run after a finished rescale (and config update)
+        try:
+            check_state_count(config)
+        except LocalStateError as e:
+            raise click.ClickException(str(e)) from e
+        click.echo(f"{config.job_name}: already at {to} partitions (job.partitions = {to} in {config_path}); "
+                   "nothing to do")
+        return
     spark = None
     if use_spark:
         from localstate.contrib.spark.runner import spark_session
@@ -168,14 +176,19 @@ def rescale_command(config_path: str, overrides: tuple[str, ...], to: int, input
         spark = spark_session(master, app_name=f"localstate-rescale-{config.job_name}")
     try:
         result = rescale(config, to, input_position=position, spark=spark)
-        if not keep_config:
-            update_config_file(config_path, to)
     except LocalStateError as e:
         raise click.ClickException(str(e)) from e
     if result.already_done:
-        click.echo(f"{config.job_name}: already at {to} partitions; job.partitions updated")
-        return
-    click.echo(f"{config.job_name}: rescaled from {result.from_partitions} to {result.to_partitions} partitions at "
-               f"version {result.version} in {result.seconds:.2f}s; records per store: {result.records}")
+        click.echo(f"{config.job_name}: the state is already at {to} partitions (an earlier rescale finished)")
+    else:
+        click.echo(f"{config.job_name}: rescaled from {result.from_partitions} to {result.to_partitions} partitions "
+                   f"at version {result.version} in {result.seconds:.2f}s; records per store: {result.records}")
     if keep_config:
         click.echo(f"set job.partitions = {to} in {config_path} before the job runs again")
+        return
+    try:
+        edit = update_config_file(config_path, to)
+    except LocalStateError as e:  # the rescale stands: say what to write, and succeed
+        click.echo(f"the state is rescaled, but {e}; until then the job refuses to start", err=True)
+        return
+    click.echo(f"{config_path}: job.partitions = {to} ({edit})")

@@ -47,9 +47,13 @@ def _read_live(path: Path, attempts: int = 20) -> bytes:
 
 
 def _dir_size(path: Path) -> tuple[int, int]:
+    from .rescale_copies import TAG_FILE
+
     files = size = 0
     for root, _dirs, names in os.walk(path):
         for n in names:
+            if n == TAG_FILE and root == str(path):
+                continue  # the tag of which log the copies are from, not a copy
             try:
                 size += os.stat(os.path.join(root, n)).st_size
                 files += 1
@@ -181,6 +185,15 @@ def inspect_remote(url: str | None, config_path: str | None = None, system: str 
         if not targets:
             raise ConfigError(f"{config_path} has no objectstore system"
                               + (f" named {system!r}" if system else "") + " to inspect")
+        from .rescale_copies import check_layout
+        from .store_open import open_system
+
+        for name, _ in targets:
+            opened = open_system(config, name)
+            try:
+                check_layout(config, opened)
+            finally:
+                opened.close()
     else:
         assert url is not None
         opts: dict[str, Any] = {"type": "objectstore", "path": url}

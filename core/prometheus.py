@@ -1,4 +1,4 @@
-"""Export localstate's metrics in the Prometheus text format (``pip install 'localstate[metrics]'``).
+"""Export localstate's metrics in the Prometheus text format (the ``metrics`` extra).
 
 Why prometheus-client: it is the Prometheus project's own Python client, small and
 dependency-free, and its custom collectors read our counters at scrape time — the

@@ -27,6 +27,7 @@ The whole store is held in memory: the cost of a state query is a full replay.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import shutil
 import tempfile
@@ -52,6 +53,7 @@ from .layers.readonly import ReadOnlyStore
 from .layers.ttl import ttl_serde, wall_clock_ms
 from .metrics import StoreMetrics
 from .registry import did_you_mean, resolve_factory
+from .rescale_copies import check_layout
 from .serdes import describe_encode_error, get_serde
 from .store_open import open_system, task_partition
 from .typed import check_store_types
@@ -59,7 +61,7 @@ from .typed import check_store_types
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogSystem
 
-__all__ = ["StateReader", "read_committed", "sample_committed"]
+__all__ = ["StateReader", "read_committed", "sample_committed", "read_checkpoint_readonly"]
 
 log = logging.getLogger("localstate")
 
@@ -68,6 +70,20 @@ V = TypeVar("V")
 
 READ_ATTEMPTS = 5
 """How many newer checkpoints a store read follows before giving up (see module doc)."""
+
+
+def read_checkpoint_readonly(store: Any, job: str, partition: int) -> Checkpoint | None:
+    """The task's latest checkpoint as a reader must read it: without fencing the running
+    task (a checkpoint store whose ``read`` claims the task by default — objectstore,
+    Kafka — is asked with ``fence=False``) and without creating anything (a missing Kafka
+    checkpoint topic is None: reading it would create it). The one way every read-only
+    tool (state queries, ``verify``) reads a checkpoint."""
+    system, topic = getattr(store, "system", None), getattr(store, "topic", None)
+    if topic is not None and hasattr(system, "topic_exists") and not system.topic_exists(topic):
+        return None
+    if "fence" in inspect.signature(store.read).parameters:
+        return store.read(job, partition, fence=False)  # type: ignore[no-any-return]
+    return store.read(job, partition)  # type: ignore[no-any-return]
 
 
 class StateReader:
@@ -108,6 +124,7 @@ class StateReader:
         system = self._systems.get(name)
         if system is None:
             system = self._systems[name] = open_system(self.config, name)
+            check_layout(self.config, system)
         return system
 
     def _where(self) -> str:
@@ -116,7 +133,8 @@ class StateReader:
     def checkpoint(self) -> Checkpoint:
         """The task's latest committed checkpoint; an error if it has none."""
         self._check_open()
-        ckpt = self._system(self.config.checkpoint_system).checkpoints().read(self.job, self.partition)
+        ckpt = read_checkpoint_readonly(self._system(self.config.checkpoint_system).checkpoints(), self.job,
+                                        self.partition)
         if ckpt is None or not ckpt.committed:
             raise LocalStateError(
                 f"task {self.job}/partition {self.partition} has no committed state in {self._where()}: "

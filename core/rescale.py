@@ -89,6 +89,7 @@ __all__ = [
     "RecordLayout",
     "RescaleResult",
     "SAME_POSITION",
+    "check_state_count",
     "layout_for",
     "rescale",
     "route_of",
@@ -275,6 +276,20 @@ def _committed_records(job: JobFiles, spec: StoreSpec, p: int, ckpt: Checkpoint)
     finally:
         part.close()
 
+
+
+def check_state_count(config: Config) -> None:
+    """Raise :class:`ChangelogError` unless the job's changelogs hold its state at
+    ``job.partitions`` (reads only): a rescale re-run with the new count finds it done."""
+    from .rescale_copies import check_layout
+
+    names = {s.changelog[0] for s in config.stores.values() if s.changelog is not None} | {config.checkpoint_system}
+    for name in sorted(names):
+        system = open_system(config, name)
+        try:
+            check_layout(config, system)
+        finally:
+            system.close()
 
 
 # -- the entry point ------------------------------------------------------------------------------------

@@ -94,13 +94,8 @@ def _write_partition(job: JobFiles, directory: Path, records: Iterable[ChangeRec
         while chunk := list(islice(records, _WRITE_CHUNK)):
             part.append(chunk)
         end = part.flush()
-        # A local copy of the old task with this number that rescale cannot reach (another
-        # machine's disk) holds snapshots tagged with offsets of the *old* log, possibly at
-        # or below the new end: none may be loaded for the new task. A horizon past the end
-        # rejects them all; the new task's own snapshots count from its first commit that
-        # writes a record (until then each open replays the partition: the price of never
-        # trusting a stale copy).
-        part.raise_horizon(end + 1)
+        # a new partition directory: the log gets a new identity, so a local copy of the
+        # old task with this number that rescale cannot reach is rebuilt, never loaded
     finally:
         part.close()
     return end

@@ -15,9 +15,9 @@ Until step 3 nothing the old job reads has changed (the old tasks were only fenc
 their next instance claims again), so a crash leaves the old job intact; a re-run
 skips the numbers a crashed attempt used (its objects or topics are garbage, named in
 the log) and writes ``n + 1``. After step 3 a re-run finds the job already rescaled.
-The record also sets each new partition's snapshot horizon one past what was written,
-so a local copy of an old task left on another machine is never loaded for the new
-task with the same number. The old generation's data stays (Kafka topics: delete them
+A local copy of an old task left on another machine is tagged with the old generation,
+so it is rebuilt, never loaded, for the new task with the same number
+(:mod:`localstate.rescale_copies`). The old generation's data stays (Kafka topics: delete them
 when satisfied; objectstore: deleted here after the switch, best effort).
 """
 
@@ -107,12 +107,7 @@ def write_generation(job: JobFiles, stage: Stage, version: int, position: Any,
                                                                  offsets=offsets, epoch=epoch, stores=meta,
                                                                  event_time=carried_event_time(ckpts)))
         fault_point("rescale.before_manifest")
-        horizons: dict[str, list[int]] = {}
-        for name, per_task in ends.items():
-            stream = job.stores[name].changelog[1]  # type: ignore[index]
-            before = horizons.get(stream, [0] * job.new)
-            horizons[stream] = [max(b, end + 1) for b, end in zip(before, per_task)]
-        target.write_generation(Generation(number, job.new, job.old, horizons))
+        target.write_generation(Generation(number, job.new, job.old))
         fault_point("rescale.after_manifest")
     finally:
         target.close()

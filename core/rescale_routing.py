@@ -85,24 +85,36 @@ def layout_for(spec: StoreSpec) -> RecordLayout:
     )
 
 
-_ROUTE = re.compile(r"^key(?:\[(\d+)\])?(\s+as\s+int32)?$")
+_ROUTE = re.compile(r"^(?:key(?:\[(\d+)\])?|(timer))(\s+as\s+int32)?$")
 
 
 def route_of(spec: StoreSpec) -> Callable[[bytes], Any]:
     """``stores.<s>.rescale.key``: how to get the routing value (the input key column's
     value) from a store key's bytes. ``key`` (default): the decoded key itself;
-    ``key[i]``: element ``i`` of a tuple key (``tuple`` serde); ``... as int32``: the
-    input key column is int32, not int64 (Spark hashes them differently)."""
+    ``key[i]``: element ``i`` of a tuple key (``tuple`` serde); ``timer``: the key a
+    timer of a timers store (:mod:`localstate.timers`) was registered for; ``... as
+    int32``: the input key column is int32, not int64 (Spark hashes them differently)."""
     text = str(spec.raw.get("rescale.key", "key")).strip()
     m = _ROUTE.match(text)
     if not m:
         raise ConfigError(
-            f"stores.{spec.name}.rescale.key = {text!r}: expected 'key', 'key[i]' (element i of a tuple key), "
-            "optionally followed by ' as int32'"
+            f"stores.{spec.name}.rescale.key = {text!r}: expected 'key', 'key[i]' (element i of a tuple key) or "
+            "'timer' (a timers store), optionally followed by ' as int32'"
         )
+    int32 = m.group(3) is not None
+    if m.group(2) is not None:
+        if spec.key_serde != "bytes":
+            raise ConfigError(f"stores.{spec.name}.rescale.key = {text!r} is for a timers store (key.serde = bytes), "
+                              f"not key.serde = {spec.key_serde!r}")
+        from .timers import timer_key
+
+        def timer_route(key: bytes) -> Any:
+            return timer_key(key)
+
+        timer_route.as_int32 = int32  # type: ignore[attr-defined]
+        return timer_route
     decode = get_serde(spec.key_serde, store=spec.name).decode
     index = None if m.group(1) is None else int(m.group(1))
-    int32 = m.group(2) is not None
     if index is not None and spec.key_serde != "tuple":
         raise ConfigError(f"stores.{spec.name}.rescale.key = {text!r} needs key.serde = tuple, not {spec.key_serde!r}")
 
@@ -173,15 +185,27 @@ def route_store(
                 if h % old != p:
                     raise ConfigError(
                         f"store {spec.name!r}: key {value!r} is held by old task {p} but its input rows go to task "
-                        f"{h % old}: the store is not partitioned by the input key (a task-level store such as "
-                        f"a watermark, or keys with the input key inside: set stores.{spec.name}.rescale.key = "
-                        "key[i]). Its state cannot be moved with the rows. Nothing was changed."
+                        f"{h % old}: the store is not partitioned by the input key ({_fix(spec, k)}). Its state "
+                        "cannot be moved with the rows. Nothing was changed."
                     )
                 out[h % new][k] = state[k]
     if shared:
         for target in out:
             target.update(shared)
     return out
+
+
+def _fix(spec: StoreSpec, key: bytes) -> str:
+    """What to set for a store whose record ``key`` does not route to its task."""
+    from .timers import is_timer_record
+
+    if spec.key_serde == "bytes" and "rescale.key" not in spec.raw and is_timer_record(key):
+        return (f"its keys are timers, which carry the input key: set stores.{spec.name}.rescale.key = timer "
+                "(add ' as int32' for an int32 key column)")
+    if spec.key_serde == "tuple":
+        return (f"a tuple key with the input key inside: set stores.{spec.name}.rescale.key = key[i]; or a "
+                "task-level store such as a watermark")
+    return "a task-level store such as a watermark, or keys with the input key inside"
 
 
 def _route_value(spec: StoreSpec, route: Callable[[bytes], Any], p: int, key: bytes, suffix: int) -> Any:

@@ -13,7 +13,7 @@ import math
 import pickle
 import struct
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import repeat
 from operator import add, itemgetter, sub
@@ -33,6 +33,7 @@ __all__ = [
     "encoder_of_many",
     "decoder_of_many",
     "prefixed_encoder_of_many",
+    "checked_serde",
     "SERDES",
 ]
 
@@ -153,7 +154,9 @@ _NON_FINITE = "NaN and infinities have no JSON form (orjson would write null, so
 
 
 def _json_encode(o: Any) -> bytes:
-    out = _json_dumps(o)
+    # a right-sized copy, as in _json_encode_many: the object cache keeps each put's bytes
+    # until its flush, and orjson's own result holds a larger system-allocator block
+    out = bytes(memoryview(_json_dumps(o)))
     if b"null" in out and _has_non_finite(o):  # null is rare: the walk runs only then
         raise ValueError(_NON_FINITE)
     return out
@@ -400,6 +403,8 @@ def _pickle_encode(o: Any) -> bytes:
 
 
 SERDES = Registry("serde", "localstate.serdes", UnknownSerdeError)
+_BUILT_INS: set[int] = set()
+"""The ids of the built-in serde objects (alive for the process): trusted to return bytes."""
 
 def _mapped(fn: Callable[[Any], Any]) -> Callable[[list[Any]], list[Any]]:
     """``fn`` over a list, looping in C (``map``) when ``fn`` itself is C."""
@@ -419,6 +424,52 @@ for _serde in (
     Serde("pickle", _pickle_encode, pickle.loads, False, _mapped(_pickle_encode), _mapped(pickle.loads)),
 ):
     SERDES.register(_serde.name, _serde, origin="built-in")
+    _BUILT_INS.add(id(_serde))
+
+
+_CHECKED: dict[int, Serde] = {}
+
+
+def _bytes_result(result: Any, serde: Serde) -> bytes:
+    """A user encoder's result as ``bytes``, or a TypeError saying what it returned."""
+    if type(result) is bytes:
+        return result
+    if isinstance(result, (bytearray, memoryview)):
+        return bytes(result)
+    raise TypeError(f"serde {serde.name!r} returned {type(result).__name__} {result!r:.60}, not bytes")
+
+
+def checked_serde(serde: Serde) -> Serde:
+    """``serde`` with encoders that check their results are bytes (a bytearray or
+    memoryview result becomes bytes). A user's encoder that returns ``None`` or a ``str``
+    then fails at the ``put`` that passed the value, where the layers name the store and
+    the key, not at a later flush, commit or close with a storage library's error.
+    Built-in serdes return bytes by construction and are given back unchanged; a checked
+    serde is checked once."""
+    if id(serde) in _BUILT_INS or getattr(serde, "_checked", False):
+        return serde
+    done = _CHECKED.get(id(serde))
+    if done is not None and done._original is serde:  # type: ignore[attr-defined]
+        return done
+    encode, encode_many = serde.encode, serde.encode_many
+
+    def checked_encode(obj: Any) -> bytes:
+        result = encode(obj)
+        return result if type(result) is bytes else _bytes_result(result, serde)
+
+    def checked_encode_many(items: list[Any]) -> list[bytes]:
+        results = encode_many(items)  # type: ignore[misc]
+        if not isinstance(results, list) or len(results) != len(items):
+            raise TypeError(f"serde {serde.name!r}: encode_many returned {type(results).__name__}, "
+                            f"not a list of {len(items)} bytes")
+        return results if all_of_type(results, bytes) else [_bytes_result(r, serde) for r in results]
+
+    done = replace(serde, encode=checked_encode,
+                   encode_many=checked_encode_many if encode_many is not None else None)
+    object.__setattr__(done, "_checked", True)
+    object.__setattr__(done, "_original", serde)
+    _CHECKED[id(serde)] = done
+    return done
 
 
 def register_serde(serde: Serde, clobber: bool = False) -> None:

@@ -28,10 +28,10 @@ from .errors import (
 from .faults import paused
 from .kv import KeyValueStore
 from .layout import home_path, store_dir, task_lock
-from .locking import io_error, remove_tree
+from .locking import atomic_write, io_error, remove_tree
 from .metrics import RestoreProgress, StoreMetrics, TaskMetrics, track, untrack
 from .registry import did_you_mean
-from .serdes import get_serde
+from .serdes import checked_serde, get_serde
 from .store_open import (
     Recovery,
     RestoreListener,
@@ -121,8 +121,10 @@ class TaskStorage(StoreOpening, TaskCommit):
             else:
                 ckpt = self._read_checkpoint(recovery)
             home = self._system(config.checkpoint_system).describe()
+            self._evidence: list[str] = []
             if ckpt is None and not recovery:
                 self._check_home(home)
+                self._evidence = self._commit_evidence(home)
             self._committed: Checkpoint | None = ckpt
             self._checkpoint = ckpt if ckpt is not None and ckpt.committed else None
             self.epoch = (ckpt.epoch if ckpt else 0) + 1
@@ -136,8 +138,7 @@ class TaskStorage(StoreOpening, TaskCommit):
             if self._register:
                 with paused():
                     self._write_checkpoint(ckpt.version if ckpt else -1, ckpt.input_position if ckpt else None)
-            if ckpt is None or recovery:
-                self._write_home(home)
+            self._write_home(home)
         except BaseException:
             self._close_all(raise_errors=False)
             raise
@@ -174,12 +175,41 @@ class TaskStorage(StoreOpening, TaskCommit):
                 "over in the new system with `localstate restore --reset STORE` for each store."
             )
 
+    def _commit_evidence(self, home: str) -> list[str]:
+        """What this state dir holds that only a task with a checkpoint leaves: the home
+        file naming the checkpoint system ``home``, when the task logs a store (the open
+        that wrote it wrote a checkpoint there first). A store's local files are no such
+        evidence: an engine creates them before the task's first checkpoint."""
+        path = self._home_file()
+        try:
+            here = path.read_text().strip() == home
+        except OSError:
+            return []
+        if here and any(spec.changelog is not None for spec in self.config.stores.values()):
+            return [f"{path} (an earlier open wrote a checkpoint there)"]
+        return []
+
+    def _lost_error(self, store: str) -> CorruptionError:
+        """No checkpoint, the changelog of ``store`` empty, and :meth:`_commit_evidence` found."""
+        home = self._system(self.config.checkpoint_system).describe()
+        stores = " ".join(f"--reset {n}" for n in self.config.stores)
+        return CorruptionError(
+            f"task {self.job}/partition {self.partition}: no checkpoint in {home} and store {store!r} has an "
+            f"empty changelog, but this machine holds evidence that the task committed there: "
+            f"{'; '.join(self._evidence)}. Its checkpoints and changelogs are gone (topics deleted, the cluster "
+            "wiped or replaced, bootstrap servers pointing at an empty cluster, the log directory or bucket "
+            "prefix deleted), or the config points at the wrong place. Nothing was changed, local files "
+            "included. Point the config at the place that holds them, or restore them from a backup; to start "
+            f"the task over, empty, on purpose: `localstate restore -c CONFIG -p {self.partition} {stores}`."
+        )
+
     def _write_home(self, home: str) -> None:
-        """Remember (once per task, not per commit) where the task's checkpoints live."""
+        """Remember (at open, not per commit; written only when it changes) where the
+        task's checkpoints live."""
         path = self._home_file()
         try:
             if not path.exists() or path.read_text().strip() != home:
-                path.write_text(home + "\n")
+                atomic_write(path, (home + "\n").encode())  # a torn one would name a wrong home
         except OSError as e:
             log.warning("could not record %s (%s); a later change of checkpoint system will not be detected",
                         path, e)
@@ -276,8 +306,8 @@ class TaskStorage(StoreOpening, TaskCommit):
                               f"({e})") from e
         from .layers import maybe_logging
 
-        view = ColumnarStore(maybe_logging(entry.engine, entry.logger), get_serde(spec.key_serde),
-                             get_serde(spec.msg_serde), name, entry.metrics)
+        view = ColumnarStore(maybe_logging(entry.engine, entry.logger), checked_serde(get_serde(spec.key_serde)),
+                             checked_serde(get_serde(spec.msg_serde)), name, entry.metrics)
         self._columnar[name] = view
         return view
 

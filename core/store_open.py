@@ -42,7 +42,8 @@ from .locking import io_error
 from .metrics import RestoreProgress, StoreMetrics
 from .records import ChangeRecord
 from .registry import SYSTEMS, resolve_factory
-from .serdes import get_serde
+from .rescale_copies import claim_local_copy, log_identity, tag_local_copy
+from .serdes import checked_serde, get_serde
 
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogPartition, ChangelogSystem
@@ -169,11 +170,14 @@ class StoreOpening:
     _register: bool
     _listener: RestoreListener | None
     last_restore: dict[str, RestoreProgress]
+    _evidence: list[str]
+    """No checkpoint was found, but this machine shows that the task committed: what it shows."""
 
     if TYPE_CHECKING:  # provided by TaskStorage
         def store_dir(self, name: str) -> Path: ...
         def _system(self, name: str) -> ChangelogSystem: ...
         def _event_clock_ns(self) -> int | None: ...
+        def _lost_error(self, store: str) -> CorruptionError: ...
 
     def _check_meta(self, spec: StoreSpec, directory: Path) -> None:
         """A store whose engine or serdes changed since its last commit is an error
@@ -253,11 +257,14 @@ class StoreOpening:
         if spec.changelog is not None:
             system, stream = spec.changelog
             changelog = self._system(system).open_partition(stream, self.partition, self.config.partitions)
+            if self._evidence and changelog.end_offset() == 0:  # before the engine touches its local copy
+                changelog.close()
+                raise self._lost_error(spec.name)
             logger: ChangeLogger = ChangeLogger(spec.name, changelog, spec.write_batch_size, metrics)
         else:
             logger = NullChangeLogger(spec.name, metrics)
-        key_serde = get_serde(spec.key_serde, store=spec.name)
-        msg_serde = get_serde(spec.msg_serde, store=spec.name)
+        key_serde = checked_serde(get_serde(spec.key_serde, store=spec.name))
+        msg_serde = checked_serde(get_serde(spec.msg_serde, store=spec.name))
         context = StoreContext(
             job=self.job,
             store=spec.name,
@@ -270,7 +277,13 @@ class StoreOpening:
             msg_serde=msg_serde,
         )
         factory = resolve_factory(spec.factory, store=spec.name)
+        committed: int | None = None
+        identity: str | None = None
         try:
+            if changelog is not None:
+                committed = self._committed_offset(spec, changelog)
+                identity = log_identity(self._system(spec.changelog[0]), changelog)  # type: ignore[index]
+                claim_local_copy(directory, identity, spec.name)
             with engine_phase(spec, "create"):
                 engine = factory.create(spec, context)
         except BaseException:
@@ -295,10 +308,13 @@ class StoreOpening:
         entry = _OpenStore(spec, engine, engine, logger, changelog, metrics, directory)
         self._stores[spec.name] = entry
         if changelog is not None:
-            committed = self._committed_offset(spec, changelog)
+            assert committed is not None and identity is not None
             self._restore(entry, committed)
             with engine_phase(spec, "current"):
                 changelog.discard_tail(committed, engine.current)
+            after = log_identity(self._system(spec.changelog[0]), changelog)  # type: ignore[index]
+            if after != identity:  # a cut tail: the copy restored to C is a prefix of the new log
+                tag_local_copy(directory, after, spec.name)
         if isinstance(engine, KeyValueStore):
             entry.view = build_store(
                 engine,

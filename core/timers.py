@@ -36,7 +36,7 @@ from .faults import fault_point
 from .kv import KeyValueStore
 from .serdes import all_of_type, get_serde
 
-__all__ = ["Timers", "EVENT_TIME", "PROCESSING_TIME", "check_timer_store"]
+__all__ = ["Timers", "EVENT_TIME", "PROCESSING_TIME", "check_timer_store", "is_timer_record", "timer_key"]
 
 EVENT_TIME = b"e"
 PROCESSING_TIME = b"p"
@@ -81,6 +81,20 @@ def _decode_keys(record_keys: list[bytes]) -> list[Any]:
     if set(map(_TAG, record_keys)) == {_STR[0]}:  # C-level passes: this is the firing path
         return list(map(bytes.decode, map(_STR_BODY, record_keys)))
     return [_decode_key(k[9:]) for k in record_keys]
+
+
+def is_timer_record(record_key: bytes) -> bool:
+    """Whether ``record_key`` has the shape of a timer record key (domain, timestamp, tagged key)."""
+    return len(record_key) >= 10 and record_key[:1] in (EVENT_TIME, PROCESSING_TIME) and \
+        record_key[9:10] in (_STR, _INT, _BYTES, _OTHER)
+
+
+def timer_key(record_key: bytes) -> Any:
+    """The key a timer record key was registered for (what ``stores.<timers>.rescale.key
+    = timer`` routes by: the input key of the rows that registered it)."""
+    if not is_timer_record(record_key):
+        raise InvalidValueError(f"{record_key!r} is not a timer record key (domain byte, 8-byte timestamp, key)")
+    return _decode_key(record_key[9:])
 
 
 def _timestamps(timestamps: Iterable[Any], what: str) -> list[int]:

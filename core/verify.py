@@ -26,7 +26,8 @@ from typing import Any
 
 from .checkpoint import Checkpoint
 from .config import Config
-from .errors import LocalStateError
+from .errors import CorruptionError, LocalStateError
+from .reader import read_checkpoint_readonly
 
 __all__ = ["StoreCheck", "verify_job"]
 
@@ -62,10 +63,7 @@ def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint 
         # reading would create it: verify writes nothing
         return None, [f"checkpoint topic {topic!r} does not exist"]
     try:
-        try:
-            ckpt = store.read(job, partition, fence=False)
-        except TypeError:
-            ckpt = store.read(job, partition)
+        ckpt = read_checkpoint_readonly(store, job, partition)
     except LocalStateError as e:
         problems.append(f"latest checkpoint: {e}")
     try:
@@ -77,6 +75,7 @@ def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint 
 
 def verify_job(config: Config, partitions: list[int] | None = None, *, deep: bool = True) -> list[StoreCheck]:
     """One :class:`StoreCheck` per changelogged store and task partition of ``config``."""
+    from .rescale_copies import check_layout
     from .store_open import open_system
 
     systems: dict[str, Any] = {}
@@ -84,12 +83,18 @@ def verify_job(config: Config, partitions: list[int] | None = None, *, deep: boo
     def system(name: str) -> Any:
         if name not in systems:
             systems[name] = open_system(config, name)
+            check_layout(config, systems[name])
         return systems[name]
 
     out: list[StoreCheck] = []
+    wanted = partitions if partitions is not None else range(config.partitions)
     try:
-        ckpt_store = system(config.checkpoint_system).checkpoints()
-        for p in partitions if partitions is not None else range(config.partitions):
+        try:
+            ckpt_store = system(config.checkpoint_system).checkpoints()
+        except CorruptionError as e:  # damage found opening the job (a lost generation record): a problem
+            return [StoreCheck(spec.name, p, problems=[str(e)])
+                    for p in wanted for spec in config.stores.values() if spec.changelog is not None]
+        for p in wanted:
             ckpt, ckpt_problems = _read_checkpoints(ckpt_store, config.job_name, p)
             for spec in config.stores.values():
                 if spec.changelog is None:

@@ -197,9 +197,15 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
             raw_mode = json.loads(marker.read_text()).get("raw_mode", True)
         except FileNotFoundError:
             return
-        except (OSError, ValueError, AttributeError) as e:
+        except OSError as e:
             raise EngineError(f"store {self.name!r}: cannot read {marker}: {e}; delete {self.directory} "
                               "to rebuild the store from the changelog") from e
+        except (ValueError, AttributeError) as e:
+            # rocksdict rewrites its marker in place at every open, so a kill during an open
+            # can leave it empty or cut short: damage to the local copy, which a logged store
+            # sets aside and rebuilds like any other damage
+            raise CorruptionError(f"store {self.name!r}: {marker} is damaged ({e}); delete "
+                                  f"{self.directory} to rebuild the store from the changelog") from e
         if raw_mode is not True:
             raise EngineError(
                 f"store {self.name!r}: RocksDB at {self.live_dir} was created with incompatible options "

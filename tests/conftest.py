@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from localstate import Config
 
-pytest_plugins = ["localstate.testing.kafka", "localstate.testing.spark", "localstate.testing.s3"]
+pytest_plugins = ["localstate.testing.kafka", "localstate.testing.spark", "localstate.testing.s3",
+                  "localstate.testing.hdfs"]
 
 
 

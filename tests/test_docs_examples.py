@@ -1,7 +1,12 @@
 """Every Python example in README.md and docs/**/*.md runs in CI, so an example can never
-drift from the API again (issue 14: the Quickstart crashed on ``counts.get("/home", 0)``).
+drift from the API (a reader copies it literally).
 
-Each ```python block runs as a fresh process in an empty directory. A block preceded by
+Each ```python block runs as a fresh process in an empty directory, and then once more
+in the same directory, as a reader who runs it again would: a block that writes
+``./state`` and asserts on what it finds there, or creates a folder that exists the
+second time, fails. A block that leaves files in the directory it runs in must say so
+in its first line (a comment naming the "current directory"); the others work in a
+fresh directory of their own (``tempfile.mkdtemp()``). A block preceded by
 ``<!-- example: fragment ... -->`` (it needs a broker or names the reader's own code)
 is compiled instead; fragments are kept few on purpose.
 """
@@ -41,10 +46,18 @@ def test_the_readme_and_docs_have_examples():
 
 
 @pytest.mark.parametrize(("doc", "line", "code", "fragment"), BLOCKS)
-def test_example_runs(doc: str, line: int, code: str, fragment: bool, tmp_path: Path) -> None:
+def test_example_runs_twice(doc: str, line: int, code: str, fragment: bool, tmp_path: Path) -> None:
     if fragment:
         compile(code, f"{doc}:{line}", "exec")
         return
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, f"{doc}:{line} failed:\n{result.stderr[-3000:]}"
+    for attempt in ("first", "second"):
+        result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                                timeout=600)
+        assert result.returncode == 0, (
+            f"{doc}:{line} failed on its {attempt} run in the same directory:\n{result.stderr[-3000:]}")
+    left = sorted(p.name for p in tmp_path.iterdir())
+    first = code.lstrip().splitlines()[0]
+    assert not left or (first.startswith("#") and "current directory" in first), (
+        f"{doc}:{line} leaves {left} in the directory it runs in without saying so: give it a fresh "
+        "directory of its own (tempfile.mkdtemp()), or say so in its first line "
+        "('# ... in the current directory')")

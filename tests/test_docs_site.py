@@ -8,11 +8,19 @@ scripts are collected, and every internal one must exist — pages are rendered 
 other files fetched. The server records every request, including those the browser
 made itself (the search index, fonts, icons), and any 404 fails the test. Every
 Markdown page under docs/ must be reached from the home page.
+
+The same rendering checks what a reader sees: the server adds a small script to every
+page (``PROBE``) that measures, in the laid-out page, that no SVG diagram's text runs
+outside its viewBox (SVG images are fetched and measured too) and that no diagram drawn
+in text needs a scroll bar at a desktop window size; and no page may mention the
+project's internal issue numbers.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,15 +31,18 @@ from collections.abc import Iterator
 from functools import partial
 from html.parser import HTMLParser
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from io import BytesIO
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import urldefrag, urljoin, urlsplit
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+WINDOW = (1280, 900)  # a laptop screen: both of the theme's side bars are shown
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage"]
+                  "--disable-dev-shm-usage", f"--window-size={WINDOW[0]},{WINDOW[1]}"]
 
 
 def _chromium() -> str:
@@ -56,8 +67,102 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+PROBE_RESULT = "localstate-probe"
+PROBE = r"""<script>
+(() => {
+  // Text diagrams: box-drawing characters and arrows mark a diagram drawn in a code block.
+  const DIAGRAM = /[\u2500-\u257f\u2190-\u21ff\u25b2-\u25c4]/;
+  const problems = [];
+  function measure(svg, label) {
+    if (!svg.querySelector("text")) return;  // icons: no text to clip
+    const vb = svg.viewBox.baseVal;
+    const [x0, y0] = vb && vb.width ? [vb.x, vb.y] : [0, 0];
+    const [x1, y1] = vb && vb.width ? [vb.x + vb.width, vb.y + vb.height]
+                                    : [svg.width.baseVal.value, svg.height.baseVal.value];
+    const toSvg = svg.getScreenCTM().inverse();
+    for (const text of svg.querySelectorAll("text")) {
+      // An SVG's fonts are the reader's: measured as this browser picks them, and in
+      // DejaVu Sans, the wide sans-serif of Linux desktops without Helvetica or Arial.
+      const boxes = [text.getBBox()];
+      const family = text.style.fontFamily;
+      text.style.fontFamily = '"DejaVu Sans", sans-serif';
+      boxes.push(text.getBBox());
+      text.style.fontFamily = family;
+      const m = toSvg.multiply(text.getScreenCTM());
+      const pts = boxes.flatMap(b => [[b.x, b.y], [b.x + b.width, b.y], [b.x, b.y + b.height], [b.x + b.width, b.y + b.height]])
+        .map(([x, y]) => new DOMPoint(x, y).matrixTransform(m));
+      const xs = pts.map(p => p.x), ys = pts.map(p => p.y);
+      const [left, right, top, bottom] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+      if (left < x0 - 0.5 || right > x1 + 0.5 || top < y0 - 0.5 || bottom > y1 + 0.5) {
+        problems.push(`${label}: the text "${text.textContent.trim()}" spans x ${left.toFixed(0)}..${right.toFixed(0)}, ` +
+                      `y ${top.toFixed(0)}..${bottom.toFixed(0)}, outside the viewBox ${x0} ${y0} ${x1} ${y1}: it is clipped`);
+      }
+    }
+  }
+  const shelf = document.createElement("div");  // laid out, not shown: SVG images measured here
+  shelf.style.cssText = "position:absolute;left:-20000px;top:0;visibility:hidden";
+  document.body.appendChild(shelf);
+  for (const img of document.querySelectorAll("img")) {
+    const src = img.getAttribute("src") || "";
+    if (!src.split(/[?#]/)[0].endsWith(".svg")) continue;
+    const request = new XMLHttpRequest();
+    request.open("GET", img.src, false);
+    request.send();
+    const svg = new DOMParser().parseFromString(request.responseText, "image/svg+xml").documentElement;
+    if (svg.nodeName !== "svg") { problems.push(`${src}: not an SVG document`); continue; }
+    shelf.appendChild(document.importNode(svg, true));
+    measure(shelf.lastElementChild, src);
+  }
+  document.querySelectorAll("svg").forEach((svg, i) => {
+    if (!shelf.contains(svg)) measure(svg, `inline SVG #${i + 1}`);
+  });
+  for (const pre of document.querySelectorAll("pre")) {
+    if (pre.querySelector("code span[class]")) continue;  // highlighted code: an arrow in a comment is no diagram
+    if (!DIAGRAM.test(pre.textContent)) continue;
+    for (const box of [pre, pre.querySelector("code")]) {
+      if (box && box.scrollWidth > box.clientWidth + 1) {
+        const first = pre.textContent.trim().split("\n")[0].slice(0, 60);
+        problems.push(`the text diagram starting "${first}" is ${box.scrollWidth}px wide in a ` +
+                      `${box.clientWidth}px box (window ${window.innerWidth}px): it scrolls, cut at the right edge`);
+        break;
+      }
+    }
+  }
+  shelf.remove();
+  const out = document.createElement("pre");
+  out.id = "@PROBE_RESULT@";
+  out.hidden = true;
+  out.textContent = JSON.stringify(problems);
+  document.body.appendChild(out);
+})();
+</script>
+""".replace("@PROBE_RESULT@", PROBE_RESULT)
+"""Added to every page the browser renders (before ``</body>``, after the theme's scripts):
+what it finds is written into the page as JSON, read back from the dumped DOM."""
+
+INTERNAL_ISSUE = re.compile(r"\bissues?\s+#?\d+|\(#\d+\)|\bpart \d+ of issue", re.I)
+"""A reference to the project's own issue tracker, which readers of the site do not see."""
+
+
 class _Recorder(SimpleHTTPRequestHandler):
     requests: list[tuple[str, int]]
+
+    def send_head(self) -> BinaryIO | BytesIO | None:
+        """Pages get ``PROBE`` (one without ``</body>`` goes unprobed, and the test names
+        it); everything else is served as it is."""
+        path = urlsplit(self.path).path
+        file = Path(self.translate_path(path))
+        if path.endswith("/"):
+            file = file / "index.html"
+        if not (_is_page(path) and file.is_file()):
+            return super().send_head()
+        html = file.read_text(encoding="utf-8")
+        body = html.replace("</body>", PROBE + "</body>", 1).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return BytesIO(body)
 
     def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
         self.requests.append((self.path, int(code) if isinstance(code, int) or str(code).isdigit() else 0))
@@ -89,11 +194,16 @@ class _Page(HTMLParser):
         self.resources: list[str] = []
         self.ids: set[str] = set()
         self.headings = 0
+        self.text: list[str] = []  # what a reader sees (no scripts, styles or the probe)
+        self.probe: str | None = None
+        self._skip: str | None = None  # inside this element, text is not the page's
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         a = dict(attrs)
         if a.get("id"):
             self.ids.add(a["id"])
+        if tag in ("script", "style") or a.get("id") == PROBE_RESULT:
+            self._skip = PROBE_RESULT if a.get("id") == PROBE_RESULT else tag
         if tag == "a" and a.get("href"):
             self.links.append(a["href"])
         elif tag in ("img", "script") and a.get("src"):
@@ -102,6 +212,16 @@ class _Page(HTMLParser):
             self.resources.append(a["href"])
         if tag == "h1":
             self.headings += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._skip is not None and tag == ("pre" if self._skip == PROBE_RESULT else self._skip):
+            self._skip = None
+
+    def handle_data(self, data: str) -> None:
+        if self._skip == PROBE_RESULT:
+            self.probe = (self.probe or "") + data
+        elif self._skip is None:
+            self.text.append(data)
 
 
 def _render(chromium: str, url: str, profile: Path) -> str:
@@ -134,6 +254,12 @@ def test_the_site_builds_in_strict_mode_with_every_docs_page(site: Path) -> None
     api = (site / "api" / "index.html").read_text()
     for name in ("TaskStorage", "StatefulJob", "StorageEngine", "KeyValueStoreConformance"):
         assert name in api, f"the API reference lacks {name}"
+    # what a user calls, rendered as an entry of its own (inherited methods included)
+    for entry in ("localstate.TaskStorage.commit", "localstate.TaskStorage.store", "localstate.StateReader",
+                  "localstate.read_committed", "localstate.timers.Timers", "localstate.timers.Timers.register",
+                  "localstate.rescale.rescale", "localstate.rescale.RescaleResult", "localstate.prometheus.register",
+                  "localstate.prometheus.register_spark_job"):
+        assert f'id="{entry}"' in api, f"the API reference has no entry {entry}"
 
 
 def test_every_page_link_image_and_anchor_works_in_chromium(served: tuple[str, list[tuple[str, int]]],
@@ -184,6 +310,17 @@ def test_every_page_link_image_and_anchor_works_in_chromium(served: tuple[str, l
     for path in ("/reliability/", "/benchmarks/", "/api/", "/changelog/"):
         assert path in reached, path
 
+    unmeasured = [url for url, page in pages.items() if page.probe is None]
+    assert not unmeasured, f"the probe did not run on {unmeasured}"
+    clipped = [f"{url}: {problem}" for url, page in sorted(pages.items())
+               for problem in json.loads(page.probe or "[]")]
+    internal = [f"{url}: ...{m.string[max(0, m.start() - 50):m.end() + 30]}..."
+                for url, page in sorted(pages.items())
+                for m in INTERNAL_ISSUE.finditer(" ".join("".join(page.text).split()))]
+    assert not (clipped or internal), "\n".join(
+        (["diagrams that do not fit their box:", *clipped] if clipped else [])
+        + (["pages mention internal issue numbers (say what, not which ticket):", *internal] if internal else []))
+
 
 def test_the_cli_reference_shows_every_command(site: Path) -> None:
     import click
@@ -197,7 +334,8 @@ def test_the_cli_reference_shows_every_command(site: Path) -> None:
 def test_ci_runs_exactly_the_readme_test_command() -> None:
     """The README promises that its second command is what CI runs."""
     readme = (ROOT / "README.md").read_text()
-    commands = [line.strip() for line in readme.splitlines() if line.startswith("    python3 -m venv .venv")]
+    commands = [line.strip() for line in readme.splitlines() if line.startswith("    python3 -m venv .venv")
+                and line.rstrip().endswith(("localstate demo", "pytest -q"))]
     assert len(commands) == 2, commands
     demo, suite = commands
     assert demo.endswith("&& .venv/bin/localstate demo")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
@@ -23,6 +25,19 @@ class TestFileChangelogConformance(ChangelogSystemConformance):
     @pytest.fixture
     def job_values(self, tmp_path):
         return {"systems.file.path": str(tmp_path / "log")}
+
+    def lose_newest_checkpoint(self, values):
+        (Path(values["systems.file.path"]) / "_checkpoints" / values["job.name"] / "partition-0.ckpt").unlink()
+
+    def storage_snapshot(self, values):
+        root = Path(values["systems.file.path"])
+        return sorted((str(f.relative_to(root)), f.read_bytes()) for f in root.rglob("*") if f.is_file())
+
+    def lose_stream(self, values, stream):
+        shutil.rmtree(Path(values["systems.file.path"]) / stream)
+
+    def lose_everything(self, values):
+        shutil.rmtree(values["systems.file.path"])
 
 
 @pytest.fixture

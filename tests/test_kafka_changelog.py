@@ -1,4 +1,5 @@
-"""The Kafka changelog against a real Kafka-protocol broker (tansu on 127.0.0.1, never a mock).
+"""The Kafka changelog against real brokers on 127.0.0.1, never a mock: every test that
+takes ``kafka_broker`` runs twice, on tansu and on Apache Kafka (one KRaft node).
 
 * the shipped changelog conformance suite (partition contract, every installed KV engine
   restored from Kafka equals the committed state, zombie fencing);
@@ -6,7 +7,8 @@
 * zombie fencing; broker killed / paused during a commit; wrong existing topics; config errors.
 
 tansu keeps its data in memory only: a restarted tansu has lost every topic, so
-"the broker comes back" is tested by pausing the broker process (SIGSTOP/SIGCONT).
+"the broker comes back" is tested by pausing the broker process (SIGSTOP/SIGCONT); the
+tests that stop their own broker run on tansu (a fresh Apache Kafka node costs seconds).
 Nothing here depends on tansu's known gaps (no compaction, understated high
 watermark, aborted records visible to read_committed consumers).
 """
@@ -24,6 +26,7 @@ from localstate import Config, TaskStorage, faults
 from localstate.changelog.kafka import KafkaChangelogSystem
 from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, ConfigError, CorruptionError
+from localstate.testing import FULL
 from localstate.testing import torture as T
 from localstate.testing.changelog_conformance import (
     ChangelogSystemConformance,
@@ -40,6 +43,12 @@ pytestmark = pytest.mark.kafka
 FAST = {"timeout.ms": 1500, "retries": 1, "retry.backoff.ms": 100}
 
 
+@pytest.fixture(params=["tansu", "apache"])
+def kafka_broker(request: pytest.FixtureRequest) -> str:
+    """The bootstrap servers of the session's tansu broker, then of its Apache Kafka node."""
+    return request.getfixturevalue("apache_kafka_broker" if request.param == "apache" else "kafka_broker")
+
+
 class TestKafkaChangelogConformance(ChangelogSystemConformance):
     fenced_match = "fenced by a newer instance"
 
@@ -52,6 +61,53 @@ class TestKafkaChangelogConformance(ChangelogSystemConformance):
     def job_values(self, kafka_broker) -> dict[str, Any]:
         return {"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": kafka_broker}
 
+    def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:
+        """A record of a compacted topic is deleted by a tombstone for its key."""
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": values["systems.kafka.bootstrap.servers"]})
+        topic = values.get("systems.kafka.checkpoint.topic", "localstate-checkpoints")
+        producer.produce(topic, key=f"{values['job.name']}/0".encode(), value=None, partition=0)
+        assert producer.flush(30) == 0
+
+    def storage_snapshot(self, values: dict[str, Any]) -> Any:
+        """The job's changelog topic and the checkpoint topic: existence and end offsets."""
+        system = KafkaChangelogSystem("kafka", {"bootstrap.servers": values["systems.kafka.bootstrap.servers"],
+                                                **FAST}, values["job.name"])
+        consumer = system.client.consumer(isolation="read_uncommitted")
+        try:
+            return {t: system.client.topic_exists(t) and system.client.watermarks(consumer, t, 0)
+                    for t in (f"{values['job.name']}-kv",
+                              values.get("systems.kafka.checkpoint.topic", "localstate-checkpoints"))}
+        finally:
+            consumer.close()
+            system.close()
+
+    def task_values(self, job_values: dict[str, Any], tmp_path: Path, factory: str = "memory") -> dict[str, Any]:
+        # a checkpoint topic of its own: lose_everything deletes it
+        return task_values(job_values, tmp_path, factory, **{"systems.kafka.checkpoint.topic": unique("ckpt")})
+
+    def lose_stream(self, values: dict[str, Any], stream: str) -> None:
+        delete_topics(values["systems.kafka.bootstrap.servers"], [stream])
+
+    def lose_everything(self, values: dict[str, Any]) -> None:
+        delete_topics(values["systems.kafka.bootstrap.servers"], [
+            values["stores.kv.changelog"].split(".", 1)[1], values["systems.kafka.checkpoint.topic"]])
+
+
+def delete_topics(bootstrap: str, topics: list[str]) -> None:
+    """Delete ``topics`` and wait until the broker lists none of them (a real broker
+    deletes in the background)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for fut in admin.delete_topics(topics, operation_timeout=10).values():
+        fut.result(10)
+    deadline = time.monotonic() + 30
+    while set(topics) & set(admin.list_topics(timeout=10).topics):
+        assert time.monotonic() < deadline, f"topics {topics} still listed 30 s after their deletion"
+        time.sleep(0.1)
+
 
 def test_a_takeover_bumps_the_producer_epoch(kafka_broker, tmp_path):
     values = kafka_values(tmp_path, kafka_broker)
@@ -59,6 +115,62 @@ def test_a_takeover_bumps_the_producer_epoch(kafka_broker, tmp_path):
         first = a.epoch
     with TaskStorage(moved(values, tmp_path, "machine-b")) as b:
         assert b.epoch == first + 1
+
+
+def test_bootstrap_servers_pointing_at_an_empty_cluster(kafka_broker_process, apache_kafka_broker, tmp_path):
+    """A task committed on one cluster, its config then pointing at another, empty one (the
+    tansu and the Apache Kafka broker of the session): an error where the task committed
+    before; a brand-new machine cannot tell an empty cluster from a new job and opens
+    empty. The first cluster still holds the exact commit."""
+    if kafka_broker_process.bootstrap == apache_kafka_broker:
+        pytest.skip("LOCALSTATE_KAFKA_BROKER=apache: the session has one broker, not two clusters")
+    values = kafka_values(tmp_path, kafka_broker_process.bootstrap, "rocksdb")
+    with TaskStorage(Config.from_dict(values)) as s:
+        s.store("kv").put_all({f"k{i}": i for i in range(20)})
+        s.commit(input_position=1)
+    elsewhere = {**values, "systems.kafka.bootstrap.servers": apache_kafka_broker}
+    with pytest.raises(CorruptionError, match=rf"no checkpoint in kafka changelog on brokers {apache_kafka_broker}"):
+        TaskStorage(Config.from_dict(elsewhere))
+    with TaskStorage(moved(elsewhere, tmp_path, "brand-new")) as s:
+        assert s.checkpoint is None and dump(s) == {}
+    with TaskStorage(Config.from_dict(values)) as s:
+        assert s.checkpoint.input_position == 1 and dump(s) == {f"k{i}": i for i in range(20)}
+
+
+def test_a_restore_waits_for_committed_records_behind_an_open_transaction(apache_kafka_broker, tmp_path):
+    """A read_committed reader ends at the last stable offset: at the first record of a
+    transaction still open, and on Apache Kafka also for a moment after every commit (the
+    broker writes the commit markers after ``commit_transaction`` returns). A restore of
+    committed records behind that offset waits for them: it never ends early, and the end
+    of the partition is not taken for the stable offset (which would make the committed
+    records look missing). tansu has no such offset, so this runs on Apache Kafka."""
+    import threading
+
+    from confluent_kafka import Producer
+
+    values = kafka_values(tmp_path, apache_kafka_broker)
+    stream = values["stores.kv.changelog"].split(".", 1)[1]
+    with TaskStorage(Config.from_dict(values)) as s:
+        s.store("kv").put_all({f"k{i}": i for i in range(10)})
+        s.commit(input_position=1)
+    other = Producer({"bootstrap.servers": apache_kafka_broker, "transactional.id": unique("other")})
+    other.init_transactions(10)
+    other.begin_transaction()
+    other.produce(stream, b"1", b"other", 0)  # a transaction left open in the changelog partition
+    other.flush(10)
+    with TaskStorage(Config.from_dict(values)) as s:
+        s.store("kv").put_all({f"k{i}": i + 100 for i in range(10)})
+        s.commit(input_position=2)  # its records lie behind the open transaction's first record
+    timer = threading.Timer(1.5, other.abort_transaction, args=(10,))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
+            assert s.checkpoint.input_position == 2
+            assert dump(s) == {f"k{i}": i + 100 for i in range(10)}
+        assert time.monotonic() - t0 >= 1.0  # it waited for the transaction to end
+    finally:
+        timer.join()
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -153,13 +265,15 @@ def kafka_values(tmp_path: Path, bootstrap: str, factory: str = "memory", **extr
 
 
 def changelog_contents(bootstrap: str, stream: str) -> dict[str, Any]:
-    """Every record of the changelog partition up to its end, applied in order (what
-    compaction would keep), decoded with the test store's serdes."""
+    """Every record a read_committed reader sees in the changelog partition (to its last
+    stable offset: not past a transaction still open), applied in order (what compaction
+    would keep), decoded with the test store's serdes."""
     system = KafkaChangelogSystem("kafka", {"bootstrap.servers": bootstrap}, unique("reader"))
     try:
-        p = system.open_partition(stream, 0, 1)
-        state = apply_records(p.read(0, p.end_offset()))
-        p.close()
+        consumer = system.client.consumer()
+        state = apply_records((m.key(), m.value()) for msgs, _ in system.client.scan(consumer, stream, 0, 0)
+                              for m in msgs)
+        consumer.close()
     finally:
         system.close()
     return {k.decode(): json.loads(v) for k, v in state.items()}
@@ -197,6 +311,19 @@ def test_sigkill_between_changelog_flush_and_checkpoint_then_trim(kafka_broker, 
     with TaskStorage(moved(values, tmp_path, "machine-d")) as s:
         assert s.checkpoint.input_position == 5
         assert dump(s, T.STORE) == reference[5]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["memory", "rocksdb"])
+def test_crash_trials_on_apache_kafka(engine, tmp_path, apache_kafka_broker):
+    """The Kafka crash trials (``localstate torture --changelog kafka --bootstrap apache``,
+    short form; the full run is in RELIABILITY.md) on the real broker: SIGKILLs at named
+    commit points and random moments, every reopen equal to the crash-free reference."""
+    report = T.run_trials(engine, "kafka", 8 if FULL else 2, seed=3003, workdir=tmp_path, batches=6, ops=20,
+                          bootstrap=apache_kafka_broker, jobs=2)
+    s = report.summary()
+    assert s["divergences"] == 0, json.dumps(s["first_divergence"], indent=2, default=str)
+    assert s["trials"] == len(report.results) > 0 and sum(r.crashes for r in report.results) >= 1
 
 
 @pytest.mark.parametrize("point", ["commit.after_changelog_flush", "commit.after_engine_checkpoint",
@@ -495,3 +622,4 @@ def test_checkpoint_read_blocked_past_the_timeout_is_a_clear_error(fresh_kafka_b
             TaskStorage(moved(values, tmp_path, "machine-b"))
     finally:
         other.abort_transaction(10)
+

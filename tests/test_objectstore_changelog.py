@@ -29,6 +29,7 @@ from localstate.registry import ENGINES
 from localstate.testing import torture as T
 from localstate.testing.changelog_conformance import (
     ChangelogSystemConformance,
+    ObjectStoreConformanceHooks,
     dump,
     records,
     task_values,
@@ -69,7 +70,7 @@ def job_values(opts: dict[str, Any]) -> dict[str, Any]:
     return {"job.changelog.system": "s3", "job.checkpoint.system": "s3", **opts}
 
 
-class TestObjectStoreChangelogConformance(ChangelogSystemConformance):
+class TestObjectStoreChangelogConformance(ObjectStoreConformanceHooks, ChangelogSystemConformance):
     fenced_match = r"_checkpoints/.*was already written by a newer instance"
 
     @pytest.fixture
@@ -165,7 +166,7 @@ def test_a_roll_up_by_the_previous_instance_after_the_listing_is_read_through(wh
         old.flush()
     reader = make_system(opts).open_partition("st", 0, 1, readonly=True)
     old.append(records(6, 8))
-    old.flush()  # the 4th object: the four are merged into one and deleted
+    old.after_commit(old.flush())  # the 4th object, committed: the four are merged into one and deleted
     assert len(old.store.list(old.log_prefix)) == 1
     assert list(reader.read(0, 6)) == records(0, 6)
     # the merged object deleted too (damage): listing again finds nothing to read
@@ -195,7 +196,7 @@ def test_roll_up_merges_objects_and_keeps_every_offset(where):
     p = make_system(opts).open_partition("st", 0, 1)
     for i in range(0, 40, 2):  # 20 flushes
         p.append(records(i, i + 2))
-        p.flush()
+        p.after_commit(p.flush())  # roll-ups run once the task committed
     names = p.store.list(p.log_prefix)
     # 20 objects -> 5 of level 1 -> 1 of level 2 + 1 of level 1
     assert len(names) == 2, names
@@ -467,7 +468,8 @@ def test_sigkill_inside_the_commit_restores_the_last_commit(request, tmp_path, p
     assert rc == -9, err
     with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
         pos = s.checkpoint.input_position
-        assert pos == (3 if point == "objectstore.rollup.after_put" else 2)
+        # roll-ups run after a commit's checkpoint: the 3rd is the second of commit 4's
+        assert pos == (4 if point == "objectstore.rollup.after_put" else 2)
         assert dump(s, T.STORE) == reference[pos]
     rc, _, err = T.run_child(plan, values, None)
     assert rc == 0, err

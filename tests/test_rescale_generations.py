@@ -41,27 +41,7 @@ FAST_S3 = {"timeout.ms": 3000, "retries": 2, "retry.backoff.ms": 20}
 def remote(request) -> Any:
     """``remote(root, job)``: config values of a job whose state is in a kafka topic or an
     S3 bucket (moto), at 4 partitions. Each call: its own job, streams and checkpoint topic."""
-    if request.param == "kafka":
-        bootstrap = request.getfixturevalue("kafka_broker")
-
-        def system(job: str) -> dict[str, Any]:
-            return {"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": bootstrap,
-                    "systems.kafka.checkpoint.topic": f"{job}-checkpoints", "stores.counts.changelog": f"kafka.{job}-counts",
-                    **{f"systems.kafka.{k}": v for k, v in FAST_KAFKA.items()}}
-    else:
-        from localstate.testing.s3 import objectstore_options
-
-        server = request.getfixturevalue("s3_server")
-        bucket = server.create_bucket()
-
-        def system(job: str) -> dict[str, Any]:
-            return {"job.changelog.system": "s3", **objectstore_options(server.endpoint, bucket, job, **FAST_S3),
-                    "stores.counts.changelog": f"s3.{job}-counts"}
-
-    def make(root: Path, partitions: int = 4, factory: str = "memory") -> dict[str, Any]:
-        job = f"clicks-{os.urandom(4).hex()}"
-        return {**job_values(root, factory, partitions), "job.name": job, **system(job)}
-
+    make = _remote_maker(request, request.param)
     make.kind = request.param  # type: ignore[attr-defined]
     return make
 
@@ -278,3 +258,93 @@ def test_an_objectstore_generation_taken_by_another_rescale_is_skipped(tmp_path,
     assert state_of(new) == expected(6)
     with TaskStorage(new, 0) as storage:
         assert storage.changelog("counts").stream == "clicks-counts.gen2"
+
+
+# -- a local copy of an old task on a disk the rescale could not reach ---------------------------------
+@pytest.fixture(params=["file", "kafka", "objectstore"])
+def any_changelog(request, tmp_path) -> Any:
+    """``any_changelog(partitions, factory, **extra)``: config values of a job on each changelog."""
+    if request.param == "file":
+        return lambda partitions, factory, **extra: job_values(tmp_path, factory, partitions, **extra)
+    make = _remote_maker(request, request.param)
+    return lambda partitions, factory, **extra: {**make(tmp_path, partitions, factory), **extra}
+
+
+def _remote_maker(request: Any, kind: str) -> Any:
+    """Per call: config values of a fresh job on ``kind`` (its own streams, checkpoints)."""
+    if kind == "kafka":
+        bootstrap = request.getfixturevalue("kafka_broker")
+
+        def system(job: str) -> dict[str, Any]:
+            return {"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": bootstrap,
+                    "systems.kafka.checkpoint.topic": f"{job}-checkpoints", "stores.counts.changelog": f"kafka.{job}-counts",
+                    **{f"systems.kafka.{k}": v for k, v in FAST_KAFKA.items()}}
+    else:
+        from localstate.testing.s3 import objectstore_options
+
+        server = request.getfixturevalue("s3_server")
+        bucket = server.create_bucket()
+
+        def system(job: str) -> dict[str, Any]:
+            return {"job.changelog.system": "s3", **objectstore_options(server.endpoint, bucket, job, **FAST_S3),
+                    "stores.counts.changelog": f"s3.{job}-counts"}
+
+    def make(root: Path, partitions: int = 4, factory: str = "memory") -> dict[str, Any]:
+        job = f"clicks-{os.urandom(4).hex()}"
+        return {**job_values(root, factory, partitions), "job.name": job, **system(job)}
+
+    return make
+
+
+@pytest.mark.parametrize("interval", [None, 0], ids=["default", "snapshot-every-commit"])
+def test_an_old_tasks_copy_on_an_unreachable_disk_is_rebuilt_for_the_new_task(tmp_path, any_changelog, interval):
+    """2 tasks, 50 commits each on machine A; A's state dir is unreachable during
+    ``rescale(config, 1)``; the new task 0 runs on machine B until its changelog reaches
+    the old task 0's offsets, then on A. A's RocksDB copy (live database with its
+    clean-close claim; or, with a snapshot at every commit, a snapshot tagged with an
+    offset of the old log) belongs to another log and must be rebuilt, never kept or
+    replayed on."""
+    extra = {} if interval is None else {"stores.counts.rocksdb.snapshot.interval.records": interval}
+    _old_copy_on_machine_a(tmp_path, any_changelog(2, "rocksdb", **extra), 0 if interval is None else 5)
+
+
+def test_an_old_tasks_leveldb_copy_is_rebuilt_too(tmp_path):
+    """The same with LevelDB's copy (its database and persisted offset), file changelog:
+    the tag is one check for every engine, before it opens."""
+    _old_copy_on_machine_a(tmp_path, job_values(tmp_path, "leveldb", 2), 0)
+
+
+def _old_copy_on_machine_a(tmp_path: Path, values: dict[str, Any], past: int) -> None:
+    machine_a = Config.from_dict({**values, "job.state.dir": str(tmp_path / "machine-a")})
+    keys = {p: [u for u in USERS if task_for(u, 2) == p][:20] for p in range(2)}
+    committed: dict[str, Any] = {}
+    for i in range(50):  # one record per commit: old task p's log ends at offset 50
+        for p in range(2):
+            with TaskStorage(machine_a, p) as storage:
+                key = keys[p][i % 20]
+                storage.store("counts")[key] = {"n": i}
+                committed[key] = {"n": i}
+                storage.commit("same", version=i)
+    with TaskStorage(machine_a, 0) as storage:
+        old_end = storage.changelog("counts").end_offset()
+    assert old_end >= 50  # (kafka: a transaction marker per commit too)
+    machine_b = Config.from_dict({**values, "job.state.dir": str(tmp_path / "machine-b")})
+    one = rescale(machine_b, 1).config  # machine A is unreachable: its copies stay
+    on_b = one.with_overrides({"job.state.dir": str(tmp_path / "machine-b")})
+    on_a = one.with_overrides({"job.state.dir": str(tmp_path / "machine-a")})
+    target = old_end + past
+    n = 0
+    while True:
+        with TaskStorage(on_b, 0) as storage:
+            if storage.changelog("counts").end_offset() >= target:
+                break
+            key = f"new-{n}"
+            storage.store("counts")[key] = {"n": n}
+            committed[key] = {"n": n}
+            n += 1
+            storage.commit("same", version=100 + n)
+    with TaskStorage(on_a, 0) as storage:
+        with storage.store("counts").all() as items:
+            got = dict(items)
+    assert len(got) == len(committed) == 40 + n
+    assert got == committed, f"{sum(got.get(k) != v for k, v in committed.items())} keys wrong on machine A"

@@ -253,8 +253,13 @@ def test_a_full_restore_keeps_a_never_written_live_database_and_wipes_any_other(
 def test_a_keyless_record_in_a_kafka_changelog_is_named_not_restored(tmp_path, kafka_broker):
     """Something other than localstate wrote a record without a key into the changelog:
     the restore (committed range) and the tail check (past the commit) both refuse it with
-    an error naming the topic and the offset, and change nothing."""
+    an error naming the topic and the offset, and change nothing. Apache Kafka refuses a
+    keyless record on a compacted topic, so the damage can only be written on tansu."""
     import dataclasses
+    import os
+
+    if os.environ.get("LOCALSTATE_KAFKA_BROKER") == "apache":
+        pytest.skip("Apache Kafka refuses a keyless record on a compacted topic: this damage cannot be written")
 
     from confluent_kafka import Producer
     from localstate.changelog.kafka import KafkaChangelogSystem

@@ -3,10 +3,12 @@
 what their type checker sees, and the examples are clean under it.
 
 The source tree maps folders onto the ``localstate`` package (pyproject's
-``package-dir``), which an editable install hides from mypy behind an import hook; so
-the test lays the package out as an installed wheel would (symlinks, from the same
-``package-dir`` table) and points ``MYPYPATH`` at it. Errors inside localstate itself
-are not this test's subject (``--follow-imports=silent``).
+``package-dir``), which setuptools' default editable mode hides from mypy behind an
+import hook (the documented install uses ``editable_mode=strict``, which mypy sees:
+tests/test_docs_install.py); so that this test does not depend on how the suite's own
+environment was installed, it lays the package out as an installed wheel would
+(symlinks, from the same ``package-dir`` table) and points ``MYPYPATH`` at it. Errors
+inside localstate itself are not this test's subject (``--follow-imports=silent``).
 """
 
 from __future__ import annotations

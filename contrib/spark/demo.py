@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 from localstate import Config, LocalStateError, RestoreProgress
+from localstate.reader import read_checkpoint_readonly
 from localstate.store_open import open_system
 from localstate.terminal import quiet_stderr
 
@@ -50,7 +51,7 @@ def committed_records(config: Config) -> int:
         checkpoints = system.checkpoints()
         total = 0
         for p in range(config.partitions):
-            ckpt = checkpoints.read(config.job_name, p)
+            ckpt = read_checkpoint_readonly(checkpoints, config.job_name, p)
             if ckpt is not None:
                 total += sum(ckpt.offsets.values())
         return total

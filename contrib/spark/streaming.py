@@ -49,6 +49,7 @@ from localstate import (
     TaskStorage,
 )
 from localstate.layout import LOCK_RETRY_S, task_lock
+from localstate.reader import read_checkpoint_readonly
 from localstate.store_open import open_system
 
 __all__ = [
@@ -155,7 +156,7 @@ def committed_batches(config: Config) -> dict[int, int | None]:
         store = system.checkpoints()
         out: dict[int, int | None] = {}
         for p in range(config.partitions):
-            ckpt = store.read(config.job_name, p)
+            ckpt = read_checkpoint_readonly(store, config.job_name, p)  # the driver never fences a task
             out[p] = ckpt.version if ckpt is not None and ckpt.version >= 0 else None
         return out
     finally:

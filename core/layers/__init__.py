@@ -11,7 +11,7 @@ from typing import Any
 from ..changelogger import ChangeLogger
 from ..kv import KeyValueStore
 from ..metrics import StoreMetrics
-from ..serdes import Serde
+from ..serdes import Serde, checked_serde
 from .cached import CachedStore
 from .forwarding import ForwardingStore
 from .logged import LoggedStore
@@ -88,7 +88,8 @@ def build_store(
     """
     metrics = metrics or StoreMetrics()
     engine.name = name
-    value_serde = msg_serde
+    key_serde = checked_serde(key_serde) if key_serde is not None else None
+    msg_serde = value_serde = checked_serde(msg_serde) if msg_serde is not None else None
     serialized: KeyValueStore[Any, Any]
     if ttl is not None:
         from ..serdes import get_serde

@@ -29,6 +29,13 @@ equal in Python but encode differently cannot both appear in one result: use ``g
 included) is rejected by the ``put``/``put_all``/``delete`` that passed it, naming
 the store and the key, before it enters the cache — never at a later, unrelated
 write, commit or close.
+
+**Encoded once.** The bytes that validation produced are kept with the dirty entry and
+are the bytes that go down (below the serialized layer) at the flush, so a value is
+encoded exactly once per put and a serde with a cost or a side effect runs once. The
+stored value is therefore the value as it was at its ``put``, as in Kafka Streams'
+cache of serialized bytes. Under a ttl layer the kept bytes are the pair's: the packed
+expiry followed by the value's bytes.
 """
 
 from __future__ import annotations
@@ -150,7 +157,12 @@ class CachedStore(ForwardingStore):
         # OrderedDict: O(1) popitem(last=False); a plain dict degrades to O(holes) when
         # its front is popped repeatedly (next(iter(d)) skips deleted slots).
         self._cache: OrderedDict[Any, Any] = OrderedDict()
-        self._dirty: dict[Any, None] = {}
+        self._dirty: dict[Any, tuple[bytes, bytes | None] | None] = {}
+        """Cache key -> its encoded ``(key, value)`` (value ``None``: a delete) when kept,
+        else ``None`` (encoded at the flush)."""
+        self._keeps_bytes = codec is not None and passthrough is None
+        """Whether dirty entries keep their encodings: a codec below that encodes (bytes
+        keys and values of the built-in bytes serde go down as they are anyway)."""
         self._closed = False
         # set by expire_with (a ttl layer above): 0 = plain values
         self._ttl_ns = 0
@@ -158,6 +170,7 @@ class CachedStore(ForwardingStore):
         self._clock: Callable[[], int | None] = _no_clock
         self._on_expired: Callable[[Any], None] = _no_clock
         self._no_time: Callable[[], Exception] = _no_clock
+        self._pack_expiry: Callable[[int], bytes] = _no_clock
 
     def _check_open(self) -> None:
         if self._closed:
@@ -166,14 +179,18 @@ class CachedStore(ForwardingStore):
     # -- key identity and validation ---------------------------------------------------------
     def _ckey(self, key: Any) -> Any:
         """The cache key of ``key`` (validated: an unencodable key raises here)."""
+        return self._ckey_enc(key)[0]
+
+    def _ckey_enc(self, key: Any) -> tuple[Any, bytes | None]:
+        """The cache key of ``key`` and its encoding (``None`` without a codec)."""
         check = self._key_check
         if check is None:
             if key is None:
                 raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
-            return key
+            return key, None
         enc = check(key)
         if _is_simple(key):
-            return key
+            return key, enc
         codec = self._codec
         try:
             plain = codec.decode_key(enc)
@@ -182,8 +199,15 @@ class CachedStore(ForwardingStore):
         if type(plain) is list:
             plain = tuple(plain)  # json/msgpack arrays: a tuple of simple items is cached as itself
         if _is_simple(plain) and check(plain) == enc:
-            return plain  # e.g. a StrEnum member: the same key as its plain string
-        return _Encoded(enc, key)
+            return plain, enc  # e.g. a StrEnum member: the same key as its plain string
+        return _Encoded(enc, key), enc
+
+    def _ckeys_enc(self, keys: list[Any]) -> tuple[list[Any], list[bytes]]:
+        """The cache keys of ``keys`` and their encodings (a codec is below)."""
+        if _all_simple(keys):
+            return keys, self._codec.encode_keys(keys)
+        pairs = list(map(self._ckey_enc, keys))
+        return list(map(itemgetter(0), pairs)), list(map(itemgetter(1), pairs))
 
     def _ckeys(self, keys: list[Any]) -> list[Any]:
         if self._key_check is None or _all_simple(keys):
@@ -236,12 +260,26 @@ class CachedStore(ForwardingStore):
         cache = self._cache
         puts: dict[Any, Any] = {}
         deletes: list[Any] = []
-        for k in self._dirty:
+        enc_puts: dict[bytes, bytes] = {}
+        enc_deletes: list[bytes] = []
+        for k, enc in self._dirty.items():
+            if enc is not None:
+                if enc[1] is None:
+                    enc_deletes.append(enc[0])
+                else:
+                    enc_puts[enc[0]] = enc[1]
+                continue
             v = cache[k]
             if v is _ABSENT:
                 deletes.append(k)
             else:
                 puts[k] = v
+        if new_puts and (enc_puts or enc_deletes):
+            # a newer batch of values wins over kept encodings of its keys
+            for ek in self._codec.encode_keys(list(map(_plain, new_puts))):
+                enc_puts.pop(ek, None)
+                if ek in enc_deletes:
+                    enc_deletes.remove(ek)
         if new_puts:
             if deletes:
                 deletes = [k for k in deletes if k not in new_puts]
@@ -259,6 +297,10 @@ class CachedStore(ForwardingStore):
         # engine batch, and its encoded bytes stay in the CPU cache on the way down
         # (one pass over 50,000 records measured slower than 100 passes over 500).
         size = self.batch_size
+        if enc_puts:
+            items = iter(enc_puts.items())
+            while chunk := dict(islice(items, size)):
+                self._codec.put_encoded(chunk)
         encoded = _Encoded in set(map(type, puts)) if puts else False
         if len(puts) <= size and not encoded:
             if puts:
@@ -271,6 +313,9 @@ class CachedStore(ForwardingStore):
                 self.inner.put_all([(_plain(k), v) for k, v in chunk.items()] if encoded else chunk)
         if deletes and _Encoded in set(map(type, deletes)):
             deletes = list(map(_plain, deletes))
+        # deletes after every put: a newer delete of a key put earlier wins
+        for start in range(0, len(enc_deletes), size):
+            self._codec.delete_encoded(enc_deletes[start : start + size])
         for start in range(0, len(deletes), size):
             self.inner.delete_all(deletes[start : start + size])
         self._dirty = {}
@@ -283,7 +328,8 @@ class CachedStore(ForwardingStore):
             self._cache.move_to_end(oldest, last=False)
             self._evict()
 
-    def _write_batch(self, batch: dict[Any, Any], deletes: bool) -> None:
+    def _write_batch(self, batch: dict[Any, Any], deletes: bool,
+                     encoded: dict[Any, tuple[bytes, bytes | None]] | None = None) -> None:
         """Apply a deduplicated batch (values, or all ``_ABSENT`` when ``deletes``).
 
         A batch smaller than ``write.batch.size`` joins the dirty set like single writes.
@@ -291,13 +337,14 @@ class CachedStore(ForwardingStore):
         ``write.batch.size`` keys one serde pass, one engine batch, one hand-over to the
         change logger — and then only its newest ``cache_size`` entries are kept in the
         cache, clean. (Recency inside one batch follows each key's first position in it.)
+        ``encoded`` holds the batch's encodings per cache key, kept in the dirty set.
         """
         cache = self._cache
         if len(batch) < self.batch_size:
             cache.update(batch)
             deque(map(cache.move_to_end, batch), 0)
             dirty = self._dirty
-            dirty.update(dict.fromkeys(batch))
+            dirty.update(encoded if encoded is not None else dict.fromkeys(batch))
             if len(dirty) >= self.batch_size:
                 self._flush_dirty()
             if len(cache) > self.cache_size:
@@ -389,7 +436,8 @@ class CachedStore(ForwardingStore):
         return out
 
     def expire_with(self, clock: Callable[[], int | None], ttl_ns: int, max_expiry: int, value_serde: Serde,
-                    on_expired: Callable[[Any], None], no_time: Callable[[], Exception]) -> None:
+                    on_expired: Callable[[Any], None], no_time: Callable[[], Exception],
+                    pack_expiry: Callable[[int], bytes]) -> None:
         """Fuse the ``ttl`` layer above into this cache's per-record paths (its entries are
         ``(expiry, value)`` pairs, expiry in ns): from now on :meth:`put` takes a plain
         value, checks it with ``value_serde`` (the serde of the value inside the pair) and
@@ -398,9 +446,12 @@ class CachedStore(ForwardingStore):
         expired one, handing its key to ``on_expired``. So the ttl layer's per-record put
         and get are this layer's: one Python call each, as without TTL. Bulk calls
         (``put_all``, ``get_all``, scans) still take and give pairs: the ttl layer stamps
-        and checks those itself."""
+        and checks those itself. ``pack_expiry`` gives the bytes an expiry is stored as in
+        front of the value's bytes (the pair serde's layout), so a put's kept bytes are the
+        stored pair's."""
         self._clock, self._ttl_ns, self._max_expiry = clock, ttl_ns, max_expiry
         self._value_encode, self._value_exact = value_serde.encode, _exact_type(value_serde)
+        self._pack_expiry = pack_expiry
         self._on_expired, self._no_time = on_expired, no_time
 
     def put(self, key: Any, value: Any) -> None:
@@ -415,15 +466,18 @@ class CachedStore(ForwardingStore):
         """
         if value is None:
             reject_none(self.name, key, value)
+        ev = None
         if value is not _ABSENT:
             if type(value) is not self._value_exact:
                 encode = self._value_encode
                 if encode is not None:
                     try:
-                        encode(value)
+                        ev = encode(value)
                     except Exception:
                         # raises the standard error naming store and key (of the stored pair, with ttl)
                         self._check_value(key, (0, value) if self._ttl_ns else value)
+            else:
+                ev = value  # the bytes serde stores a bytes value as it is
             ttl = self._ttl_ns
             if ttl:
                 now = self._clock()
@@ -431,18 +485,20 @@ class CachedStore(ForwardingStore):
                     raise self._no_time()
                 expiry = now + ttl
                 value = (expiry if expiry < self._max_expiry else self._max_expiry, value)
+                if ev is not None:
+                    ev = self._pack_expiry(value[0]) + ev
         if self._closed:
             self._check_open()
         t = type(key)
         if t is self._key_exact:
-            pass  # valid by its type, and its own cache key
+            ek = key  # valid by its type, its own encoding and its own cache key
         elif (t is str or t is bytes or t is int) and self._key_encode is not None:
             try:
-                self._key_encode(key)  # validation only: a simple key is its own cache key
+                ek = self._key_encode(key)  # a simple key is its own cache key
             except Exception:
-                self._ckey(key)  # raises the standard error
+                ek = self._ckey(key)  # raises the standard error
         else:
-            key = self._ckey(key)
+            key, ek = self._ckey_enc(key)
         cache = self._cache
         if key in cache:
             cache[key] = value
@@ -450,7 +506,7 @@ class CachedStore(ForwardingStore):
         else:
             cache[key] = value
         dirty = self._dirty
-        dirty[key] = None
+        dirty[key] = (ek, ev) if self._keeps_bytes else None
         if len(dirty) >= self.batch_size:
             self._flush_dirty()
         if len(cache) > self.cache_size:
@@ -484,6 +540,15 @@ class CachedStore(ForwardingStore):
         if codec is not None and len(keys) >= self.batch_size:
             self._put_encoded(keys, values)
             return
+        if self._keeps_bytes:
+            ckeys, enc_keys = self._ckeys_enc(keys)
+            try:
+                enc_values = codec.encode_values(values)
+            except SerializationError as e:
+                raise SerializationError(f"{e} (put_all)") from e
+            batch = dict(zip(ckeys, values))  # later pairs for one key win
+            self._write_batch(batch, deletes=False, encoded=dict(zip(ckeys, zip(enc_keys, enc_values))))
+            return
         batch = dict(zip(self._ckeys(keys), values))  # later pairs for one key win
         self._check_values(batch)
         self._write_batch(batch, deletes=False)
@@ -515,6 +580,11 @@ class CachedStore(ForwardingStore):
         if self._closed:
             self._check_open()
         keys = keys if isinstance(keys, list) else list(keys)
+        if self._keeps_bytes and keys:
+            ckeys, enc_keys = self._ckeys_enc(keys)
+            batch = dict.fromkeys(ckeys, _ABSENT)
+            self._write_batch(batch, deletes=True, encoded=dict(zip(ckeys, zip(enc_keys, repeat(None)))))
+            return
         batch = dict.fromkeys(self._ckeys(keys), _ABSENT)
         if batch:
             self._write_batch(batch, deletes=True)

@@ -73,8 +73,12 @@ class SerializedStore(ForwardingStore):
 
 
     def put_encoded(self, entries: dict[bytes, bytes]) -> None:
-        """Write already encoded pairs to the layer below (the cached layer's bulk path)."""
+        """Write already encoded pairs to the layer below (the cached layer's flush)."""
         self.inner.put_all(entries)
+
+    def delete_encoded(self, keys: list[bytes]) -> None:
+        """Delete already encoded keys in the layer below (the cached layer's flush)."""
+        self.inner.delete_all(keys)
 
     def encode_values(self, values: list[Any]) -> list[bytes]:
         """Every value encoded in one pass; the error names the first bad value."""

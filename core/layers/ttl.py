@@ -215,7 +215,8 @@ class TtlStore(ForwardingStore):
         self._fused = value_serde is not None and isinstance(inner, CachedStore)
         if self._fused:
             assert isinstance(inner, CachedStore) and value_serde is not None
-            inner.expire_with(now, self._ttl, _MAX_EXPIRY_NS, value_serde, self._note_expired, self._no_event_time)
+            inner.expire_with(now, self._ttl, _MAX_EXPIRY_NS, value_serde, self._note_expired, self._no_event_time,
+                              _EXPIRY.pack)
             self.metrics = inner.metrics
             self.put = inner.put  # type: ignore[method-assign]
             if not self._refresh:

@@ -23,15 +23,35 @@ Usage in a plug-in's tests::
             return {"systems.mine.type": "mine", "systems.mine.path": str(tmp_path),
                     "job.changelog.system": "mine", "job.checkpoint.system": "mine"}
 
+        def lose_stream(self, values, stream):  # delete one changelog stream
+            shutil.rmtree(Path(values["systems.mine.path"]) / stream)
+
+        def lose_everything(self, values):  # delete every stream and checkpoint
+            shutil.rmtree(values["systems.mine.path"])
+
 ``make_system()`` returns a new system instance each call (like a restarted task) on
 one shared location; ``job_values`` are the config keys that put a job's changelog
 and checkpoints on that system (the suite adds the job name, state directory and a
 ``kv`` store).
+
+The damage and zombie cases need a system-specific form, given by methods the subclass
+overrides: :meth:`~ChangelogSystemConformance.lose_newest_checkpoint` (required: how the
+newest checkpoint of a task is deleted or lost on this system),
+:meth:`~ChangelogSystemConformance.zombie_late_writes` (what a fenced instance can still
+land after the newer one committed; default nothing),
+:meth:`~ChangelogSystemConformance.storage_snapshot` (everything the system stores, to
+show a reader wrote nothing; default: not compared), and
+:meth:`~ChangelogSystemConformance.lose_stream` / :meth:`~ChangelogSystemConformance.lose_everything`
+(required: one changelog stream, or every stream and checkpoint, lost as by an operator
+or a storage failure; a lost stream or system must be an error where the task's state
+dir shows a commit).
 """
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,9 +61,10 @@ import pytest
 from localstate.changelog.base import ChangelogPartition, ChangelogSystem
 from localstate.config import Config
 from localstate.errors import ChangelogError, CorruptionError, FencedError, StoreLockedError
+from localstate.reader import StateReader, read_committed
 from localstate.records import apply_records
 from localstate.registry import ENGINES
-from localstate.storage import TaskStorage
+from localstate.storage import Recovery, TaskStorage
 
 __all__ = ["ChangelogSystemConformance", "records", "unique", "on_another_machine", "dump", "apply_records",
            "KV_ENGINES", "task_values"]
@@ -91,6 +112,12 @@ def task_values(job_values: dict[str, Any], tmp_path: Path, factory: str = "memo
         **job_values,
         **extra,
     }
+
+
+def _local_files(state_dir: Path) -> dict[str, bytes]:
+    """Every file under ``state_dir`` but the task locks, relative path → bytes."""
+    return {str(p.relative_to(state_dir)): p.read_bytes() for p in state_dir.rglob("*")
+            if p.is_file() and p.suffix != ".lock"}
 
 
 class ChangelogSystemConformance:
@@ -293,3 +320,270 @@ class ChangelogSystemConformance:
         b.close()
         with TaskStorage(on_another_machine(values, tmp_path, "machine-c")) as c:
             assert c.store("kv").get("x") == 3 and c.checkpoint.input_position == 2
+
+    # -- damage and zombies: hooks the subclass fills --------------------------------------------
+    def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:
+        """Delete or lose the newest checkpoint of task 0 of the job ``values`` configure,
+        as an operator, a lost disk or a lost bucket version would (the file log: the
+        ``.ckpt`` file; objectstore: the newest object under the task's checkpoint prefix;
+        Kafka: the checkpoint topic). Every system must say how."""
+        raise NotImplementedError("override lose_newest_checkpoint: how the newest checkpoint is lost on this system")
+
+    def zombie_late_writes(self, zombie: TaskStorage, values: dict[str, Any]) -> None:
+        """Land what a fenced instance ``zombie`` can still write after the newer owner
+        committed (its uploads, a roll-up of everything it wrote that a check could not
+        stop, its deletes). Default: nothing (the system refuses every write of a fenced
+        instance, as Kafka's broker does)."""
+
+    def storage_snapshot(self, values: dict[str, Any]) -> Any:
+        """Everything the system stores for the job ``values`` configure (names, sizes,
+        contents or end offsets), compared before and after reads that must write
+        nothing. Default None: not compared (the concurrent part of the case still runs)."""
+        return None
+
+    # -- damage and zombies: the cases -------------------------------------------------------------
+    def test_newest_checkpoint_lost_is_an_error_not_a_rollback(self, job_values, tmp_path):
+        """A lost newest checkpoint is damage: every open (the old machine, a new one) is an
+        error naming a recovery command, ``verify`` reports it, and nothing committed is
+        deleted: keeping the log's records (``accept_log_end``) still finds the lost commit."""
+        from localstate.storage import Recovery
+        from localstate.verify import verify_job
+
+        values = self.task_values(job_values, tmp_path)
+        with TaskStorage(Config.from_dict(values)) as s:
+            for i in range(1, 8):
+                s.store("kv").put("x", i)
+                s.store("kv").put(f"k{i}", i)
+                s.commit(input_position=i)
+        self.lose_newest_checkpoint(values)
+        for machine in ("state", "machine-b"):  # the old machine's state dir, and an empty one
+            with pytest.raises(CorruptionError, match=r"localstate restore"):
+                TaskStorage(on_another_machine(values, tmp_path, machine))
+        problems = [p for c in verify_job(Config.from_dict(values), [0]) for p in c.problems]
+        assert problems, "verify found nothing wrong after the newest checkpoint was lost"
+        with TaskStorage(on_another_machine(values, tmp_path, "machine-c"),
+                         recovery=Recovery(accept_log_end={"kv"})) as s:
+            state = dump(s)
+            assert state == {"x": 7, **{f"k{i}": i for i in range(1, 8)}}, f"the lost commit's records were deleted: {state}"
+
+    def test_a_fenced_writers_late_upload_and_roll_up_change_nothing(self, job_values, tmp_path):
+        """A takes 15 commits (an objectstore writer's 16th upload is a roll-up at the
+        default ``rollup.objects`` and at 4); B takes over; A, now a zombie, writes and
+        commits (fenced) and lands whatever else it still can; B commits. A new instance
+        sees exactly B's commit, and ``verify`` finds nothing wrong."""
+        from localstate.verify import verify_job
+
+        values = self.task_values(job_values, tmp_path)
+        a = TaskStorage(Config.from_dict(values))
+        model: dict[str, Any] = {}
+        for i in range(1, 16):
+            a.store("kv").put("x", f"a{i}")
+            a.store("kv").put(f"k{i}", i)
+            model.update({"x": f"a{i}", f"k{i}": i})
+            a.commit(input_position=i)
+        if self.fenced_match is None:  # one writer at a time: there is no zombie
+            with pytest.raises(StoreLockedError):
+                TaskStorage(on_another_machine(values, tmp_path, "machine-b"))
+            a.close()
+            b = TaskStorage(on_another_machine(values, tmp_path, "machine-b"))
+        else:
+            b = TaskStorage(on_another_machine(values, tmp_path, "machine-b"))
+            a.store("kv").put("x", "zombie")
+            a.store("kv").put("z", "zombie")
+            with pytest.raises(FencedError, match=self.fenced_match):
+                a.commit(input_position=99)
+        try:
+            assert dump(b) == model
+            b.store("kv").put("x", "b")
+            b.store("kv").delete("k1")
+            model["x"] = "b"
+            del model["k1"]
+            b.commit(input_position=100)
+            if self.fenced_match is not None:
+                self.zombie_late_writes(a, values)
+        finally:
+            a.close()
+            b.close()
+        with TaskStorage(on_another_machine(values, tmp_path, "machine-c")) as c:
+            assert c.checkpoint.input_position == 100
+            state = dump(c)
+            assert state == model, f"the new owner's commit is not what a new instance sees: {state} != {model}"
+        problems = [p for check in verify_job(Config.from_dict(values), [0]) for p in check.problems]
+        assert problems == [], problems
+
+    def test_a_reader_beside_a_committing_writer_writes_nothing(self, job_values, tmp_path):
+        """State queries (``StateReader.get``/``store``, ``read_committed``: what ``localstate
+        get`` and ``dump`` run) in a loop beside a task that keeps committing: the task never
+        fails, every read is one whole commit, and reads alone change nothing stored."""
+        values = self.task_values(job_values, tmp_path)
+        config = Config.from_dict(values)
+        commits = 12
+        first, done = threading.Event(), threading.Event()
+        failures: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                with TaskStorage(config) as s:
+                    for i in range(1, commits + 1):
+                        s.store("kv").put("x", i)
+                        s.store("kv").put(f"k{i % 4}", i)
+                        s.commit(input_position=i)
+                        first.set()
+                        time.sleep(0.05)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                failures.append(e)
+            finally:
+                first.set()
+                done.set()
+
+        def committed(version: int) -> dict[str, int]:
+            state = {"x": version}
+            for i in range(1, version + 1):
+                state[f"k{i % 4}"] = i
+            return state
+
+        writer = threading.Thread(target=write, name="conformance-writer")
+        writer.start()
+        reads = 0
+        try:
+            assert first.wait(120)
+            while not done.is_set() or reads < 3:
+                with StateReader(config, 0) as reader:
+                    x = reader.get("kv", "x")
+                    assert x == reader.loaded_versions["kv"], f"x = {x} read as of version {reader.loaded_versions}"
+                    whole = dict(reader.store("kv"))
+                    version = reader.loaded_versions["kv"]
+                    assert whole == committed(version), f"{whole} was never committed (version {version})"
+                reads += 1
+                if done.is_set() and failures:
+                    break
+        finally:
+            writer.join(120)
+        assert not failures, f"the writer failed beside the reader: {failures[0]!r}"
+        assert reads >= 3
+        before = self.storage_snapshot(values)
+        with StateReader(config, 0) as reader:
+            assert reader.get("kv", "x") == commits
+        assert dict((k, v) for _, k, v in read_committed(config, "kv")) == committed(commits)
+        assert self.storage_snapshot(values) == before, "a reader changed what the system stores"
+        with TaskStorage(config) as s:  # the task goes on where it stopped
+            assert s.checkpoint.input_position == commits
+
+
+    # -- the stream or the whole changelog system lost -----------------------------------------
+    def lose_stream(self, values: dict[str, Any], stream: str) -> None:
+        """Hook: delete the changelog stream ``stream`` of the job configured by ``values``
+        (its checkpoints stay), as an operator or a broker that lost its data would: a
+        Kafka topic, the file log's stream directory, the objects under the stream's prefix."""
+        raise NotImplementedError(f"{type(self).__name__} must implement lose_stream(values, stream)")
+
+    def lose_everything(self, values: dict[str, Any]) -> None:
+        """Hook: delete every changelog stream and checkpoint of the job configured by
+        ``values``: every topic of a wiped cluster (or ``bootstrap.servers`` pointing at an
+        empty one), the file log's directory, the bucket prefix."""
+        raise NotImplementedError(f"{type(self).__name__} must implement lose_everything(values)")
+
+    @pytest.mark.parametrize("factory", [f for f in ("memory", "rocksdb") if f in KV_ENGINES])
+    @pytest.mark.parametrize("lost", ["stream", "everything"])
+    def test_a_lost_stream_or_system_is_an_error_where_evidence_of_a_commit_exists(
+        self, job_values, tmp_path, lost, factory
+    ):
+        """A committed task whose changelog stream, or whose every stream and checkpoint,
+        is gone, reopened where its state dir is: a CorruptionError naming the recovery,
+        twice (nothing was changed, no local file deleted), never a silently empty task.
+        The recovery it names starts the task over, empty."""
+        values = self.task_values(job_values, tmp_path, factory)
+        with TaskStorage(Config.from_dict(values)) as s:
+            for i in range(30):
+                s.store("kv").put(f"k{i}", i)
+            s.commit(input_position=1)
+        if lost == "stream":
+            self.lose_stream(values, values["stores.kv.changelog"].split(".", 1)[1])
+        else:
+            self.lose_everything(values)
+        state = Path(values["job.state.dir"])
+        local = _local_files(state)
+        for _ in range(2):
+            with pytest.raises(CorruptionError, match=r"committed.*--reset (STORE|kv)") as info:
+                TaskStorage(Config.from_dict(values))
+            if lost == "everything":  # refused before any store is opened: not a byte changed
+                assert _local_files(state) == local
+                assert str(state) in str(info.value)  # names what it found
+            else:  # refused by the store's open (an engine may rewrite its own files), nothing deleted
+                now, copy = _local_files(state), f"{values['job.name']}/kv/"
+                assert {p for p in local if not p.startswith(copy)} <= set(now)
+                assert any(p.startswith(copy) for p in now) == any(p.startswith(copy) for p in local)
+        with TaskStorage(Config.from_dict(values), recovery=Recovery(reset={"kv"})) as s:
+            assert dump(s) == {}
+            s.store("kv").put("after", 1)
+            s.commit(input_position=2)
+        with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as s:
+            assert dump(s) == {"after": 1} and s.checkpoint.input_position == 2
+
+
+class ObjectStoreConformanceHooks:
+    """The damage hooks of :class:`ChangelogSystemConformance` for the ``objectstore``
+    changelog on any backend (S3, GCS, Azure, ``file://``, HDFS): mix it in before the kit,
+    ``class TestMine(ObjectStoreConformanceHooks, ChangelogSystemConformance)``. The
+    system is the one ``job.changelog.system`` names in the job's values."""
+
+    @staticmethod
+    def objectstore_of(values: dict[str, Any]) -> Any:
+        from localstate.changelog.objectstore import ObjectStoreChangelogSystem
+
+        name = values["job.changelog.system"]
+        pre = f"systems.{name}."
+        options = {k[len(pre):]: v for k, v in values.items() if k.startswith(pre) and k != f"{pre}type"}
+        return ObjectStoreChangelogSystem(name, options, values["job.name"])
+
+    def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:
+        """The newest object under the task's checkpoint prefix deleted."""
+        system = self.objectstore_of(values)
+        try:
+            prefix = system.checkpoints().prefix(values["job.name"], 0)
+            newest = max(n for n, _ in system.store.list(prefix))
+            system.store.delete([f"{prefix}/{newest}"])
+        finally:
+            system.close()
+
+    def zombie_late_writes(self, zombie: TaskStorage, values: dict[str, Any]) -> None:
+        """The zombie's uploads that no check can stop on a store without an atomic
+        check-and-write: one more object past its end, and a roll-up of everything it
+        wrote into one object under its epoch, with its small objects deleted."""
+        from localstate.changelog.objectstore import ObjectName
+
+        part: Any = zombie.changelog("kv")
+        part.append(records(0, 3, b"zombie"))
+        part.flush()
+        mine = sorted(o for o in (ObjectName.parse(n) for n, _ in part.store.list(part.log_prefix))
+                      if o is not None and o.epoch == part.epoch)
+        data = b"".join(part.store.get(f"{part.log_prefix}/{o.name}") for o in mine)
+        part.store.put(f"{part.log_prefix}/{ObjectName(0, mine[-1].end, part.epoch).name}", data)
+        part.store.delete([f"{part.log_prefix}/{o.name}" for o in mine])
+
+    def storage_snapshot(self, values: dict[str, Any]) -> Any:
+        """Every object of the job's changelog stream and checkpoints, with its bytes."""
+        system = self.objectstore_of(values)
+        try:
+            store = system.store
+            prefixes = [f"{values['job.name']}-kv", f"_checkpoints/{values['job.name']}"]
+            return sorted((f"{p}/{n}", store.get(f"{p}/{n}")) for p in prefixes for n, _ in store.list(p))
+        finally:
+            system.close()
+
+    def lose_stream(self, values: dict[str, Any], stream: str) -> None:
+        self._delete_objects(values, stream)
+
+    def lose_everything(self, values: dict[str, Any]) -> None:
+        self._delete_objects(values, "")
+
+    def _delete_objects(self, values: dict[str, Any], prefix: str) -> None:
+        """Delete every object under ``prefix`` ("" for everything) of the job's store."""
+        system = self.objectstore_of(values)
+        try:
+            client = system.store
+            dirs, files = client.children("") if not prefix else ([prefix], [])
+            client.delete([name for name, _ in files] + [f"{d}/{n}" for d in dirs for n, _ in client.list(d)])
+            assert not any(client.list(d) for d in dirs)
+        finally:
+            system.close()

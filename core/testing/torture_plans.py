@@ -46,6 +46,8 @@ OBJECTSTORE_POINTS = ("objectstore.after_put", "objectstore.rollup.after_put",
 """Extra fault points of objectstore trials (after an upload, a roll-up, inside the tail cut,
 between a snapshot's files and its manifest: rocksdb only)."""
 _ONCE_PER_OPEN = frozenset({"objectstore.discard_tail.before_delete"})
+ZOMBIE_SHARE = 0.35
+"""The share of objectstore trials with a zombie round."""
 TORTURE_BUCKET = "localstate-torture"
 
 
@@ -63,7 +65,9 @@ class TrialPlan:
     compact_every: int
     retention_ms: int
     faults: tuple[str, ...]
-    """Per crash round: ``"<point>=kill@N"`` or ``"timer:<seconds>"``."""
+    """Per crash round: ``"<point>=kill@N"``, ``"timer:<seconds>"`` or, on the objectstore
+    changelog, ``"zombie:<k>@<seconds>"`` (the child is stopped that long after its k-th
+    commit and goes on beside the next one; at most one per trial)."""
     fsync: bool = False
     """``systems.file.fsync``: a SIGKILL loses no page-cache data, so process-crash trials
     do not need it (power loss is outside what a process-level trial can cause); the
@@ -147,6 +151,12 @@ def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops
             # the tail cut runs once per open: a later hit would never come
             hit = 1 if point in _ONCE_PER_OPEN else rng.randint(1, max(1, batches // 2))
             faults.append(f"{point}=kill@{hit}")
+    if changelog == "objectstore":
+        # a zombie round in about a third of the trials (its own generator: the other
+        # rounds of a seed stay what they were)
+        zrng = random.Random(f"zombie:{seed}")
+        if zrng.random() < ZOMBIE_SHARE:
+            faults[zrng.randrange(len(faults))] = f"zombie:{zrng.randint(0, max(0, batches // 2))}@{zrng.uniform(0.0, 0.05):.3f}"
     return TrialPlan(
         seed=seed, engine=engine, changelog=changelog, batches=batches, ops=ops, keys=keys,
         compact_every=rng.choice((0, 2, 3)), retention_ms=rng.choice((0, 86_400_000)),
