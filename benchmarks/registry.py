@@ -90,6 +90,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "restore": ("localstate.benchmarks.kafka_restore", "cold restore of a rocksdb store from Kafka vs the raw client"),
     "objectstore": ("localstate.benchmarks.objectstore_changelog", "objectstore changelog (moto S3) vs file"),
     "spark": ("localstate.benchmarks.spark_jobs", "Spark job vs Spark's RocksDB state store"),
+    "cluster": ("localstate.benchmarks.spark_cluster", "a growing stream on local-cluster[3,1,1024] vs local[3]: "
+                "micro-batch time, task moves, records replayed"),
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
     "stateapi": ("localstate.benchmarks.state_api", "state-query read rate; metrics cost on put/get"),
     "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),

@@ -268,10 +268,11 @@ def inspect(path: str | None, config_path: str | None, system_name: str | None, 
     if report["stores"]:
         rows = report["stores"]
         columns, values = _with_root(
-            ("job", "store", "partition", "local files"), rows,
+            ("job", "store", "partition", "local files", "copy of version", "left by", "copy"), rows,
             [(s["job"], s["store"], s["partition"],
-              f"{s['files']:,} files, {s['bytes']:,} bytes" if s["files"] else "in memory (no local files)")
-             for s in rows])
+              f"{s['files']:,} files, {s['bytes']:,} bytes" if s["files"] else "in memory (no local files)",
+              "" if s.get("copy_version") is None else s["copy_version"], s.get("left_by") or "",
+              s.get("copy", "")) for s in rows])
         console.print(_table(f"local stores under {path}", columns, values))
     if report.get("generations"):
         rows = report["generations"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import Checkpoint
+from .copies import COPIES, read_copy_record
 from .errors import ConfigError, LocalStateError
 from .layout import LOCKS
 
@@ -138,15 +139,31 @@ def inspect_path(path: Path) -> dict[str, Any]:
             except LocalStateError as e:
                 row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
             report["partitions"].append(row)
+    committed = {(c["job"], c["partition"]): c.get("version") for c in report["checkpoints"]}
     for lockdir in sorted(path.glob(f"**/{LOCKS}")):
         jobdir = lockdir.parent
         for sdir in sorted(d for d in jobdir.iterdir() if d.is_dir() and not d.name.startswith(".")):
             for pdir in sorted(d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()):
                 files, size = _dir_size(pdir)
-                report["stores"].append({"job": jobdir.name, "store": sdir.name, "partition": int(pdir.name),
-                                         "files": files, "bytes": size, "path": str(pdir),
-                                         "root": _root(path, jobdir.parent)})
+                row = {"job": jobdir.name, "store": sdir.name, "partition": int(pdir.name),
+                       "files": files, "bytes": size, "path": str(pdir), "root": _root(path, jobdir.parent)}
+                row.update(_copy_status(jobdir, int(pdir.name), committed.get((jobdir.name, int(pdir.name)))))
+                report["stores"].append(row)
     return report
+
+
+def _copy_status(jobdir: Path, partition: int, committed: int | None) -> dict[str, Any]:
+    """Whose copy a store directory is and how current: the version and executor its copy
+    record names (:mod:`localstate.copies`), and, when the task's checkpoint was found
+    under the same inspected path, ``current`` or ``stale`` against its version."""
+    record = read_copy_record(jobdir / COPIES / f"partition-{partition}.json")
+    if record is None:
+        return {"copy_version": None, "left_by": None, "copy": "no record"}
+    version = record.get("version")
+    status = "unknown (checkpoint not under this path)"
+    if isinstance(committed, int) and isinstance(version, int):
+        status = "current" if version >= committed else f"stale (committed version {committed})"
+    return {"copy_version": version, "left_by": record.get("executor"), "copy": status}
 
 
 def inspect_remote(url: str | None, config_path: str | None = None, system: str | None = None,

@@ -30,13 +30,14 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from localstate import Config, ConfigError, LocalStateError
+from localstate.copies import record_copy
 
 from .compat import RUNNER_PYSPARK, require_pyspark
 from .streaming import commit_version, next_version, open_version, stream_batch_id
@@ -90,10 +91,29 @@ class TaskRun:
     Spark gives the task (:func:`~localstate.contrib.spark.streaming.stream_batch_id`),
     and the output ends with a metrics row for ``DataFrame.observe``
     (:mod:`localstate.contrib.spark.metrics`)."""
+    placement_report: Any = None
+    """A Spark accumulator of :class:`~localstate.contrib.spark.placement.PlacementParam`:
+    each Spark task adds ``{spark partition: executor}`` after its tasks committed (None:
+    the job runs without placement)."""
+    owners: Mapping[int, str] | None = None
+    """Task → the executor the placement registry gives it this run: copies this
+    executor holds of other executors' tasks are swept after the commit
+    (:func:`~localstate.contrib.spark.placement.sweep_copies`)."""
+
+
+@dataclass(frozen=True)
+class _PlacedRun:
+    """One run's placement: a preferred location per Spark partition, the executor
+    proposed per task, and the accumulator the Spark tasks report where they ran to."""
+
+    locations: list[str | None]
+    owners: dict[int, str]
+    report: Any
 
 
 EXECUTOR_PLACEHOLDER = "{executor}"
 _LOG_URL_EXECUTOR = re.compile(r"[?&]executorId=([^&]+)")
+_ENV_PLACEHOLDER = re.compile(r"\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def executor_id() -> str:
@@ -114,13 +134,31 @@ def executor_id() -> str:
 
 
 def executor_state_dir(config: Config, executor: str | None = None) -> Config:
-    """``config`` with ``{executor}`` in ``job.state.dir`` replaced by ``executor``
-    (default: :func:`executor_id`); ``config`` itself when there is no placeholder."""
+    """``config`` with the placeholders of ``job.state.dir`` resolved on this executor:
+    ``{executor}`` by ``executor`` (default: :func:`executor_id`), ``{env:NAME}`` by the
+    environment variable ``NAME`` (e.g. a local disk each worker node sets for the
+    executors it launches); ``config`` itself when there is none.
+
+    Raises :class:`ConfigError` naming the variable when ``{env:NAME}`` is unset.
+    """
     state_dir = str(config.state_dir)
-    if EXECUTOR_PLACEHOLDER not in state_dir:
+    if EXECUTOR_PLACEHOLDER not in state_dir and "{env:" not in state_dir:
         return config
-    name = (executor if executor is not None else executor_id()).replace(os.sep, "_")
-    return config.with_overrides({"job.state.dir": state_dir.replace(EXECUTOR_PLACEHOLDER, name)})
+
+    def from_env(match: re.Match[str]) -> str:
+        value = os.environ.get(match.group(1))
+        if not value:
+            raise ConfigError(
+                f"job {config.job_name!r}: job.state.dir {state_dir!r} names the environment variable "
+                f"{match.group(1)!r}, which is not set on executor {executor_id()!r}; set it for the "
+                "executors (e.g. in the worker's environment or spark.executorEnv.<NAME>)")
+        return value
+
+    resolved = _ENV_PLACEHOLDER.sub(from_env, state_dir)
+    if EXECUTOR_PLACEHOLDER in resolved:
+        name = (executor if executor is not None else executor_id()).replace(os.sep, "_")
+        resolved = resolved.replace(EXECUTOR_PLACEHOLDER, name)
+    return config.with_overrides({"job.state.dir": resolved})
 
 
 class _TaskAttempt:
@@ -174,6 +212,7 @@ class _TaskAttempt:
         task.window(self.emit)
         yield from self.drain()
         commit_version(self.storage, self.batch_id, self.rows)
+        record_copy(self.storage.config, self.partition, self.batch_id, executor_id())
         if self.run.metrics is None and not self.run.in_stream_plan:
             self.close()
             return
@@ -226,6 +265,20 @@ def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch
         yield from attempt.finish()
     finally:
         attempt.close()
+    _after_commit(run, config)
+
+
+def _after_commit(run: TaskRun, config: Config) -> None:
+    """A placed run, once its tasks committed: report where it ran, and delete the copies
+    this executor holds of tasks placed elsewhere whose owner committed past them."""
+    if run.placement_report is None:
+        return
+    from .placement import sweep_copies
+
+    me = executor_id()
+    run.placement_report.add({_spark_partition_id(): me})
+    if run.owners is not None:
+        sweep_copies(config, run.owners, me)
 
 
 PARTITION_COLUMN = "__localstate_partition"
@@ -270,6 +323,7 @@ def run_partitions(run: TaskRun, partitions: list[int], batches: Iterator[pa.Rec
         for attempt in attempts:
             yield from attempt.finish()
             attempt.close()
+        _after_commit(run, config)
     finally:
         errors: list[BaseException] = []
         for attempt in attempts:
@@ -338,6 +392,10 @@ class StatefulJob:
     runs a micro-batch in one wave instead of several. Which task a key belongs to does
     not change (``pmod(hash(key), num_tasks)``, as ``repartition(num_tasks, key)``).
 
+    ``affinity`` (default on): on a cluster (executors besides the driver), each run's
+    Spark tasks prefer the executor that holds their state
+    (:mod:`localstate.contrib.spark.placement`, the registry in :attr:`placement`).
+
     >>> job = StatefulJob(config, CountViews, key="user_id",          # doctest: +SKIP
     ...                   output_schema="user_id string, views long")
     >>> job.run(spark.read.parquet("views")).show()   # runs every task once  # doctest: +SKIP
@@ -352,6 +410,7 @@ class StatefulJob:
         output_schema: StructType | str,
         num_tasks: int | None = None,
         spark_tasks: int | None = None,
+        affinity: bool = True,
     ) -> None:
         if not isinstance(config, Config):
             raise TypeError(f"StatefulJob needs a localstate.Config, got {type(config).__name__}")
@@ -376,6 +435,12 @@ class StatefulJob:
         self.spark_tasks = grouped
         self.output_schema = output_schema
         self.lock_wait_s = LOCK_WAIT_S
+        self.affinity = affinity
+        from .placement import Placement
+
+        self.placement = Placement(grouped)
+        """Where each Spark partition ran last (the placement registry, on this driver)."""
+        self._placement_reports: dict[str, Any] = {}
         self.metrics_accumulator: Any = None
         """Set by :meth:`run_stream`: where the tasks add their state metrics."""
         self.batch_metrics: dict[int, dict[str, Any]] = {}
@@ -400,11 +465,14 @@ class StatefulJob:
                 "adds itself when tasks share Spark tasks (spark_tasks); rename it"
             )
 
-    def transform(self, df: DataFrame, batch_id: int | None = None, *, in_stream_plan: bool = False) -> DataFrame:
+    def transform(self, df: DataFrame, batch_id: int | None = None, *, in_stream_plan: bool = False,
+                  placement: _PlacedRun | None = None) -> DataFrame:
         """The lazy output DataFrame of one run over ``df`` (``batch_id``: streaming version).
 
         Executing it more than once re-runs the tasks: a batch run applies its input
         again; a streaming batch rolls back to ``batch_id - 1`` first (idempotent).
+        With ``placement`` (:meth:`placement_plan`) each Spark task prefers the executor
+        the registry proposes (:mod:`localstate.contrib.spark.placement`).
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -412,30 +480,61 @@ class StatefulJob:
         self.check_input(df)
         struct = self._struct()
         run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s,
-                      self.metrics_accumulator, in_stream_plan)
+                      self.metrics_accumulator, in_stream_plan,
+                      placement.report if placement is not None else None,
+                      placement.owners if placement is not None else None)
 
         if in_stream_plan:  # ``in_stream_plan``: see TaskRun.in_stream_plan
             from .metrics import with_metrics_column
 
             struct = with_metrics_column(struct)
         if self.spark_tasks == self.num_tasks:
-            def task_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            def tasks_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 return run_partition(run, _spark_partition_id(), batches)
 
-            return df.repartition(self.num_tasks, self.key).mapInArrow(task_fn, struct)
+            partitioned = df.repartition(self.num_tasks, self.key)
+        else:
+            from pyspark.sql import functions as F
 
-        from pyspark.sql import functions as F
+            groups = task_groups(self.num_tasks, self.spark_tasks)
 
-        groups = task_groups(self.num_tasks, self.spark_tasks)
+            def tasks_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                return run_partitions(run, groups[_spark_partition_id()], batches)
 
-        def group_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            return run_partitions(run, groups[_spark_partition_id()], batches)
+            owner = F.pmod(F.hash(self.key), F.lit(self.num_tasks))
+            keys = F.array(*(F.lit(v) for v in spark_task_keys(self.spark_tasks)))
+            spark_task = F.element_at(keys, F.pmod(F.col(PARTITION_COLUMN), F.lit(self.spark_tasks)) + 1)
+            partitioned = df.withColumn(PARTITION_COLUMN, owner).repartition(self.spark_tasks, spark_task)
+        if placement is None:
+            return partitioned.mapInArrow(tasks_fn, struct)
+        from .placement import placed, unpacked
 
-        owner = F.pmod(F.hash(self.key), F.lit(self.num_tasks))
-        keys = F.array(*(F.lit(v) for v in spark_task_keys(self.spark_tasks)))
-        spark_task = F.element_at(keys, F.pmod(F.col(PARTITION_COLUMN), F.lit(self.spark_tasks)) + 1)
-        return (df.withColumn(PARTITION_COLUMN, owner).repartition(self.spark_tasks, spark_task)
-                .mapInArrow(group_fn, struct))
+        def placed_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return tasks_fn(unpacked(batches))
+
+        return placed(partitioned, placement.locations).mapInArrow(placed_fn, struct)
+
+    def placement_plan(self, spark: SparkSession) -> _PlacedRun | None:
+        """Where the next run's Spark tasks should go (None: the job runs without
+        affinity, or there are no executors besides the driver, as under ``local[*]``)."""
+        if not self.affinity:
+            return None
+        from .placement import PlacementParam, live_executors, location
+
+        sc = spark.sparkContext
+        executors = live_executors(sc)
+        if not executors:
+            return None
+        assignment = self.placement.assign(executors)
+        locations = [location(e, executors[e]) if e is not None else None for e in assignment]
+        owners = self.placement.owner_of_tasks(task_groups(self.num_tasks, self.spark_tasks), assignment)
+        # One accumulator per job and SparkContext, emptied before each run (runs of a job
+        # are sequential): a new one per micro-batch would stay registered with the context.
+        report = self._placement_reports.get(sc.applicationId)
+        if report is None:
+            report = self._placement_reports[sc.applicationId] = sc.accumulator({}, PlacementParam())
+        report.value = {}
+        return _PlacedRun(locations, owners, report)
 
     def run(self, df: DataFrame, *, version: int | None = None) -> DataFrame:
         """Batch run — an **action**: repartition ``df`` by key into N tasks, run every
@@ -459,10 +558,13 @@ class StatefulJob:
 
         accumulator = df.sparkSession.sparkContext.accumulator({}, StateMetricsParam())
         self.metrics_accumulator = accumulator
+        placement = self.placement_plan(df.sparkSession)
         try:
-            result = self.transform(df, batch_id=version).localCheckpoint(eager=True)
+            result = self.transform(df, batch_id=version, placement=placement).localCheckpoint(eager=True)
         finally:
             self.metrics_accumulator = None
+        if placement is not None:
+            self.placement.record(placement.report.value)
         self.batch_metrics[version] = batch_progress(accumulator.value)
         return result
 
@@ -481,19 +583,34 @@ class StatefulJob:
         does not re-run the tasks); without ``output`` the rows are computed and dropped.
         ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``
         or ``{"processingTime": "2 seconds"}``). Each batch's state metrics are in
-        ``query.lastProgress["observedMetrics"]["localstate.<store>"]``.
+        :attr:`batch_metrics` and, when the tasks run in the query's own plan (``local[*]``,
+        or ``affinity=False``), in ``query.lastProgress["observedMetrics"]["localstate.<store>"]``;
+        on a cluster with affinity they run inside ``foreachBatch``, each run placed
+        (:mod:`localstate.contrib.spark.placement`).
         """
         from .metrics import StateMetricsParam, batch_progress, metrics_delta, observe_state
 
         self.check_input(stream_df)
         accumulator = stream_df.sparkSession.sparkContext.accumulator({}, StateMetricsParam())
         self.metrics_accumulator = accumulator
-        # the tasks run in the query's own plan (their metrics reach its progress as
-        # observed metrics); foreachBatch evaluates it once per micro-batch
-        plan = observe_state(self.transform(stream_df, in_stream_plan=True), list(self.config.stores))
+        from .placement import live_executors
+
+        # Without executors of its own (local[*]) or affinity, the tasks run in the query's
+        # own plan (their metrics reach its progress as observed metrics); foreachBatch
+        # evaluates it once per micro-batch. On a cluster they run inside foreachBatch, on
+        # the micro-batch's input, where each run can carry its placement.
+        placed = self.affinity and bool(live_executors(stream_df.sparkSession.sparkContext))
+        if placed:
+            plan = stream_df
+        else:
+            plan = observe_state(self.transform(stream_df, in_stream_plan=True), list(self.config.stores))
 
         def run_batch(result: DataFrame, batch_id: int) -> None:
             before = metrics_delta(accumulator.value, {})
+            placement = None
+            if placed:
+                placement = self.placement_plan(result.sparkSession)
+                result = self.transform(result, batch_id=batch_id, placement=placement)
             if output is None:
                 result.write.format("noop").mode("overwrite").save()
             else:
@@ -505,6 +622,8 @@ class StatefulJob:
                     output(result, batch_id)
                 finally:
                     result.unpersist()
+            if placement is not None:
+                self.placement.record(placement.report.value)
             self.batch_metrics[batch_id] = batch_progress(metrics_delta(accumulator.value, before))
             for old in sorted(self.batch_metrics)[:-KEPT_BATCH_METRICS]:
                 del self.batch_metrics[old]

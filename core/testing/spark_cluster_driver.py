@@ -32,13 +32,15 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from localstate import Config
+from localstate.contrib.spark.placement import Placement
 from localstate.testing.spark import KeyCount, key_count_config, key_count_task
 
-__all__ = ["cluster_config", "read_events", "event_batch", "fresh_state", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
+__all__ = ["ForgetfulPlacement", "MisplacingPlacement", "cluster_config", "read_events", "event_batch", "fresh_state", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
 
 INPUT_SCHEMA = "user_id string"
 EVENTS_KEY = "testing.events.dir"
@@ -205,20 +207,59 @@ def run_batch(spark: Any, root: Path, input_dir: Path, config: Config) -> None:
     _write_json(root / "output.json", rows)
 
 
-def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_tasks: int | None = None) -> int | None:
+class ForgetfulPlacement(Placement):
+    """A placement registry that can be told to forget everything before its next
+    proposal, as the registry of a new driver knows nothing."""
+
+    forget_at_next_assign = False
+
+    def assign(self, executors: Iterable[str]) -> list[str | None]:
+        if self.forget_at_next_assign:
+            self.forget()
+            self.forget_at_next_assign = False
+        return super().assign(executors)
+
+
+class MisplacingPlacement(ForgetfulPlacement):
+    """A placement registry that proposes, for every partition, the executor after the
+    one it ran on last (in id order): each run goes where a stale copy or none is. A
+    test double for a registry whose claims are wrong (two executors each holding a copy
+    of a partition, the registry naming the stale one), which a working registry never
+    produces on its own."""
+
+    def assign(self, executors: Iterable[str]) -> list[str | None]:
+        alive = sorted(set(executors), key=lambda e: (len(e), e))
+        out = super().assign(alive)
+        if len(alive) < 2:
+            return out
+        return [alive[(alive.index(e) + 1) % len(alive)] if e is not None else None for e in out]
+
+
+def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_tasks: int | None = None,
+               *, forget_placement_at: int | None = None, misplace: bool = False, input_format: str = "json",
+               progress: list[dict[str, Any]] | None = None, affinity: bool = True) -> int | None:
     """The streaming job, one input file per micro-batch, until the input is consumed;
     batch ``B``'s rows to ``root/output/batch-B.json``. Returns the last batch id.
-    ``spark_tasks``: see :class:`StatefulJob` (None: one Spark task per task)."""
+    ``spark_tasks``: see :class:`StatefulJob` (None: one Spark task per task).
+    ``forget_placement_at``: the job's placement registry is replaced by an empty one
+    after that micro-batch (as a new driver starts with none); ``misplace``: the
+    registry is a :class:`MisplacingPlacement`. ``input_format``: ``json`` (lines) or
+    ``parquet`` files. ``progress``: receives the query's progress of every micro-batch.
+    ``affinity``: see :class:`StatefulJob`."""
     from localstate.contrib.spark import StatefulJob
 
     job = StatefulJob(config, RecordedKeyCount, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA,
-                      spark_tasks=spark_tasks)
+                      spark_tasks=spark_tasks, affinity=affinity)
+    job.placement = (MisplacingPlacement if misplace else ForgetfulPlacement)(job.spark_tasks)
     out_dir = root / "output"
 
     def output(df: Any, batch_id: int) -> None:
         _write_json(out_dir / f"batch-{batch_id}.json", _rows(df))
+        if batch_id == forget_placement_at:
+            job.placement.forget_at_next_assign = True
 
-    stream = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1).json(str(input_dir))
+    reader = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
+    stream = reader.parquet(str(input_dir)) if input_format == "parquet" else reader.json(str(input_dir))
     query = job.run_stream(
         stream,
         checkpoint_location=str(root / "spark-checkpoint"),
@@ -226,8 +267,10 @@ def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_ta
         output=output,
     )
     query.awaitTermination()
-    progress = query.lastProgress
-    return progress["batchId"] if progress else None
+    if progress is not None:
+        progress.extend(query.recentProgress)
+    last = query.lastProgress
+    return last["batchId"] if last else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,6 +282,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--task-sleep", type=float, default=0.0, help="stream: seconds a task run sleeps after start")
     parser.add_argument("--commit-sleep", type=float, default=0.0, help="stream: seconds a task run sleeps after commit")
+    parser.add_argument("--locality-wait", default="0",
+                        help="spark.locality.wait (default 0: a task goes to any free executor at once, as "
+                             "after a failure; Spark's own default is 3s)")
+    parser.add_argument("--forget-placement-at", type=int, default=None,
+                        help="stream: replace the placement registry by an empty one after this micro-batch")
+    parser.add_argument("--misplace", action="store_true",
+                        help="stream: a registry that sends every run to another executor")
+    parser.add_argument("--state-dir", default=None,
+                        help="job.state.dir template (default: ROOT/<job>/state/{executor})")
+    parser.add_argument("--executors", type=int, default=None,
+                        help="wait until this many executors registered (a spark:// master)")
+    parser.add_argument("--no-affinity", action="store_true", help="stream: StatefulJob(affinity=False)")
+    parser.add_argument("--input-format", choices=["json", "parquet"], default="json",
+                        help="stream: the input files' format")
     parser.add_argument("--spark-tasks", type=int, default=None,
                         help="stream: Spark tasks the tasks run in (default: one per task)")
     args = parser.parse_args(argv)
@@ -246,12 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     from localstate.contrib.spark import spark_session
 
     def config(root: Path, sleep: bool) -> Config:
-        return cluster_config(
+        config = cluster_config(
             root,
             partitions=args.partitions,
             task_sleep_s=args.task_sleep if sleep else 0.0,
             commit_sleep_s=args.commit_sleep if sleep else 0.0,
         )
+        return config.with_overrides({"job.state.dir": args.state_dir}) if args.state_dir else config
 
     t0 = time.monotonic()
     spark = spark_session(
@@ -259,11 +317,13 @@ def main(argv: list[str] | None = None) -> int:
         app_name=f"localstate-cluster-{args.mode}",
         **{
             "spark.sql.shuffle.partitions": str(args.partitions),
-            # Do not hold tasks back for the executor holding their shuffle input: let
-            # them go to whichever executor is free, as after a failure.
-            "spark.locality.wait": "0",
+            "spark.locality.wait": args.locality_wait,
         },
     )
+    if args.executors:
+        from localstate.contrib.spark.runner import wait_for_executors
+
+        wait_for_executors(spark, args.executors)
     result: dict[str, Any] = {
         "mode": args.mode,
         "app_id": spark.sparkContext.applicationId,
@@ -277,7 +337,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.mode in ("stream", "all"):
             _write_json(args.root / "stream-started.json", {"time": time.time()})
             root = args.root / "stream"
-            result["last_batch"] = run_stream(spark, root, args.input, config(root, True), args.spark_tasks)
+            progress: list[dict[str, Any]] = []
+            result["last_batch"] = run_stream(spark, root, args.input, config(root, True), args.spark_tasks,
+                                              forget_placement_at=args.forget_placement_at,
+                                              misplace=args.misplace, input_format=args.input_format,
+                                              progress=progress, affinity=not args.no_affinity)
+            result["batch_ms"] = [p["durationMs"].get("triggerExecution") for p in progress]
+            result["batch_rows"] = [p.get("numInputRows") for p in progress]
         result["status"] = "ok"
     except Exception as e:
         result["status"] = "failed"

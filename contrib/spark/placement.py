@@ -1,0 +1,299 @@
+"""Host affinity: each task runs on the executor that holds its state.
+
+Spark places a post-shuffle task where its shuffle input is, not where its state is,
+so without help a task of a cluster job lands on a random executor every micro-batch
+and restores its state there. Spark's own state stores solve this with preferred
+locations (``StateStoreCoordinator``); this module does the same for localstate tasks
+with public PySpark and one py4j call:
+
+* **The registry** (:class:`Placement`, on the driver) remembers which executor ran
+  each Spark partition last (where its state now is) and, before each run, proposes an
+  executor per partition: the same one while it is alive and not holding more than its
+  share (``ceil(partitions / executors)``); the others — new partitions, partitions of
+  a lost executor, the newest arrivals on an executor above its share — go to the least
+  loaded live executors. A task that ran elsewhere (its executor was busy past
+  ``spark.locality.wait``) is recorded where it ran.
+* **The preference** (:func:`placed`): the shuffled input is packed into one Arrow IPC
+  payload row per partition (``mapInArrow``) and zipped with an RDD made by
+  ``SparkContext.makeRDD`` whose partition ``i`` prefers executor ``i``'s proposal
+  (``executor_<host>_<id>``, Spark's executor-level location). The task runs in the same
+  stage, so Spark's delay scheduling sends it to that executor, or elsewhere after
+  ``spark.locality.wait`` (default 3 s) when that executor stays busy.
+* **The report**: each Spark task adds ``{partition: executor}`` to an accumulator
+  (:class:`PlacementParam`) after its tasks committed; Spark keeps only a successful
+  attempt's updates, so the registry learns where the committed state is.
+
+Placement is a hint, never a source of truth. Which copy of a task's state is used is
+decided by the task's own open (the local copy is checked against the committed
+checkpoint and the changelog; two attempts are kept apart by the partition locks), so a
+lost registry (a new driver) only costs one round of placement, and a wrong or
+doubled claim costs a restore, never a wrong state.
+
+The price: a task's input for one run is held as one payload (a binary value, < 2 GiB)
+and crosses one more Python worker; see docs/spark.md ("Host affinity").
+
+**Copies left behind** (:func:`sweep_copies`): after its tasks commit, a Spark task
+deletes the copies its executor holds of partitions the registry gives to another
+executor, once that partition's committed version is past the copy's (its owner has
+committed past it), each under the partition's lock. Each copy records the version it
+was left at (:mod:`localstate.copies`), which ``localstate inspect`` shows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from localstate import Config, LocalStateError, StoreLockedError
+from localstate.copies import copy_record_path, read_copy_record
+from localstate.layout import job_dir, store_dir, task_lock
+from pyspark.accumulators import AccumulatorParam
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+    from pyspark.sql import DataFrame
+
+__all__ = [
+    "Placement",
+    "PlacementParam",
+    "live_executors",
+    "location",
+    "placed",
+    "unpacked",
+    "PAYLOAD_COLUMN",
+    "sweep_copies",
+]
+
+PAYLOAD_COLUMN = "__localstate_payload"
+"""The one column of :func:`placed`'s DataFrame: a partition's input as an Arrow IPC stream."""
+
+def _executor_order(executor: str) -> tuple[int, str]:
+    return (len(executor), executor)  # "2" before "10"
+
+
+class Placement:
+    """The driver's registry of where each of ``partitions`` Spark partitions runs.
+
+    Not thread-safe: one job's runs call it one at a time (a batch run, or a streaming
+    query's ``foreachBatch``).
+    """
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self.owners: dict[int, str] = {}
+        """Spark partition → executor id that ran (and committed) it last."""
+        self._arrived: dict[int, int] = {}
+        self._clock = 0
+        self.runs = 0
+        """Task runs reported for partitions that had run before."""
+        self.moves = 0
+        """Of :attr:`runs`, those on another executor than the partition's previous run."""
+
+    def assign(self, executors: Iterable[str]) -> list[str | None]:
+        """The proposed executor of every partition (None: no live executor to propose).
+
+        A partition stays with its owner while the owner is in ``executors`` and holds at
+        most ``ceil(partitions / len(executors))`` partitions (the longest-held kept
+        first); the rest go one by one to the live executor with the fewest.
+        """
+        alive = sorted(set(executors), key=_executor_order)
+        if not alive:
+            return [None] * self.partitions
+        share = math.ceil(self.partitions / len(alive))
+        load: Counter[str] = Counter()
+        out: list[str | None] = [None] * self.partitions
+        for p in sorted((p for p in self.owners if self.owners[p] in alive and p < self.partitions),
+                        key=lambda p: self._arrived[p]):
+            owner = self.owners[p]
+            if load[owner] < share:
+                out[p] = owner
+                load[owner] += 1
+        for p in range(self.partitions):
+            if out[p] is None:
+                target = min(alive, key=lambda e: (load[e], _executor_order(e)))
+                out[p] = target
+                load[target] += 1
+        return out
+
+    def forget(self) -> None:
+        """Drop what the registry knows (what the registry of a new driver knows)."""
+        self.owners.clear()
+        self._arrived.clear()
+
+    def record(self, ran: Mapping[int, str]) -> None:
+        """Partition → executor of the runs that committed: they are the owners now."""
+        for p, executor in sorted(ran.items()):
+            before = self.owners.get(p)
+            if before is not None:
+                self.runs += 1
+                self.moves += before != executor
+            if before != executor:
+                self.owners[p] = executor
+                self._arrived[p] = self._clock
+                self._clock += 1
+
+    def owner_of_tasks(self, groups: list[list[int]], assignment: list[str | None]) -> dict[int, str]:
+        """Task → proposed executor, from the Spark partitions' ``assignment``
+        (Spark partition ``i`` runs the tasks ``groups[i]``)."""
+        return {task: executor for tasks, executor in zip(groups, assignment) if executor is not None
+                for task in tasks}
+
+
+class PlacementParam(AccumulatorParam):
+    """Merges ``{spark_partition: executor_id}`` reports of task runs."""
+
+    def zero(self, value: Any) -> dict[int, str]:
+        return {}
+
+    def addInPlace(self, a: dict[int, str], b: dict[int, str]) -> dict[int, str]:
+        a.update(b)
+        return a
+
+
+def live_executors(sc: SparkContext) -> dict[str, str]:
+    """Executor id → host of the executors registered now, the driver left out (empty
+    under ``local[*]``, where the driver is the only executor, and when Spark's status
+    store cannot be read)."""
+    try:
+        infos = sc._jsc.sc().statusStore().executorList(True)  # noqa: SLF001 - no Python API lists executor ids
+        out = {}
+        for i in range(infos.size()):
+            info = infos.apply(i)
+            executor = str(info.id())
+            if executor != "driver":
+                out[executor] = str(info.hostPort()).rsplit(":", 1)[0]
+        return out
+    except Exception:  # a Spark without this status API: run without placement
+        return {}
+
+
+def location(executor: str, host: str) -> str:
+    """Spark's executor-level preferred location string for ``executor`` on ``host``."""
+    return f"executor_{host}_{executor}"
+
+
+def _pack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    sink = pa.BufferOutputStream()
+    writer = None
+    for batch in batches:
+        if writer is None:
+            writer = pa.ipc.new_stream(sink, batch.schema)
+        writer.write_batch(batch)
+    if writer is not None:
+        writer.close()
+    yield pa.RecordBatch.from_arrays([pa.array([sink.getvalue().to_pybytes()], pa.binary())],
+                                     names=[PAYLOAD_COLUMN])
+
+
+def unpacked(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The record batches inside :func:`placed`'s payload rows, in order."""
+    for batch in batches:
+        for payload in batch.column(0).to_pylist():
+            if payload:
+                yield from pa.ipc.open_stream(payload)
+
+
+def placed(df: DataFrame, locations: list[str | None]) -> DataFrame:
+    """``df`` (already partitioned) as one payload row per partition (:func:`unpacked`
+    reads it back), partition ``i`` preferring ``locations[i]`` (:func:`location`; None:
+    no preference). ``len(locations)`` must be ``df``'s number of partitions."""
+    from pyspark.rdd import RDD
+    from pyspark.serializers import BatchedSerializer, CPickleSerializer
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    spark = df.sparkSession
+    sc = spark.sparkContext
+    rows = df.mapInArrow(_pack, StructType([StructField(PAYLOAD_COLUMN, BinaryType(), False)])).rdd
+    # One element per partition on both sides (a zip needs equal counts), pickled as
+    # ``df.rdd``'s batches are, so PySpark zips the two JVM RDDs without re-batching them.
+    jvm = sc._jvm  # noqa: SLF001 - makeRDD with locations has no Python API
+    pickle = CPickleSerializer()
+    items = [jvm.scala.Tuple2(bytearray(pickle.dumps([i])), jvm.PythonUtils.toSeq([loc] if loc else []))
+             for i, loc in enumerate(locations)]
+    tag = getattr(jvm.scala.reflect, "ClassTag$").__getattr__("MODULE$").apply(
+        jvm.java.lang.Class.forName("[B"))
+    jrdd = sc._jsc.sc().makeRDD(jvm.PythonUtils.toSeq(items), tag)  # noqa: SLF001
+    anchors = RDD(jrdd.toJavaRDD(), sc, BatchedSerializer(pickle))
+    payloads = anchors.zip(rows).map(lambda pair: (pair[1][0],))
+    return spark.createDataFrame(payloads, StructType([StructField(PAYLOAD_COLUMN, BinaryType(), False)]),
+                                 verifySchema=False)
+
+
+def _held_partitions(config: Config) -> set[int]:
+    held: set[int] = set()
+    root = job_dir(config)
+    for store in config.stores:
+        sdir = root / store
+        if sdir.is_dir():
+            held.update(int(d.name) for d in sdir.iterdir() if d.is_dir() and d.name.isdigit())
+    return held
+
+
+def _remove_copy(directory: Path) -> None:
+    """Take ``directory`` out of use at once (a rename, so no open ever sees half a copy),
+    then delete it; what a failed delete leaves is a ``.deleting-`` directory that no task
+    opens, removed by a later sweep."""
+    if not directory.exists():
+        return
+    trash = directory.with_name(f".deleting-{directory.name}-{os.getpid()}")
+    directory.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _remove_leftovers(config: Config) -> None:
+    for store in config.stores:
+        sdir = job_dir(config) / store
+        if sdir.is_dir():
+            for leftover in sdir.glob(".deleting-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
+def sweep_copies(config: Config, owners: Mapping[int, str], me: str) -> list[int]:
+    """Delete this state dir's copies of partitions that ``owners`` (task → executor)
+    gives to another executor than ``me`` and whose committed version is past the
+    copy's; returns the partitions deleted.
+
+    A copy without a record, one whose partition has no committed version past it, and
+    one whose lock is held (an attempt running here) is kept. Each deletion holds the
+    partition's lock, and the record goes last, so an interrupted sweep leaves a copy
+    that the next open verifies or rebuilds like any other.
+    """
+    _remove_leftovers(config)
+    candidates = sorted(p for p in _held_partitions(config) if owners.get(p, me) != me)
+    if not candidates:
+        return []
+    from localstate.store_open import open_system
+
+    deleted: list[int] = []
+    system = open_system(config, config.checkpoint_system)
+    try:
+        checkpoints = system.checkpoints()
+        for p in candidates:
+            record = read_copy_record(copy_record_path(config, p))
+            if record is None or not isinstance(record.get("version"), int):
+                continue
+            committed = checkpoints.read(config.job_name, p)
+            if committed is None or committed.version <= record["version"]:
+                continue
+            try:
+                lock = task_lock(config, p)
+            except StoreLockedError:
+                continue
+            try:
+                for store in config.stores:
+                    _remove_copy(store_dir(config, store, p))
+                copy_record_path(config, p).unlink(missing_ok=True)
+            finally:
+                lock.release()
+            deleted.append(p)
+    except (LocalStateError, OSError):
+        return deleted  # housekeeping: a checkpoint it cannot read, or a dir it cannot move, keeps copies
+    finally:
+        system.close()
+    return deleted
