@@ -21,22 +21,16 @@ from localstate.registry import ENGINES
 from localstate.storage import Recovery
 from localstate.testing.changelog_conformance import dump, records, task_values
 from localstate.testing.changelog_conformance import on_another_machine as moved
-from localstate.testing.s3 import objectstore_options
 from localstate.verify import verify_job
 
 pytestmark = pytest.mark.s3
 
-FAST = {"timeout.ms": 2000, "retries": 2, "retry.backoff.ms": 20}
 
 
-@pytest.fixture(params=["s3", "file"])
-def where(request, tmp_path) -> dict[str, Any]:
-    """``systems.s3.*`` keys of a fresh objectstore location: a moto bucket or a file:// dir."""
-    if request.param == "s3":
-        server = request.getfixturevalue("s3_server")
-        return objectstore_options(server.endpoint, server.create_bucket(), **FAST)
-    return {"systems.s3.type": "objectstore", "systems.s3.path": f"file://{tmp_path}/objects",
-            **{f"systems.s3.{k}": v for k, v in FAST.items()}}
+@pytest.fixture
+def where(objectstore_where: dict[str, Any]) -> dict[str, Any]:
+    """A fresh objectstore location: a moto bucket, then a file:// directory."""
+    return objectstore_where
 
 
 def system_of(values: dict[str, Any], job: str = "job") -> ObjectStoreChangelogSystem:

@@ -20,13 +20,18 @@ import base64
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
+
+try:
+    from .broker_process import BrokerProcess
+except ImportError:  # run as a plain script by .ci/run, before anything is installed
+    from broker_process import BrokerProcess  # type: ignore[no-redef]
 
 __all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "fetch_kafka", "kafka_cache_dir"]
 
@@ -137,13 +142,17 @@ def _free_port() -> int:
     return free_port()
 
 
-class ApacheKafkaBroker:
+class ApacheKafkaBroker(BrokerProcess):
     """One Apache Kafka KRaft node on 127.0.0.1 with its log in a temporary directory.
 
     The same interface as :class:`~localstate.testing.kafka.TansuBroker`; :meth:`stop`
     keeps the log, so :meth:`start` brings the broker back with every topic. :meth:`close`
     stops it and deletes the log.
     """
+
+    name = "Apache Kafka"
+    ready_timeout_s = _READY_TIMEOUT_S
+    stop_grace_s = 30.0  # a controlled shutdown
 
     def __init__(self, port: int | None = None, *, version: str = KAFKA_VERSION) -> None:
         self.version = version
@@ -152,14 +161,6 @@ class ApacheKafkaBroker:
         self.process: subprocess.Popen[bytes] | None = None
         self.home = Path(tempfile.mkdtemp(prefix="apache-kafka-"))
         self._formatted = False
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
 
     @property
     def log_file(self) -> Path:
@@ -199,32 +200,11 @@ class ApacheKafkaBroker:
         self._wait_ready()
         return self
 
-    def _wait_ready(self) -> None:
-        from confluent_kafka.admin import AdminClient
-
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        admin = AdminClient({
-            "bootstrap.servers": self.bootstrap,
-            "socket.connection.setup.timeout.ms": 1000,
-            "logger": logging.getLogger("localstate.testing.kafka"),  # "connection refused" while starting
-        })
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"Apache Kafka exited with code {self.process.returncode} on port {self.port}; "
-                    f"log: {self.log_tail()}"
-                )
-            try:
-                if admin.list_topics(timeout=1.0).brokers:
-                    self._load_transaction_coordinator(deadline)
-                    return
-            except Exception as e:  # KafkaException while the listener comes up
-                last = e
-            time.sleep(0.1)
-        self.stop(kill=True)
-        raise RuntimeError(f"Apache Kafka on {self.bootstrap} was not ready after {_READY_TIMEOUT_S}s ({last})")
+    def _answers(self, admin: Any, deadline: float) -> bool:
+        if not admin.list_topics(timeout=1.0).brokers:
+            return False
+        self._load_transaction_coordinator(deadline)
+        return True
 
     def _load_transaction_coordinator(self, deadline: float) -> None:
         """Initialise one transactional producer: a new node creates and loads its
@@ -242,35 +222,6 @@ class ApacheKafkaBroker:
             return self.log_file.read_bytes()[-nbytes:].decode(errors="replace")
         except OSError:
             return ""
-
-    def pause(self) -> None:
-        """SIGSTOP the broker: connections stay open but nothing is answered."""
-        if self.process is not None:
-            os.kill(self.process.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT a paused broker."""
-        if self.process is not None:
-            os.kill(self.process.pid, signal.SIGCONT)
-
-    def stop(self, *, kill: bool = False) -> None:
-        """Stop the broker by PID (SIGTERM, a controlled shutdown; SIGKILL after 30 s, or
-        at once if ``kill``). Its log stays: :meth:`start` brings every topic back."""
-        proc = self.process
-        if proc is None:
-            return
-        self.process = None
-        if proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGCONT)
-                os.kill(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
 
     def close(self) -> None:
         """Stop the broker and delete its log."""

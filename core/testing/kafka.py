@@ -36,19 +36,18 @@ exact; a node starts in 4–8 s (tansu in well under 1 s).
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+from .broker_process import BrokerProcess
 
 if TYPE_CHECKING:
     from localstate.testing.apache_kafka import ApacheKafkaBroker
@@ -89,22 +88,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class TansuBroker:
-    """One tansu process on 127.0.0.1 with memory storage; stopped by its PID."""
+class TansuBroker(BrokerProcess):
+    """One tansu process on 127.0.0.1 with memory storage; stopped by its PID. Stopping it
+    loses its in-memory data."""
+
+    name = "tansu"
+    ready_timeout_s = _READY_TIMEOUT_S
 
     def __init__(self, port: int | None = None, *, binary: str | None = None) -> None:
         self.binary = binary or find_tansu()
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self._log = tempfile.NamedTemporaryFile(prefix="tansu-", suffix=".log", delete=False)  # noqa: SIM115
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
 
     def start(self) -> TansuBroker:
         """Start the broker (on the same port as before) and wait until it answers."""
@@ -125,66 +120,11 @@ class TansuBroker:
         self._wait_ready()
         return self
 
-    def _wait_ready(self) -> None:
-        from confluent_kafka.admin import AdminClient
-
-        deadline = time.monotonic() + _READY_TIMEOUT_S
-        admin = AdminClient({
-            "bootstrap.servers": self.bootstrap,
-            "socket.connection.setup.timeout.ms": 1000,
-            "logger": logging.getLogger("localstate.testing.kafka"),  # "connection refused" while starting
-        })
-        last: Exception | None = None
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"tansu exited with code {self.process.returncode} on port {self.port}; "
-                    f"log: {self.log_tail()}"
-                )
-            try:
-                admin.list_topics(timeout=1.0)
-                return
-            except Exception as e:  # KafkaException while the listener comes up
-                last = e
-                time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"tansu on {self.bootstrap} was not ready after {_READY_TIMEOUT_S}s ({last})")
-
     def log_tail(self, nbytes: int = 2000) -> str:
         try:
             return Path(self._log.name).read_bytes()[-nbytes:].decode(errors="replace")
         except OSError:
             return ""
-
-    def pause(self) -> None:
-        """SIGSTOP the broker: connections stay open but nothing is answered."""
-        if self.process is not None:
-            os.kill(self.process.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """SIGCONT a paused broker (its in-memory data is intact)."""
-        if self.process is not None:
-            os.kill(self.process.pid, signal.SIGCONT)
-
-    def stop(self, *, kill: bool = False) -> None:
-        """Stop the broker by PID (SIGTERM, SIGKILL after 5 s, or at once if ``kill``).
-        Its in-memory data is lost."""
-        proc = self.process
-        if proc is None:
-            return
-        self.process = None
-        if proc.poll() is None:
-            try:
-                os.kill(proc.pid, signal.SIGCONT)
-                os.kill(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=5)
 
     def close(self) -> None:
         self.stop(kill=True)
@@ -196,9 +136,6 @@ class TansuBroker:
 
     def __enter__(self) -> TansuBroker:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def new_broker() -> TansuBroker | ApacheKafkaBroker:

@@ -38,7 +38,8 @@ import pytest
 
 from .kafka import free_port
 
-__all__ = ["MotoServer", "FaultProxy", "objectstore_options", "s3_server", "s3_bucket", "fresh_s3_server"]
+__all__ = ["MotoServer", "FaultProxy", "objectstore_options", "s3_server", "s3_bucket", "fresh_s3_server",
+           "objectstore_where"]
 
 _READY_TIMEOUT_S = 30.0
 ACCESS_KEY = "localstate-test"
@@ -301,3 +302,18 @@ def fresh_s3_server() -> Iterator[MotoServer]:
     """A moto server of this test's own, which the test may stop."""
     with MotoServer() as server:
         yield server
+
+
+QUICK_RETRIES = {"timeout.ms": 2000, "retries": 2, "retry.backoff.ms": 20}
+"""Object-store settings that fail fast in tests (the defaults retry for seconds)."""
+
+
+@pytest.fixture(params=["s3", "file"])
+def objectstore_where(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """``systems.s3.*`` keys of a fresh objectstore location with quick retries: a new
+    bucket on the session's moto server, then a ``file://`` directory (the test runs on both)."""
+    if request.param == "s3":
+        server = request.getfixturevalue("s3_server")
+        return objectstore_options(server.endpoint, server.create_bucket(), **QUICK_RETRIES)
+    return {"systems.s3.type": "objectstore", "systems.s3.path": f"file://{tmp_path}/objects",
+            **{f"systems.s3.{k}": v for k, v in QUICK_RETRIES.items()}}
