@@ -123,40 +123,42 @@ class LocalCopies:
 
     ``committed[(partition, version)]`` is the changelog offset committed with that
     version (the latest commit of it: a rolled-back batch is committed again);
-    ``local[(executor, partition)]`` the offset of that executor's local copy: a run
-    restores its local copy to the offset of the version it starts from, a commit
-    moves it to the committed offset. ``horizon[partition]``: a run that starts behind
-    the partition's log end (a rollback) cuts that tail, and the changelog then refuses
-    every local snapshot up to the old end (it cannot tell a snapshot of the cut tail
-    from one of the same offsets written again), so no local copy at or below it counts.
+    ``local[(executor, partition)]`` the offset of that executor's local copy and the
+    identity of the log it was built from: a run restores its local copy to the offset of
+    the version it starts from, a commit moves it to the committed offset. ``log[partition]``
+    counts the log's identities: a run that starts behind the partition's log end (a
+    rollback) cuts that tail, which gives the log a new identity, and the copy that run
+    restored carries it; a copy of the old identity (a snapshot of the cut tail, or one of
+    the same offsets written again elsewhere) is never used.
     """
 
     def __init__(self) -> None:
         self.committed: dict[tuple[int, int | None], int] = {}
-        self.local: dict[tuple[str, int], int] = {}
+        self.local: dict[tuple[str, int], tuple[int, int]] = {}
         self.end: dict[int, int] = {}
-        self.horizon: dict[int, int] = {}
+        self.log: dict[int, int] = {}
 
     def target(self, start: dict[str, Any]) -> int:
         """The offset the run of ``start`` must restore to."""
         return self.committed.get((start["partition"], start["previous_version"]), 0)
 
     def is_local(self, start: dict[str, Any]) -> bool:
-        """Whether the executor of ``start`` already held that state locally (and the
-        changelog still accepts a copy at that offset)."""
-        offset = self.local.get((start["executor"], start["partition"]), 0)
-        return offset == self.target(start) and offset >= self.horizon.get(start["partition"], 0)
+        """Whether the executor of ``start`` already held that state locally, built from
+        the partition's current log."""
+        p = start["partition"]
+        return self.local.get((start["executor"], p), (0, 0)) == (self.target(start), self.log.get(p, 0))
 
     def apply(self, e: dict[str, Any]) -> None:
         where = (e["executor"], e["partition"])
         p = e["partition"]
         if e["phase"] == "start":
-            self.local[where] = self.target(e)
             if self.target(e) < self.end.get(p, 0):  # a rollback cuts the tail past the target
-                self.horizon[p] = self.end[p] + 1
+                self.log[p] = self.log.get(p, 0) + 1
                 self.end[p] = self.target(e)
+            self.local[where] = (self.target(e), self.log.get(p, 0))
         elif e["version"] != e["previous_version"]:
-            self.committed[(p, e["version"])] = self.local[where] = e["committed_offset"]
+            self.committed[(p, e["version"])] = e["committed_offset"]
+            self.local[where] = (e["committed_offset"], self.log.get(p, 0))
             self.end[p] = e["committed_offset"]
 
     @classmethod
@@ -189,7 +191,7 @@ def _kill_target(
     for e in candidates:
         others = set(jvms) - {e["executor"]}
         if e["executor"] in jvms and others and not [
-            x for x in others if model.local.get((x, e["partition"]), 0) == e["restore_committed"]
+            x for x in others if model.local.get((x, e["partition"]), (0, 0))[0] == e["restore_committed"]
         ]:
             return e, jvms[e["executor"]]
     return None
@@ -309,7 +311,9 @@ def test_batch_job_on_two_executors_counts_exactly(cluster_run: ClusterRun) -> N
 
 
 @pytest.mark.slow
-def test_executors_killed_mid_stream_tasks_move_restore_and_stay_exactly_once(cluster_run: ClusterRun) -> None:
+def test_executors_killed_mid_stream_tasks_move_restore_and_stay_exactly_once(
+    cluster_run: ClusterRun, leftover_rebuilds: bool = False
+) -> None:
     run = cluster_run
     root = run.root / "stream"
     assert [k.plan for k in run.kills] == KILLS, f"not every planned kill found its window: {run.kills}"
@@ -347,7 +351,11 @@ def test_executors_killed_mid_stream_tasks_move_restore_and_stay_exactly_once(cl
             target = model.target(e)
             assert e["restore_committed"] == target, e
             if model.is_local(e):
-                assert e["restore_records"] == 0, e
+                # leftover_rebuilds (the objectstore changelog): a killed attempt's upload left
+                # in the log makes local copies at or below its end untrusted, so a copy the
+                # model calls local may be rebuilt in full instead (conservative, never wrong)
+                rebuilt = leftover_rebuilds and e["restore_start"] == 0 and e["restore_records"] == target
+                assert e["restore_records"] == 0 or rebuilt, e
             else:
                 moved.append(e)
                 assert e["restore_start"] < target, e

@@ -45,4 +45,4 @@ def test_batch_job_on_two_executors_with_state_on_s3(s3_cluster_run: ClusterRun,
 
 
 def test_executors_killed_mid_stream_restore_from_s3_exactly_once(s3_cluster_run: ClusterRun) -> None:
-    check_stream(s3_cluster_run)
+    check_stream(s3_cluster_run, leftover_rebuilds=True)
