@@ -15,9 +15,7 @@ from typing import Any
 import pytest
 from localstate import Config, TaskStorage
 from localstate.testing.changelog_conformance import task_values
-from localstate.testing.s3 import objectstore_options
-
-FAST = {"timeout.ms": 2000, "retries": 2, "retry.backoff.ms": 20}
+from localstate.testing.s3 import QUICK_RETRIES, objectstore_options
 
 
 @pytest.fixture(params=["s3", "file", "kafka"])
@@ -27,10 +25,10 @@ def system_values(request, tmp_path) -> dict[str, Any]:
                 "systems.kafka.bootstrap.servers": request.getfixturevalue("kafka_broker")}
     if request.param == "s3":
         server = request.getfixturevalue("s3_server")
-        where = objectstore_options(server.endpoint, server.create_bucket(), **FAST)
+        where = objectstore_options(server.endpoint, server.create_bucket(), **QUICK_RETRIES)
     else:
         where = {"systems.s3.type": "objectstore", "systems.s3.path": f"file://{tmp_path}/objects",
-                 **{f"systems.s3.{k}": v for k, v in FAST.items()}}
+                 **{f"systems.s3.{k}": v for k, v in QUICK_RETRIES.items()}}
     return {"job.changelog.system": "s3", "job.checkpoint.system": "s3", **where}
 
 

@@ -36,11 +36,11 @@ from localstate.testing.changelog_conformance import (
     unique,
 )
 from localstate.testing.changelog_conformance import on_another_machine as moved
-from localstate.testing.s3 import FaultProxy, MotoServer, objectstore_options
+from localstate.testing.s3 import QUICK_RETRIES, FaultProxy, objectstore_options
 
 pytestmark = pytest.mark.s3
 
-FAST = {"timeout.ms": 2000, "retries": 2, "retry.backoff.ms": 20}
+FAST = QUICK_RETRIES
 
 
 def system_options(opts: dict[str, Any], name: str = "s3") -> dict[str, Any]:
@@ -48,14 +48,10 @@ def system_options(opts: dict[str, Any], name: str = "s3") -> dict[str, Any]:
     return {k[len(pre):]: v for k, v in opts.items() if k.startswith(pre) and k != f"{pre}type"}
 
 
-@pytest.fixture(params=["s3", "file"])
-def where(request, tmp_path) -> dict[str, Any]:
-    """``systems.s3.*`` keys of a fresh objectstore location: a moto bucket or a file:// dir."""
-    if request.param == "s3":
-        server: MotoServer = request.getfixturevalue("s3_server")
-        return objectstore_options(server.endpoint, server.create_bucket(), **FAST)
-    return {"systems.s3.type": "objectstore", "systems.s3.path": f"file://{tmp_path}/objects",
-            **{f"systems.s3.{k}": v for k, v in FAST.items()}}
+@pytest.fixture
+def where(objectstore_where: dict[str, Any]) -> dict[str, Any]:
+    """``systems.s3.*`` keys of a fresh objectstore location: a moto bucket, then a file:// dir."""
+    return objectstore_where
 
 
 def make_system(opts: dict[str, Any], job: str = "job") -> ObjectStoreChangelogSystem:

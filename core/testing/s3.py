@@ -39,7 +39,7 @@ import pytest
 from .kafka import free_port
 
 __all__ = ["MotoServer", "FaultProxy", "objectstore_options", "s3_server", "s3_bucket", "fresh_s3_server",
-           "objectstore_where"]
+           "objectstore_where", "QUICK_RETRIES"]
 
 _READY_TIMEOUT_S = 30.0
 ACCESS_KEY = "localstate-test"
