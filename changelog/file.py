@@ -8,6 +8,8 @@ Layout under ``systems.<name>.path``::
     <stream>/<partition>/compaction.json {"tombstone_horizon": offset}
     <stream>/<partition>/clean.json      the clean-close claim (file_clean.py)
     <stream>/<partition>/log.id          the log's identity (:meth:`~FileChangelogPartition.log_id`)
+    <stream>/<partition>/shipped/        the engine snapshots shipped here after commits
+                                         (``objectstore_snapshots.py``; ``snapshots = false``: none)
     _checkpoints/<job>/partition-<p>.ckpt (+ .prev)   task checkpoints
 
 On open the active (last) segment is verified batch by batch, unless the previous close
@@ -51,6 +53,7 @@ from localstate.locking import FileLock, atomic_write, fsync_dir, io_error
 from localstate.records import ChangeRecord
 
 from .base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
+from .directory_store import DirectoryStore
 from .file_checkpoints import FileCheckpointStore
 from .file_clean import TailClaim, claim_holds, leave_claim, take_claim
 from .format import (
@@ -65,6 +68,7 @@ from .format import (
     parse_header,
     walk,
 )
+from .objectstore_snapshots import RemoteSnapshots, instance_epoch
 
 __all__ = ["FileChangelogSystem", "FileChangelogPartition", "FileCheckpointStore", "FileChangelogOptions"]
 
@@ -84,6 +88,8 @@ class _Segment:
 
 _UNKNOWN: Any = object()
 """``FileChangelogPartition._last_batch`` after a rewrite of the segment (no clean-close claim)."""
+SHIPPED = "shipped"
+"""In a partition directory: the engine snapshots shipped after commits."""
 LOG_ID = "log.id"
 """In a partition directory: the log's identity (:meth:`FileChangelogPartition.log_id`)."""
 
@@ -106,8 +112,12 @@ class FileChangelogPartition(ChangelogPartition):
         retention_ms: int = DEFAULT_RETENTION_MS,
         fsync: bool = True,
         readonly: bool = False,
+        snapshots: bool = False,
+        snapshot_every: int = 0,
     ) -> None:
         self.directory = Path(directory)
+        self._shipping = (snapshots, snapshot_every)
+        self._shipped: RemoteSnapshots | None = None
         self.stream = stream or self.directory.parent.name
         self.partition = partition
         self.segment_bytes = segment_bytes
@@ -437,6 +447,7 @@ class FileChangelogPartition(ChangelogPartition):
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        self._drop_shipped_past(c)
         # The offsets [c, end) are written again by this task: from c on it is another
         # log. A local copy of the discarded tail (its writer persisted it and died before
         # its checkpoint) on a machine this one cannot reach carries the old identity, so
@@ -486,6 +497,36 @@ class FileChangelogPartition(ChangelogPartition):
     def describe(self) -> str:
         return f"file changelog {self.directory}"
 
+    # -- engine snapshots shipped beside the log (objectstore_snapshots.py) ------------------
+    def _snapshots(self) -> RemoteSnapshots | None:
+        if not self._shipping[0]:
+            return None
+        if self._shipped is None:
+            self._shipped = RemoteSnapshots(DirectoryStore(self.directory), SHIPPED, self.describe(), self._shipping[1])
+        return self._shipped
+
+    def upload_snapshot(self, engine: Any, offset: int) -> bool:
+        """After a commit at ``offset`` (its checkpoint is written): ship the engine's
+        snapshot into ``shipped/`` when it took one (:meth:`RemoteSnapshots.ship`), so an
+        open on another machine replays only what follows it. True if shipped."""
+        shipped = self._snapshots()
+        if shipped is None or self.readonly or self._closed:
+            return False
+        return shipped.ship(engine, offset, instance_epoch())
+
+    def fetch_snapshot(self, engine: Any, committed: int, min_valid: int) -> int | None:
+        """Before a restore: put the newest usable shipped snapshot among the engine's
+        local ones (:meth:`RemoteSnapshots.fetch`)."""
+        shipped = self._snapshots()
+        return None if shipped is None else shipped.fetch(engine, committed, min_valid)
+
+    def _drop_shipped_past(self, offset: int) -> None:
+        """Before offsets past ``offset`` are written again: no shipped snapshot of the
+        discarded records may be fetched (``-1``: none at all)."""
+        if (self.directory / SHIPPED).is_dir():
+            shipped = self._snapshots() or RemoteSnapshots(DirectoryStore(self.directory), SHIPPED, self.describe())
+            shipped.delete_past(offset)
+
     def reset(self) -> int:
         """Remove every segment; the next segment starts at the old end offset, so offsets
         never go back. The horizon (the log's recorded start) goes one past it: a local
@@ -501,6 +542,7 @@ class FileChangelogPartition(ChangelogPartition):
         # is valid), so a crash part-way leaves a log whose head is accounted for and a reset
         # that can run again.
         self.raise_horizon(self._end + 1)
+        self._drop_shipped_past(-1)
         self._new_log_id()
         for seg in self._segments:
             seg.path.unlink(missing_ok=True)
@@ -706,12 +748,21 @@ class FileChangelogOptions:
     """How long compaction keeps a tombstone (as Kafka's ``delete.retention.ms``)."""
     fsync: bool = True
     """false is for benchmarks only: a commit is then not durable."""
+    snapshots: bool = True
+    """Ship the engine's local snapshots (RocksDB) into the partition directory after
+    commits, so a task that moves to another machine replays only what follows the newest
+    one (hard links where the state dir is on the same filesystem: no extra disk)."""
+    snapshot_every: int = 0
+    """Also ship one every N commits (the engine takes the snapshot it deferred); 0: only
+    when the engine takes one (every ``snapshot.interval.records`` records)."""
 
     def validate(self, prefix: str) -> None:
         if self.segment_bytes < 4096:
             raise ConfigError(f"{prefix}.segment.bytes = {self.segment_bytes}: must be >= 4096")
         if self.delete_retention_ms < 0:
             raise ConfigError(f"{prefix}.delete.retention.ms = {self.delete_retention_ms}: must be >= 0")
+        if self.snapshot_every < 0:
+            raise ConfigError(f"{prefix}.snapshot.every = {self.snapshot_every}: must be >= 0")
 
 
 class FileChangelogSystem(ChangelogSystem):
@@ -776,6 +827,8 @@ class FileChangelogSystem(ChangelogSystem):
             retention_ms=self.retention_ms,
             fsync=self.fsync,
             readonly=readonly,
+            snapshots=self.settings.snapshots,
+            snapshot_every=self.settings.snapshot_every,
         )
 
     def checkpoints(self) -> FileCheckpointStore:

@@ -63,6 +63,7 @@ from .kafka_client import (
     connect_timeout_ms,
     is_fenced,
 )
+from .objectstore_snapshots import RemoteSnapshots, instance_epoch, snapshot_store
 
 try:
     from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -277,6 +278,7 @@ class KafkaChangelogPartition(ChangelogPartition):
         self._end: int | None = None
         self._unflushed = False
         self._closed = False
+        self._shipped: RemoteSnapshots | None = None
 
     @property
     def where(self) -> str:
@@ -470,6 +472,9 @@ class KafkaChangelogPartition(ChangelogPartition):
         self._end = end
         if c >= end:
             return
+        shipped = self._snapshots()
+        if shipped is not None:  # of records past the commit: never to be fetched
+            shipped.delete_past(c)
         keys: dict[bytes, None] = {}
         for msgs, last in self._scan(c, None):
             batch_keys = list(map(Message.key, msgs))
@@ -488,6 +493,28 @@ class KafkaChangelogPartition(ChangelogPartition):
 
     def describe(self) -> str:
         return self.where
+
+    # -- engine snapshots shipped to the store ``snapshots.path`` names ---------------------
+    def _snapshots(self) -> RemoteSnapshots | None:
+        """The topic's own id is part of the prefix: a topic deleted and created again under
+        its name is another log, whose offsets no older snapshot describes."""
+        if self._shipped is None and self.system.snapshot_store is not None:
+            store, every = self.system.snapshot_store
+            prefix = f"{self.stream}/{self.partition}/{self.system.client.topic_id(self.stream) or 'no-topic-id'}"
+            self._shipped = RemoteSnapshots(store, prefix, self.where, every)
+        return self._shipped
+
+    def upload_snapshot(self, engine: Any, offset: int) -> bool:
+        """After a commit at ``offset`` (its checkpoint is written): ship the engine's
+        snapshot when it took one (:meth:`RemoteSnapshots.ship`). True if shipped."""
+        shipped = self._snapshots() if self._writer is not None and not self._closed else None
+        return False if shipped is None else shipped.ship(engine, offset, instance_epoch())
+
+    def fetch_snapshot(self, engine: Any, committed: int, min_valid: int) -> int | None:
+        """Before a restore: put the newest usable shipped snapshot among the engine's
+        local ones (:meth:`RemoteSnapshots.fetch`)."""
+        shipped = self._snapshots()
+        return None if shipped is None else shipped.fetch(engine, committed, min_valid)
 
     def verify(self) -> dict[str, Any]:
         """Read every record of the partition back (the broker checks batch CRCs) and
@@ -531,7 +558,7 @@ class KafkaChangelogSystem(ChangelogSystem):
     """Changelog streams as compacted Kafka topics; checkpoints in a compacted topic too."""
 
     options_type = KafkaSettings
-    pass_through = ("producer", "consumer", "topic")
+    pass_through = ("producer", "consumer", "topic", "snapshots")
 
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         super().__init__(name, options, job)
@@ -542,6 +569,9 @@ class KafkaChangelogSystem(ChangelogSystem):
         self._checkpoints = KafkaCheckpointStore(self)
         self._generation: Generation | None = None
         self._closed = False
+        self.snapshot_store: tuple[Any, int] | None = (
+            snapshot_store(self.settings.snapshots, f"systems.{name}.snapshots") if self.settings.snapshots else None)
+        """Where engine snapshots are shipped (``snapshots.path``) and every how many commits."""
 
     def describe(self) -> str:
         return f"kafka changelog on brokers {self.settings.bootstrap_servers}"

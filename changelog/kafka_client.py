@@ -27,7 +27,14 @@ from typing import Any, TypeVar
 from localstate.errors import ChangelogError, ConfigError, FencedError
 
 try:
-    from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+    from confluent_kafka import (
+        Consumer,
+        KafkaError,
+        KafkaException,
+        Message,
+        TopicCollection,
+        TopicPartition,
+    )
     from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 except ImportError as _e:  # pragma: no cover - exercised only without the extra
     raise ImportError("Kafka support needs confluent-kafka: pip install 'localstate[kafka]'") from _e
@@ -74,6 +81,9 @@ class KafkaSettings:
         systems.kafka.producer.linger.ms = 10         # pass-through librdkafka settings
         systems.kafka.consumer.fetch.max.bytes = 52428800
         systems.kafka.topic.min.insync.replicas = 2   # extra configs of created topics
+        systems.kafka.snapshots.path = s3://bucket/snapshots   # where engine snapshots are
+                                                      # shipped (file:///shared/dir too)
+        systems.kafka.snapshots.config.endpoint = ...  # with an object store: as its config.*
     """
 
     bootstrap_servers: str = ""
@@ -86,6 +96,7 @@ class KafkaSettings:
     producer: dict[str, str] = field(default_factory=dict)
     consumer: dict[str, str] = field(default_factory=dict)
     topic: dict[str, str] = field(default_factory=dict)
+    snapshots: dict[str, str] = field(default_factory=dict)
 
     def validate(self, prefix: str) -> None:
         if not self.bootstrap_servers.strip():
@@ -114,6 +125,10 @@ class KafkaSettings:
             given = self.consumer.get(key)
             if given is not None and given.lower() != fixed:
                 raise ConfigError(f"{prefix}.consumer.{key} = {given!r}: must be {fixed} (restore needs it); remove the key")
+        if self.snapshots:
+            from .objectstore_snapshots import snapshot_store
+
+            snapshot_store(self.snapshots, f"{prefix}.snapshots", connect=False)
         policy = self.topic.get("cleanup.policy")
         if policy is not None and policy != "compact":
             raise ConfigError(
@@ -352,6 +367,18 @@ class KafkaClient:
         md = self.with_retries(f"list topic {topic!r}", lambda: admin.list_topics(timeout=self.timeout_s))
         tmd = md.topics.get(topic)
         return tmd if tmd is not None and tmd.error is None and tmd.partitions else None
+
+    def topic_id(self, topic: str) -> str:
+        """``topic``'s id (a new one each time a topic of that name is created), "" when
+        the broker does not give one."""
+        admin = self.admin()
+
+        def describe() -> Any:
+            found = admin.describe_topics(TopicCollection([topic]), request_timeout=self.timeout_s)
+            return found[topic].result()
+
+        uuid = str(self.with_retries(f"describe topic {topic!r}", describe).topic_id or "")
+        return "" if uuid.strip("A=") == "" else uuid
 
     def partitions(self, topic: str) -> list[int]:
         """The partition ids of ``topic``; ChangelogError if it does not exist."""

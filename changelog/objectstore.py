@@ -12,7 +12,8 @@ Configuration (``systems.<name>.*``)::
     systems.s3.retry.backoff.ms = 100             # first backoff; doubles, full jitter, capped at 5 s
     systems.s3.rollup.objects = 16                # roll this many objects of one level into one
     systems.s3.rollup.bytes = 67108864            # ... unless the result would be larger
-    systems.s3.snapshot.every = 10                # upload the engine's local snapshot every N commits
+    systems.s3.snapshot.every = 10                # ship the engine's snapshot every N commits (and
+                                                  # whenever it takes one; 0: only then)
 
 Layout under ``path`` (object stores have no append, so nothing is ever modified)::
 
@@ -187,8 +188,7 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
         self._others: list[ObjectName] = []  # listed objects not on the chain
         self._sizes: dict[ObjectName, int] = {}
         self._written: list[_Written] = []
-        self._commits_since_snapshot = 0
-        self._snapshots = RemoteSnapshots(self.store, self.prefix, self.describe())
+        self._snapshots = RemoteSnapshots(self.store, self.prefix, self.describe(), system.settings.snapshot_every)
         self._load()
         if not readonly:
             # The writer epoch is the task instance's claim in its checkpoint sequence: one
@@ -625,23 +625,13 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
     # -- snapshots (kept remotely by RemoteSnapshots) ----------------------------------------
     def upload_snapshot(self, engine: Any, offset: int) -> bool:
         """After a commit at ``offset`` (the task calls it once its checkpoint is written):
-        :meth:`after_commit`, then upload the engine's snapshot at ``offset`` if
-        ``snapshot.every`` commits passed since the last upload. True if uploaded."""
+        :meth:`after_commit`, then ship the engine's snapshot at ``offset`` when it took
+        one there or ``snapshot.every`` commits passed (:meth:`RemoteSnapshots.ship`),
+        unless a newer instance took over. True if uploaded."""
         self.after_commit(offset)
-        every = self.system.settings.snapshot_every
-        if self.readonly or not every or not hasattr(engine, "snapshots"):
+        if self.readonly:
             return False
-        self._commits_since_snapshot += 1
-        if self._commits_since_snapshot < every:
-            return False
-        newer = self._newer_instance()
-        if newer is not None:  # its clean-up would delete manifests and files the new owner may use
-            log.warning("%s: snapshot not uploaded: a newer instance of the task took over (%s)", self.describe(), newer)
-            return False
-        if self._snapshots.upload(engine, offset, self.epoch):
-            self._commits_since_snapshot = 0
-            return True
-        return False
+        return self._snapshots.ship(engine, offset, self.epoch, self._newer_instance)
 
     def fetch_snapshot(self, engine: Any, committed: int, min_valid: int) -> int | None:
         """Before a restore: put the newest usable remote snapshot among the engine's local

@@ -13,13 +13,17 @@ from __future__ import annotations
 import logging
 import random
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from localstate.errors import ChangelogError, ConfigError
 from localstate.options import coerce
+
+from .directory_store import first_line, link_file
 
 try:
     import obstore
@@ -112,11 +116,6 @@ def _client_value(key: str, value: Any, where: str) -> Any:
     return str(value)
 
 
-def first_line(e: BaseException) -> str:
-    """obstore errors carry a multi-line debug dump; the first line says what happened."""
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-
-
 _NO_BUCKET = "<Code>NoSuchBucket</Code>"
 _DENIED = ("<Code>InvalidAccessKeyId</Code>", "<Code>SignatureDoesNotMatch</Code>", "<Code>AccessDenied</Code>",
            "<Code>InvalidToken</Code>", "<Code>ExpiredToken</Code>", "403 Forbidden")
@@ -149,6 +148,8 @@ def setup_problem(e: BaseException, url: str, system: str) -> str | None:
 
 class ObjectStoreClient:
     """One obstore store with the system's retry policy; every error names the URL."""
+
+    missing = MISSING
 
     def __init__(self, settings: ObjectStoreSettings, system: str = "objectstore") -> None:
         self.settings = settings
@@ -229,6 +230,14 @@ class ObjectStoreClient:
                 f"(systems.{self.system}.path = {self.url}); nothing from this operation counts as done"
             ) from e
         self.bytes_put += len(data)
+
+    def put_file(self, key: str, path: Path) -> tuple[int, int]:
+        """Upload the immutable file ``path`` as ``key``; returns its ``(size, CRC32)``.
+        In a ``file://`` store on the same filesystem it is hard-linked, not copied."""
+        data = path.read_bytes()
+        if not (self.url.startswith("file://") and link_file(path, Path(self.url[len("file://"):]) / key)):
+            self.put(key, data)
+        return len(data), zlib.crc32(data)
 
     def get(self, key: str) -> bytes:
         """The object's bytes; raises NotFoundError/FileNotFoundError if it is missing."""

@@ -1,4 +1,20 @@
-"""RocksDB-style local snapshots kept in the object store beside a changelog partition.
+"""RocksDB-style local snapshots kept in shared storage beside a changelog partition.
+
+Used by every changelog system: the object store keeps them under the partition's
+prefix, the file changelog in the partition's directory (a ``file://`` store), Kafka in
+the store its ``snapshots.path`` names. They make a task's first open on another
+machine (a move, a lost executor) replay only the records since the newest shipped
+snapshot instead of the partition's whole history.
+
+**When a snapshot is shipped** (:meth:`RemoteSnapshots.ship`, after a commit's
+checkpoint): whenever the engine took a local snapshot at the committed offset (RocksDB
+takes one every ``snapshot.interval.records`` records), so a move replays about that
+many records at most; and, when ``every`` is set, every ``every`` commits (the engine
+takes the snapshot it deferred). Each immutable file is shipped once and shared by later
+snapshots; on a local filesystem it is hard-linked, not copied, when it can be.
+
+**Fetching** is incremental: a file the machine already holds in one of the engine's
+local snapshots (same name, size and CRC32) is linked from there, not downloaded.
 
 Layout under the partition's prefix::
 
@@ -10,6 +26,9 @@ Layout under the partition's prefix::
 Works with an engine that has ``snapshots() -> [(offset, directory)]`` and
 ``snapshot_path(offset)``. Snapshots are an optimization: a damaged or missing one is
 skipped with a warning naming its key, and the changelog replay covers the difference.
+A snapshot is shipped only after the checkpoint of its offset is written, so it is of
+committed records; a shipped snapshot past a task's committed offset (its checkpoint
+went back) is deleted with the uncommitted tail and never fetched.
 """
 
 from __future__ import annotations
@@ -20,17 +39,22 @@ import logging
 import os
 import re
 import shutil
+import time
 import zlib
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from localstate.errors import ChangelogError, CorruptionError
+from localstate.errors import ChangelogError, ConfigError, CorruptionError
 from localstate.faults import fault_point
 
-from .objectstore_client import MISSING, ObjectStoreClient, first_line
+from .directory_store import DirectoryStore, first_line
 
-__all__ = ["RemoteSnapshots"]
+if TYPE_CHECKING:
+    from .objectstore_client import ObjectStoreClient
+
+__all__ = ["RemoteSnapshots", "has_snapshots"]
 
 log = logging.getLogger("localstate.changelog.objectstore")
 
@@ -39,14 +63,105 @@ _SHARED_SUFFIXES = (".sst", ".blob")  # immutable snapshot files: uploaded once,
 _DOWNLOADS = 8  # files fetched at once
 
 
-class RemoteSnapshots:
-    """The snapshots of one changelog partition (``prefix``) in the object store."""
+def instance_epoch() -> int:
+    """For systems without writer epochs (file, Kafka): this process's start in ms, the
+    tie-break in shipped snapshot names that keeps two instances' files of one name
+    (RocksDB numbers its files per database) under different keys."""
+    return _STARTED_MS % 10**10
 
-    def __init__(self, store: ObjectStoreClient, prefix: str, describe: str) -> None:
+
+_STARTED_MS = time.time_ns() // 1_000_000
+
+
+def snapshot_store(raw: Mapping[str, str], prefix: str, *, connect: bool = True) -> tuple[Any, int]:
+    """The store and ``every`` of a ``<prefix>.*`` group naming where snapshots are shipped
+    (the Kafka changelog's ``snapshots.*``): ``path`` (``file:///shared/dir`` or any
+    object-store URL: ``s3://bucket/prefix``, ``gs://``, ``az://``, ``webhdfs://``),
+    ``every`` (commits; 0: when the engine takes a snapshot) and, for an object store,
+    ``config.*`` / ``client.*`` as the objectstore changelog takes them. ``connect=False``
+    only checks the keys (:class:`ConfigError` naming the key)."""
+    rest = dict(raw)
+    url = str(rest.pop("path", "")).strip()
+    every_raw = rest.pop("every", "0")
+    try:
+        every = int(str(every_raw))
+    except ValueError:
+        every = -1
+    if every < 0:
+        raise ConfigError(f"{prefix}.every = {every_raw!r}: must be a whole number of commits >= 0")
+    if "://" not in url:
+        raise ConfigError(f"{prefix}.path = {url!r}: where engine snapshots are shipped, a URL such as "
+                          "file:///shared/dir or s3://bucket/prefix")
+    if url.startswith("file://"):
+        root = url[len("file://"):]
+        if not root.startswith("/"):
+            raise ConfigError(f"{prefix}.path = {url!r}: a file:// URL needs an absolute path (file:///dir)")
+        if rest:
+            raise ConfigError(f"{prefix}: {', '.join(sorted(rest))}: not used with a file:// path")
+        return (DirectoryStore(Path(root)) if connect else None), every
+    try:
+        from localstate.options import parse_options
+
+        from .objectstore_client import ObjectStoreSettings
+        from .objectstore_client import connect as connect_store
+    except ImportError as e:
+        raise ConfigError(f"{prefix}.path = {url!r}: {e}") from e
+    settings = parse_options(ObjectStoreSettings, {"path": url, **rest}, prefix, ("config", "client"))
+    return (connect_store(settings, prefix) if connect else None), every
+
+
+def has_snapshots(engine: Any) -> bool:
+    """Whether ``engine`` keeps local snapshots that can be shipped and fetched."""
+    return hasattr(engine, "snapshots") and hasattr(engine, "snapshot_path")
+
+
+def _link_held(held: Any, meta: dict[str, Any], target: Path) -> bool:
+    """Put a local file equal to the shipped one ``meta`` (size and CRC32) at ``target``
+    (a hard link: snapshot files are immutable); False if none of ``held`` is."""
+    for path in held:
+        try:
+            if path.stat().st_size != meta["size"] or zlib.crc32(path.read_bytes()) != meta["crc32"]:
+                continue
+            os.link(path, target)
+        except OSError:
+            continue
+        return True
+    return False
+
+
+class RemoteSnapshots:
+    """The shipped snapshots of one changelog partition (``prefix`` in ``store``)."""
+
+    def __init__(self, store: ObjectStoreClient | DirectoryStore, prefix: str, describe: str, every: int = 0) -> None:
         self.store = store
         self.prefix = prefix
         self.describe = describe
+        self.every = every
         self._remote_files: dict[str, dict[str, Any]] = {}  # local file name -> {key, size, crc32}
+        self._commits_since = 0
+        self._shipped = -1  # offset of the newest snapshot this instance shipped or fetched
+        self.fetched_files = self.linked_files = 0  # of the last fetch: downloaded, found here
+
+    def ship(self, engine: Any, offset: int, epoch: int, fenced: Callable[[], str | None] | None = None) -> bool:
+        """After the commit at ``offset`` (its checkpoint is written): ship the engine's
+        snapshot at ``offset`` when it took one there, or when ``every`` commits passed
+        since the last one. ``fenced`` returns why this writer must not ship (a newer
+        instance took over), checked before anything is written. True if shipped."""
+        if not has_snapshots(engine):
+            return False
+        self._commits_since += 1
+        took_one = offset > self._shipped and any(o == offset for o, _ in engine.snapshots())
+        if not took_one and not (self.every and self._commits_since >= self.every):
+            return False
+        why = fenced() if fenced is not None else None
+        if why is not None:  # its clean-up would delete manifests and files the new owner may use
+            log.warning("%s: snapshot not shipped: a newer instance of the task took over (%s)", self.describe, why)
+            return False
+        if not self.upload(engine, offset, epoch):
+            return False
+        self._commits_since = 0
+        self._shipped = offset
+        return True
 
     def _manifests(self) -> list[tuple[tuple[int, int], str]]:
         """``((offset, epoch), name)`` of the snapshot manifests, oldest first."""
@@ -77,10 +192,9 @@ class RemoteSnapshots:
                 continue
             known = self._remote_files.get(f.name)
             if known is None or known["size"] != f.stat().st_size:
-                data = f.read_bytes()
-                known = {"key": f"{self.prefix}/sst/{epoch:010d}-{f.name}", "size": len(data),
-                         "crc32": zlib.crc32(data)}
-                self.store.put(known["key"], data)
+                key = f"{self.prefix}/sst/{epoch:010d}-{f.name}"
+                size, crc = self.store.put_file(key, f)
+                known = {"key": key, "size": size, "crc32": crc}
                 self._remote_files[f.name] = known
             files[f.name] = known
         fault_point("objectstore.snapshot.before_manifest")
@@ -109,7 +223,7 @@ class RemoteSnapshots:
             if manifest.get("format") != 1 or not isinstance(manifest.get("files"), dict):
                 raise ValueError("not a snapshot manifest")
             return manifest
-        except (*MISSING, ValueError, ChangelogError) as e:
+        except (*self.store.missing, ValueError, ChangelogError) as e:
             log.warning("snapshot manifest %s is unusable (%s); it is skipped", self.store.where(key), e)
             return None
 
@@ -134,16 +248,23 @@ class RemoteSnapshots:
             log.warning("%s: old snapshots not deleted (%s)", self.describe, e)
 
     def fetch(self, engine: Any, committed: int, min_valid: int) -> int | None:
-        """Before a restore: download the newest remote snapshot at ``min_valid <= L <=
+        """Before a restore: fetch the newest shipped snapshot at ``min_valid <= L <=
         committed`` that is newer than every local one into ``engine.snapshot_path(L)``;
-        returns ``L``, or None if none was needed or usable (the replay covers it)."""
-        if not (hasattr(engine, "snapshots") and hasattr(engine, "snapshot_path")):
+        returns ``L``, or None if none was needed or usable (the replay covers it). Files
+        the engine's local snapshots already hold are linked from there."""
+        if not has_snapshots(engine):
             return None
-        local_best = max((o for o, _ in engine.snapshots() if min_valid <= o <= committed), default=-1)
+        local = engine.snapshots()
+        local_best = max((o for o, _ in local if min_valid <= o <= committed), default=-1)
         parent = Path(engine.snapshot_path(0)).parent
         for leftover in parent.glob(".fetch-*") if parent.is_dir() else ():
             shutil.rmtree(leftover, ignore_errors=True)  # a download a crash interrupted
         candidates = [(key, n) for key, n in self._manifests() if local_best < key[0] <= committed and key[0] >= min_valid]
+        held: dict[str, list[Path]] = {}
+        for _, directory in local:
+            for f in directory.iterdir():
+                if f.suffix in _SHARED_SUFFIXES:
+                    held.setdefault(f.name, []).append(f)
         for (offset, _epoch), name in reversed(candidates):
             manifest = self._read_manifest(name)
             if manifest is None or manifest.get("offset") != offset:
@@ -154,8 +275,9 @@ class RemoteSnapshots:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
                 items = list(manifest["files"].items())
+                missing = [(f, m) for f, m in items if not _link_held(held.get(f, ()), m, tmp / f)]
                 with ThreadPoolExecutor(max_workers=_DOWNLOADS) as pool:
-                    for (fname, meta), data in zip(items, pool.map(lambda it: self.store.get(it[1]["key"]), items)):
+                    for (fname, meta), data in zip(missing, pool.map(lambda it: self.store.get(it[1]["key"]), missing)):
                         if len(data) != meta["size"] or zlib.crc32(data) != meta["crc32"]:
                             raise CorruptionError(f"{self.store.where(meta['key'])} does not match its size/CRC32 "
                                                   f"in snapshot manifest {name}")
@@ -164,13 +286,16 @@ class RemoteSnapshots:
                     (tmp / fname).write_bytes(base64.b64decode(b64))
                 shutil.rmtree(target, ignore_errors=True)
                 os.replace(tmp, target)
-            except (CorruptionError, ChangelogError, *MISSING, ValueError, KeyError) as e:
+            except (CorruptionError, ChangelogError, *self.store.missing, ValueError, KeyError, OSError) as e:
                 shutil.rmtree(tmp, ignore_errors=True)
                 log.warning("%s: snapshot %s cannot be used (%s); trying an older one or replaying the changelog",
                             self.describe, name, first_line(e))
                 continue
             self._remote_files = {f: dict(m) for f, m in manifest["files"].items()}
-            log.info("%s: downloaded the snapshot at offset %d (%d files)", self.describe, offset, len(items))
+            self._shipped = offset
+            self.fetched_files, self.linked_files = len(missing), len(items) - len(missing)
+            log.info("%s: fetched the snapshot at offset %d (%d files downloaded, %d already here)",
+                     self.describe, offset, len(missing), len(items) - len(missing))
             return offset
         return None
 

@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 from localstate.changelog.file import FileChangelogPartition, FileChangelogSystem
 from localstate.errors import ChangelogError, CorruptionError, StoreLockedError
-from localstate.testing.changelog_conformance import ChangelogSystemConformance, unique
+from localstate.testing.changelog_conformance import (
+    ChangelogSystemConformance,
+    damage_files,
+    unique,
+)
 from localstate.testing.changelog_conformance import records as recs
 
 
@@ -38,6 +42,9 @@ class TestFileChangelogConformance(ChangelogSystemConformance):
 
     def lose_everything(self, values):
         shutil.rmtree(values["systems.file.path"])
+
+    def damage_shipped_snapshots(self, values):
+        return damage_files(sorted(Path(values["systems.file.path"]).glob("*/*/shipped/sst/*")))
 
 
 @pytest.fixture

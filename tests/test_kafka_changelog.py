@@ -31,6 +31,7 @@ from localstate.testing import torture as T
 from localstate.testing.changelog_conformance import (
     ChangelogSystemConformance,
     apply_records,
+    damage_files,
     dump,
     records,
     task_values,
@@ -89,6 +90,13 @@ class TestKafkaChangelogConformance(ChangelogSystemConformance):
 
     def lose_stream(self, values: dict[str, Any], stream: str) -> None:
         delete_topics(values["systems.kafka.bootstrap.servers"], [stream])
+
+    def ship_snapshots(self, values: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+        return {"systems.kafka.snapshots.path": f"file://{tmp_path / 'shared-snapshots'}"}
+
+    def damage_shipped_snapshots(self, values: dict[str, Any]) -> int:
+        root = Path(values["systems.kafka.snapshots.path"][len("file://"):])
+        return damage_files(sorted(p for p in root.rglob("sst/*") if p.is_file()))
 
     def lose_everything(self, values: dict[str, Any]) -> None:
         delete_topics(values["systems.kafka.bootstrap.servers"], [

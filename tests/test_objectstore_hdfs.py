@@ -169,13 +169,14 @@ def test_a_moved_task_downloads_the_newest_snapshot_from_hdfs(where, tmp_path):
     model: dict[str, int] = {}
     with TaskStorage(Config.from_dict(values)) as s:
         kv = s.store("kv")
-        for batch in range(1, 6):
+        for batch in range(1, 7):
             for i in range(20):
                 kv.put(f"k{(batch * 7 + i) % 50}", batch)
                 model[f"k{(batch * 7 + i) % 50}"] = batch
             s.commit(input_position=batch)
     with TaskStorage(moved(values, tmp_path, "machine-b")) as s:
-        assert s.last_restore["kv"].start_offset == 80  # the snapshot of commit 4
+        # shipped at commit 1 (the engine's first snapshot), then every 2 commits: 3 and 5
+        assert s.last_restore["kv"].start_offset == 100  # the snapshot of commit 5
         assert s.last_restore["kv"].records == 20
         assert dump(s) == model
 

@@ -67,7 +67,7 @@ from localstate.registry import ENGINES
 from localstate.storage import Recovery, TaskStorage
 
 __all__ = ["ChangelogSystemConformance", "records", "unique", "on_another_machine", "dump", "apply_records",
-           "KV_ENGINES", "task_values"]
+           "KV_ENGINES", "task_values", "damage_files"]
 
 KV_ENGINES = tuple(n for n in ("memory", "rocksdb", "leveldb") if ENGINES.installed(n)[0])
 """The built-in KV engines installed here (the exact-restore check runs over each)."""
@@ -520,6 +520,68 @@ class ChangelogSystemConformance:
         with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as s:
             assert dump(s) == {"after": 1} and s.checkpoint.input_position == 2
 
+    # -- engine snapshots shipped with the changelog ---------------------------------------------
+    def ship_snapshots(self, values: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+        """Hook: the config keys that make the system ship engine snapshots (the file and
+        objectstore changelogs do by default: none). Kafka names a store here
+        (``snapshots.path``)."""
+        return {}
+
+    def damage_shipped_snapshots(self, values: dict[str, Any]) -> int:
+        """Hook: overwrite every shipped snapshot *file* (not the manifests) of the job
+        with garbage of the same size, as bit rot or a bad copy would; return how many."""
+        raise NotImplementedError(f"{type(self).__name__} must implement damage_shipped_snapshots(values)")
+
+    def _moved_task(self, job_values: dict[str, Any], tmp_path: Path) -> tuple[dict[str, Any], dict[str, int], int]:
+        """A rocksdb task with small snapshot intervals, committed 8 times (overwrites and
+        deletes): its values, the committed model and how many records it logged."""
+        if "rocksdb" not in KV_ENGINES:
+            pytest.skip("rocksdb is not installed")
+        values = self.task_values(job_values, tmp_path, "rocksdb")
+        values.update(self.ship_snapshots(values, tmp_path))
+        values[_INTERVAL] = _SHIP_INTERVAL
+        rng = random.Random(11)
+        model: dict[str, int] = {}
+        with TaskStorage(Config.from_dict(values)) as s:
+            kv = s.store("kv")
+            for batch in range(8):
+                for _ in range(_SHIP_BATCH):
+                    k = f"k{rng.randrange(400)}"
+                    if rng.random() < 0.1:
+                        kv.delete(k)
+                        model.pop(k, None)
+                    else:
+                        kv.put(k, batch)
+                        model[k] = batch
+                s.commit(input_position=batch)
+            logged = s.committed_offset("kv")
+        assert logged is not None
+        return values, model, logged
+
+    def test_a_moved_task_replays_only_past_the_newest_shipped_snapshot(self, job_values, tmp_path):
+        """A task's first open on a machine without its state (a move, a lost executor)
+        fetches the newest shipped snapshot and replays at most one snapshot interval and
+        one commit of the changelog, not its history; the state is the last commit."""
+        values, model, logged = self._moved_task(job_values, tmp_path)
+        with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as s:
+            replayed = s.last_restore["kv"].records
+            assert dump(s) == model
+        assert replayed <= _SHIP_INTERVAL + _SHIP_BATCH < logged, (replayed, logged)
+
+    def test_damaged_shipped_snapshots_fall_back_to_an_exact_restore(self, job_values, tmp_path):
+        """Every shipped snapshot file damaged: the moved task's open skips them (size and
+        CRC32 checked) and replays the whole changelog; the state is still the last commit,
+        and the task commits on from there."""
+        values, model, _ = self._moved_task(job_values, tmp_path)
+        assert self.damage_shipped_snapshots(values) > 0
+        with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as s:
+            assert s.last_restore["kv"].start_offset == 0  # the whole changelog replayed
+            assert dump(s) == model
+            s.store("kv").put("after", 1)
+            s.commit(input_position=99)
+        with TaskStorage(on_another_machine(values, tmp_path, "machine-c")) as s:
+            assert dump(s) == {**model, "after": 1}
+
 
 class ObjectStoreConformanceHooks:
     """The damage hooks of :class:`ChangelogSystemConformance` for the ``objectstore``
@@ -574,6 +636,18 @@ class ObjectStoreConformanceHooks:
     def lose_stream(self, values: dict[str, Any], stream: str) -> None:
         self._delete_objects(values, stream)
 
+    def damage_shipped_snapshots(self, values: dict[str, Any]) -> int:
+        """Every snapshot file object of the job's stream overwritten with garbage."""
+        system = self.objectstore_of(values)
+        try:
+            client, stream = system.store, values["stores.kv.changelog"].split(".", 1)[1]
+            keys = [f"{stream}/{n}" for n, _ in client.list(stream) if "/sst/" in n]
+            for key in keys:
+                client.put(key, random.Random(key).randbytes(len(client.get(key))))
+            return len(keys)
+        finally:
+            system.close()
+
     def lose_everything(self, values: dict[str, Any]) -> None:
         self._delete_objects(values, "")
 
@@ -587,3 +661,18 @@ class ObjectStoreConformanceHooks:
             assert not any(client.list(d) for d in dirs)
         finally:
             system.close()
+
+
+_INTERVAL = "stores.kv.rocksdb.snapshot.interval.records"
+_SHIP_INTERVAL = 300
+_SHIP_BATCH = 200
+
+
+def damage_files(paths: list[Path]) -> int:
+    """Replace each file by garbage of its size (a new inode: a hard link elsewhere, such
+    as the local snapshot it was shipped from, keeps the good bytes); how many."""
+    for path in paths:
+        size = path.stat().st_size
+        path.unlink()
+        path.write_bytes(bytes(random.Random(size).getrandbits(8) for _ in range(size)))
+    return len(paths)
