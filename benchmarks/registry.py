@@ -92,6 +92,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "spark": ("localstate.benchmarks.spark_jobs", "Spark job vs Spark's RocksDB state store"),
     "cluster": ("localstate.benchmarks.spark_cluster", "a growing stream on local-cluster[3,1,1024] vs local[3]: "
                 "micro-batch time, task moves, records replayed"),
+    "moves": ("localstate.benchmarks.moves", "a task's first open on a machine without its state: shipped snapshot "
+              "vs full replay, seconds per GB"),
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
     "stateapi": ("localstate.benchmarks.state_api", "state-query read rate; metrics cost on put/get"),
     "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),

@@ -197,7 +197,7 @@ class RemoteSnapshots:
                 known = {"key": key, "size": size, "crc32": crc}
                 self._remote_files[f.name] = known
             files[f.name] = known
-        fault_point("objectstore.snapshot.before_manifest")
+        fault_point("snapshot.ship.before_manifest")
         manifest = {"format": 1, "offset": offset, "epoch": epoch, "files": files, "inline": inline}
         name = f"{offset:020d}-{epoch:010d}.json"
         self.store.put(f"{self.prefix}/snapshots/{name}", json.dumps(manifest).encode())

@@ -246,6 +246,8 @@ class TrialResult:
     """Children that were really killed (a fault point may not be reached)."""
     zombies: int = 0
     """Children that went on as zombies beside a newer instance (objectstore)."""
+    moves: int = 0
+    """Times the task moved to another machine's empty state dir after a crash round."""
     restores: list[float] = field(default_factory=list)
     """Seconds each reopen after a crash took (TaskStorage open incl. restore)."""
     restored_records: list[int] = field(default_factory=list)
@@ -388,6 +390,12 @@ def _zombie_machine(values: dict[str, Any]) -> dict[str, Any]:
     return {**values, "job.state.dir": str(Path(values["job.state.dir"]).with_name("zombie-state"))}
 
 
+def _moved_machine(values: dict[str, Any], round_no: int) -> dict[str, Any]:
+    """``values`` on the machine the task moves to after round ``round_no``: a state dir
+    of its own, empty."""
+    return {**values, "job.state.dir": str(Path(values["job.state.dir"]).with_name(f"moved-{round_no}-state"))}
+
+
 def _start_zombie(plan: TrialPlan, values: dict[str, Any], spec: str) -> _Child:
     """A child on the zombie's machine stopped ``s`` seconds after it opened the task and
     made its ``k``-th commit (``spec`` = ``"k@s"``; unless it ended first)."""
@@ -442,7 +450,7 @@ def _run_rounds(plan: TrialPlan, values: dict[str, Any], ref: Reference, adapter
     crashed_before = False
     zombie: _Child | None = None
     try:
-        for fault in (*plan.faults, None):
+        for round_no, fault in enumerate((*plan.faults, None)):
             if fault is not None and fault.startswith("zombie:"):
                 if zombie is not None:
                     raise ConfigError(f"{fault}: one zombie round per trial ({reproducer(plan)})")
@@ -459,6 +467,10 @@ def _run_rounds(plan: TrialPlan, values: dict[str, Any], ref: Reference, adapter
                 crashed_before = True
                 continue
             crashed_before = crashed_before or rc == -signal.SIGKILL
+            if round_no in plan.moves and zombie is None:
+                # the task moves: the next child starts on another machine's empty state dir
+                values.update(_moved_machine(values, round_no))
+                result.moves += 1
             if zombie is not None:
                 result.divergence = _zombie_ending(zombie, plan)
                 result.zombies += 1
@@ -542,6 +554,7 @@ class TortureReport:
             "trials": len(self.results),
             "crashes": sum(r.crashes for r in self.results),
             "zombies": sum(r.zombies for r in self.results),
+            "moves": sum(r.moves for r in self.results),
             "divergences": len(self.divergences),
             **{kind: sum(len((r.divergence or {}).get(kind, [])) for r in self.results) for kind in kinds},
             "restores": len(restores),
@@ -700,6 +713,7 @@ def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, 
                 click.echo(
                     f"\n  {s['trials']} trials, {s['crashes']} crashes"
                     + (f" ({s['zombies']} as zombies)" if s["zombies"] else "")
+                    + (f", {s['moves']} moves to another machine" if s["moves"] else "")
                     + f", {s['divergences']} divergences "
                     f"(lost {s['lost']}, duplicated {s['duplicated']}, resurrected {s['resurrected']}), "
                     f"reopen after crash median {med} max {mx}, {s['seconds']:.1f}s"

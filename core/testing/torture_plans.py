@@ -42,9 +42,13 @@ COMMIT_POINTS = (
 )
 """The fault points every commit passes, whatever the engine."""
 OBJECTSTORE_POINTS = ("objectstore.after_put", "objectstore.rollup.after_put",
-                      "objectstore.discard_tail.before_delete", "objectstore.snapshot.before_manifest")
-"""Extra fault points of objectstore trials (after an upload, a roll-up, inside the tail cut,
-between a snapshot's files and its manifest: rocksdb only)."""
+                      "objectstore.discard_tail.before_delete")
+"""Extra fault points of objectstore trials (after an upload, a roll-up, inside the tail cut)."""
+SHIP_POINTS = ("snapshot.ship.before_manifest",)
+"""Extra fault points of rocksdb trials: between a shipped snapshot's files and its manifest."""
+MOVE_SHARE = 0.4
+"""The chance that the task moves to another machine (an empty state dir) after a crash
+round: the next child restores from the snapshots shipped beside the changelog."""
 _ONCE_PER_OPEN = frozenset({"objectstore.discard_tail.before_delete"})
 ZOMBIE_SHARE = 0.35
 """The share of objectstore trials with a zombie round."""
@@ -79,6 +83,10 @@ class TrialPlan:
     workload: str | None = None
     """A named workload (``localstate torture --workload``, e.g. ``ttl-timers``) used instead
     of the engine's own adapter (:func:`~localstate.testing.torture_adapters.adapter_for`)."""
+    moves: tuple[int, ...] = ()
+    """Crash rounds after which the task moves to another machine (a new empty state dir,
+    as a task whose executor was lost): the next child restores from the changelog and
+    the snapshots shipped beside it."""
 
     def values(self, root: Path, bootstrap: str | None, tag: str, *, changelog: str | None = None,
                namespace: str = "") -> dict[str, Any]:
@@ -105,7 +113,8 @@ class TrialPlan:
             # waits for that (KafkaCheckpointStore.read); separate topics keep two trials
             # running side by side from waiting on each other's kills.
             values.update({"systems.kafka.bootstrap.servers": bootstrap, "systems.kafka.timeout.ms": 10000,
-                           "systems.kafka.checkpoint.topic": f"localstate-torture-checkpoints-{job}"})
+                           "systems.kafka.checkpoint.topic": f"localstate-torture-checkpoints-{job}",
+                           "systems.kafka.snapshots.path": f"file://{root.resolve()}/shipped"})
         if system == "objectstore":
             # ``bootstrap`` is the S3 endpoint here (a bucket TORTURE_BUCKET on it), or a
             # file:// directory when none is given; roll-ups and snapshot uploads made frequent
@@ -142,7 +151,9 @@ def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops
     for r in range(rounds):
         points = [p for p in CRASH_POINTS if r > 0 or p != "restore.mid"]
         if changelog == "objectstore":
-            points += [p for p in OBJECTSTORE_POINTS if engine == "rocksdb" or "snapshot" not in p]
+            points += OBJECTSTORE_POINTS
+        if engine == "rocksdb":
+            points += SHIP_POINTS
         points += extra_points
         if rng.random() < 0.3:
             faults.append(f"timer:{rng.uniform(0.0, 1.0):.3f}")
@@ -157,10 +168,14 @@ def plan_trial(seed: int, engine: str, changelog: str, *, batches: int = 12, ops
         zrng = random.Random(f"zombie:{seed}")
         if zrng.random() < ZOMBIE_SHARE:
             faults[zrng.randrange(len(faults))] = f"zombie:{zrng.randint(0, max(0, batches // 2))}@{zrng.uniform(0.0, 0.05):.3f}"
+    # moves after crash rounds (their own generator: the other rounds of a seed stay what they were)
+    mrng = random.Random(f"move:{seed}")
+    moves = tuple(r for r in range(len(faults)) if mrng.random() < MOVE_SHARE)
     return TrialPlan(
         seed=seed, engine=engine, changelog=changelog, batches=batches, ops=ops, keys=keys,
         compact_every=rng.choice((0, 2, 3)), retention_ms=rng.choice((0, 86_400_000)),
         faults=tuple(faults), fsync=fsync, snapshot_interval=rng.choice((0, 25, 100)), workload=workload,
+        moves=moves,
     )
 
 
