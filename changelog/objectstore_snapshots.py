@@ -201,7 +201,7 @@ class RemoteSnapshots:
         manifest = {"format": 1, "offset": offset, "epoch": epoch, "files": files, "inline": inline}
         name = f"{offset:020d}-{epoch:010d}.json"
         self.store.put(f"{self.prefix}/snapshots/{name}", json.dumps(manifest).encode())
-        self._drop_old_snapshots(keep=name)
+        self._drop_old_snapshots(keep=name, epoch=epoch)
         return True
 
     def _learn_remote_files(self, directory: Path) -> None:
@@ -227,20 +227,27 @@ class RemoteSnapshots:
             log.warning("snapshot manifest %s is unusable (%s); it is skipped", self.store.where(key), e)
             return None
 
-    def _drop_old_snapshots(self, keep: str) -> None:
-        """Keep the two newest manifests; delete older ones and the files only they use."""
+    def _drop_old_snapshots(self, keep: str, epoch: int) -> None:
+        """Keep the two newest manifests; delete older ones, the files only they use, and
+        files of older writers that no manifest uses (an upload killed before its manifest).
+        A file of this writer or a newer one is never taken for such a leftover: it may
+        belong to a snapshot whose manifest is still to come."""
         manifests = [n for _, n in self._manifests()]
         if keep not in manifests:
             return
         kept, dropped = manifests[-2:], manifests[:-2]
-        if not dropped:
-            return
         in_use = set()
         for name in kept:
             in_use |= {m["key"] for m in (self._read_manifest(name) or {"files": {}})["files"].values()}
         garbage = set()
         for name in dropped:
             garbage |= {m["key"] for m in (self._read_manifest(name) or {"files": {}})["files"].values()}
+        for fname, _ in self.store.list(f"{self.prefix}/sst"):
+            writer = fname.split("-", 1)[0]
+            if writer.isdigit() and int(writer) < epoch:
+                garbage.add(f"{self.prefix}/sst/{fname}")
+        if not dropped and not garbage - in_use:
+            return
         try:
             self.store.delete([f"{self.prefix}/snapshots/{n}" for n in dropped])
             self.store.delete(sorted(garbage - in_use))

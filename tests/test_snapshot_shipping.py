@@ -195,3 +195,19 @@ def test_a_recreated_kafka_topic_never_gets_the_old_topics_snapshots(kafka_broke
     commit_batches(Config.from_dict(fresh), range(100, 108), model, keys=1000)
     with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as s:
         assert dump(s) == model
+
+
+def test_files_an_older_writer_left_without_a_manifest_are_deleted_by_the_next_snapshot(tmp_path):
+    """An upload killed before its manifest (the ``snapshot.ship.before_manifest`` kill of
+    the crash trials) leaves files no manifest names: the next writer's clean-up deletes
+    them; its own and the kept snapshots' files stay."""
+    values = file_job(tmp_path)
+    model: dict[str, int] = {}
+    commit_batches(Config.from_dict(values), range(2), model)
+    leftover = shipped_dir(values) / "sst" / "0000000001-000099.sst"
+    leftover.write_bytes(b"half an upload")
+    commit_batches(Config.from_dict(values), range(2, 4), model)
+    assert not leftover.exists()
+    with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as s:
+        assert s.last_restore["kv"].records == 0
+        assert dump(s) == model
