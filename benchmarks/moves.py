@@ -56,8 +56,8 @@ def _values(changelog: Path, state: Path, interval: int, ship: bool) -> dict[str
         "stores.kv.changelog": "file.moves-kv",
         "stores.kv.key.serde": "bytes",
         "stores.kv.msg.serde": "bytes",
-        "stores.kv.object.cache.size": 0,
-        "stores.kv.write.batch.size": 1,
+        "stores.kv.object.cache.size": 10_000,
+        "stores.kv.write.batch.size": 5_000,
         "stores.kv.rocksdb.snapshot.interval.records": interval,
     }
 

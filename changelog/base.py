@@ -195,6 +195,19 @@ class ChangelogPartition(ABC):
         """Compact records below ``up_to`` (committed); returns counters. Optional."""
         return {}
 
+    def upload_snapshot(self, engine: Any, offset: int) -> bool:
+        """After a commit at ``offset`` (its checkpoint is written): ship the engine's local
+        snapshot beside the log, so an open on another machine replays only what follows
+        it (``objectstore_snapshots.RemoteSnapshots``). Only an optimization: a failure
+        is logged by the caller and the commit stands. Default: nothing shipped (False)."""
+        return False
+
+    def fetch_snapshot(self, engine: Any, committed: int, min_valid: int) -> int | None:
+        """Before a restore to ``committed``: put the newest usable shipped snapshot at
+        ``min_valid <= L <= committed`` among the engine's local ones; returns ``L``, or
+        None (nothing fetched: the engine's own copy and the replay cover it)."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Release the partition (idempotent). Does not flush."""

@@ -180,15 +180,14 @@ class TaskCommit:
         return checkpoint
 
     def _upload_snapshots(self, entries: list[_OpenStore], offsets: dict[str, int]) -> None:
-        """After the commit point: changelogs that keep engine snapshots remotely
-        (objectstore) upload the snapshot at the committed offset. Only an optimization of
+        """After the commit point: each changelog ships the engine's snapshot at the
+        committed offset when it keeps snapshots beside the log. Only an optimization of
         later restores, so a failure is logged and the commit stands."""
         for e in entries:
-            upload = getattr(e.changelog, "upload_snapshot", None)
-            if upload is None or e.spec.name not in offsets:
+            if e.changelog is None or e.spec.name not in offsets:
                 continue
             try:
-                upload(e.engine, offsets[e.spec.name])
+                e.changelog.upload_snapshot(e.engine, offsets[e.spec.name])
             except (LocalStateError, OSError) as err:
                 log.warning("store %r partition %d: snapshot upload failed (%s); restores replay more of "
                             "the changelog until the next one", e.spec.name, self.partition, err)

@@ -334,11 +334,9 @@ class StoreOpening:
         assert changelog is not None
         name = entry.spec.name
         min_valid = changelog.min_valid_snapshot_offset()
-        fetch = getattr(changelog, "fetch_snapshot", None)
-        if fetch is not None:
-            # a changelog that keeps engine snapshots remotely (objectstore) puts the newest
-            # usable one among the local snapshots; the engine then picks it like its own
-            fetch(entry.engine, committed, min_valid)
+        # a changelog that keeps engine snapshots beside the log puts the newest usable one
+        # among the local snapshots; the engine then picks it like its own
+        changelog.fetch_snapshot(entry.engine, committed, min_valid)
         with engine_phase(entry.spec, "prepare_restore"):
             start = entry.engine.prepare_restore(committed, min_valid)
         if not (0 <= start <= committed) or (start and start < min_valid):

@@ -134,6 +134,8 @@ def test_restore_keeps_local_files_by_default_and_wipe_says_what_it_deletes(tmp_
     assert kept.exit_code == 0, kept.output
     assert "deleting" not in kept.output and "rk[0]: local copy kept, already at offset 300" in kept.output
     assert sorted(p.name for p in rk_dir.iterdir()) == before
+    # with the snapshots shipped beside the log off, the wiped store replays its whole log
+    props.write_text(props.read_text() + "systems.file.snapshots = false\n")
     wiped = CliRunner().invoke(cli, ["restore", "-c", str(props), "--wipe"], env=WIDE)
     assert wiped.exit_code == 0, wiped.output
     assert f"--wipe: deleting local files of rk[0] in {rk_dir}" in wiped.output
