@@ -424,9 +424,7 @@ def _restore_total(config: Any, store: str, partition: int, start: int, stop: in
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, help="task partition(s) [default: all]")
+@job_options
 @click.option("--store", "stores", multiple=True, help="only these stores [default: all]")
 @click.option("--wipe", is_flag=True,
               help="DELETE the local store files first and rebuild them from the changelog; off by default, "
@@ -504,9 +502,7 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, help="task partition(s) [default: all]")
+@job_options
 def compact(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...]) -> None:
     """Compact changelogs below each task's committed offset (the task must be stopped).
 
@@ -538,23 +534,24 @@ def compact(config_path: str | None, overrides: tuple[str, ...], partitions: tup
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, help="task partition(s) [default: all]")
+@job_options
+@system_option
 @click.option("--quick", is_flag=True, help="check checkpoints and log ends only, not every record batch")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...], quick: bool,
-           as_json: bool) -> None:
-    """Check changelogs against checkpoints without changing anything (exit 1 on a problem).
+def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...],
+           system_name: str | None, quick: bool, as_json: bool) -> None:
+    """Check a job's changelogs against its checkpoints (exit 1 on a problem).
 
     Every checkpoint parses, every changelog's records are explained by a checkpoint,
     committed offsets are within their log, and (unless --quick) every record batch
-    passes its CRC. Safe beside live tasks; cheap enough to run on a schedule.
+    passes its CRC. Read-only, on every changelog system: safe beside live tasks and
+    cheap enough to run on a schedule.
     """
     from .verify import verify_job
 
     config = _load_config(config_path, overrides)
-    checks = verify_job(config, list(_partitions(config, partitions)), deep=not quick)
+    checks = verify_job(config, list(_partitions(config, partitions)), deep=not quick,
+                        system=_system(config, system_name))
     bad = [c for c in checks if not c.ok]
     if as_json:
         click.echo(json.dumps([c.to_dict() for c in checks], indent=2))

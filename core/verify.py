@@ -73,8 +73,10 @@ def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint 
     return ckpt, problems
 
 
-def verify_job(config: Config, partitions: list[int] | None = None, *, deep: bool = True) -> list[StoreCheck]:
-    """One :class:`StoreCheck` per changelogged store and task partition of ``config``."""
+def verify_job(config: Config, partitions: list[int] | None = None, *, deep: bool = True,
+               system: str | None = None) -> list[StoreCheck]:
+    """One :class:`StoreCheck` per changelogged store and task partition of ``config``
+    (``system``: only the stores whose changelog is on that system)."""
     from .rescale_copies import check_layout
     from .store_open import open_system
 
@@ -92,12 +94,12 @@ def verify_job(config: Config, partitions: list[int] | None = None, *, deep: boo
         try:
             ckpt_store = system(config.checkpoint_system).checkpoints()
         except CorruptionError as e:  # damage found opening the job (a lost generation record): a problem
-            return [StoreCheck(spec.name, p, problems=[str(e)])
-                    for p in wanted for spec in config.stores.values() if spec.changelog is not None]
+            return [StoreCheck(spec.name, p, problems=[str(e)]) for p in wanted for spec in config.stores.values()
+                    if spec.changelog is not None and system in (None, spec.changelog[0])]
         for p in wanted:
             ckpt, ckpt_problems = _read_checkpoints(ckpt_store, config.job_name, p)
             for spec in config.stores.values():
-                if spec.changelog is None:
+                if spec.changelog is None or system not in (None, spec.changelog[0]):
                     continue
                 check = StoreCheck(spec.name, p, problems=list(ckpt_problems))
                 out.append(check)
