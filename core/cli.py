@@ -314,7 +314,7 @@ def _print_report(report: dict[str, Any], job: bool) -> None:
         rows = report["checkpoints"]
         columns, values = _with_root(
             ("job", "partition", "version", "input position", "offsets", "written"), rows,
-            [(c["job"], c["partition"], c.get("version", ""), _clip(json.dumps(c.get("input_position"))),
+            [(c["job"], c["partition"], c.get("version", ""), _clip(json.dumps(c["input_position"])) if "input_position" in c else "",
               json.dumps(c["offsets"]) if "offsets" in c else f"unreadable: {c['error']}" if "error" in c
               else c.get("note", ""), _when(c.get("written_at"))) for c in rows])
         console.print(_table(title("task checkpoints", "checkpoints"), columns, values))
@@ -557,12 +557,16 @@ def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tupl
         click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
     else:
         for c in checks:
-            status = "ok" if c.ok else "PROBLEM"
+            status = "PROBLEM" if not c.ok else "ok" if c.committed is not None or c.end_offset else "nothing committed"
             click.echo(f"{c.store}[{c.partition}]: {status}  committed={c.committed} end={c.end_offset} "
                        f"batches={c.batches} bytes={c.bytes:,} {c.seconds:.3f}s")
             for problem in c.problems:
                 click.echo(f"    - {problem}")
         click.echo(f"{len(checks)} store partition(s) checked, {len(bad)} with problems")
+        if checks and all(c.committed is None and not c.end_offset for c in checks):
+            click.echo(f"job {config.job_name!r} has committed nothing there yet: a new job, or job.name and "
+                       "the systems.* settings point elsewhere (relative paths are read from the current "
+                       "directory; localstate inspect -c shows where each system is)")
     if bad:
         sys.exit(1)
 

@@ -82,7 +82,7 @@ def verify_job(config: Config, partitions: list[int] | None = None, *, deep: boo
 
     systems: dict[str, Any] = {}
 
-    def system(name: str) -> Any:
+    def opened(name: str) -> Any:
         if name not in systems:
             systems[name] = open_system(config, name)
             check_layout(config, systems[name])
@@ -92,7 +92,7 @@ def verify_job(config: Config, partitions: list[int] | None = None, *, deep: boo
     wanted = partitions if partitions is not None else range(config.partitions)
     try:
         try:
-            ckpt_store = system(config.checkpoint_system).checkpoints()
+            ckpt_store = opened(config.checkpoint_system).checkpoints()
         except CorruptionError as e:  # damage found opening the job (a lost generation record): a problem
             return [StoreCheck(spec.name, p, problems=[str(e)]) for p in wanted for spec in config.stores.values()
                     if spec.changelog is not None and system in (None, spec.changelog[0])]
@@ -105,7 +105,7 @@ def verify_job(config: Config, partitions: list[int] | None = None, *, deep: boo
                 out.append(check)
                 t0 = time.perf_counter()
                 try:
-                    _check_store(system(spec.changelog[0]), spec.changelog[1], p, config.partitions,
+                    _check_store(opened(spec.changelog[0]), spec.changelog[1], p, config.partitions,
                                  ckpt, check, deep)
                 except LocalStateError as e:
                     check.problems.append(str(e))
