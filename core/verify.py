@@ -60,8 +60,10 @@ def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint 
     ckpt: Checkpoint | None = None
     system, topic = getattr(store, "system", None), getattr(store, "topic", None)
     if topic is not None and hasattr(system, "topic_exists") and not system.topic_exists(topic):
-        # reading would create it: verify writes nothing
-        return None, [f"checkpoint topic {topic!r} does not exist"]
+        # nothing committed yet, as an empty checkpoint directory or prefix (reading would
+        # create the topic: verify writes nothing); a changelog holding records is still a
+        # problem, found by the store's check
+        return None, []
     try:
         ckpt = read_checkpoint_readonly(store, job, partition)
     except LocalStateError as e:

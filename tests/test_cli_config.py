@@ -283,3 +283,49 @@ def test_the_four_commands_share_their_job_options() -> None:
     assert options["inspect"] == options["verify"]
     for name in ("get", "dump"):
         assert options[name] == {k: v for k, v in options["inspect"].items() if k != "--system"}
+
+
+@pytest.fixture(params=SYSTEMS)
+def new_job(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """A job that has never run: its config only (the bucket exists, the broker runs)."""
+    values = {"job.name": "clicks", "job.partitions": 2, "job.state.dir": str(tmp_path / "state"),
+              "stores.counts.factory": "memory", "stores.counts.key.serde": "string",
+              "stores.counts.msg.serde": "json", **_system_values(request.param, request, tmp_path)}
+    return {"kind": request.param, "values": values, "config": Config.from_dict(values),
+            "system": values.get("job.changelog.system", "file"),
+            "toml": _write_toml(tmp_path / "job.toml", values), "root": tmp_path}
+
+
+def test_a_job_that_never_committed_is_reported_and_nothing_is_created(new_job: dict[str, Any]) -> None:
+    toml = str(new_job["toml"])
+    before = _snapshot(new_job)
+    report = json.loads(_run("inspect", "-c", toml, "--json").output)
+    assert [c.get("note") for c in report["checkpoints"]] == ["no checkpoint: this task has not committed yet"] * 2
+    assert [(r["end_offset"], r["records"]) for r in report["partitions"]] == [(0, 0), (0, 0)]
+    assert report["stores"] == []
+    shown = _run("inspect", "-c", toml)
+    assert shown.exit_code == 0 and "has not committed yet" in shown.output, shown.output
+    verified = _run("verify", "-c", toml)
+    assert verified.exit_code == 0, verified.output
+    assert "counts[0]: nothing committed" in verified.output
+    assert "job 'clicks' has committed nothing there yet" in " ".join(verified.output.split())
+    for command in (["get", "counts", "user-3"], ["dump", "counts"]):
+        message = _one_paragraph_error(_run(command[0], "-c", toml, *command[1:]), 1)
+        assert "has no committed state" in message, message
+    assert _snapshot(new_job) == before
+
+
+def test_a_changelog_no_checkpoint_explains_is_a_problem_on_every_system(job: dict[str, Any]) -> None:
+    """Checkpoints looked for where there are none (another checkpoint topic, directory or
+    prefix) beside a changelog holding records: verify reports it, on every system alike."""
+    toml, kind = str(job["toml"]), job["kind"]
+    elsewhere = {"file": "job.checkpoint.system=other", "kafka": "systems.kafka.checkpoint.topic=ckpt-none",
+                 "objectstore-s3": "job.checkpoint.system=other", "objectstore-file": "job.checkpoint.system=other"}
+    args = ["-c", toml, "--set", elsewhere[kind]]
+    if kind != "kafka":
+        args += ["--set", "systems.other.type=file", "--set", f"systems.other.path={job['root'] / 'elsewhere'}"]
+    before = _snapshot(job)
+    result = _run("verify", *args)
+    assert result.exit_code == 1, result.output
+    assert "holds records up to offset" in result.output and "no checkpoint names the store" in result.output
+    assert _snapshot(job) == before
