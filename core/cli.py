@@ -327,7 +327,7 @@ def _print_report(report: dict[str, Any], job: bool) -> None:
               f"{p['bytes']:,}", p["tombstone_horizon"], p.get("locked_by") or "") for p in rows])
         console.print(_table(title("changelog partitions", "partitions"), columns, values))
         for p in rows:
-            if p.get("error") and p.get("end_offset") != 0:
+            if p.get("error"):
                 console.print(_escape(f"{p['stream']}[{p['partition']}]: {p['error']}"))
     if report["stores"]:
         rows = report["stores"]

@@ -110,7 +110,6 @@ def inspect_path(path: Path) -> dict[str, Any]:
     or changelog root (``systems.file.path``) or the state dir (``job.state.dir``), so
     several jobs' roots under one directory can be told apart.
     """
-    from localstate.changelog.file import FileChangelogPartition
 
     report: dict[str, list[dict[str, Any]]] = {"checkpoints": [], "partitions": [], "stores": []}
     path = Path(path)
@@ -129,19 +128,7 @@ def inspect_path(path: Path) -> dict[str, Any]:
     for meta in sorted(path.glob("**/stream.json")):
         sdir = meta.parent
         for pdir in sorted((d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)):
-            row = {"stream": sdir.name, "partition": int(pdir.name), "path": str(pdir),
-                   "root": _root(path, sdir.parent), "locked_by": lock_holder(pdir / ".lock")}
-            try:
-                part = FileChangelogPartition(pdir, readonly=True)
-                try:
-                    segs = part.segments()
-                    records = count_records(part)
-                    row.update(segments=len(segs), end_offset=part.end_offset(), records=records,
-                               bytes=part.size_bytes(), tombstone_horizon=part.min_valid_snapshot_offset())
-                finally:
-                    part.close()
-            except LocalStateError as e:
-                row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
+            row = _file_partition_row(pdir, _root(path, sdir.parent))
             report["partitions"].append(row)
     committed = {(c["job"], c["partition"]): c.get("version") for c in report["checkpoints"]}
     for lockdir in sorted(path.glob(f"**/{LOCKS}")):
@@ -233,7 +220,7 @@ def inspect_job(config: Config, partitions: Sequence[int] | None = None, system:
                 physical = source.generation().stream(stream)
                 for p in wanted:
                     if isinstance(source, FileChangelogSystem):
-                        row = _file_partition_row(source.partition_dir(physical, p), source.root)
+                        row = _file_partition_row(source.partition_dir(physical, p), str(source.root))
                     else:
                         row = _partition_row(source, stream, physical, p, config.partitions)
                     report["partitions"].append({**row, "system": name})
@@ -274,12 +261,13 @@ def _job_checkpoints(config: Config, system: Any, stored_as: str, partitions: Se
     return rows
 
 
-def _file_partition_row(pdir: Path, root: Path) -> dict[str, Any]:
-    """One file changelog partition, as :func:`inspect_path` shows it."""
+def _file_partition_row(pdir: Path, root: str) -> dict[str, Any]:
+    """One file changelog partition: segments, end offset, the records it holds (after
+    compaction fewer than the offsets), bytes, horizon, and the pid of a live writer."""
     from localstate.changelog.file import FileChangelogPartition
 
     row: dict[str, Any] = {"stream": pdir.parent.name, "partition": int(pdir.name), "path": str(pdir),
-                           "root": str(root), "locked_by": lock_holder(pdir / ".lock")}
+                           "root": root, "locked_by": lock_holder(pdir / ".lock")}
     if not pdir.is_dir():
         return {**row, **_NOTHING}
     try:
@@ -295,7 +283,8 @@ def _file_partition_row(pdir: Path, root: Path) -> dict[str, Any]:
 
 
 _NOTHING = {"segments": 0, "end_offset": 0, "records": 0, "bytes": 0, "tombstone_horizon": 0,
-            "error": "nothing written yet"}
+            "note": "nothing written yet"}
+"""A job's changelog partition that does not exist yet (its task never wrote)."""
 
 
 def _partition_row(system: Any, stream: str, physical: str, p: int, partitions: int) -> dict[str, Any]:

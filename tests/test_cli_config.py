@@ -193,8 +193,9 @@ def test_an_invalid_or_unreadable_config_is_one_error(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.toml", "no-name.toml", "unreadable.toml"]
 
 
-@pytest.mark.parametrize("kind", ["kafka", "objectstore-s3"])
-def test_an_unreachable_broker_or_bucket_is_one_error_naming_it(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["kafka", "objectstore-s3", "missing-bucket"])
+def test_an_unreachable_broker_or_bucket_is_one_error_naming_it(kind: str, tmp_path: Path,
+                                                                 request: pytest.FixtureRequest) -> None:
     nobody = f"127.0.0.1:{free_port()}"
     values: dict[str, Any] = {"job.name": "clicks", "job.state.dir": str(tmp_path / "state"),
                               "stores.counts.factory": "memory", "stores.counts.key.serde": "string",
@@ -202,10 +203,14 @@ def test_an_unreachable_broker_or_bucket_is_one_error_naming_it(kind: str, tmp_p
     if kind == "kafka":
         values.update({"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": nobody,
                        "systems.kafka.timeout.ms": 500, "systems.kafka.retries": 0})
-    else:
+    elif kind == "objectstore-s3":
         values.update({"job.changelog.system": "s3",
                        **objectstore_options(f"http://{nobody}", "bucket", "jobs", **QUICK_RETRIES)})
         values["systems.s3.retries"] = 0
+    else:  # the server answers; the bucket is not there
+        nobody = f"no-such-bucket-{uuid.uuid4().hex[:8]}"
+        values.update({"job.changelog.system": "s3", **objectstore_options(
+            request.getfixturevalue("s3_server").endpoint, nobody, "jobs", **QUICK_RETRIES)})
     toml = str(_write_toml(tmp_path / "job.toml", values))
     for name, *rest in COMMANDS:
         message = _one_paragraph_error(_run(name, "-c", toml, *rest), 1)
