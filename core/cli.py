@@ -120,8 +120,8 @@ def job_options(command: Any) -> Any:
         click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False),
                      help="the job config, a .toml or .properties file"),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key"),
-        click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True,
-                     help="task partition (repeatable) [default: all]"),
+        click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, metavar="N",
+                     help="task partition, counted from 0 (repeatable) [default: all]"),
     )):
         command = option(command)
     return command
