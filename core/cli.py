@@ -314,7 +314,8 @@ def _print_report(report: dict[str, Any], job: bool) -> None:
         rows = report["checkpoints"]
         columns, values = _with_root(
             ("job", "partition", "version", "input position", "offsets", "written"), rows,
-            [(c["job"], c["partition"], c.get("version", ""), _clip(json.dumps(c["input_position"])) if "input_position" in c else "",
+            [(c["job"], c["partition"], c.get("version", ""),
+              _clip(json.dumps(c["input_position"])) if "input_position" in c else "",
               json.dumps(c["offsets"]) if "offsets" in c else f"unreadable: {c['error']}" if "error" in c
               else c.get("note", ""), _when(c.get("written_at"))) for c in rows])
         console.print(_table(title("task checkpoints", "checkpoints"), columns, values))

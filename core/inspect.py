@@ -219,7 +219,7 @@ def inspect_job(config: Config, partitions: Sequence[int] | None = None, system:
             for stream in streams:
                 physical = source.generation().stream(stream)
                 for p in wanted:
-                    if isinstance(source, FileChangelogSystem):
+                    if isinstance(source, FileChangelogSystem):  # as `inspect DIR` shows it: segments, writer pid
                         row = _file_partition_row(source.partition_dir(physical, p), str(source.root))
                     else:
                         row = _partition_row(source, stream, physical, p, config.partitions)
