@@ -183,15 +183,19 @@ def test_an_invalid_or_unreadable_config_is_one_error(tmp_path: Path) -> None:
     broken = tmp_path / "broken.toml"
     broken.write_text('[job\nname = "x"\n')
     no_name = _write_toml(tmp_path / "no-name.toml", {"systems.file.path": str(tmp_path / "changelog")})
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00 not text")
     unreadable = _write_toml(tmp_path / "unreadable.toml", {"job.name": "j"})
     unreadable.chmod(0)
     for command in COMMANDS:
         name, rest = command[0], command[1:]
-        assert "job.toml" not in _one_paragraph_error(_run(name, "-c", str(broken), *rest), 1)
+        assert "is not valid TOML" in _one_paragraph_error(_run(name, "-c", str(broken), *rest), 1)
+        assert "is not UTF-8 text" in _one_paragraph_error(_run(name, "-c", str(binary), *rest), 1)
         assert "job.name" in _one_paragraph_error(_run(name, "-c", str(no_name), *rest), 1)
         if os.geteuid() != 0:  # root reads any file
             assert "is not readable" in _one_paragraph_error(_run(name, "-c", str(unreadable), *rest), 2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.toml", "no-name.toml", "unreadable.toml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["binary.toml", "broken.toml", "no-name.toml",
+                                                          "unreadable.toml"]
 
 
 @pytest.mark.parametrize("kind", ["kafka", "objectstore-s3", "missing-bucket"])
