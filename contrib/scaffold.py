@@ -224,7 +224,9 @@ def write_scaffold(name: str, directory: Path) -> Path:
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
               show_default=True, help="where to create the package folder")
 def new_engine(name: str, directory: Path) -> None:
-    """Write a ready-to-fill engine plug-in package NAME (pyproject with the entry point,
-    engine module, and a test file running the conformance suite)."""
+    """Write a ready-to-fill engine plug-in package NAME.
+
+    The package has a pyproject with the entry point, the engine module, and a test
+    file running the conformance suite."""
     root = write_scaffold(name, directory)
     click.echo(f"wrote {root}\nnext: cd {root} && pip install -e '.[test]' && pytest")

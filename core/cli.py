@@ -113,6 +113,38 @@ PARTITION = click.IntRange(min=0)
 """Task partition numbers (``-p``): counted from 0."""
 
 
+def job_options(command: Any) -> Any:
+    """``-c/--config``, ``--set`` and ``-p/--partition``: one spelling and one meaning on
+    every command that reads a job (checked by :func:`_load_config` and :func:`_partitions`)."""
+    for option in reversed((
+        click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+                     help="the job config, a .toml or .properties file"),
+        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key"),
+        click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, metavar="N",
+                     help="task partition, counted from 0 (repeatable) [default: all]"),
+    )):
+        command = option(command)
+    return command
+
+
+system_option = click.option("--system", "system_name", metavar="NAME",
+                             help="only the stores whose changelog is on systems.NAME [default: all]")
+"""``--system``: the same filter on ``inspect`` and ``verify``, checked by :func:`_system`."""
+
+
+def _system(config: Any, name: str | None) -> str | None:
+    """``--system NAME`` checked against the job: a system the config names and the job uses."""
+    if name is None:
+        return None
+    used = sorted({config.checkpoint_system} | {s.changelog[0] for s in config.stores.values() if s.changelog})
+    if name not in used:
+        from .registry import did_you_mean
+
+        raise click.BadParameter(f"job {config.job_name!r} keeps nothing on a system named {name!r}."
+                                 f"{did_you_mean(name, used)}", param_hint="--system")
+    return name
+
+
 def _load_config(path: str | None, overrides: tuple[str, ...]) -> Any:
     from .config import Config
 
@@ -219,44 +251,74 @@ def _with_root(columns: tuple[str, ...], rows: list[dict[str, Any]], values: lis
 
 @cli.command()
 @click.argument("path", required=False)
-@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False),
-              help="inspect the objectstore system(s) of this job config")
-@click.option("--system", "system_name", help="with -c: only this system")
+@job_options
+@system_option
 @click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
-              help="a setting of an object-store URL's system, e.g. config.endpoint=http://host:9000")
+              help="with an object-store URL: a setting of its system, e.g. config.endpoint=http://host:9000")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def inspect(path: str | None, config_path: str | None, system_name: str | None, options: tuple[str, ...],
-            as_json: bool) -> None:
-    """Describe a changelog directory (systems.file.path), a state directory, or an
-    objectstore changelog (a URL such as s3://bucket/prefix, or -c job.toml).
+def inspect(path: str | None, config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...],
+            system_name: str | None, options: tuple[str, ...], as_json: bool) -> None:
+    """Show what a job has committed: checkpoints, changelog partitions, local stores.
 
-    Read-only: never locks, truncates or writes, so it is safe on a live task.
+    With -c job.toml: the job's tasks on its own changelog systems (file, Kafka or
+    object store) and its local stores in job.state.dir. With PATH: everything under a
+    changelog or state directory, or in an object-store URL such as s3://bucket/prefix
+    (its settings given with -o). Read-only: never locks, truncates or writes, so it is
+    safe beside a live task.
     """
-    from .inspect import inspect_path, inspect_remote
+    from .inspect import inspect_job, inspect_path, inspect_remote
 
-    if config_path is not None or (path is not None and "://" in path):
-        report = inspect_remote(path, config_path, system_name, options)
-    elif path is None:
-        raise click.UsageError("give a directory, an object-store URL, or -c job.toml")
+    given = [flag for flag, value in (("-c", config_path), ("--set", overrides)) if value]
+    if path is not None and given:
+        raise click.UsageError(f"give PATH or -c job.toml, not both (PATH {path!r} with {' and '.join(given)})")
+    if path is None and (partitions or system_name) and not given:
+        raise click.UsageError("--partition and --system select from a job: pass -c job.toml")
+    if path is not None and (partitions or system_name):
+        raise click.UsageError("--partition and --system select from a job: pass -c job.toml instead of PATH")
+    if options and (path is None or "://" not in path):
+        raise click.UsageError("-o settings are for an object-store URL (inspect s3://bucket/prefix -o KEY=VALUE)")
+    if path is None and not given:
+        raise click.UsageError("give -c job.toml, a directory, or an object-store URL")
+    if path is None:
+        config = _load_config(config_path, overrides)
+        report = inspect_job(config, _partitions(config, partitions), _system(config, system_name))
+    elif "://" in path:
+        report = inspect_remote(path, options=options)
+        report["where"] = dict.fromkeys(report, path)
     elif not Path(path).exists():
         raise click.BadParameter(f"{path!r} does not exist (give a state or changelog directory, or an "
                                  "object-store URL)", param_hint="PATH")
     elif not Path(path).is_dir():
         raise click.BadParameter(f"{path!r} is not a directory (nor an object-store URL)", param_hint="PATH")
     else:
-        report = inspect_path(Path(path))
+        report = {"generations": [], **inspect_path(Path(path))}
+        report["where"] = dict.fromkeys(report, path)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
         return
+    _print_report(report, job=path is None)
+
+
+def _print_report(report: dict[str, Any], job: bool) -> None:
+    """The tables of an inspection, each titled with where it was read (a job's tables
+    also when empty, so a missing commit shows; a directory's only when something is there)."""
+    from .inspect import SECTIONS
+
     console = _console()
+    where = report["where"]
+
+    def title(what: str, section: str) -> str:
+        return f"{what} {'in' if job else 'under'} {where[section]}"
+
     if report["checkpoints"]:
         rows = report["checkpoints"]
         columns, values = _with_root(
             ("job", "partition", "version", "input position", "offsets", "written"), rows,
-            [(c["job"], c["partition"], c.get("version", ""), _clip(json.dumps(c.get("input_position"))),
-              json.dumps(c["offsets"]) if "offsets" in c else f"unreadable: {c.get('error', '')}",
-              _when(c.get("written_at"))) for c in rows])
-        console.print(_table(f"task checkpoints under {path}", columns, values))
+            [(c["job"], c["partition"], c.get("version", ""),
+              _clip(json.dumps(c["input_position"])) if "input_position" in c else "",
+              json.dumps(c["offsets"]) if "offsets" in c else f"unreadable: {c['error']}" if "error" in c
+              else c.get("note", ""), _when(c.get("written_at"))) for c in rows])
+        console.print(_table(title("task checkpoints", "checkpoints"), columns, values))
     if report["partitions"]:
         rows = report["partitions"]
         columns, values = _with_root(
@@ -264,7 +326,10 @@ def inspect(path: str | None, config_path: str | None, system_name: str | None, 
             rows,
             [(p["stream"], p["partition"], p["segments"], p["end_offset"], _count(p["records"]),
               f"{p['bytes']:,}", p["tombstone_horizon"], p.get("locked_by") or "") for p in rows])
-        console.print(_table(f"changelog partitions under {path}", columns, values))
+        console.print(_table(title("changelog partitions", "partitions"), columns, values))
+        for p in rows:
+            if p.get("error"):
+                console.print(_escape(f"{p['stream']}[{p['partition']}]: {p['error']}"))
     if report["stores"]:
         rows = report["stores"]
         columns, values = _with_root(
@@ -273,16 +338,18 @@ def inspect(path: str | None, config_path: str | None, system_name: str | None, 
               f"{s['files']:,} files, {s['bytes']:,} bytes" if s["files"] else "in memory (no local files)",
               "" if s.get("copy_version") is None else s["copy_version"], s.get("left_by") or "",
               s.get("copy", "")) for s in rows])
-        console.print(_table(f"local stores under {path}", columns, values))
+        console.print(_table(title("local stores", "stores"), columns, values))
+    elif job:
+        console.print(_escape(f"no local store copies in {where['stores']} (rebuilt from the changelog on open)"))
     if report.get("generations"):
         rows = report["generations"]
-        console.print(_table(f"rescaled jobs under {path or config_path}", ("job", "generation", "partitions", "was",
-                                                                          "checkpoints of"),
+        console.print(_table(title("rescaled jobs", "generations"), ("job", "generation", "partitions", "was",
+                                                                     "checkpoints of"),
                              [(g["job"], g.get("generation", "?"), g.get("partitions", "?"),
                                g.get("previous_partitions", "?"), g.get("checkpoints_of", g.get("error", "")))
                               for g in rows]))
-    if not any(report.values()):
-        console.print(f"nothing localstate recognises under {_escape(path)}")
+    if not any(report[section] for section in SECTIONS):
+        console.print(f"nothing localstate recognises under {_escape(where['checkpoints'])}")
 
 
 def _clip(text: str, limit: int = 48) -> str:
@@ -358,9 +425,7 @@ def _restore_total(config: Any, store: str, partition: int, start: int, stop: in
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, help="task partition(s) [default: all]")
+@job_options
 @click.option("--store", "stores", multiple=True, help="only these stores [default: all]")
 @click.option("--wipe", is_flag=True,
               help="DELETE the local store files first and rebuild them from the changelog; off by default, "
@@ -438,9 +503,7 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, help="task partition(s) [default: all]")
+@job_options
 def compact(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...]) -> None:
     """Compact changelogs below each task's committed offset (the task must be stopped).
 
@@ -472,34 +535,39 @@ def compact(config_path: str | None, overrides: tuple[str, ...], partitions: tup
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, help="task partition(s) [default: all]")
+@job_options
+@system_option
 @click.option("--quick", is_flag=True, help="check checkpoints and log ends only, not every record batch")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...], quick: bool,
-           as_json: bool) -> None:
-    """Check changelogs against checkpoints without changing anything (exit 1 on a problem).
+def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...],
+           system_name: str | None, quick: bool, as_json: bool) -> None:
+    """Check a job's changelogs against its checkpoints (exit 1 on a problem).
 
     Every checkpoint parses, every changelog's records are explained by a checkpoint,
     committed offsets are within their log, and (unless --quick) every record batch
-    passes its CRC. Safe beside live tasks; cheap enough to run on a schedule.
+    passes its CRC. Read-only, on every changelog system: safe beside live tasks and
+    cheap enough to run on a schedule.
     """
     from .verify import verify_job
 
     config = _load_config(config_path, overrides)
-    checks = verify_job(config, list(_partitions(config, partitions)), deep=not quick)
+    checks = verify_job(config, list(_partitions(config, partitions)), deep=not quick,
+                        system=_system(config, system_name))
     bad = [c for c in checks if not c.ok]
     if as_json:
         click.echo(json.dumps([c.to_dict() for c in checks], indent=2))
     else:
         for c in checks:
-            status = "ok" if c.ok else "PROBLEM"
+            status = "PROBLEM" if not c.ok else "ok" if c.committed is not None or c.end_offset else "nothing committed"
             click.echo(f"{c.store}[{c.partition}]: {status}  committed={c.committed} end={c.end_offset} "
                        f"batches={c.batches} bytes={c.bytes:,} {c.seconds:.3f}s")
             for problem in c.problems:
                 click.echo(f"    - {problem}")
         click.echo(f"{len(checks)} store partition(s) checked, {len(bad)} with problems")
+        if checks and all(c.committed is None and not c.end_offset for c in checks):
+            click.echo(f"job {config.job_name!r} has committed nothing there yet: a new job, or job.name and "
+                       "the systems.* settings point elsewhere (relative paths are read from the current "
+                       "directory; localstate inspect -c shows where each system is)")
     if bad:
         sys.exit(1)
 

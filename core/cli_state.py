@@ -1,6 +1,6 @@
 """The state commands of the ``localstate`` CLI: ``get`` and ``dump`` (read a job's
 committed state, read-only, beside a running job) and ``rescale`` (re-partition a
-stopped job). Registered on the group of :mod:`localstate.cli`."""
+stopped job). Registered on the group of :mod:`localstate.cli`, with its shared job options."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .cli import PARTITION, _load_config, cli
+from .cli import _load_config, _partitions, cli, job_options
 from .errors import LocalStateError
 
 __all__: list[str] = []
@@ -44,38 +44,33 @@ def _show(obj: Any) -> str:
     return obj if isinstance(obj, str) else json.dumps(obj, default=_json_default, sort_keys=True)
 
 
-def _read_partitions(config: Any, store: str, partition: int | None) -> list[int]:
+def _check_store(config: Any, store: str) -> None:
     if store not in config.stores:
         from .registry import did_you_mean
 
         raise click.ClickException(f"no store named {store!r} in job {config.job_name!r}.{did_you_mean(store, config.stores)}")
-    if partition is None:
-        return list(range(config.partitions))
-    if not 0 <= partition < config.partitions:
-        raise click.BadParameter(f"{partition} is out of range: job.partitions = {config.partitions}", param_hint="--partition")
-    return [partition]
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", type=PARTITION, default=None, help="only this task partition [default: look in all]")
+@job_options
 @click.option("--json", "as_json", is_flag=True, help="print {partition, key, value} as JSON")
 @click.argument("store")
 @click.argument("key")
-def get(config_path: str | None, overrides: tuple[str, ...], partition: int | None, as_json: bool,
+def get(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...], as_json: bool,
         store: str, key: str) -> None:
     """Print the committed value of KEY in STORE (exit 1 if absent).
 
     Reads the state as of each task's last commit, beside the running job (no lock, no
-    writes). KEY is parsed for the store's key serde: text for ``string``, a number
-    for ``int``/``long``, JSON for ``json``/``tuple`` (``'[1, "u"]'``).
+    writes), on every changelog system; looks in each task partition in turn. KEY is
+    parsed for the store's key serde: text for string, a number for int or long, JSON
+    for json or tuple (for example '[1, "u"]').
     """
     from .reader import StateReader
 
     config = _load_config(config_path, overrides)
-    spec = config.stores.get(store)
-    parts = _read_partitions(config, store, partition)
+    _check_store(config, store)
+    spec = config.stores[store]
+    parts = _partitions(config, partitions)
     wanted = _parse_key(key, spec.key_serde, store)
     try:
         for p in parts:
@@ -89,26 +84,30 @@ def get(config_path: str | None, overrides: tuple[str, ...], partition: int | No
                 return
     except LocalStateError as e:
         raise click.ClickException(str(e)) from e
-    click.echo(f"key {wanted!r} is not in the committed state of store {store!r} (partitions {parts})", err=True)
+    click.echo(f"key {wanted!r} is not in the committed state of store {store!r} (partitions {list(parts)})",
+               err=True)
     sys.exit(1)
 
 
 @cli.command()
-@click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), help=".toml or .properties job config")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
-@click.option("--partition", "-p", type=PARTITION, default=None, help="only this task partition [default: all]")
+@job_options
 @click.option("--limit", "-n", type=click.IntRange(min=0), default=None, help="stop after N records")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line: {partition, key, value}")
 @click.option("--on-disk", is_flag=True, help="rebuild each partition with the store's engine in a temp dir, not in memory")
 @click.argument("store")
-def dump(config_path: str | None, overrides: tuple[str, ...], partition: int | None, limit: int | None,
+def dump(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[int, ...], limit: int | None,
          as_json: bool, on_disk: bool, store: str) -> None:
-    """Print the committed state of STORE: ``partition<TAB>key<TAB>value`` lines in key
-    order per partition, or JSON lines. Reads beside the running job (no lock, no writes)."""
+    """Print the committed state of STORE, one record per line.
+
+    Lines are partition, key and value separated by tabs, in key order within each task
+    partition (or JSON lines with --json). Reads beside the running job (no lock, no
+    writes), on every changelog system.
+    """
     from .reader import read_committed
 
     config = _load_config(config_path, overrides)
-    parts = _read_partitions(config, store, partition)
+    _check_store(config, store)
+    parts = _partitions(config, partitions)
     if limit == 0:
         return
     n = 0
@@ -127,7 +126,7 @@ def dump(config_path: str | None, overrides: tuple[str, ...], partition: int | N
 
 @cli.command("rescale")
 @click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), required=True,
-              help=".toml or .properties job config (its job.partitions is updated when done)")
+              help="the job config, a .toml or .properties file (its job.partitions is updated when done)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
 @click.option("--to", "to", type=click.IntRange(min=1), required=True, help="the new partition (task) count")
 @click.option("--input-position", "input_position", default=None, metavar="JSON",

@@ -119,6 +119,8 @@ class Config:
             raise ConfigError(f"cannot read config file {p}: {e.strerror}") from e
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p} is not valid TOML: {e}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {p} is not UTF-8 text ({e})") from e
         return cls(_flatten(data))
 
     @classmethod

@@ -10,11 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import Checkpoint
+from .config import Config
 from .copies import COPIES, read_copy_record
 from .errors import ConfigError, LocalStateError
 from .layout import LOCKS
 
-__all__ = ["inspect_path", "inspect_remote", "lock_holder", "count_records"]
+SECTIONS = ("checkpoints", "partitions", "stores", "generations")
+"""The tables of an inspection report, in the order they are shown."""
+
+__all__ = ["inspect_path", "inspect_remote", "inspect_job", "lock_holder", "count_records"]
 
 
 def lock_holder(lock: Path) -> str | None:
@@ -106,7 +110,6 @@ def inspect_path(path: Path) -> dict[str, Any]:
     or changelog root (``systems.file.path``) or the state dir (``job.state.dir``), so
     several jobs' roots under one directory can be told apart.
     """
-    from localstate.changelog.file import FileChangelogPartition
 
     report: dict[str, list[dict[str, Any]]] = {"checkpoints": [], "partitions": [], "stores": []}
     path = Path(path)
@@ -125,19 +128,7 @@ def inspect_path(path: Path) -> dict[str, Any]:
     for meta in sorted(path.glob("**/stream.json")):
         sdir = meta.parent
         for pdir in sorted((d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)):
-            row = {"stream": sdir.name, "partition": int(pdir.name), "path": str(pdir),
-                   "root": _root(path, sdir.parent), "locked_by": lock_holder(pdir / ".lock")}
-            try:
-                part = FileChangelogPartition(pdir, readonly=True)
-                try:
-                    segs = part.segments()
-                    records = count_records(part)
-                    row.update(segments=len(segs), end_offset=part.end_offset(), records=records,
-                               bytes=part.size_bytes(), tombstone_horizon=part.min_valid_snapshot_offset())
-                finally:
-                    part.close()
-            except LocalStateError as e:
-                row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
+            row = _file_partition_row(pdir, _root(path, sdir.parent))
             report["partitions"].append(row)
     committed = {(c["job"], c["partition"]): c.get("version") for c in report["checkpoints"]}
     for lockdir in sorted(path.glob(f"**/{LOCKS}")):
@@ -166,47 +157,155 @@ def _copy_status(jobdir: Path, partition: int, committed: int | None) -> dict[st
     return {"copy_version": version, "left_by": record.get("executor"), "copy": status}
 
 
-def inspect_remote(url: str | None, config_path: str | None = None, system: str | None = None,
-                   options: Sequence[str] = ()) -> dict[str, Any]:
-    """What objectstore changelogs hold: the one at ``url`` (with ``options``, ``KEY=VALUE``
-    settings of its ``systems.<name>.*``), or every objectstore system of the job config
-    at ``config_path`` (only ``system`` if given). Rows as :func:`inspect_path` gives,
-    plus ``generations`` (rescaled jobs). Raises :class:`ConfigError` naming what is wrong."""
-    from .config import Config
-
-    targets: list[tuple[str, dict[str, Any]]] = []
-    if config_path is not None:
-        if url is not None:
-            raise ConfigError(f"inspect: give an object-store URL ({url}) or -c {config_path}, not both")
-        config = Config.load(config_path)
-        for name, opts in sorted(config.systems.items()):
-            if str(opts.get("type", name)) == "objectstore" and system in (None, name):
-                targets.append((name, dict(opts)))
-        if not targets:
-            raise ConfigError(f"{config_path} has no objectstore system"
-                              + (f" named {system!r}" if system else "") + " to inspect")
-        from .rescale_copies import check_layout
-        from .store_open import open_system
-
-        for name, _ in targets:
-            opened = open_system(config, name)
-            try:
-                check_layout(config, opened)
-            finally:
-                opened.close()
-    else:
-        assert url is not None
-        opts: dict[str, Any] = {"type": "objectstore", "path": url}
-        for item in options:
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ConfigError(f"inspect -o {item!r}: expected KEY=VALUE (e.g. config.endpoint=http://host:9000)")
-            opts[key.strip()] = value.strip()
-        targets.append(("objectstore", opts))
+def inspect_remote(url: str, options: Sequence[str] = ()) -> dict[str, Any]:
+    """What the objectstore changelog at ``url`` holds (every job's), with ``options``:
+    ``KEY=VALUE`` settings of its ``systems.<name>.*``. Rows as :func:`inspect_path` gives,
+    plus ``generations`` (rescaled jobs). Raises :class:`ConfigError` naming what is wrong.
+    A job's own view, on any changelog system, is :func:`inspect_job`."""
+    opts: dict[str, Any] = {"type": "objectstore", "path": url}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"inspect -o {item!r}: expected KEY=VALUE (e.g. config.endpoint=http://host:9000)")
+        opts[key.strip()] = value.strip()
     from localstate.changelog.objectstore_inspect import inspect_objectstore
 
-    report: dict[str, list[dict[str, Any]]] = {"checkpoints": [], "partitions": [], "stores": [], "generations": []}
-    for name, opts in targets:
-        for section, rows in inspect_objectstore(name, opts).items():
-            report[section].extend(rows)
+    return inspect_objectstore("objectstore", opts)
+
+
+def inspect_job(config: Config, partitions: Sequence[int] | None = None, system: str | None = None
+                ) -> dict[str, Any]:
+    """What the job of ``config`` has committed, read-only, the same on every changelog
+    system: its tasks' latest checkpoints, its stores' changelog partitions, its local
+    store copies under ``job.state.dir`` and, once rescaled, its generation. Rows as
+    :func:`inspect_path` gives (names as stored: a rescaled job's ``<job>.gen<n>``), each
+    with the ``system`` it was read from; ``where`` gives each table's location.
+
+    ``partitions``: only these tasks (all by default); ``system``: only the stores whose
+    changelog is on that system (the checkpoints are read from the checkpoint system either
+    way). Refuses a config whose partition count disagrees with the stored state, as
+    opening a task does. Raises :class:`LocalStateError` naming the system when it cannot
+    be read (an unreachable broker or bucket)."""
+    from localstate.changelog.file import FileChangelogSystem
+
+    from .rescale_copies import check_layout
+    from .store_open import open_system
+
+    wanted = list(range(config.partitions) if partitions is None else partitions)
+    changelogs: dict[str, list[str]] = {}
+    for spec in config.stores.values():
+        if spec.changelog is not None and system in (None, spec.changelog[0]):
+            changelogs.setdefault(spec.changelog[0], []).append(spec.changelog[1])
+    report: dict[str, Any] = {section: [] for section in SECTIONS}
+    where: dict[str, list[str]] = {section: [] for section in SECTIONS}
+    opened: dict[str, Any] = {}
+    try:
+        for name in dict.fromkeys([config.checkpoint_system, *changelogs]):
+            opened[name] = open_system(config, name)
+            check_layout(config, opened[name])
+        ckpt_system = opened[config.checkpoint_system]
+        generation = ckpt_system.generation()
+        where["checkpoints"].append(ckpt_system.describe())
+        if generation.number:
+            where["generations"].append(ckpt_system.describe())
+            report["generations"].append(
+                {"job": config.job_name, "generation": generation.number, "partitions": generation.partitions,
+                 "previous_partitions": generation.previous_partitions,
+                 "checkpoints_of": generation.job(config.job_name), "system": config.checkpoint_system})
+        report["checkpoints"] = _job_checkpoints(config, ckpt_system, generation.job(config.job_name), wanted)
+        for name, streams in changelogs.items():
+            source = opened[name]
+            where["partitions"].append(source.describe())
+            for stream in streams:
+                physical = source.generation().stream(stream)
+                for p in wanted:
+                    if isinstance(source, FileChangelogSystem):  # as `inspect DIR` shows it: segments, writer pid
+                        row = _file_partition_row(source.partition_dir(physical, p), str(source.root))
+                    else:
+                        row = _partition_row(source, stream, physical, p, config.partitions)
+                    report["partitions"].append({**row, "system": name})
+    finally:
+        for opened_system in opened.values():
+            opened_system.close()
+    state_dir = config.state_dir
+    where["stores"].append(str(state_dir))
+    if state_dir.is_dir():
+        stores = {spec.name for spec in config.stores.values()
+                  if system is None or (spec.changelog is not None and spec.changelog[0] == system)}
+        report["stores"] = [row for row in inspect_path(state_dir)["stores"]
+                            if row["job"] == config.job_name and row["store"] in stores
+                            and row["partition"] in wanted]
+    report["where"] = {section: "; ".join(places) for section, places in where.items()}
     return report
+
+
+def _job_checkpoints(config: Config, system: Any, stored_as: str, partitions: Sequence[int]
+                     ) -> list[dict[str, Any]]:
+    from .reader import read_checkpoint_readonly
+
+    store = system.checkpoints()
+    rows: list[dict[str, Any]] = []
+    for p in partitions:
+        row: dict[str, Any] = {"job": stored_as, "partition": p, "system": config.checkpoint_system}
+        try:
+            c = read_checkpoint_readonly(store, config.job_name, p)
+        except LocalStateError as e:
+            row["error"] = str(e)
+        else:
+            if c is None:
+                row["note"] = "no checkpoint: this task has not committed yet"
+            else:
+                row.update(version=c.version, input_position=c.input_position, offsets=dict(c.offsets),
+                           epoch=c.epoch, written_at=c.written_at)
+        rows.append(row)
+    return rows
+
+
+def _file_partition_row(pdir: Path, root: str) -> dict[str, Any]:
+    """One file changelog partition: segments, end offset, the records it holds (after
+    compaction fewer than the offsets), bytes, horizon, and the pid of a live writer."""
+    from localstate.changelog.file import FileChangelogPartition
+
+    row: dict[str, Any] = {"stream": pdir.parent.name, "partition": int(pdir.name), "path": str(pdir),
+                           "root": root, "locked_by": lock_holder(pdir / ".lock")}
+    if not pdir.is_dir():
+        return {**row, **_NOTHING}
+    try:
+        part = FileChangelogPartition(pdir, readonly=True)
+        try:
+            row.update(segments=len(part.segments()), end_offset=part.end_offset(), records=count_records(part),
+                       bytes=part.size_bytes(), tombstone_horizon=part.min_valid_snapshot_offset())
+        finally:
+            part.close()
+    except LocalStateError as e:
+        row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
+    return row
+
+
+_NOTHING = {"segments": 0, "end_offset": 0, "records": 0, "bytes": 0, "tombstone_horizon": 0,
+            "note": "nothing written yet"}
+"""A job's changelog partition that does not exist yet (its task never wrote)."""
+
+
+def _partition_row(system: Any, stream: str, physical: str, p: int, partitions: int) -> dict[str, Any]:
+    """One changelog partition read through the :class:`ChangelogSystem` interface (any
+    system): end offset, and the records and bytes read back up to it."""
+    row: dict[str, Any] = {"stream": physical, "partition": p, "root": system.describe(), "locked_by": None}
+    exists = getattr(system, "topic_exists", None)  # a system where reading a stream would create it
+    if exists is not None and not exists(stream):
+        return {**row, **_NOTHING}
+    try:
+        part = system.open_partition(stream, p, partitions, readonly=True)
+        try:
+            end = part.end_offset()
+            records = nbytes = 0
+            for batch, size in part.read_batches(0, end):
+                records += len(batch)
+                nbytes += size
+            row.update(segments="", end_offset=end, records=records, bytes=nbytes, path=part.describe(),
+                       tombstone_horizon=part.min_valid_snapshot_offset())
+        finally:
+            part.close()
+    except LocalStateError as e:
+        row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
+    return row

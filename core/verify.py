@@ -60,8 +60,10 @@ def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint 
     ckpt: Checkpoint | None = None
     system, topic = getattr(store, "system", None), getattr(store, "topic", None)
     if topic is not None and hasattr(system, "topic_exists") and not system.topic_exists(topic):
-        # reading would create it: verify writes nothing
-        return None, [f"checkpoint topic {topic!r} does not exist"]
+        # nothing committed yet, as an empty checkpoint directory or prefix (reading would
+        # create the topic: verify writes nothing); a changelog holding records is still a
+        # problem, found by the store's check
+        return None, []
     try:
         ckpt = read_checkpoint_readonly(store, job, partition)
     except LocalStateError as e:
@@ -73,14 +75,16 @@ def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint 
     return ckpt, problems
 
 
-def verify_job(config: Config, partitions: list[int] | None = None, *, deep: bool = True) -> list[StoreCheck]:
-    """One :class:`StoreCheck` per changelogged store and task partition of ``config``."""
+def verify_job(config: Config, partitions: list[int] | None = None, *, deep: bool = True,
+               system: str | None = None) -> list[StoreCheck]:
+    """One :class:`StoreCheck` per changelogged store and task partition of ``config``
+    (``system``: only the stores whose changelog is on that system)."""
     from .rescale_copies import check_layout
     from .store_open import open_system
 
     systems: dict[str, Any] = {}
 
-    def system(name: str) -> Any:
+    def opened(name: str) -> Any:
         if name not in systems:
             systems[name] = open_system(config, name)
             check_layout(config, systems[name])
@@ -90,20 +94,20 @@ def verify_job(config: Config, partitions: list[int] | None = None, *, deep: boo
     wanted = partitions if partitions is not None else range(config.partitions)
     try:
         try:
-            ckpt_store = system(config.checkpoint_system).checkpoints()
+            ckpt_store = opened(config.checkpoint_system).checkpoints()
         except CorruptionError as e:  # damage found opening the job (a lost generation record): a problem
-            return [StoreCheck(spec.name, p, problems=[str(e)])
-                    for p in wanted for spec in config.stores.values() if spec.changelog is not None]
+            return [StoreCheck(spec.name, p, problems=[str(e)]) for p in wanted for spec in config.stores.values()
+                    if spec.changelog is not None and system in (None, spec.changelog[0])]
         for p in wanted:
             ckpt, ckpt_problems = _read_checkpoints(ckpt_store, config.job_name, p)
             for spec in config.stores.values():
-                if spec.changelog is None:
+                if spec.changelog is None or system not in (None, spec.changelog[0]):
                     continue
                 check = StoreCheck(spec.name, p, problems=list(ckpt_problems))
                 out.append(check)
                 t0 = time.perf_counter()
                 try:
-                    _check_store(system(spec.changelog[0]), spec.changelog[1], p, config.partitions,
+                    _check_store(opened(spec.changelog[0]), spec.changelog[1], p, config.partitions,
                                  ckpt, check, deep)
                 except LocalStateError as e:
                     check.problems.append(str(e))

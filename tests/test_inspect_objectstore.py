@@ -1,5 +1,6 @@
 """``localstate inspect`` of an objectstore changelog (a real S3 API: the moto server),
-by URL with ``-o`` settings and by ``-c job.toml``; and ``viewfs://`` refused at config time."""
+by URL with ``-o`` settings and by ``-c job.toml`` (which reads any changelog system:
+tests/test_cli_config.py); and ``viewfs://`` refused at config time."""
 
 from __future__ import annotations
 
@@ -88,8 +89,8 @@ def test_inspect_refuses_clearly(tmp_path, s3_server):
     assert unknown.exit_code != 0 and "retry" in unknown.output
     toml = tmp_path / "file-only.toml"
     toml.write_text(f'"job.name" = "j"\n"systems.file.path" = "{tmp_path}"\n')
-    none = CliRunner().invoke(cli, ["inspect", "-c", str(toml)])
-    assert none.exit_code != 0 and "has no objectstore system" in none.output
+    file_job = CliRunner().invoke(cli, ["inspect", "-c", str(toml)], env={"COLUMNS": "300"})
+    assert file_job.exit_code == 0 and f"task checkpoints in file changelog at {tmp_path}" in file_job.output
     assert CliRunner().invoke(cli, ["inspect"]).exit_code != 0
     assert "does not exist" in CliRunner().invoke(cli, ["inspect", str(tmp_path / "nope")]).output
     (tmp_path / "a-file").write_text("x")

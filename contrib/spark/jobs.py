@@ -18,6 +18,7 @@ declares, as class attributes, what a job needs to run it:
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import tempfile
 import time
@@ -405,7 +406,7 @@ def run_job(job_name: str, events: int, partitions: int, engine: str | None, dir
             master: str, rows: int, seed: int) -> None:
     """Run one example job on Spark over a synthetic workload and print its result.
 
-    JOB is one of the names ``localstate run --help`` lists below.
+    JOB is one of the names listed below.
     """
     from rich.markup import escape
 
@@ -450,4 +451,4 @@ def run_job(job_name: str, events: int, partitions: int, engine: str | None, dir
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-run_job.help = (run_job.help or "") + "\n\nJobs: " + ", ".join(JOBS)
+run_job.help = inspect.cleandoc(run_job.help or "") + "\n\nJobs: " + ", ".join(JOBS)

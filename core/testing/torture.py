@@ -664,10 +664,10 @@ def run_trials(engine: str, changelog: str, trials: int, seed: int, *, batches: 
 def torture(engines: tuple[str, ...], changelogs: tuple[str, ...], trials: int, seed: int | None, batches: int,
             ops: int, bootstrap: str | None, s3_endpoint: str | None, workdir: Path | None,
             json_out: Path | None, fail_fast: bool, fsync: bool, jobs: int, workload: str | None) -> None:
-    """Crash trials: SIGKILL a task at random moments and named fault points, reopen,
-    replay input from the checkpoint, and compare with a crash-free run.
+    """Crash trials: kill a task at random points, verify no loss.
 
-    Exit code 1 if any trial diverged (each divergence prints its reproducer).
+    Each trial SIGKILLs a task at random moments and named fault points, reopens it,
+    replays the input from its checkpoint, and compares with a crash-free run. Exit code 1 if any trial diverged (each divergence prints its reproducer).
     """
     if seed is None:
         seed = random.SystemRandom().randrange(1, 1_000_000)
