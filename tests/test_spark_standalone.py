@@ -115,5 +115,13 @@ def test_an_executor_killed_mid_stream_moves_only_its_partitions(tmp_path: Path)
     assert lost and victim["partition"] in lost
     assert not moved, f"partitions of live executors moved: {moved}"
     assert not [e for e in after if e["executor"] == victim["executor"]]
+    # A moved partition's first open fetched the snapshot shipped after its last commit
+    # (a snapshot at every commit here) and replayed nothing of its history.
+    firsts: dict[int, dict[str, Any]] = {}
+    for e in sorted((e for e in events if e["phase"] == "start" and e["time"] > victim["kill_time"]
+                     and e["partition"] in lost and e["executor"] != victim["executor"]), key=lambda e: e["time"]):
+        firsts.setdefault(e["partition"], e)
+    print(f"moved partitions' first opens: {[(p, e['restore_start'], e['restore_records']) for p, e in firsts.items()]}")
+    assert firsts and all(e["restore_records"] == 0 and e["restore_start"] > 0 for e in firsts.values()), firsts
     # The state stayed in the workers' directories.
     assert {Path(e["state_dir"]).parent.name for e in closes} <= {f"worker-{i}" for i in range(WORKERS)}
