@@ -202,6 +202,11 @@ class ChangelogPartition(ABC):
         is logged by the caller and the commit stands. Default: nothing shipped (False)."""
         return False
 
+    def shipped_snapshots(self) -> list[int]:
+        """The offsets of the engine snapshots shipped beside this log, oldest first
+        (what ``localstate inspect`` shows); read-only. Default: none."""
+        return []
+
     def fetch_snapshot(self, engine: Any, committed: int, min_valid: int) -> int | None:
         """Before a restore to ``committed``: put the newest usable shipped snapshot at
         ``min_valid <= L <= committed`` among the engine's local ones; returns ``L``, or

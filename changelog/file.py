@@ -520,11 +520,22 @@ class FileChangelogPartition(ChangelogPartition):
         shipped = self._snapshots()
         return None if shipped is None else shipped.fetch(engine, committed, min_valid)
 
+    def _shipped_here(self) -> RemoteSnapshots | None:
+        """The snapshots in ``shipped/``, also when this instance ships none (turned off
+        since, or opened by a tool)."""
+        if not (self.directory / SHIPPED).is_dir():
+            return None
+        return self._snapshots() or RemoteSnapshots(DirectoryStore(self.directory), SHIPPED, self.describe())
+
+    def shipped_snapshots(self) -> list[int]:
+        shipped = self._shipped_here()
+        return [] if shipped is None else shipped.offsets()
+
     def _drop_shipped_past(self, offset: int) -> None:
         """Before offsets past ``offset`` are written again: no shipped snapshot of the
         discarded records may be fetched (``-1``: none at all)."""
-        if (self.directory / SHIPPED).is_dir():
-            shipped = self._snapshots() or RemoteSnapshots(DirectoryStore(self.directory), SHIPPED, self.describe())
+        shipped = self._shipped_here()
+        if shipped is not None:
             shipped.delete_past(offset)
 
     def reset(self) -> int:

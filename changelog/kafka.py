@@ -510,6 +510,10 @@ class KafkaChangelogPartition(ChangelogPartition):
         shipped = self._snapshots() if self._writer is not None and not self._closed else None
         return False if shipped is None else shipped.ship(engine, offset, instance_epoch())
 
+    def shipped_snapshots(self) -> list[int]:
+        shipped = self._snapshots()
+        return [] if shipped is None else shipped.offsets()
+
     def fetch_snapshot(self, engine: Any, committed: int, min_valid: int) -> int | None:
         """Before a restore: put the newest usable shipped snapshot among the engine's
         local ones (:meth:`RemoteSnapshots.fetch`)."""

@@ -633,6 +633,9 @@ class ObjectStoreChangelogPartition(ChangelogPartition):
             return False
         return self._snapshots.ship(engine, offset, self.epoch, self._newer_instance)
 
+    def shipped_snapshots(self) -> list[int]:
+        return self._snapshots.offsets()
+
     def fetch_snapshot(self, engine: Any, committed: int, min_valid: int) -> int | None:
         """Before a restore: put the newest usable remote snapshot among the engine's local
         ones (see :meth:`RemoteSnapshots.fetch`)."""

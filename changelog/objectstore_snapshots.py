@@ -172,6 +172,10 @@ class RemoteSnapshots:
                 out.append(((int(m.group(1)), int(m.group(2))), name))
         return sorted(out)
 
+    def offsets(self) -> list[int]:
+        """The offsets of the shipped snapshots (their manifests), oldest first."""
+        return sorted({key[0] for key, _ in self._manifests()})
+
     def upload(self, engine: Any, offset: int, epoch: int) -> bool:
         """Upload the engine's snapshot at ``offset`` (each shared file once, by writer
         ``epoch``); False if the engine has no snapshot there."""

@@ -237,6 +237,13 @@ def _table(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) ->
     return table
 
 
+def _newest(offsets: list[int] | None) -> str:
+    """The newest shipped snapshot's offset, and how many there are."""
+    if not offsets:
+        return ""
+    return f"{offsets[-1]}" + (f" (+{len(offsets) - 1} older)" if len(offsets) > 1 else "")
+
+
 _NUMERIC_COLUMNS = frozenset({"partition", "version", "segments", "end offset", "records", "bytes", "files",
                               "before", "after", "removed", "tombstones dropped"})
 
@@ -322,10 +329,12 @@ def _print_report(report: dict[str, Any], job: bool) -> None:
     if report["partitions"]:
         rows = report["partitions"]
         columns, values = _with_root(
-            ("stream", "partition", "segments", "end offset", "records", "bytes", "tombstone horizon", "locked by"),
+            ("stream", "partition", "segments", "end offset", "records", "bytes", "tombstone horizon",
+             "shipped snapshot", "locked by"),
             rows,
             [(p["stream"], p["partition"], p["segments"], p["end_offset"], _count(p["records"]),
-              f"{p['bytes']:,}", p["tombstone_horizon"], p.get("locked_by") or "") for p in rows])
+              f"{p['bytes']:,}", p["tombstone_horizon"], _newest(p.get("shipped_snapshots")),
+              p.get("locked_by") or "") for p in rows])
         console.print(_table(title("changelog partitions", "partitions"), columns, values))
         for p in rows:
             if p.get("error"):

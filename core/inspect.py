@@ -274,7 +274,8 @@ def _file_partition_row(pdir: Path, root: str) -> dict[str, Any]:
         part = FileChangelogPartition(pdir, readonly=True)
         try:
             row.update(segments=len(part.segments()), end_offset=part.end_offset(), records=count_records(part),
-                       bytes=part.size_bytes(), tombstone_horizon=part.min_valid_snapshot_offset())
+                       bytes=part.size_bytes(), tombstone_horizon=part.min_valid_snapshot_offset(),
+                       shipped_snapshots=part.shipped_snapshots())
         finally:
             part.close()
     except LocalStateError as e:
@@ -303,7 +304,7 @@ def _partition_row(system: Any, stream: str, physical: str, p: int, partitions: 
                 records += len(batch)
                 nbytes += size
             row.update(segments="", end_offset=end, records=records, bytes=nbytes, path=part.describe(),
-                       tombstone_horizon=part.min_valid_snapshot_offset())
+                       tombstone_horizon=part.min_valid_snapshot_offset(), shipped_snapshots=part.shipped_snapshots())
         finally:
             part.close()
     except LocalStateError as e:

@@ -211,3 +211,20 @@ def test_files_an_older_writer_left_without_a_manifest_are_deleted_by_the_next_s
     with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as s:
         assert s.last_restore["kv"].records == 0
         assert dump(s) == model
+
+
+def test_inspect_shows_the_newest_shipped_snapshot(tmp_path):
+    from click.testing import CliRunner
+    from localstate.cli import cli
+
+    values = file_job(tmp_path)
+    commit_batches(Config.from_dict(values), range(3), {})
+    out = CliRunner().invoke(cli, ["inspect", "--json", str(tmp_path / "changelog")])
+    assert out.exit_code == 0, out.output
+    import json
+
+    [row] = json.loads(out.output)["partitions"]
+    offsets = sorted(int(p.name[:20]) for p in (shipped_dir(values) / "snapshots").iterdir())
+    assert row["shipped_snapshots"] == offsets and len(offsets) == 2
+    table = CliRunner().invoke(cli, ["inspect", str(tmp_path / "changelog")], env={"COLUMNS": "250"}).output
+    assert "shipped snapshot" in table and f"{offsets[-1]} (+1 older)" in table
