@@ -50,7 +50,7 @@ from .errors import (
 from .kv import KeyValueStore
 from .layers import build_store
 from .layers.readonly import ReadOnlyStore
-from .layers.ttl import ttl_serde, wall_clock_ms
+from .layers.ttl import ttl_clock, ttl_serde
 from .metrics import StoreMetrics
 from .registry import did_you_mean, resolve_factory
 from .rescale_copies import check_layout
@@ -391,16 +391,16 @@ def read_committed(
 
 
 def _ttl_clock(spec: StoreSpec, ckpt: Checkpoint) -> Callable[[], int | None]:
-    """"Now" for a TTL store read as of ``ckpt``: the wall clock (processing time), or
-    the event time committed with the checkpoint (``ttl.time = event``)."""
-    if spec.ttl is not None and spec.ttl.time == "event":
-        return lambda: ckpt.event_time
-    return wall_clock_ms
+    """"Now" (ns) for a TTL store read as of ``ckpt``: the task's own clock rule
+    (:func:`~localstate.layers.ttl.ttl_clock`) over the event time committed with the
+    checkpoint, so a reader hides exactly what the task hides."""
+    return ttl_clock(spec.ttl, lambda: ckpt.event_time)
 
 
 def _live_value(spec: StoreSpec, ckpt: Checkpoint, raw: bytes) -> Any:
     """The decoded value of a committed change record; ``None`` when a TTL store's
-    entry has expired (the same rule as :class:`~localstate.layers.TtlStore`)."""
+    entry has expired (the same rule as :class:`~localstate.layers.TtlStore`: expired
+    from the moment ``now >= expiry``)."""
     msg_serde = get_serde(spec.msg_serde, store=spec.name)
     if spec.ttl is None:
         return msg_serde.decode(raw)
