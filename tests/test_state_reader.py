@@ -483,3 +483,28 @@ def test_event_time_ttl_readers_hide_what_the_task_hides_before_any_sweep(tmp_pa
         assert reader.get("s", "old") is None and reader.get("s", "new") == {"n": 2}
         assert dict(reader.store("s")) == {"new": {"n": 2}}
     assert _cli_get_and_dump(config, "s", "old") == (None, ['0\tnew\t{"n": 2}'])
+
+
+def test_checkpoint_is_a_property_as_on_task_storage_and_the_call_form_warns(tmp_path: Path) -> None:
+    import pickle
+
+    from localstate.checkpoint import Checkpoint
+
+    config = _config(tmp_path)
+    with StateReader(config, 0) as reader, pytest.raises(LocalStateError, match="has no committed state"):
+        _ = reader.checkpoint
+    with TaskStorage(config, 0) as storage:
+        storage.store("s")["k"] = 1
+        storage.commit(input_position=7)
+        with StateReader(config, 0) as reader:
+            ckpt = reader.checkpoint
+            assert isinstance(ckpt, Checkpoint) and isinstance(storage.checkpoint, Checkpoint)
+            assert ckpt == storage.checkpoint and storage.checkpoint == ckpt
+            assert (ckpt.version, ckpt.input_position, ckpt.offsets) == (1, 7, storage.checkpoint.offsets)
+            assert repr(ckpt).startswith("Checkpoint(version=1, ")
+            assert pickle.loads(pickle.dumps(ckpt)) == ckpt
+            with pytest.warns(DeprecationWarning, match="StateReader.checkpoint is a property"):
+                assert reader.checkpoint() == ckpt
+            storage.store("s")["k"] = 2
+            storage.commit(input_position=8)
+            assert reader.checkpoint.version == 2  # read again at each access
