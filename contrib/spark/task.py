@@ -147,7 +147,7 @@ class Emitter:
         self._rows: list[dict[str, Any]] = []
         self._batches: list[pa.RecordBatch] = []
         self._columns = dict.fromkeys(schema.names).keys()
-        """The key set every emitted row must have (a dict view: compared to a row's keys in C)."""
+        """The key set every emitted row must have (a dict view, comparable with a row's keys)."""
         self._required = [i for i, f in enumerate(schema) if not f.nullable]
 
     def __call__(self, row: dict[str, Any]) -> None:
