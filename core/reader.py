@@ -27,10 +27,12 @@ The whole store is held in memory: the cost of a state query is a full replay.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -50,7 +52,7 @@ from .errors import (
 from .kv import KeyValueStore
 from .layers import build_store
 from .layers.readonly import ReadOnlyStore
-from .layers.ttl import ttl_serde, wall_clock_ms
+from .layers.ttl import ttl_clock, ttl_serde
 from .metrics import StoreMetrics
 from .registry import did_you_mean, resolve_factory
 from .rescale_copies import check_layout
@@ -130,8 +132,12 @@ class StateReader:
     def _where(self) -> str:
         return self._system(self.config.checkpoint_system).describe()
 
+    @property
     def checkpoint(self) -> Checkpoint:
-        """The task's latest committed checkpoint; an error if it has none."""
+        """The task's latest committed checkpoint, read afresh at each access (the job may
+        have committed since); an error if it has none. A property, as
+        :attr:`TaskStorage.checkpoint <localstate.TaskStorage.checkpoint>` is (which is
+        ``None`` before the first commit: a reader has nothing to read then)."""
         self._check_open()
         ckpt = read_checkpoint_readonly(self._system(self.config.checkpoint_system).checkpoints(), self.job,
                                         self.partition)
@@ -140,7 +146,7 @@ class StateReader:
                 f"task {self.job}/partition {self.partition} has no committed state in {self._where()}: "
                 "the job has not committed yet, or job.name / the checkpoint system point elsewhere"
             )
-        return ckpt
+        return _CalledCheckpoint.of(ckpt)
 
     def _spec(self, name: str) -> StoreSpec:
         spec = self.config.stores.get(name)
@@ -180,7 +186,7 @@ class StateReader:
     def _exactly(self, spec: StoreSpec, read: Callable[[int], None]) -> Checkpoint:
         """Run ``read(committed offset)`` until it ran against a commit that stayed
         reconstructible while it ran (see the module docstring); the checkpoint it read."""
-        ckpt = self.checkpoint()
+        ckpt = self.checkpoint
         for attempt in range(READ_ATTEMPTS):
             try:
                 read(self._committed_offset(spec, ckpt))
@@ -190,7 +196,7 @@ class StateReader:
                 if attempt == READ_ATTEMPTS - 1:
                     raise
                 log.info("store %r: changelog changed under the reader (%s); reading again", spec.name, e)
-                ckpt = self.checkpoint()
+                ckpt = self.checkpoint
                 continue
             newer = self._stable(spec.name, ckpt)
             if newer is None:
@@ -206,7 +212,7 @@ class StateReader:
 
     def _stable(self, name: str, read: Checkpoint) -> Checkpoint | None:
         """None if the state read for ``read`` is exact, else the newer checkpoint to read."""
-        latest = self.checkpoint()
+        latest = self.checkpoint
         if read.version <= latest.version <= read.version + 1 and latest.offsets.get(name, -1) >= read.offsets[name]:
             return None
         return latest
@@ -358,6 +364,31 @@ class StateReader:
         return f"StateReader(job={self.job!r}, partition={self.partition}, loaded={sorted(self._views)})"
 
 
+class _CalledCheckpoint(Checkpoint):
+    """The :class:`Checkpoint` :attr:`StateReader.checkpoint` returns: also callable, returning
+    itself with a :class:`DeprecationWarning`, for code written when it was a method
+    (``reader.checkpoint()``). Equal to the plain checkpoint with the same fields."""
+
+    @classmethod
+    def of(cls, ckpt: Checkpoint) -> _CalledCheckpoint:
+        return cls(**{f.name: getattr(ckpt, f.name) for f in dataclasses.fields(Checkpoint)})
+
+    def __call__(self) -> Checkpoint:
+        warnings.warn("StateReader.checkpoint is a property: drop the call parentheses", DeprecationWarning,
+                      stacklevel=2)
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Checkpoint):
+            return NotImplemented
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(Checkpoint))
+
+    __hash__ = Checkpoint.__hash__
+
+    def __repr__(self) -> str:
+        return "Checkpoint" + Checkpoint.__repr__(self).removeprefix(type(self).__qualname__)
+
+
 def _creates_kv(factory: Any) -> bool:
     """Whether ``factory.create`` is declared to return a key-value engine."""
     import typing
@@ -391,16 +422,16 @@ def read_committed(
 
 
 def _ttl_clock(spec: StoreSpec, ckpt: Checkpoint) -> Callable[[], int | None]:
-    """"Now" for a TTL store read as of ``ckpt``: the wall clock (processing time), or
-    the event time committed with the checkpoint (``ttl.time = event``)."""
-    if spec.ttl is not None and spec.ttl.time == "event":
-        return lambda: ckpt.event_time
-    return wall_clock_ms
+    """"Now" (ns) for a TTL store read as of ``ckpt``: the task's own clock rule
+    (:func:`~localstate.layers.ttl.ttl_clock`) over the event time committed with the
+    checkpoint, so a reader hides exactly what the task hides."""
+    return ttl_clock(spec.ttl, lambda: ckpt.event_time)
 
 
 def _live_value(spec: StoreSpec, ckpt: Checkpoint, raw: bytes) -> Any:
     """The decoded value of a committed change record; ``None`` when a TTL store's
-    entry has expired (the same rule as :class:`~localstate.layers.TtlStore`)."""
+    entry has expired (the same rule as :class:`~localstate.layers.TtlStore`: expired
+    from the moment ``now >= expiry``)."""
     msg_serde = get_serde(spec.msg_serde, store=spec.name)
     if spec.ttl is None:
         return msg_serde.decode(raw)
@@ -422,7 +453,7 @@ def sample_committed(config: Config, store: str, limit: int = 100) -> list[tuple
     for p in range(config.partitions):
         with StateReader(config, p) as reader:
             try:
-                ckpt = reader.checkpoint()
+                ckpt = reader.checkpoint
                 committed = reader._committed_offset(spec, ckpt)
             except LocalStateError:
                 continue

@@ -251,9 +251,6 @@ class TaskStorage(StoreOpening, TaskCommit):
             self.event_time = ts
         return self.event_time
 
-    def _event_clock_ns(self) -> int | None:
-        return None if self.event_time is None else self.event_time * 1_000_000
-
     # -- the task's view ---------------------------------------------------------------------------
     def _entry(self, name: str) -> _OpenStore:
         if self._closed:

@@ -37,7 +37,7 @@ from .errors import (
 from .faults import fault_point
 from .kv import KeyValueStore
 from .layers import build_store
-from .layers.ttl import wall_clock_ns
+from .layers.ttl import ttl_clock
 from .locking import io_error
 from .metrics import RestoreProgress, StoreMetrics
 from .records import ChangeRecord
@@ -172,11 +172,11 @@ class StoreOpening:
     last_restore: dict[str, RestoreProgress]
     _evidence: list[str]
     """No checkpoint was found, but this machine shows that the task committed: what it shows."""
+    event_time: int | None
 
     if TYPE_CHECKING:  # provided by TaskStorage
         def store_dir(self, name: str) -> Path: ...
         def _system(self, name: str) -> ChangelogSystem: ...
-        def _event_clock_ns(self) -> int | None: ...
         def _lost_error(self, store: str) -> CorruptionError: ...
 
     def _check_meta(self, spec: StoreSpec, directory: Path) -> None:
@@ -326,7 +326,7 @@ class StoreOpening:
                 batch_size=spec.write_batch_size,
                 metrics=metrics,
                 ttl=spec.ttl,
-                clock=self._event_clock_ns if spec.ttl is not None and spec.ttl.time == "event" else wall_clock_ns,
+                clock=ttl_clock(spec.ttl, lambda: self.event_time),
             )
 
     def _restore(self, entry: _OpenStore, committed: int) -> RestoreProgress:

@@ -427,3 +427,84 @@ def test_ttl_stores_read_as_committed_with_expired_entries_hidden(tmp_path: Path
         storage.commit()
     with StateReader(processing, 0) as reader:
         assert dict(reader.store("s")) == {"k": [1]} and reader.get("s", "k") == [1]
+
+
+def _cli_get_and_dump(config: Config, store: str, key: str) -> tuple[str | None, list[str]]:
+    """``localstate get`` (None when absent: exit 1) and ``localstate dump`` of ``store``."""
+    from click.testing import CliRunner
+    from localstate.cli import cli
+
+    overrides = [arg for k, v in config.to_dict().items() for arg in ("--set", f"{k}={v}")]
+    got = CliRunner().invoke(cli, ["get", *overrides, store, key])
+    assert got.exit_code in (0, 1), got.output
+    dumped = CliRunner().invoke(cli, ["dump", *overrides, store])
+    assert dumped.exit_code == 0, dumped.output
+    return (got.stdout.strip() if got.exit_code == 0 else None), dumped.stdout.splitlines()
+
+
+def test_processing_time_ttl_readers_hide_what_the_running_task_hides(tmp_path: Path) -> None:
+    """Processing-time TTL: an entry committed before it expired is hidden, once the wall
+    clock passes its expiry, by the task's get and alike by StateReader.get/store and
+    ``localstate get``/``dump`` (one clock, in the unit the expiry is stored in)."""
+    ttl_s = 2.0
+    config = _config(tmp_path, "rocksdb", **{"stores.s.ttl.ms": str(int(ttl_s * 1000)),
+                                             "stores.s.ttl.cleanup.batch": "0"})  # the commit sweeps nothing
+    with TaskStorage(config, 0) as storage:
+        s = storage.store("s")
+        s["gone"] = {"n": 1}
+        storage.commit()
+        time.sleep(ttl_s + 0.1)
+        s["fresh"] = {"n": 2}
+        written = time.monotonic()
+        storage.commit()  # "gone" is still in the committed changelog (not swept), expired
+        assert s.get("gone") is None and s.get("fresh") == {"n": 2}
+        with StateReader(config, 0) as reader:
+            assert reader.get("s", "gone") is None
+            assert dict(reader.store("s")) == {"fresh": {"n": 2}}
+        assert _cli_get_and_dump(config, "s", "gone") == (None, ['0\tfresh\t{"n": 2}'])
+        assert time.monotonic() - written < ttl_s, "too slow to see 'fresh' before it expires: no verdict"
+
+
+def test_event_time_ttl_readers_hide_what_the_task_hides_before_any_sweep(tmp_path: Path) -> None:
+    """Event-time TTL: the reader's "now" is the committed event time, compared with the
+    stored expiry in the same unit; an unswept expired entry is hidden everywhere."""
+    config = _config(tmp_path, "rocksdb", **{"stores.s.ttl.ms": "1000", "stores.s.ttl.time": "event",
+                                             "stores.s.ttl.cleanup.batch": "0"})
+    with TaskStorage(config, 0) as storage:
+        s = storage.store("s")
+        storage.advance_event_time(0)
+        s["old"] = {"n": 1}
+        storage.advance_event_time(600)
+        s["new"] = {"n": 2}
+        storage.advance_event_time(1000)  # "old" expires at 0 + 1000; nothing reads it: not swept
+        storage.commit()
+        assert s.get("old") is None and s.get("new") == {"n": 2}
+    with StateReader(config, 0) as reader:
+        assert reader.get("s", "old") is None and reader.get("s", "new") == {"n": 2}
+        assert dict(reader.store("s")) == {"new": {"n": 2}}
+    assert _cli_get_and_dump(config, "s", "old") == (None, ['0\tnew\t{"n": 2}'])
+
+
+def test_checkpoint_is_a_property_as_on_task_storage_and_the_call_form_warns(tmp_path: Path) -> None:
+    import pickle
+
+    from localstate.checkpoint import Checkpoint
+
+    config = _config(tmp_path)
+    with StateReader(config, 0) as reader, pytest.raises(LocalStateError, match="has no committed state"):
+        _ = reader.checkpoint
+    with TaskStorage(config, 0) as storage:
+        storage.store("s")["k"] = 1
+        storage.commit(input_position=7)
+        with StateReader(config, 0) as reader:
+            ckpt = reader.checkpoint
+            assert isinstance(ckpt, Checkpoint) and isinstance(storage.checkpoint, Checkpoint)
+            assert ckpt == storage.checkpoint and storage.checkpoint == ckpt
+            assert (ckpt.version, ckpt.input_position, ckpt.offsets) == (1, 7, storage.checkpoint.offsets)
+            assert repr(ckpt).startswith("Checkpoint(version=1, ")
+            assert pickle.loads(pickle.dumps(ckpt)) == ckpt
+            with pytest.warns(DeprecationWarning, match="StateReader.checkpoint is a property"):
+                assert reader.checkpoint() == ckpt
+            storage.store("s")["k"] = 2
+            storage.commit(input_position=8)
+            assert reader.checkpoint.version == 2  # read again at each access

@@ -178,7 +178,9 @@ def metrics_batch(snapshot: Mapping[str, Mapping[str, float]], output_schema: pa
     :data:`METRICS_COLUMN`."""
     entries: list[tuple[str, float]] = []
     for store, row in batch_progress(snapshot).items():
-        values = {**{k: v for k, v in row.items() if k != "customMetrics"}, **row["customMetrics"]}
+        # the Spark-named fields, and every store counter under its own name (puts and
+        # deletes included, though numRowsUpdated/numRowsRemoved repeat them)
+        values = {**snapshot[store], **{k: v for k, v in row.items() if k != "customMetrics"}}
         if values["numRowsTotal"] < 0:
             del values["numRowsTotal"]  # the engine has no estimate: null, not -1, in the sums
         entries.extend((f"{store}.{k}", float(values[k])) for k in OBSERVED_FIELDS if k in values)

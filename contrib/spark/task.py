@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, TypeVar, overload
 
 import pyarrow as pa
@@ -127,18 +128,27 @@ class TaskContext:
 class Emitter:
     """Collects a task's output rows and hands them out as Arrow batches of ``schema``.
 
-    ``emit(row)`` takes one dict keyed by the output column names (missing keys are
-    null), ``emit.rows(rows)`` many, and ``emit.arrow(batch)`` a record batch holding
-    (at least) the output columns — the vectorised path. Order is kept across the
-    three forms.
+    ``emit(row)`` takes one dict keyed by exactly the output column names, ``emit.rows(rows)``
+    many, and ``emit.arrow(batch)`` a record batch holding (at least) the output columns —
+    the vectorised path. Order is kept across the three forms.
+
+    A row's keys must be the output columns, no more and no fewer: an unknown key (a
+    misspelt name) is an error naming it with a "did you mean", and so is a missing one —
+    a null is emitted by giving the column with ``None``, which a nullable column takes and
+    a non-nullable one refuses. Rows are checked when they are turned into a batch (at the
+    next ``emit.arrow`` or the end of the task's step), all rows of a batch at once, for
+    about one ``len()`` per row.
     """
 
-    __slots__ = ("schema", "_rows", "_batches")
+    __slots__ = ("schema", "_rows", "_batches", "_columns", "_required")
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
         self._rows: list[dict[str, Any]] = []
         self._batches: list[pa.RecordBatch] = []
+        self._columns = dict.fromkeys(schema.names).keys()
+        """The key set every emitted row must have (a dict view, comparable with a row's keys)."""
+        self._required = [i for i, f in enumerate(schema) if not f.nullable]
 
     def __call__(self, row: dict[str, Any]) -> None:
         self._rows.append(row)
@@ -150,10 +160,17 @@ class Emitter:
         self._flush_rows()
         if batch.num_rows == 0:
             return
+        missing = [n for n in self.schema.names if n not in batch.schema.names]
+        if missing:
+            raise LocalStateError(
+                f"emitted Arrow batch with columns {', '.join(batch.schema.names)} does not fit the job's output "
+                f"schema {self._fields()}: it lacks the column(s) "
+                f"{self._described(missing, batch.schema.names, 'the batch has {}')}"
+            )
         try:
             table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
             table = table.select(self.schema.names).cast(self.schema)
-        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        except (KeyError, ValueError, pa.ArrowNotImplementedError) as e:  # ArrowInvalid, a null in a required column
             raise LocalStateError(
                 f"emitted Arrow batch with columns {batch.schema} does not fit the job's output "
                 f"schema {self.schema}: {e}; emit the output columns with compatible types"
@@ -164,12 +181,104 @@ class Emitter:
         if self._rows:
             rows, self._rows = self._rows, []
             try:
-                self._batches.append(pa.RecordBatch.from_pylist(rows, schema=self.schema))
+                batch = pa.RecordBatch.from_pylist(rows, schema=self.schema)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+                self._check_keys(rows, range(len(rows)))  # a row with the wrong keys is named first
                 raise LocalStateError(
                     f"emitted rows do not fit the job's output schema {self.schema}: {e}; "
                     f"first row: {rows[0]!r}"
                 ) from e
+            self._check_row_keys(rows, batch)
+            self._check_nulls(batch)
+            self._batches.append(batch)
+
+    def _check_row_keys(self, rows: list[dict[str, Any]], batch: pa.RecordBatch) -> None:
+        """Every row's keys are exactly the output columns, checked in C over the whole batch.
+
+        ``from_pylist`` ignores unknown keys and makes a missing one null. A row with fewer
+        keys than columns lacks one; when the key counts add up to ``columns x rows`` a row
+        with more keys implies one with fewer, so every bad batch has a row that lacks a
+        column — and such a row has a null there. So only null cells need a look: the
+        column's key must be in the row (a ``None`` given on purpose). Cost: one ``len``
+        per row, a null count per column and a dict lookup per null cell."""
+        if sum(map(len, rows)) != len(self._columns) * len(rows):
+            self._check_keys(rows, range(len(rows)))
+        for name, column in zip(self.schema.names, batch.columns):
+            nulls = column.null_count
+            if not nulls:
+                continue
+            if nulls == len(rows):
+                suspects: list[dict[str, Any]] | map[dict[str, Any]] = rows
+            else:
+                import pyarrow.compute as pc
+
+                suspects = map(rows.__getitem__, pc.indices_nonzero(column.is_null()).to_pylist())
+            try:
+                if all(map(dict.__contains__, suspects, repeat(name))):
+                    continue
+            except TypeError:  # a row that is not a dict: named below
+                pass
+            self._check_keys(rows, range(len(rows)))
+
+    def _check_keys(self, rows: list[dict[str, Any]], suspects: Iterable[int]) -> None:
+        """The first of the ``suspects`` rows whose keys are not the output columns, named
+        in an error (one key-set comparison per row: the error path)."""
+        for i in suspects:
+            row = rows[i]
+            if not isinstance(row, dict):
+                raise LocalStateError(
+                    f"emitted row {i} of this batch is a {type(row).__name__}, not a dict keyed by the output "
+                    f"columns {self._fields()}: {row!r}"
+                )
+            if row.keys() != self._columns:
+                raise LocalStateError(f"emitted row {row!r} does not fit the job's output schema {self._fields()}: "
+                                      f"{self._key_problems(row)}")
+
+    def _key_problems(self, row: dict[str, Any]) -> str:
+        names = self.schema.names
+        problems = []
+        unknown = [k for k in row if k not in self._columns]
+        if unknown:
+            problems.append(f"unknown field(s) {self._described(unknown, names, 'did you mean {}?')}")
+        missing = [self.schema.field(n) for n in names if n not in row]
+        if missing:
+            nullable = [f.name for f in missing if f.nullable]
+            required = [f.name for f in missing if not f.nullable]
+            if nullable:
+                problems.append(f"missing field(s) {', '.join(map(repr, nullable))} (nullable: to emit a null, "
+                                f"give {', '.join(f'{n!r}: None' for n in nullable)})")
+            if required:
+                problems.append(f"missing field(s) {', '.join(map(repr, required))} (not nullable)")
+        return "; ".join(problems)
+
+    @staticmethod
+    def _described(names: list[str], choices: list[str], closest: str) -> str:
+        """``'usr' (did you mean 'user'?)`` per name: ``closest`` formatted with the closest
+        of ``choices`` when one is close (:func:`~localstate.registry.did_you_mean`'s rule)."""
+        from localstate.registry import did_you_mean
+
+        out = []
+        for name in names:
+            hint = did_you_mean(str(name), choices).strip()
+            if hint.startswith("Did you mean "):
+                out.append(f"{name!r} ({closest.format(hint.removeprefix('Did you mean ').rstrip('?'))})")
+            else:
+                out.append(repr(name))
+        return ", ".join(out)
+
+    def _fields(self) -> str:
+        return "(" + ", ".join(f"{f.name}: {f.type}{'' if f.nullable else ' not null'}" for f in self.schema) + ")"
+
+    def _check_nulls(self, batch: pa.RecordBatch) -> None:
+        """No null in a non-nullable output column (``from_pylist`` builds one without
+        checking; ``emit.arrow``'s cast refuses it itself)."""
+        for i in self._required:
+            if batch.column(i).null_count:
+                name = self.schema.field(i).name
+                raise LocalStateError(
+                    f"emitted rows: output column {name!r} is not nullable but got a null (None); give it a "
+                    "value, or declare the column nullable in the output schema"
+                )
 
     def drain(self) -> list[pa.RecordBatch]:
         """The batches emitted since the last drain (and forget them)."""

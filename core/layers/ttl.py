@@ -59,7 +59,10 @@ from .cached import CachedStore
 from .forwarding import ForwardingStore
 from .serialized import SerializedStore
 
-__all__ = ["TtlPolicy", "TtlStore", "TtlSerializedStore", "ttl_serde", "wall_clock_ms", "wall_clock_ns", "EXPIRY_BYTES"]
+__all__ = [
+    "TtlPolicy", "TtlStore", "TtlSerializedStore", "ttl_serde", "ttl_clock", "wall_clock_ms", "wall_clock_ns",
+    "EXPIRY_BYTES",
+]
 
 EXPIRY_BYTES = 8
 _EXPIRY = struct.Struct(">q")  # signed: an event-time expiry may be before the epoch
@@ -75,6 +78,21 @@ wall_clock_ns = time.time_ns
 def wall_clock_ms() -> int:
     """Processing time: milliseconds since the epoch."""
     return time.time_ns() // 1_000_000
+
+
+def ttl_clock(policy: TtlPolicy | None, event_time_ms: Callable[[], int | None]) -> Callable[[], int | None]:
+    """"Now" in **ns** for a store with ``policy``: the wall clock (processing time), or
+    ``event_time_ms()`` scaled to ns for ``ttl.time = event`` (``None`` while unknown).
+    The one clock rule of TTL: the task's stores and every reader of committed state
+    (:class:`~localstate.StateReader`, ``localstate get``/``dump``) take "now" from here."""
+    if policy is None or policy.time != "event":
+        return wall_clock_ns
+
+    def event_now() -> int | None:
+        t = event_time_ms()
+        return None if t is None else t * 1_000_000
+
+    return event_now
 
 
 @dataclass(frozen=True)
