@@ -18,7 +18,9 @@ data batches after the first two; the cluster row carries the ratio to ``local[3
 ``cluster_moves`` (the share of task runs on another executor than the partition's
 previous run, in %), ``cluster_replayed`` (changelog records replayed per micro-batch,
 the mean over the batches after the first), each with the machine load (``uptime``) at
-the start and end of its runs in the notes.
+the start and end of its runs in the notes; ``cluster_disk`` (the largest executor's
+state dir against its share of the state: one copy of every partition over the
+executors; ``1.0`` = it holds exactly its share).
 """
 
 from __future__ import annotations
@@ -100,6 +102,27 @@ class ClusterRun:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def disk_per_executor(state_dirs: list[Path], job: str) -> tuple[dict[str, int], float]:
+    """Bytes of ``job``'s store copies in each executor's state dir, and the largest one
+    over its share (one copy of every store partition — the largest of its copies, the
+    newest in a growing state — divided by the number of executors)."""
+    from localstate.inspect import dir_size
+
+    per_executor: dict[str, int] = {}
+    copy_size: dict[str, int] = {}
+    for state in state_dirs:
+        total = 0
+        for pdir in sorted((state / job).glob("*/[0-9]*")):
+            if pdir.is_dir():
+                _, size = dir_size(pdir)
+                total += size
+                key = f"{pdir.parent.name}/{pdir.name}"
+                copy_size[key] = max(copy_size.get(key, 0), size)
+        per_executor[state.name if state.name != "state" else state.parent.name] = total
+    share = sum(copy_size.values()) / max(1, len(state_dirs))
+    return per_executor, (max(per_executor.values(), default=0) / share if share else 0.0)
+
+
 def moves_and_replay(events: list[dict[str, Any]]) -> tuple[int, int, list[int]]:
     """(moved runs, runs that had a previous run, records replayed per micro-batch) of
     the committed runs in ``events``."""
@@ -127,7 +150,7 @@ NO_AFFINITY = " (affinity off)"
 def drive(master: str, input_dir: Path, root: Path) -> ClusterRun:
     """The stream over ``input_dir`` on ``master`` (with :data:`NO_AFFINITY` at its end:
     ``StatefulJob(affinity=False)``), in a driver process of its own."""
-    from localstate.testing.spark_cluster_driver import read_events
+    from localstate.testing.spark_cluster_driver import JOB_NAME, read_events
     from localstate.testing.spark_standalone import WORKER_STATE_ENV, StandaloneCluster
 
     cmd = [sys.executable, "-m", "localstate.testing.spark_cluster_driver", "stream", "--root", str(root),
@@ -156,8 +179,13 @@ def drive(master: str, input_dir: Path, root: Path) -> ClusterRun:
         raise RuntimeError(f"the {master} driver failed ({proc.returncode}): {result.get('error')}; log {log}")
     moves, runs, replayed = moves_and_replay(read_events(root / "stream"))
     data = [ms for ms, rows in zip(result["batch_ms"], result["batch_rows"]) if rows]
+    if cluster is not None:
+        state_dirs = sorted(root.with_name(root.name + "-cluster").glob("worker-*/state"))
+    else:
+        state_dirs = sorted(p for p in (root / "stream" / "state").glob("*") if p.is_dir() and master != LOCAL)
+    disk = disk_per_executor(state_dirs, JOB_NAME) if state_dirs else ({}, 0.0)
     return ClusterRun(master, data, moves, runs, replayed, (before, _load()), time.monotonic() - t0,
-                      {"app_id": result.get("app_id")})
+                      {"app_id": result.get("app_id"), "disk": disk})
 
 
 def _remove_work_dir(app_id: str | None) -> None:
@@ -187,6 +215,10 @@ def _rows(runs: list[ClusterRun], sizes: ClusterSizes, keys: int) -> list[dict[s
         replay = [float(statistics.mean(r.replayed[1:])) if len(r.replayed) > 1 else 0.0 for r in mine]
         rows.append(make_row("cluster_replayed", master, params, "records/batch", replay,
                              notes="; ".join(f"per batch {r.replayed}" for r in mine)))
+        disks = [r.extra["disk"] for r in mine if r.extra.get("disk", ({}, 0.0))[0]]
+        if disks:
+            rows.append(make_row("cluster_disk", master, params, "x share", [ratio for _, ratio in disks],
+                                 notes="; ".join(f"bytes per executor {per}" for per, _ in disks)))
     return rows
 
 

@@ -50,7 +50,8 @@ def _read_live(path: Path, attempts: int = 20) -> bytes:
     raise AssertionError("unreachable")
 
 
-def _dir_size(path: Path) -> tuple[int, int]:
+def dir_size(path: Path) -> tuple[int, int]:
+    """``(files, bytes)`` under ``path`` (a store copy's log tag not counted)."""
     from .rescale_copies import TAG_FILE
 
     files = size = 0
@@ -135,7 +136,7 @@ def inspect_path(path: Path) -> dict[str, Any]:
         jobdir = lockdir.parent
         for sdir in sorted(d for d in jobdir.iterdir() if d.is_dir() and not d.name.startswith(".")):
             for pdir in sorted(d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()):
-                files, size = _dir_size(pdir)
+                files, size = dir_size(pdir)
                 row = {"job": jobdir.name, "store": sdir.name, "partition": int(pdir.name),
                        "files": files, "bytes": size, "path": str(pdir), "root": _root(path, jobdir.parent)}
                 row.update(_copy_status(jobdir, int(pdir.name), committed.get((jobdir.name, int(pdir.name)))))
