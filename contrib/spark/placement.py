@@ -23,6 +23,12 @@ with public PySpark and one py4j call:
   (:class:`PlacementParam`) after its tasks committed; Spark keeps only a successful
   attempt's updates, so the registry learns where the committed state is.
 
+**Standby replicas** (``job.standby.replicas = 1``, :mod:`localstate.contrib.spark.standby`):
+the registry also names a standby executor per partition, another than its owner, spread
+evenly (:meth:`Placement.assign_standbys`); after each run that executor brings its copy
+up to the partition's new commit. A partition whose owner is lost goes to its standby,
+where its first open replays only what was committed since the last follow.
+
 Placement is a hint, never a source of truth. Which copy of a task's state is used is
 decided by the task's own open (the local copy is checked against the committed
 checkpoint and the changelog; two attempts are kept apart by the partition locks), so a
@@ -57,6 +63,7 @@ from pyspark.accumulators import AccumulatorParam
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
+    from pyspark.rdd import RDD
     from pyspark.sql import DataFrame
 
 __all__ = [
@@ -65,6 +72,7 @@ __all__ = [
     "live_executors",
     "location",
     "placed",
+    "located",
     "unpacked",
     "PAYLOAD_COLUMN",
     "sweep_copies",
@@ -88,6 +96,8 @@ class Placement:
         self.partitions = partitions
         self.owners: dict[int, str] = {}
         """Spark partition → executor id that ran (and committed) it last."""
+        self.standbys: dict[int, str] = {}
+        """Spark partition → the executor keeping its standby copy (:meth:`assign_standbys`)."""
         self._arrived: dict[int, int] = {}
         self._clock = 0
         self.runs = 0
@@ -100,7 +110,8 @@ class Placement:
 
         A partition stays with its owner while the owner is in ``executors`` and holds at
         most ``ceil(partitions / len(executors))`` partitions (the longest-held kept
-        first); the rest go one by one to the live executor with the fewest.
+        first); the rest go one by one to their standby executor (:attr:`standbys`) when it
+        is live and below that share, else to the live executor with the fewest.
         """
         alive = sorted(set(executors), key=_executor_order)
         if not alive:
@@ -116,14 +127,47 @@ class Placement:
                 load[owner] += 1
         for p in range(self.partitions):
             if out[p] is None:
-                target = min(alive, key=lambda e: (load[e], _executor_order(e)))
+                standby = self.standbys.get(p)
+                if standby in alive and load[standby] < share:
+                    target = standby  # its warm copy
+                else:
+                    target = min(alive, key=lambda e: (load[e], _executor_order(e)))
                 out[p] = target
                 load[target] += 1
+        return out
+
+    def assign_standbys(self, executors: Iterable[str], replicas: int) -> list[str | None]:
+        """The standby executor of every partition (None: none), remembered in :attr:`standbys`.
+
+        With ``replicas`` >= 1 and two or more live ``executors``: a partition keeps its
+        standby while that executor is live, is not the partition's owner and keeps at most
+        ``ceil(partitions / len(executors))`` standbys; the rest go one by one to the live
+        executor other than the owner with the fewest standbys.
+        """
+        alive = sorted(set(executors), key=_executor_order)
+        if replicas < 1 or len(alive) < 2:
+            self.standbys = {}
+            return [None] * self.partitions
+        share = math.ceil(self.partitions / len(alive))
+        load: Counter[str] = Counter()
+        out: list[str | None] = [None] * self.partitions
+        for p, standby in sorted(self.standbys.items()):
+            if p < self.partitions and standby in alive and standby != self.owners.get(p) and load[standby] < share:
+                out[p] = standby
+                load[standby] += 1
+        for p in range(self.partitions):
+            if out[p] is None:
+                target = min((e for e in alive if e != self.owners.get(p)),
+                             key=lambda e: (load[e], _executor_order(e)))
+                out[p] = target
+                load[target] += 1
+        self.standbys = {p: e for p, e in enumerate(out) if e is not None}
         return out
 
     def forget(self) -> None:
         """Drop what the registry knows (what the registry of a new driver knows)."""
         self.owners.clear()
+        self.standbys.clear()
         self._arrived.clear()
 
     def record(self, ran: Mapping[int, str]) -> None:
@@ -199,19 +243,15 @@ def unpacked(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 yield from pa.ipc.open_stream(payload)
 
 
-def placed(df: DataFrame, locations: list[str | None]) -> DataFrame:
-    """``df`` (already partitioned) as one payload row per partition (:func:`unpacked`
-    reads it back), partition ``i`` preferring ``locations[i]`` (:func:`location`; None:
-    no preference). ``len(locations)`` must be ``df``'s number of partitions."""
+def located(sc: SparkContext, locations: list[str | None]) -> RDD[int]:
+    """An RDD of ``len(locations)`` partitions, partition ``i`` holding the one element
+    ``i`` and preferring ``locations[i]`` (:func:`location`; None: no preference): Spark's
+    ``makeRDD`` with location preferences, which PySpark does not expose."""
     from pyspark.rdd import RDD
     from pyspark.serializers import BatchedSerializer, CPickleSerializer
-    from pyspark.sql.types import BinaryType, StructField, StructType
 
-    spark = df.sparkSession
-    sc = spark.sparkContext
-    rows = df.mapInArrow(_pack, StructType([StructField(PAYLOAD_COLUMN, BinaryType(), False)])).rdd
-    # One element per partition on both sides (a zip needs equal counts), pickled as
-    # ``df.rdd``'s batches are, so PySpark zips the two JVM RDDs without re-batching them.
+    # Pickled as ``df.rdd``'s batches are (one batch of one element per partition), so
+    # PySpark zips it with such an RDD without re-batching either.
     jvm = sc._jvm  # noqa: SLF001 - makeRDD with locations has no Python API
     pickle = CPickleSerializer()
     items = [jvm.scala.Tuple2(bytearray(pickle.dumps([i])), jvm.PythonUtils.toSeq([loc] if loc else []))
@@ -219,8 +259,19 @@ def placed(df: DataFrame, locations: list[str | None]) -> DataFrame:
     tag = getattr(jvm.scala.reflect, "ClassTag$").__getattr__("MODULE$").apply(
         jvm.java.lang.Class.forName("[B"))
     jrdd = sc._jsc.sc().makeRDD(jvm.PythonUtils.toSeq(items), tag)  # noqa: SLF001
-    anchors = RDD(jrdd.toJavaRDD(), sc, BatchedSerializer(pickle))
-    payloads = anchors.zip(rows).map(lambda pair: (pair[1][0],))
+    return RDD(jrdd.toJavaRDD(), sc, BatchedSerializer(pickle))
+
+
+def placed(df: DataFrame, locations: list[str | None]) -> DataFrame:
+    """``df`` (already partitioned) as one payload row per partition (:func:`unpacked`
+    reads it back), partition ``i`` preferring ``locations[i]`` (:func:`location`; None:
+    no preference). ``len(locations)`` must be ``df``'s number of partitions."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    spark = df.sparkSession
+    rows = df.mapInArrow(_pack, StructType([StructField(PAYLOAD_COLUMN, BinaryType(), False)])).rdd
+    # One element per partition on both sides (a zip needs equal counts).
+    payloads = located(spark.sparkContext, locations).zip(rows).map(lambda pair: (pair[1][0],))
     return spark.createDataFrame(payloads, StructType([StructField(PAYLOAD_COLUMN, BinaryType(), False)]),
                                  verifySchema=False)
 
@@ -254,10 +305,12 @@ def _remove_leftovers(config: Config) -> None:
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
-def sweep_copies(config: Config, owners: Mapping[int, str], me: str) -> list[int]:
+def sweep_copies(config: Config, owners: Mapping[int, str], me: str,
+                 standbys: Mapping[int, str] | None = None) -> list[int]:
     """Delete this state dir's copies of partitions that ``owners`` (task → executor)
     gives to another executor than ``me`` and whose committed version is past the
-    copy's; returns the partitions deleted.
+    copy's; returns the partitions deleted. A copy ``me`` keeps as the partition's
+    standby (``standbys``: task → executor) is kept.
 
     A copy without a record, one whose partition has no committed version past it, and
     one whose lock is held (an attempt running here) is kept. Each deletion holds the
@@ -265,7 +318,8 @@ def sweep_copies(config: Config, owners: Mapping[int, str], me: str) -> list[int
     that the next open verifies or rebuilds like any other.
     """
     _remove_leftovers(config)
-    candidates = sorted(p for p in _held_partitions(config) if owners.get(p, me) != me)
+    standbys = standbys or {}
+    candidates = sorted(p for p in _held_partitions(config) if owners.get(p, me) != me and standbys.get(p) != me)
     if not candidates:
         return []
     from localstate.store_open import open_system

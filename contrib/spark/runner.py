@@ -99,6 +99,8 @@ class TaskRun:
     """Task → the executor the placement registry gives it this run: copies this
     executor holds of other executors' tasks are swept after the commit
     (:func:`~localstate.contrib.spark.placement.sweep_copies`)."""
+    standbys: Mapping[int, str] | None = None
+    """Task → the executor keeping its standby copy: kept by the sweep."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ class _PlacedRun:
     locations: list[str | None]
     owners: dict[int, str]
     report: Any
+    standbys: dict[int, str]
 
 
 EXECUTOR_PLACEHOLDER = "{executor}"
@@ -278,7 +281,7 @@ def _after_commit(run: TaskRun, config: Config) -> None:
     me = executor_id()
     run.placement_report.add({_spark_partition_id(): me})
     if run.owners is not None:
-        sweep_copies(config, run.owners, me)
+        sweep_copies(config, run.owners, me, run.standbys)
 
 
 PARTITION_COLUMN = "__localstate_partition"
@@ -395,6 +398,9 @@ class StatefulJob:
     ``affinity`` (default on): on a cluster (executors besides the driver), each run's
     Spark tasks prefer the executor that holds their state
     (:mod:`localstate.contrib.spark.placement`, the registry in :attr:`placement`).
+    With ``job.standby.replicas = 1`` another executor keeps a warm copy of each task,
+    brought up to the task's commit after every run
+    (:mod:`localstate.contrib.spark.standby`; reports in :attr:`standby_follows`).
 
     >>> job = StatefulJob(config, CountViews, key="user_id",          # doctest: +SKIP
     ...                   output_schema="user_id string, views long")
@@ -443,6 +449,9 @@ class StatefulJob:
         self._placement_reports: dict[str, Any] = {}
         self.metrics_accumulator: Any = None
         """Set by :meth:`run_stream`: where the tasks add their state metrics."""
+        self.standby_follows: dict[int, list[dict[str, Any]]] = {}
+        """Per run version (the last :data:`KEPT_BATCH_METRICS`): what each standby follow
+        after it did (:func:`~localstate.contrib.spark.standby.follow_standbys`)."""
         self.batch_metrics: dict[int, dict[str, Any]] = {}
         """Per micro-batch id or batch-run version (streaming: the last
         :data:`KEPT_BATCH_METRICS`): the state metrics of its tasks, per store (see
@@ -482,7 +491,8 @@ class StatefulJob:
         run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s,
                       self.metrics_accumulator, in_stream_plan,
                       placement.report if placement is not None else None,
-                      placement.owners if placement is not None else None)
+                      placement.owners if placement is not None else None,
+                      placement.standbys if placement is not None else None)
 
         if in_stream_plan:  # ``in_stream_plan``: see TaskRun.in_stream_plan
             from .metrics import with_metrics_column
@@ -534,7 +544,24 @@ class StatefulJob:
         if report is None:
             report = self._placement_reports[sc.applicationId] = sc.accumulator({}, PlacementParam())
         report.value = {}
-        return _PlacedRun(locations, owners, report)
+        standbys = self.placement.owner_of_tasks(task_groups(self.num_tasks, self.spark_tasks),
+                                                 [self.placement.standbys.get(i) for i in range(self.spark_tasks)])
+        return _PlacedRun(locations, owners, report, standbys)
+
+    def follow_standbys(self, spark: SparkSession, version: int) -> None:
+        """After run ``version`` committed: the standby executors bring their copies up to
+        it (nothing without ``job.standby.replicas`` or a second executor)."""
+        if self.config.standby_replicas < 1:
+            return
+        from .placement import live_executors
+        from .standby import follow_standbys
+
+        sc = spark.sparkContext
+        reports = follow_standbys(sc, self.config, self.placement, task_groups(self.num_tasks, self.spark_tasks),
+                                  live_executors(sc))
+        self.standby_follows[version] = reports
+        for old in sorted(self.standby_follows)[:-KEPT_BATCH_METRICS]:
+            del self.standby_follows[old]
 
     def run(self, df: DataFrame, *, version: int | None = None) -> DataFrame:
         """Batch run — an **action**: repartition ``df`` by key into N tasks, run every
@@ -565,6 +592,7 @@ class StatefulJob:
             self.metrics_accumulator = None
         if placement is not None:
             self.placement.record(placement.report.value)
+            self.follow_standbys(df.sparkSession, version)
         self.batch_metrics[version] = batch_progress(accumulator.value)
         return result
 
@@ -624,6 +652,7 @@ class StatefulJob:
                     result.unpersist()
             if placement is not None:
                 self.placement.record(placement.report.value)
+                self.follow_standbys(result.sparkSession, batch_id)
             self.batch_metrics[batch_id] = batch_progress(metrics_delta(accumulator.value, before))
             for old in sorted(self.batch_metrics)[:-KEPT_BATCH_METRICS]:
                 del self.batch_metrics[old]
