@@ -65,12 +65,28 @@ def test_a_lost_executors_partitions_go_to_their_standbys() -> None:
         assert after_loss[p] == standbys[p]
     assert [after_loss[p] for p in (0, 1, 3, 4)] == ["0", "1", "0", "1"]
     placement.record(dict(enumerate(after_loss)))
-    # The standbys that became owners are replaced; a re-launched executor takes standbys.
+    # The standbys that became owners are replaced, by the executor that ran the partition
+    # before when it is live; the partitions the next run moves to a re-launched executor
+    # (their owners hold more than their share) get it as their standby first.
     again = placement.assign_standbys(["0", "1", "3"], 1)
     assert all(s != placement.owners[p] for p, s in enumerate(again))
-    assert "3" in again
+    rebalanced = placement.assign(["0", "1", "3"])
+    moving = [p for p in range(6) if rebalanced[p] != placement.owners[p]]
+    assert moving and all(rebalanced[p] == again[p] == "3" for p in moving)
+    placement.record(dict(enumerate(rebalanced)))
+    settled = placement.assign_standbys(["0", "1", "3"], 1)
+    assert placement.assign_standbys(["0", "1", "3"], 1) == settled  # stable: a moved standby starts cold
     placement.forget()
     assert placement.standbys == {}
+
+
+def test_a_new_standby_is_the_previous_owner_which_holds_a_copy() -> None:
+    placement = Placement(2)
+    placement.record({0: "a", 1: "b"})
+    assert placement.assign_standbys(["a", "b", "c"], 1)[0] == "b"
+    placement.record({0: "c"})  # partition 0 ran on c (a was busy): a still holds a copy
+    assert placement.assign_standbys(["a", "b", "c"], 1)[0] == "b"  # b's standby stays warm
+    assert placement.assign_standbys(["a", "c"], 1)[0] == "a"  # b lost: a, not a cold executor
 
 
 SCHEMA = pa.schema([("key", pa.string()), ("count", pa.int64())])
@@ -210,6 +226,11 @@ def test_a_lost_executors_partitions_move_to_their_warm_standbys(killed_run: dic
         first = next(e for e in starts_after if e["partition"] == p)
         assert first["executor"] == standby_at_kill[p], (p, first, standby_at_kill)
         assert first["restore_records"] <= size[p], (p, first["restore_records"], size[p])
+    # Later moves too (the re-launched executor taking partitions back for balance) find a
+    # warm copy: no open of the stream replays more than one run's records.
+    replays = [(event_batch(e), e["partition"], e["restore_records"]) for e in events
+               if e["phase"] == "start" and e["restore_records"] > size[e["partition"]]]
+    assert not replays, f"opens that replayed more than one run (run sizes {size}): {replays}"
     after = [e for e in closes if e["time"] > victim["kill_time"]]
     moved = [(event_batch(e), e["partition"], e["executor"]) for e in after
              if e["partition"] not in lost and e["executor"] != home[e["partition"]]]

@@ -98,6 +98,8 @@ class Placement:
         """Spark partition → executor id that ran (and committed) it last."""
         self.standbys: dict[int, str] = {}
         """Spark partition → the executor keeping its standby copy (:meth:`assign_standbys`)."""
+        self._previous: dict[int, str] = {}
+        """Spark partition → the executor that ran it before its owner (it holds a copy)."""
         self._arrived: dict[int, int] = {}
         self._clock = 0
         self.runs = 0
@@ -140,9 +142,14 @@ class Placement:
         """The standby executor of every partition (None: none), remembered in :attr:`standbys`.
 
         With ``replicas`` >= 1 and two or more live ``executors``: a partition keeps its
-        standby while that executor is live, is not the partition's owner and keeps at most
-        ``ceil(partitions / len(executors))`` standbys; the rest go one by one to the live
-        executor other than the owner with the fewest standbys.
+        standby while that executor is live and is not the partition's owner (a new standby
+        starts from nothing, so standbys are not moved for balance alone); the others go
+        one by one to their previous owner (which still holds a copy) while it is live, not
+        the owner and keeps fewer than ``ceil(partitions / len(executors))`` standbys, else
+        to the live executor other than the owner with the fewest standbys. Last, a partition that
+        the next :meth:`assign` would move (its owner holds more than its share, e.g. after
+        an executor joined) gets the executor it would move to as its standby, so the move
+        finds a warm copy there.
         """
         alive = sorted(set(executors), key=_executor_order)
         if replicas < 1 or len(alive) < 2:
@@ -151,10 +158,12 @@ class Placement:
         share = math.ceil(self.partitions / len(alive))
         load: Counter[str] = Counter()
         out: list[str | None] = [None] * self.partitions
-        for p, standby in sorted(self.standbys.items()):
-            if p < self.partitions and standby in alive and standby != self.owners.get(p) and load[standby] < share:
-                out[p] = standby
-                load[standby] += 1
+        for cap, choice in ((self.partitions, self.standbys), (share, self._previous)):
+            for p, standby in sorted(choice.items()):
+                if (p < self.partitions and out[p] is None and standby in alive and standby != self.owners.get(p)
+                        and load[standby] < cap):
+                    out[p] = standby
+                    load[standby] += 1
         for p in range(self.partitions):
             if out[p] is None:
                 target = min((e for e in alive if e != self.owners.get(p)),
@@ -162,12 +171,17 @@ class Placement:
                 out[p] = target
                 load[target] += 1
         self.standbys = {p: e for p, e in enumerate(out) if e is not None}
+        for p, target in enumerate(self.assign(alive)):
+            owner = self.owners.get(p)
+            if owner is not None and target is not None and target != owner:
+                out[p] = self.standbys[p] = target
         return out
 
     def forget(self) -> None:
         """Drop what the registry knows (what the registry of a new driver knows)."""
         self.owners.clear()
         self.standbys.clear()
+        self._previous.clear()
         self._arrived.clear()
 
     def record(self, ran: Mapping[int, str]) -> None:
@@ -178,6 +192,8 @@ class Placement:
                 self.runs += 1
                 self.moves += before != executor
             if before != executor:
+                if before is not None:
+                    self._previous[p] = before
                 self.owners[p] = executor
                 self._arrived[p] = self._clock
                 self._clock += 1
