@@ -80,6 +80,19 @@ def test_a_lost_executors_partitions_go_to_their_standbys() -> None:
     assert placement.standbys == {}
 
 
+def test_a_move_for_balance_waits_until_its_target_holds_a_standby() -> None:
+    placement = Placement(6)
+    placement.record({0: "a", 1: "a", 2: "a", 3: "b", 4: "b", 5: "b"})
+    placement.assign_standbys(["a", "b"], 1)
+    # c joined after the last follow: nothing moves to it before it holds a standby copy
+    assert placement.assign(["a", "b", "c"]) == ["a", "a", "a", "b", "b", "b"]
+    standbys = placement.assign_standbys(["a", "b", "c"], 1)
+    moving = [p for p, e in enumerate(placement.assign(["a", "b", "c"])) if e == "c"]
+    assert moving and all(standbys[p] == "c" for p in moving)
+    # a lost owner's partitions do not wait
+    assert "b" not in placement.assign(["a", "c"])
+
+
 def test_a_new_standby_is_the_previous_owner_which_holds_a_copy() -> None:
     placement = Placement(2)
     placement.record({0: "a", 1: "b"})
@@ -226,6 +239,13 @@ def test_a_lost_executors_partitions_move_to_their_warm_standbys(killed_run: dic
         first = next(e for e in starts_after if e["partition"] == p)
         assert first["executor"] == standby_at_kill[p], (p, first, standby_at_kill)
         assert first["restore_records"] <= size[p], (p, first["restore_records"], size[p])
+    # The benchmark's figures (localstate bench --suite cluster, "standby_move_replayed")
+    # read the same events the same way.
+    from localstate.benchmarks.spark_standby import move_figures
+
+    figures = move_figures(events, victim)
+    assert sorted(figures) == sorted(lost)
+    assert all(f["executor"] == standby_at_kill[p] and f["replayed"] <= size[p] for p, f in figures.items())
     # Later moves too (the re-launched executor taking partitions back for balance) find a
     # warm copy: no open of the stream replays more than one run's records.
     replays = [(event_batch(e), e["partition"], e["restore_records"]) for e in events

@@ -107,13 +107,16 @@ class Placement:
         self.moves = 0
         """Of :attr:`runs`, those on another executor than the partition's previous run."""
 
-    def assign(self, executors: Iterable[str]) -> list[str | None]:
+    def assign(self, executors: Iterable[str], *, wait_for_standby: bool = True) -> list[str | None]:
         """The proposed executor of every partition (None: no live executor to propose).
 
         A partition stays with its owner while the owner is in ``executors`` and holds at
         most ``ceil(partitions / len(executors))`` partitions (the longest-held kept
         first); the rest go one by one to their standby executor (:attr:`standbys`) when it
-        is live and below that share, else to the live executor with the fewest.
+        is live and below that share, else to the live executor with the fewest. With
+        standbys, a partition whose owner lives but holds more than its share stays there
+        until its standby is where it would move (``wait_for_standby``; see
+        :meth:`assign_standbys`), so a move for balance never starts cold.
         """
         alive = sorted(set(executors), key=_executor_order)
         if not alive:
@@ -129,9 +132,11 @@ class Placement:
                 load[owner] += 1
         for p in range(self.partitions):
             if out[p] is None:
-                standby = self.standbys.get(p)
+                standby, owner = self.standbys.get(p), self.owners.get(p)
                 if standby in alive and load[standby] < share:
                     target = standby  # its warm copy
+                elif wait_for_standby and self.standbys and owner in alive:
+                    target = owner  # above its share for one more run: its target has no copy yet
                 else:
                     target = min(alive, key=lambda e: (load[e], _executor_order(e)))
                 out[p] = target
@@ -171,7 +176,7 @@ class Placement:
                 out[p] = target
                 load[target] += 1
         self.standbys = {p: e for p, e in enumerate(out) if e is not None}
-        for p, target in enumerate(self.assign(alive)):
+        for p, target in enumerate(self.assign(alive, wait_for_standby=False)):
             owner = self.owners.get(p)
             if owner is not None and target is not None and target != owner:
                 out[p] = self.standbys[p] = target
