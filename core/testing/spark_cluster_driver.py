@@ -218,11 +218,11 @@ class ForgetfulPlacement(Placement):
 
     forget_at_next_assign = False
 
-    def assign(self, executors: Iterable[str]) -> list[str | None]:
+    def assign(self, executors: Iterable[str], *, wait_for_standby: bool = True) -> list[str | None]:
         if self.forget_at_next_assign:
             self.forget()
             self.forget_at_next_assign = False
-        return super().assign(executors)
+        return super().assign(executors, wait_for_standby=wait_for_standby)
 
 
 class MisplacingPlacement(ForgetfulPlacement):
@@ -232,9 +232,9 @@ class MisplacingPlacement(ForgetfulPlacement):
     of a partition, the registry naming the stale one), which a working registry never
     produces on its own."""
 
-    def assign(self, executors: Iterable[str]) -> list[str | None]:
+    def assign(self, executors: Iterable[str], *, wait_for_standby: bool = True) -> list[str | None]:
         alive = sorted(set(executors), key=lambda e: (len(e), e))
-        out = super().assign(alive)
+        out = super().assign(alive, wait_for_standby=wait_for_standby)
         if len(alive) < 2:
             return out
         return [alive[(alive.index(e) + 1) % len(alive)] if e is not None else None for e in out]
