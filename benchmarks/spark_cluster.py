@@ -18,7 +18,8 @@ data batches after the first two; the cluster row carries the ratio to ``local[3
 ``cluster_moves`` (the share of task runs on another executor than the partition's
 previous run, in %), ``cluster_replayed`` (changelog records replayed per micro-batch,
 the mean over the batches after the first), each with the machine load (``uptime``) at
-the start and end of its runs in the notes.
+the start and end of its runs in the notes. Then the standby rows of
+:mod:`localstate.benchmarks.spark_standby` (``LOCALSTATE_CLUSTER_STANDBY=0`` leaves them out).
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ STANDALONE = "standalone[3 workers]"
 the run (:class:`~localstate.testing.spark_standalone.StandaloneCluster`)."""
 STANDALONE_ENV = "LOCALSTATE_CLUSTER_STANDALONE"
 """``0``: leave the standalone cluster's runs out of the full suite."""
+STANDBY_ENV = "LOCALSTATE_CLUSTER_STANDBY"
+"""``0``: leave the standby runs (:mod:`localstate.benchmarks.spark_standby`: an executor
+killed with and without standby replicas) out of the suite."""
 SKIPPED_BATCHES = 2
 """Data batches left out of the batch time (the first visits of the Python workers)."""
 
@@ -217,9 +221,14 @@ def run(quick: bool = False, repeats: int = 5, masters: list[str] | None = None)
                 runs.append(result)
                 print(f"{master}: batches ms {[round(x) for x in result.batch_ms]}, moves {result.moves}/"
                       f"{result.runs}, replayed {result.replayed}, load {result.load}", file=sys.stderr)
-        return _rows(runs, sizes, keys)
+        rows = _rows(runs, sizes, keys)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if os.environ.get(STANDBY_ENV) != "0":
+        from .spark_standby import run as run_standby
+
+        rows += run_standby(quick, repeats)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:

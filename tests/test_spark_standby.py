@@ -166,7 +166,7 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     files = write_input(root / "input", FILES, rows_per_file=1500, keys=900, seed=5)
     cmd = [sys.executable, "-m", "localstate.testing.spark_cluster_driver", "stream", "--root", str(root),
            "--input", str(root / "input"), "--partitions", str(PARTITIONS),
-           "--master", f"local-cluster[{EXECUTORS},1,1024]", "--locality-wait", "3s",
+           "--master", f"local-cluster[{EXECUTORS},1,1024]", "--locality-wait", "10s",
            "--task-sleep", str(TASK_SLEEP_S), "--standby-replicas", "1"]
     log = root / "driver.log"
     seen: dict[int, int] = {}
@@ -194,9 +194,22 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"root": root / "stream", "files": files, "victim": victim, "result": result}
 
 
+def _timeline(stream: Path) -> str:
+    """Every task run's open (partition, executor, version it started from, records
+    replayed) and every follow, in order: what a failure here needs to be understood."""
+    lines = [f"{e['time'] % 1000:7.1f} open p{e['partition']} on {e['executor']} from v{e['previous_version']} "
+             f"replayed {e['restore_records']}" for e in read_events(stream) if e["phase"] == "start"]
+    path = stream / STANDBY_FOLLOWS
+    for v, reports in (json.loads(path.read_text()).items() if path.exists() else []):
+        lines.append(f"follow after v{v}: " + ", ".join(
+            f"p{r.get('partition')}->{r['executor']} {r['status']} {r.get('records')}" for r in reports))
+    return "\n".join(lines)
+
+
 @pytest.mark.slow
 def test_a_lost_executors_partitions_move_to_their_warm_standbys(killed_run: dict[str, Any]) -> None:
     stream, files, victim = killed_run["root"], killed_run["files"], killed_run["victim"]
+    print(f"\nkilled {victim}\n" + _timeline(stream))
     # Exact: every partition committed the last micro-batch, the state is the count of all
     # input, and every micro-batch's output is exact.
     config = cluster_config(stream, partitions=PARTITIONS)

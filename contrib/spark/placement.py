@@ -113,7 +113,8 @@ class Placement:
         A partition stays with its owner while the owner is in ``executors`` and holds at
         most ``ceil(partitions / len(executors))`` partitions (the longest-held kept
         first); the rest go one by one to their standby executor (:attr:`standbys`) when it
-        is live and below that share, else to the live executor with the fewest. With
+        is live and below that share (a lost owner's partition: live), else to the live
+        executor with the fewest. With
         standbys, a partition whose owner lives but holds more than its share stays there
         until its standby is where it would move (``wait_for_standby``; see
         :meth:`assign_standbys`), so a move for balance never starts cold.
@@ -133,8 +134,8 @@ class Placement:
         for p in range(self.partitions):
             if out[p] is None:
                 standby, owner = self.standbys.get(p), self.owners.get(p)
-                if standby in alive and load[standby] < share:
-                    target = standby  # its warm copy
+                if standby in alive and (load[standby] < share or owner not in alive):
+                    target = standby  # its warm copy (a lost owner's: even above the share, for a run)
                 elif wait_for_standby and self.standbys and owner in alive:
                     target = owner  # above its share for one more run: its target has no copy yet
                 else:
