@@ -111,6 +111,12 @@ def test_a_moved_task_replays_only_what_was_committed_since_the_last_follow(
     assert (again.status, again.version, again.records) == (CURRENT, last, 0)
     assert read_copy_record(copy_record_path(job.standby, 0)) | {"written_at": 0} == {
         "version": last, "executor": "b", "role": "standby", "written_at": 0}
+    if where == "file":  # `localstate inspect` names the standby copy as such
+        from localstate.inspect import inspect_path
+
+        roles = {(Path(r["root"]).name, r["partition"]): (r["copy_role"], r["left_by"])
+                 for r in inspect_path(tmp_path)["stores"]}
+        assert roles == {("active", 0): (None, None), ("standby", 0): ("standby", "b")}  # no runner: no record
     delta = job.run(150)
     state, replayed = job.open_standby()
     assert state == job.state
