@@ -14,6 +14,8 @@ partition's changelog size then), ``standby_batch_ms`` (median micro-batch
 ``triggerExecution`` before the kill, the first :data:`SKIPPED_BATCHES` left out; the
 standby row carries the ratio to the one without), ``standby_follow_ms`` (the standby
 variant only: the median of the follows' own time per task, from the follow reports),
+``standby_kill_batch_ms`` (the micro-batch of the kill), ``standby_follow_job_ms`` (the
+standby variant only: the follow job's wall time per micro-batch, what a run waits for),
 each with the machine load (``uptime``) in the notes.
 """
 
@@ -52,7 +54,8 @@ class KilledRun:
     batch_ms: list[float]
     """``triggerExecution`` of every data micro-batch."""
     events: list[dict[str, Any]]
-    follows: dict[int, list[dict[str, Any]]]
+    follows: dict[int, dict[str, Any]]
+    """Per version: ``{"seconds": the follow job's wall time, "reports": [...]}``."""
     victim: dict[str, Any]
     load: tuple[str, str]
 
@@ -164,12 +167,20 @@ def _rows(runs: list[KilledRun], sizes: ClusterSizes) -> list[dict[str, Any]]:
             ratio = statistics.median(steady[variant]) / statistics.median(steady["no standby"])
             notes = f"{ratio:.2f}x no standby; " + notes
         rows.append(make_row("standby_batch_ms", variant, params, "ms", steady[variant], notes=notes))
-        follow_s = [r.get("seconds", 0.0) for run in mine for v, reports in run.follows.items() if v < KILL_BATCH
-                    for r in reports]
+        kill_ms = [r.batch_ms[KILL_BATCH] for r in mine if len(r.batch_ms) > KILL_BATCH]
+        if kill_ms:
+            rows.append(make_row("standby_kill_batch_ms", variant, params, "ms", kill_ms,
+                                 notes=f"the micro-batch in which the executor was killed; {loads}"))
+        follow_s = [r.get("seconds", 0.0) for run in mine for v, f in run.follows.items() if v < KILL_BATCH
+                    for r in f["reports"]]
         if follow_s:
             ms = [1000.0 * x for x in follow_s]
             rows.append(make_row("standby_follow_ms", variant, params, "ms per task", ms,
-                                 notes=f"each follow's own time (the Spark job around them is in standby_batch_ms); "
+                                 notes=f"each follow's own time, in the follow job's task; {loads}"))
+            job_ms = [1000.0 * f["seconds"] for run in mine for v, f in run.follows.items()
+                      if SKIPPED_BATCHES <= v < KILL_BATCH]
+            rows.append(make_row("standby_follow_job_ms", variant, params, "ms per micro-batch", job_ms,
+                                 notes=f"the follow job's wall time on the driver (what a micro-batch waits); "
                                        f"{loads}"))
     return rows
 
@@ -177,8 +188,9 @@ def _rows(runs: list[KilledRun], sizes: ClusterSizes) -> list[dict[str, Any]]:
 MAX_ROUNDS = 2
 
 
-def run(quick: bool = False, repeats: int = 2) -> list[dict[str, Any]]:
-    """Interleaved rounds (no standby, standby): ``min(repeats, MAX_ROUNDS)``, one when ``quick``."""
+def run(quick: bool = False, repeats: int = 2, variants: list[str] | None = None) -> list[dict[str, Any]]:
+    """Interleaved rounds (``variants``, default: no standby, standby): ``min(repeats,
+    MAX_ROUNDS)``, one when ``quick``."""
     sizes = STANDBY_QUICK if quick else STANDBY_FULL
     repeats = 1 if quick else max(1, min(repeats, MAX_ROUNDS))
     work = Path(tempfile.mkdtemp(prefix="localstate-standby-bench-"))
@@ -186,7 +198,8 @@ def run(quick: bool = False, repeats: int = 2) -> list[dict[str, Any]]:
         write_growing_input(work / "input", sizes)
         runs = []
         for i in range(repeats):
-            for variant, replicas in VARIANTS.items():
+            for variant in variants or list(VARIANTS):
+                replicas = VARIANTS[variant]
                 root = work / f"run-{i}-{replicas}"
                 result = drive_killed(work / "input", root, replicas)
                 shutil.rmtree(root, ignore_errors=True)
@@ -205,8 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=MAX_ROUNDS)
     parser.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--variants", default=None, help=f"';'-separated, of {', '.join(VARIANTS)}")
     args = parser.parse_args(argv)
-    rows = run(args.quick, args.repeats)
+    rows = run(args.quick, args.repeats, args.variants.split(";") if args.variants else None)
     text = json.dumps(rows, indent=1, default=str)
     if args.out:
         args.out.write_text(text)

@@ -200,9 +200,9 @@ def _timeline(stream: Path) -> str:
     lines = [f"{e['time'] % 1000:7.1f} open p{e['partition']} on {e['executor']} from v{e['previous_version']} "
              f"replayed {e['restore_records']}" for e in read_events(stream) if e["phase"] == "start"]
     path = stream / STANDBY_FOLLOWS
-    for v, reports in (json.loads(path.read_text()).items() if path.exists() else []):
-        lines.append(f"follow after v{v}: " + ", ".join(
-            f"p{r.get('partition')}->{r['executor']} {r['status']} {r.get('records')}" for r in reports))
+    for v, done in (json.loads(path.read_text()).items() if path.exists() else []):
+        lines.append(f"follow after v{v} ({done['seconds']:.2f}s): " + ", ".join(
+            f"p{r.get('partition')}->{r['executor']} {r['status']} {r.get('records')}" for r in done["reports"]))
     return "\n".join(lines)
 
 
@@ -221,7 +221,7 @@ def test_a_lost_executors_partitions_move_to_their_warm_standbys(killed_run: dic
         rows = json.loads((stream / "output" / f"batch-{b}.json").read_text())
         assert dict(rows) == {k: running[k] for k in counts} and len(rows) == len(counts), f"batch {b}"
 
-    follows = {int(v): reports for v, reports in json.loads((stream / STANDBY_FOLLOWS).read_text()).items()}
+    follows = {int(v): f["reports"] for v, f in json.loads((stream / STANDBY_FOLLOWS).read_text()).items()}
     events = read_events(stream)
     closes = [e for e in events if e["phase"] == "close" and e["version"] == event_batch(e)]
     before = [e for e in closes if e["time"] < victim["kill_time"]]

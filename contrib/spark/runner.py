@@ -449,9 +449,10 @@ class StatefulJob:
         self._placement_reports: dict[str, Any] = {}
         self.metrics_accumulator: Any = None
         """Set by :meth:`run_stream`: where the tasks add their state metrics."""
-        self.standby_follows: dict[int, list[dict[str, Any]]] = {}
-        """Per run version (the last :data:`KEPT_BATCH_METRICS`): what each standby follow
-        after it did (:func:`~localstate.contrib.spark.standby.follow_standbys`)."""
+        self.standby_follows: dict[int, dict[str, Any]] = {}
+        """Per run version (the last :data:`KEPT_BATCH_METRICS`): the standby follow after it,
+        ``{"seconds": wall time of the follow job, "reports": [what each follow did]}``
+        (:func:`~localstate.contrib.spark.standby.follow_standbys`)."""
         self.batch_metrics: dict[int, dict[str, Any]] = {}
         """Per micro-batch id or batch-run version (streaming: the last
         :data:`KEPT_BATCH_METRICS`): the state metrics of its tasks, per store (see
@@ -557,9 +558,10 @@ class StatefulJob:
         from .standby import follow_standbys
 
         sc = spark.sparkContext
+        t0 = time.perf_counter()
         reports = follow_standbys(sc, self.config, self.placement, task_groups(self.num_tasks, self.spark_tasks),
                                   live_executors(sc))
-        self.standby_follows[version] = reports
+        self.standby_follows[version] = {"seconds": time.perf_counter() - t0, "reports": reports}
         for old in sorted(self.standby_follows)[:-KEPT_BATCH_METRICS]:
             del self.standby_follows[old]
 

@@ -48,8 +48,8 @@ SLEEP_KEY = "testing.task.sleep.s"
 COMMIT_SLEEP_KEY = "testing.commit.sleep.s"
 JOB_NAME = "cluster"
 STANDBY_FOLLOWS = "standby-follows.json"
-"""Under a stream's root: ``{version: [follow report, ...]}`` of the standby follows after
-each micro-batch (:attr:`StatefulJob.standby_follows`)."""
+"""Under a stream's root: ``{version: {"seconds": S, "reports": [follow report, ...]}}`` of
+the standby follows after each micro-batch (:attr:`StatefulJob.standby_follows`)."""
 OBJECTSTORE_ENV = "LOCALSTATE_CLUSTER_OBJECTSTORE"
 """``{"endpoint": URL, "bucket": NAME}`` (JSON): keep the changelog and checkpoints on that
 S3 endpoint (objectstore system, prefix = the job root's name) instead of the file changelog."""
@@ -273,7 +273,7 @@ def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_ta
     )
     query.awaitTermination()
     if job.standby_follows:
-        _write_json(root / STANDBY_FOLLOWS, {str(v): reports for v, reports in job.standby_follows.items()})
+        _write_json(root / STANDBY_FOLLOWS, {str(v): follow for v, follow in job.standby_follows.items()})
     if progress is not None:
         progress.extend(query.recentProgress)
     last = query.lastProgress
