@@ -26,8 +26,10 @@ with public PySpark and one py4j call:
 **Standby replicas** (``job.standby.replicas = 1``, :mod:`localstate.contrib.spark.standby`):
 the registry also names a standby executor per partition, another than its owner, spread
 evenly (:meth:`Placement.assign_standbys`); after each run that executor brings its copy
-up to the partition's new commit. A partition whose owner is lost goes to its standby,
-where its first open replays only what was committed since the last follow.
+up to the partition's new commit. A run's Spark task prefers its owner and its standby
+alike (both hold the last commit), so when the owner is lost mid-run Spark's retry goes
+to the standby, and a partition whose owner was lost between runs is proposed there: its
+first open replays only what was committed since the last follow.
 
 Placement is a hint, never a source of truth. Which copy of a task's state is used is
 decided by the task's own open (the local copy is checked against the committed
@@ -51,7 +53,7 @@ import math
 import os
 import shutil
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +75,7 @@ __all__ = [
     "location",
     "placed",
     "located",
+    "Locations",
     "unpacked",
     "PAYLOAD_COLUMN",
     "sweep_copies",
@@ -265,10 +268,21 @@ def unpacked(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 yield from pa.ipc.open_stream(payload)
 
 
-def located(sc: SparkContext, locations: list[str | None]) -> RDD[int]:
+Locations = Sequence["str | Sequence[str] | None"]
+"""Per partition: a preferred location (:func:`location`), several (all preferred alike),
+or None (no preference)."""
+
+
+def _as_list(where: str | Sequence[str] | None) -> list[str]:
+    if where is None:
+        return []
+    return [where] if isinstance(where, str) else list(where)
+
+
+def located(sc: SparkContext, locations: Locations) -> RDD[int]:
     """An RDD of ``len(locations)`` partitions, partition ``i`` holding the one element
-    ``i`` and preferring ``locations[i]`` (:func:`location`; None: no preference): Spark's
-    ``makeRDD`` with location preferences, which PySpark does not expose."""
+    ``i`` and preferring ``locations[i]`` (see :data:`Locations`): Spark's ``makeRDD`` with
+    location preferences, which PySpark does not expose."""
     from pyspark.rdd import RDD
     from pyspark.serializers import BatchedSerializer, CPickleSerializer
 
@@ -276,18 +290,18 @@ def located(sc: SparkContext, locations: list[str | None]) -> RDD[int]:
     # PySpark zips it with such an RDD without re-batching either.
     jvm = sc._jvm  # noqa: SLF001 - makeRDD with locations has no Python API
     pickle = CPickleSerializer()
-    items = [jvm.scala.Tuple2(bytearray(pickle.dumps([i])), jvm.PythonUtils.toSeq([loc] if loc else []))
-             for i, loc in enumerate(locations)]
+    items = [jvm.scala.Tuple2(bytearray(pickle.dumps([i])), jvm.PythonUtils.toSeq(_as_list(where)))
+             for i, where in enumerate(locations)]
     tag = getattr(jvm.scala.reflect, "ClassTag$").__getattr__("MODULE$").apply(
         jvm.java.lang.Class.forName("[B"))
     jrdd = sc._jsc.sc().makeRDD(jvm.PythonUtils.toSeq(items), tag)  # noqa: SLF001
     return RDD(jrdd.toJavaRDD(), sc, BatchedSerializer(pickle))
 
 
-def placed(df: DataFrame, locations: list[str | None]) -> DataFrame:
+def placed(df: DataFrame, locations: Locations) -> DataFrame:
     """``df`` (already partitioned) as one payload row per partition (:func:`unpacked`
-    reads it back), partition ``i`` preferring ``locations[i]`` (:func:`location`; None:
-    no preference). ``len(locations)`` must be ``df``'s number of partitions."""
+    reads it back), partition ``i`` preferring ``locations[i]`` (see :data:`Locations`).
+    ``len(locations)`` must be ``df``'s number of partitions."""
     from pyspark.sql.types import BinaryType, StructField, StructType
 
     spark = df.sparkSession

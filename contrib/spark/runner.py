@@ -108,7 +108,7 @@ class _PlacedRun:
     """One run's placement: a preferred location per Spark partition, the executor
     proposed per task, and the accumulator the Spark tasks report where they ran to."""
 
-    locations: list[str | None]
+    locations: list[list[str]]
     owners: dict[int, str]
     report: Any
     standbys: dict[int, str]
@@ -537,7 +537,12 @@ class StatefulJob:
         if not executors:
             return None
         assignment = self.placement.assign(executors)
-        locations = [location(e, executors[e]) if e is not None else None for e in assignment]
+        standbys = [self.placement.standbys.get(i) for i in range(self.spark_tasks)]
+        # With standbys a Spark task prefers its standby as much as its owner: both hold the
+        # last commit (the standby followed it), and a retry after the owner is lost mid-run
+        # then goes where the warm copy is instead of anywhere.
+        locations = [[location(x, executors[x]) for x in (e, s) if x is not None and x in executors]
+                     for e, s in zip(assignment, standbys)]
         owners = self.placement.owner_of_tasks(task_groups(self.num_tasks, self.spark_tasks), assignment)
         # One accumulator per job and SparkContext, emptied before each run (runs of a job
         # are sequential): a new one per micro-batch would stay registered with the context.
@@ -545,9 +550,8 @@ class StatefulJob:
         if report is None:
             report = self._placement_reports[sc.applicationId] = sc.accumulator({}, PlacementParam())
         report.value = {}
-        standbys = self.placement.owner_of_tasks(task_groups(self.num_tasks, self.spark_tasks),
-                                                 [self.placement.standbys.get(i) for i in range(self.spark_tasks)])
-        return _PlacedRun(locations, owners, report, standbys)
+        return _PlacedRun(locations, owners, report,
+                          self.placement.owner_of_tasks(task_groups(self.num_tasks, self.spark_tasks), standbys))
 
     def follow_standbys(self, spark: SparkSession, version: int) -> None:
         """After run ``version`` committed: the standby executors bring their copies up to
