@@ -127,14 +127,18 @@ def drive_killed(input_dir: Path, root: Path, replicas: int, kill_batch: int = K
 
 def move_figures(events: list[dict[str, Any]], victim: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """Per partition the kill moved (those whose last committed run before the kill was
-    on the victim's executor): the first open after the kill — where it ran, the records
-    it replayed, and the committed changelog offset it restored to."""
-    closes = [e for e in events if e["phase"] == "close" and e["version"] is not None
-              and e["time"] < victim["kill_time"]]
+    on the victim's executor, and those with a run there cut short by the kill): the first
+    open after the kill — where it ran, the records it replayed, and the committed
+    changelog offset it restored to."""
+    before = [e for e in events if e["time"] < victim["kill_time"]]
+    closed = {e["run"] for e in before if e["phase"] == "close"}
     home: dict[int, str] = {}
-    for e in closes:
-        home[e["partition"]] = e["executor"]
-    lost = sorted(p for p, executor in home.items() if executor == victim["executor"])
+    for e in before:
+        if e["phase"] == "close" and e["version"] is not None:
+            home[e["partition"]] = e["executor"]
+    cut = {e["partition"] for e in before if e["phase"] == "start" and e["run"] not in closed
+           and e["executor"] == victim["executor"]}
+    lost = sorted(cut | {p for p, executor in home.items() if executor == victim["executor"]})
     out = {}
     for p in lost:
         first = next((e for e in events if e["phase"] == "start" and e["partition"] == p
