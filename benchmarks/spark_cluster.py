@@ -20,7 +20,8 @@ previous run, in %), ``cluster_replayed`` (changelog records replayed per micro-
 the mean over the batches after the first), each with the machine load (``uptime``) at
 the start and end of its runs in the notes; ``cluster_disk`` (the largest executor's
 state dir against its share of the state: one copy of every partition over the
-executors; ``1.0`` = it holds exactly its share).
+executors; ``1.0`` = it holds exactly its share). Then the standby rows of
+:mod:`localstate.benchmarks.spark_standby` (``LOCALSTATE_CLUSTER_STANDBY=0`` leaves them out).
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ STANDALONE = "standalone[3 workers]"
 the run (:class:`~localstate.testing.spark_standalone.StandaloneCluster`)."""
 STANDALONE_ENV = "LOCALSTATE_CLUSTER_STANDALONE"
 """``0``: leave the standalone cluster's runs out of the full suite."""
+STANDBY_ENV = "LOCALSTATE_CLUSTER_STANDBY"
+"""``0``: leave the standby runs (:mod:`localstate.benchmarks.spark_standby`: an executor
+killed with and without standby replicas) out of the suite."""
 SKIPPED_BATCHES = 2
 """Data batches left out of the batch time (the first visits of the Python workers)."""
 
@@ -249,9 +253,14 @@ def run(quick: bool = False, repeats: int = 5, masters: list[str] | None = None)
                 runs.append(result)
                 print(f"{master}: batches ms {[round(x) for x in result.batch_ms]}, moves {result.moves}/"
                       f"{result.runs}, replayed {result.replayed}, load {result.load}", file=sys.stderr)
-        return _rows(runs, sizes, keys)
+        rows = _rows(runs, sizes, keys)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    if os.environ.get(STANDBY_ENV) != "0":
+        from .spark_standby import run as run_standby
+
+        rows += run_standby(quick, repeats)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -760,8 +760,18 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
 
     def stream_id(self, stream: str) -> str:
         """The identity ``stream/stream.json`` was created with (``""``: none recorded, or
-        the stream not opened for writing by this system)."""
-        return self._stream_ids.get(stream, "")
+        no such stream yet). Read (never created) when the stream was not opened for
+        writing here, so a read-only reader names the same log as its writer."""
+        if stream not in self._stream_ids:
+            try:
+                data = self.store.get(f"{stream}/stream.json")
+            except MISSING:
+                return ""
+            try:
+                self._stream_ids[stream] = str(json.loads(data).get("id", ""))
+            except (ValueError, AttributeError):
+                return ""
+        return self._stream_ids[stream]
 
     def stream_partitions(self, stream: str) -> int | None:
         """The partition count the current generation's ``stream.json`` records (read

@@ -345,7 +345,8 @@ def _print_report(report: dict[str, Any], job: bool) -> None:
             ("job", "store", "partition", "local files", "copy of version", "left by", "copy"), rows,
             [(s["job"], s["store"], s["partition"],
               f"{s['files']:,} files, {s['bytes']:,} bytes" if s["files"] else "in memory (no local files)",
-              "" if s.get("copy_version") is None else s["copy_version"], s.get("left_by") or "",
+              "" if s.get("copy_version") is None else s["copy_version"],
+              (s.get("left_by") or "") + (" (standby)" if s.get("copy_role") == "standby" else ""),
               s.get("copy", "")) for s in rows])
         console.print(_table(title("local stores", "stores"), columns, values))
     elif job:

@@ -44,7 +44,10 @@ JOB_KEYS: dict[str, tuple[type, Any]] = {
     "job.partitions": (int, 1),
     "job.changelog.system": (str, "file"),
     "job.checkpoint.system": (str, None),
+    "job.standby.replicas": (int, 0),
 }
+MAX_STANDBY_REPLICAS = 1
+"""Standby copies per task the Spark runner keeps (``job.standby.replicas``)."""
 STORE_KEYS: dict[str, tuple[type, Any]] = {
     "factory": (str, None),
     "changelog": (str, None),
@@ -165,6 +168,12 @@ class Config:
         return self._job["job.partitions"]
 
     @property
+    def standby_replicas(self) -> int:
+        """``job.standby.replicas``: warm copies of each task the Spark runner keeps on other
+        executors (docs/spark.md, "Standby replicas")."""
+        return self._job["job.standby.replicas"]
+
+    @property
     def checkpoint_system(self) -> str:
         return self._job["job.checkpoint.system"]
 
@@ -220,6 +229,14 @@ class Config:
         with collect():
             if self._job["job.partitions"] < 1:
                 raise ConfigError(f"job.partitions = {self._job['job.partitions']}: must be >= 1")
+        with collect():
+            replicas = v.get("job.standby.replicas", 0)
+            whole_float = isinstance(replicas, float) and replicas.is_integer()  # coerce would take 1.0
+            if whole_float or not 0 <= self._job["job.standby.replicas"] <= MAX_STANDBY_REPLICAS:
+                self._job["job.standby.replicas"] = 0
+                raise ConfigError(
+                    f"job.standby.replicas = {replicas!r}: must be a whole number from 0 (no standby copies) to "
+                    f"{MAX_STANDBY_REPLICAS} (one warm copy of each task on another executor)")
 
         store_keys: dict[str, dict[str, Any]] = {}
         system_keys: dict[str, dict[str, Any]] = {}

@@ -4,7 +4,10 @@ and which executor left it there.
 A Spark executor keeps, under its ``job.state.dir``, the copies of the tasks it ran.
 After each commit the runner notes the version beside them::
 
-    <state dir>/<job>/.copies/partition-<p>.json   {"version": V, "executor": E, "written_at": T}
+    <state dir>/<job>/.copies/partition-<p>.json   {"version": V, "executor": E, "role": R, "written_at": T}
+
+``role`` is ``active`` for the copy a task run left, ``standby`` for one kept up to date by
+a follower (:mod:`localstate.standby`).
 
 The record is a hint for housekeeping and inspection (``localstate inspect`` shows it;
 the Spark runner deletes a copy once its partition's owner elsewhere committed past it),
@@ -23,10 +26,14 @@ from typing import Any
 from .config import Config
 from .layout import job_dir
 
-__all__ = ["COPIES", "copy_record_path", "record_copy", "read_copy_record"]
+__all__ = ["COPIES", "ACTIVE_ROLE", "STANDBY_ROLE", "copy_record_path", "record_copy", "read_copy_record"]
 
 COPIES = ".copies"
 """The directory of copy records under ``<state dir>/<job>``."""
+ACTIVE_ROLE = "active"
+"""A copy left by a run of the task."""
+STANDBY_ROLE = "standby"
+"""A copy kept up to date by a standby follower."""
 
 
 def copy_record_path(config: Config, partition: int) -> Path:
@@ -34,13 +41,16 @@ def copy_record_path(config: Config, partition: int) -> Path:
     return job_dir(config) / COPIES / f"partition-{partition}.json"
 
 
-def record_copy(config: Config, partition: int, version: int | None, executor: str) -> None:
+def record_copy(config: Config, partition: int, version: int | None, executor: str, *,
+                role: str = ACTIVE_ROLE) -> None:
     """Note that this state dir's copy of ``partition`` holds committed ``version``, left by
-    ``executor`` (replaced atomically; not fsynced: a lost record only keeps a copy longer)."""
+    ``executor`` as ``role`` (replaced atomically; not fsynced: a lost record only keeps a
+    copy longer)."""
     path = copy_record_path(config, partition)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": version, "executor": executor, "written_at": time.time()}),
+    tmp.write_text(json.dumps({"version": version, "executor": executor, "role": role,
+                               "written_at": time.time()}),
                    encoding="utf-8")
     tmp.replace(path)
 

@@ -145,17 +145,18 @@ def inspect_path(path: Path) -> dict[str, Any]:
 
 
 def _copy_status(jobdir: Path, partition: int, committed: int | None) -> dict[str, Any]:
-    """Whose copy a store directory is and how current: the version and executor its copy
-    record names (:mod:`localstate.copies`), and, when the task's checkpoint was found
+    """Whose copy a store directory is and how current: the version, executor and role
+    (active or standby) its copy record names (:mod:`localstate.copies`), and, when the task's checkpoint was found
     under the same inspected path, ``current`` or ``stale`` against its version."""
     record = read_copy_record(jobdir / COPIES / f"partition-{partition}.json")
     if record is None:
-        return {"copy_version": None, "left_by": None, "copy": "no record"}
+        return {"copy_version": None, "left_by": None, "copy_role": None, "copy": "no record"}
     version = record.get("version")
     status = "unknown (checkpoint not under this path)"
     if isinstance(committed, int) and isinstance(version, int):
         status = "current" if version >= committed else f"stale (committed version {committed})"
-    return {"copy_version": version, "left_by": record.get("executor"), "copy": status}
+    return {"copy_version": version, "left_by": record.get("executor"), "copy_role": record.get("role", "active"),
+            "copy": status}
 
 
 def inspect_remote(url: str, options: Sequence[str] = ()) -> dict[str, Any]:

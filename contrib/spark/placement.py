@@ -23,6 +23,14 @@ with public PySpark and one py4j call:
   (:class:`PlacementParam`) after its tasks committed; Spark keeps only a successful
   attempt's updates, so the registry learns where the committed state is.
 
+**Standby replicas** (``job.standby.replicas = 1``, :mod:`localstate.contrib.spark.standby`):
+the registry also names a standby executor per partition, another than its owner, spread
+evenly (:meth:`Placement.assign_standbys`); after each run that executor brings its copy
+up to the partition's new commit. A run's Spark task prefers its owner and its standby
+alike (both hold the last commit), so when the owner is lost mid-run Spark's retry goes
+to the standby, and a partition whose owner was lost between runs is proposed there: its
+first open replays only what was committed since the last follow.
+
 Placement is a hint, never a source of truth. Which copy of a task's state is used is
 decided by the task's own open (the local copy is checked against the committed
 checkpoint and the changelog; two attempts are kept apart by the partition locks), so a
@@ -45,7 +53,7 @@ import math
 import os
 import shutil
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +65,7 @@ from pyspark.accumulators import AccumulatorParam
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
+    from pyspark.rdd import RDD
     from pyspark.sql import DataFrame
 
 __all__ = [
@@ -65,6 +74,8 @@ __all__ = [
     "live_executors",
     "location",
     "placed",
+    "located",
+    "Locations",
     "unpacked",
     "PAYLOAD_COLUMN",
     "sweep_copies",
@@ -88,6 +99,10 @@ class Placement:
         self.partitions = partitions
         self.owners: dict[int, str] = {}
         """Spark partition → executor id that ran (and committed) it last."""
+        self.standbys: dict[int, str] = {}
+        """Spark partition → the executor keeping its standby copy (:meth:`assign_standbys`)."""
+        self._previous: dict[int, str] = {}
+        """Spark partition → the executor that ran it before its owner (it holds a copy)."""
         self._arrived: dict[int, int] = {}
         self._clock = 0
         self.runs = 0
@@ -95,12 +110,17 @@ class Placement:
         self.moves = 0
         """Of :attr:`runs`, those on another executor than the partition's previous run."""
 
-    def assign(self, executors: Iterable[str]) -> list[str | None]:
+    def assign(self, executors: Iterable[str], *, wait_for_standby: bool = True) -> list[str | None]:
         """The proposed executor of every partition (None: no live executor to propose).
 
         A partition stays with its owner while the owner is in ``executors`` and holds at
         most ``ceil(partitions / len(executors))`` partitions (the longest-held kept
-        first); the rest go one by one to the live executor with the fewest.
+        first); the rest go one by one to their standby executor (:attr:`standbys`) when it
+        is live and below that share (a lost owner's partition: live), else to the live
+        executor with the fewest. With
+        standbys, a partition whose owner lives but holds more than its share stays there
+        until its standby is where it would move (``wait_for_standby``; see
+        :meth:`assign_standbys`), so a move for balance never starts cold.
         """
         alive = sorted(set(executors), key=_executor_order)
         if not alive:
@@ -116,14 +136,61 @@ class Placement:
                 load[owner] += 1
         for p in range(self.partitions):
             if out[p] is None:
-                target = min(alive, key=lambda e: (load[e], _executor_order(e)))
+                standby, owner = self.standbys.get(p), self.owners.get(p)
+                if standby in alive and (load[standby] < share or owner not in alive):
+                    target = standby  # its warm copy (a lost owner's: even above the share, for a run)
+                elif wait_for_standby and self.standbys and owner in alive:
+                    target = owner  # above its share for one more run: its target has no copy yet
+                else:
+                    target = min(alive, key=lambda e: (load[e], _executor_order(e)))
                 out[p] = target
                 load[target] += 1
+        return out
+
+    def assign_standbys(self, executors: Iterable[str], replicas: int) -> list[str | None]:
+        """The standby executor of every partition (None: none), remembered in :attr:`standbys`.
+
+        With ``replicas`` >= 1 and two or more live ``executors``: a partition keeps its
+        standby while that executor is live and is not the partition's owner (a new standby
+        starts from nothing, so standbys are not moved for balance alone); the others go
+        one by one to their previous owner (which still holds a copy) while it is live, not
+        the owner and keeps fewer than ``ceil(partitions / len(executors))`` standbys, else
+        to the live executor other than the owner with the fewest standbys. Last, a partition that
+        the next :meth:`assign` would move (its owner holds more than its share, e.g. after
+        an executor joined) gets the executor it would move to as its standby, so the move
+        finds a warm copy there.
+        """
+        alive = sorted(set(executors), key=_executor_order)
+        if replicas < 1 or len(alive) < 2:
+            self.standbys = {}
+            return [None] * self.partitions
+        share = math.ceil(self.partitions / len(alive))
+        load: Counter[str] = Counter()
+        out: list[str | None] = [None] * self.partitions
+        for cap, choice in ((self.partitions, self.standbys), (share, self._previous)):
+            for p, standby in sorted(choice.items()):
+                if (p < self.partitions and out[p] is None and standby in alive and standby != self.owners.get(p)
+                        and load[standby] < cap):
+                    out[p] = standby
+                    load[standby] += 1
+        for p in range(self.partitions):
+            if out[p] is None:
+                target = min((e for e in alive if e != self.owners.get(p)),
+                             key=lambda e: (load[e], _executor_order(e)))
+                out[p] = target
+                load[target] += 1
+        self.standbys = {p: e for p, e in enumerate(out) if e is not None}
+        for p, target in enumerate(self.assign(alive, wait_for_standby=False)):
+            owner = self.owners.get(p)
+            if owner is not None and target is not None and target != owner:
+                out[p] = self.standbys[p] = target
         return out
 
     def forget(self) -> None:
         """Drop what the registry knows (what the registry of a new driver knows)."""
         self.owners.clear()
+        self.standbys.clear()
+        self._previous.clear()
         self._arrived.clear()
 
     def record(self, ran: Mapping[int, str]) -> None:
@@ -134,6 +201,8 @@ class Placement:
                 self.runs += 1
                 self.moves += before != executor
             if before != executor:
+                if before is not None:
+                    self._previous[p] = before
                 self.owners[p] = executor
                 self._arrived[p] = self._clock
                 self._clock += 1
@@ -199,28 +268,46 @@ def unpacked(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 yield from pa.ipc.open_stream(payload)
 
 
-def placed(df: DataFrame, locations: list[str | None]) -> DataFrame:
-    """``df`` (already partitioned) as one payload row per partition (:func:`unpacked`
-    reads it back), partition ``i`` preferring ``locations[i]`` (:func:`location`; None:
-    no preference). ``len(locations)`` must be ``df``'s number of partitions."""
+Locations = Sequence["str | Sequence[str] | None"]
+"""Per partition: a preferred location (:func:`location`), several (all preferred alike),
+or None (no preference)."""
+
+
+def _as_list(where: str | Sequence[str] | None) -> list[str]:
+    if where is None:
+        return []
+    return [where] if isinstance(where, str) else list(where)
+
+
+def located(sc: SparkContext, locations: Locations) -> RDD[int]:
+    """An RDD of ``len(locations)`` partitions, partition ``i`` holding the one element
+    ``i`` and preferring ``locations[i]`` (see :data:`Locations`): Spark's ``makeRDD`` with
+    location preferences, which PySpark does not expose."""
     from pyspark.rdd import RDD
     from pyspark.serializers import BatchedSerializer, CPickleSerializer
-    from pyspark.sql.types import BinaryType, StructField, StructType
 
-    spark = df.sparkSession
-    sc = spark.sparkContext
-    rows = df.mapInArrow(_pack, StructType([StructField(PAYLOAD_COLUMN, BinaryType(), False)])).rdd
-    # One element per partition on both sides (a zip needs equal counts), pickled as
-    # ``df.rdd``'s batches are, so PySpark zips the two JVM RDDs without re-batching them.
+    # Pickled as ``df.rdd``'s batches are (one batch of one element per partition), so
+    # PySpark zips it with such an RDD without re-batching either.
     jvm = sc._jvm  # noqa: SLF001 - makeRDD with locations has no Python API
     pickle = CPickleSerializer()
-    items = [jvm.scala.Tuple2(bytearray(pickle.dumps([i])), jvm.PythonUtils.toSeq([loc] if loc else []))
-             for i, loc in enumerate(locations)]
+    items = [jvm.scala.Tuple2(bytearray(pickle.dumps([i])), jvm.PythonUtils.toSeq(_as_list(where)))
+             for i, where in enumerate(locations)]
     tag = getattr(jvm.scala.reflect, "ClassTag$").__getattr__("MODULE$").apply(
         jvm.java.lang.Class.forName("[B"))
     jrdd = sc._jsc.sc().makeRDD(jvm.PythonUtils.toSeq(items), tag)  # noqa: SLF001
-    anchors = RDD(jrdd.toJavaRDD(), sc, BatchedSerializer(pickle))
-    payloads = anchors.zip(rows).map(lambda pair: (pair[1][0],))
+    return RDD(jrdd.toJavaRDD(), sc, BatchedSerializer(pickle))
+
+
+def placed(df: DataFrame, locations: Locations) -> DataFrame:
+    """``df`` (already partitioned) as one payload row per partition (:func:`unpacked`
+    reads it back), partition ``i`` preferring ``locations[i]`` (see :data:`Locations`).
+    ``len(locations)`` must be ``df``'s number of partitions."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    spark = df.sparkSession
+    rows = df.mapInArrow(_pack, StructType([StructField(PAYLOAD_COLUMN, BinaryType(), False)])).rdd
+    # One element per partition on both sides (a zip needs equal counts).
+    payloads = located(spark.sparkContext, locations).zip(rows).map(lambda pair: (pair[1][0],))
     return spark.createDataFrame(payloads, StructType([StructField(PAYLOAD_COLUMN, BinaryType(), False)]),
                                  verifySchema=False)
 
@@ -254,10 +341,12 @@ def _remove_leftovers(config: Config) -> None:
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
-def sweep_copies(config: Config, owners: Mapping[int, str], me: str) -> list[int]:
+def sweep_copies(config: Config, owners: Mapping[int, str], me: str,
+                 standbys: Mapping[int, str] | None = None) -> list[int]:
     """Delete this state dir's copies of partitions that ``owners`` (task → executor)
     gives to another executor than ``me`` and whose committed version is past the
-    copy's; returns the partitions deleted.
+    copy's; returns the partitions deleted. A copy ``me`` keeps as the partition's
+    standby (``standbys``: task → executor) is kept.
 
     A copy without a record, one whose partition has no committed version past it, and
     one whose lock is held (an attempt running here) is kept. Each deletion holds the
@@ -265,7 +354,8 @@ def sweep_copies(config: Config, owners: Mapping[int, str], me: str) -> list[int
     that the next open verifies or rebuilds like any other.
     """
     _remove_leftovers(config)
-    candidates = sorted(p for p in _held_partitions(config) if owners.get(p, me) != me)
+    standbys = standbys or {}
+    candidates = sorted(p for p in _held_partitions(config) if owners.get(p, me) != me and standbys.get(p) != me)
     if not candidates:
         return []
     from localstate.store_open import open_system

@@ -99,6 +99,8 @@ class TaskRun:
     """Task → the executor the placement registry gives it this run: copies this
     executor holds of other executors' tasks are swept after the commit
     (:func:`~localstate.contrib.spark.placement.sweep_copies`)."""
+    standbys: Mapping[int, str] | None = None
+    """Task → the executor keeping its standby copy: kept by the sweep."""
 
 
 @dataclass(frozen=True)
@@ -106,9 +108,10 @@ class _PlacedRun:
     """One run's placement: a preferred location per Spark partition, the executor
     proposed per task, and the accumulator the Spark tasks report where they ran to."""
 
-    locations: list[str | None]
+    locations: list[list[str]]
     owners: dict[int, str]
     report: Any
+    standbys: dict[int, str]
 
 
 EXECUTOR_PLACEHOLDER = "{executor}"
@@ -278,7 +281,7 @@ def _after_commit(run: TaskRun, config: Config) -> None:
     me = executor_id()
     run.placement_report.add({_spark_partition_id(): me})
     if run.owners is not None:
-        sweep_copies(config, run.owners, me)
+        sweep_copies(config, run.owners, me, run.standbys)
 
 
 PARTITION_COLUMN = "__localstate_partition"
@@ -395,6 +398,9 @@ class StatefulJob:
     ``affinity`` (default on): on a cluster (executors besides the driver), each run's
     Spark tasks prefer the executor that holds their state
     (:mod:`localstate.contrib.spark.placement`, the registry in :attr:`placement`).
+    With ``job.standby.replicas = 1`` another executor keeps a warm copy of each task,
+    brought up to the task's commit after every run
+    (:mod:`localstate.contrib.spark.standby`; reports in :attr:`standby_follows`).
 
     >>> job = StatefulJob(config, CountViews, key="user_id",          # doctest: +SKIP
     ...                   output_schema="user_id string, views long")
@@ -443,6 +449,10 @@ class StatefulJob:
         self._placement_reports: dict[str, Any] = {}
         self.metrics_accumulator: Any = None
         """Set by :meth:`run_stream`: where the tasks add their state metrics."""
+        self.standby_follows: dict[int, dict[str, Any]] = {}
+        """Per run version (the last :data:`KEPT_BATCH_METRICS`): the standby follow after it,
+        ``{"seconds": wall time of the follow job, "reports": [what each follow did]}``
+        (:func:`~localstate.contrib.spark.standby.follow_standbys`)."""
         self.batch_metrics: dict[int, dict[str, Any]] = {}
         """Per micro-batch id or batch-run version (streaming: the last
         :data:`KEPT_BATCH_METRICS`): the state metrics of its tasks, per store (see
@@ -482,7 +492,8 @@ class StatefulJob:
         run = TaskRun(self.config, self.task, to_arrow_schema(struct), batch_id, self.lock_wait_s,
                       self.metrics_accumulator, in_stream_plan,
                       placement.report if placement is not None else None,
-                      placement.owners if placement is not None else None)
+                      placement.owners if placement is not None else None,
+                      placement.standbys if placement is not None else None)
 
         if in_stream_plan:  # ``in_stream_plan``: see TaskRun.in_stream_plan
             from .metrics import with_metrics_column
@@ -526,7 +537,12 @@ class StatefulJob:
         if not executors:
             return None
         assignment = self.placement.assign(executors)
-        locations = [location(e, executors[e]) if e is not None else None for e in assignment]
+        standbys = [self.placement.standbys.get(i) for i in range(self.spark_tasks)]
+        # With standbys a Spark task prefers its standby as much as its owner: both hold the
+        # last commit (the standby followed it), and a retry after the owner is lost mid-run
+        # then goes where the warm copy is instead of anywhere.
+        locations = [[location(x, executors[x]) for x in (e, s) if x is not None and x in executors]
+                     for e, s in zip(assignment, standbys)]
         owners = self.placement.owner_of_tasks(task_groups(self.num_tasks, self.spark_tasks), assignment)
         # One accumulator per job and SparkContext, emptied before each run (runs of a job
         # are sequential): a new one per micro-batch would stay registered with the context.
@@ -534,7 +550,24 @@ class StatefulJob:
         if report is None:
             report = self._placement_reports[sc.applicationId] = sc.accumulator({}, PlacementParam())
         report.value = {}
-        return _PlacedRun(locations, owners, report)
+        return _PlacedRun(locations, owners, report,
+                          self.placement.owner_of_tasks(task_groups(self.num_tasks, self.spark_tasks), standbys))
+
+    def follow_standbys(self, spark: SparkSession, version: int) -> None:
+        """After run ``version`` committed: the standby executors bring their copies up to
+        it (nothing without ``job.standby.replicas`` or a second executor)."""
+        if self.config.standby_replicas < 1:
+            return
+        from .placement import live_executors
+        from .standby import follow_standbys
+
+        sc = spark.sparkContext
+        t0 = time.perf_counter()
+        reports = follow_standbys(sc, self.config, self.placement, task_groups(self.num_tasks, self.spark_tasks),
+                                  live_executors(sc))
+        self.standby_follows[version] = {"seconds": time.perf_counter() - t0, "reports": reports}
+        for old in sorted(self.standby_follows)[:-KEPT_BATCH_METRICS]:
+            del self.standby_follows[old]
 
     def run(self, df: DataFrame, *, version: int | None = None) -> DataFrame:
         """Batch run — an **action**: repartition ``df`` by key into N tasks, run every
@@ -565,6 +598,7 @@ class StatefulJob:
             self.metrics_accumulator = None
         if placement is not None:
             self.placement.record(placement.report.value)
+            self.follow_standbys(df.sparkSession, version)
         self.batch_metrics[version] = batch_progress(accumulator.value)
         return result
 
@@ -624,6 +658,7 @@ class StatefulJob:
                     result.unpersist()
             if placement is not None:
                 self.placement.record(placement.report.value)
+                self.follow_standbys(result.sparkSession, batch_id)
             self.batch_metrics[batch_id] = batch_progress(metrics_delta(accumulator.value, before))
             for old in sorted(self.batch_metrics)[:-KEPT_BATCH_METRICS]:
                 del self.batch_metrics[old]

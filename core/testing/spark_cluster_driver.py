@@ -40,20 +40,24 @@ from localstate import Config
 from localstate.contrib.spark.placement import Placement
 from localstate.testing.spark import KeyCount, key_count_config, key_count_task
 
-__all__ = ["ForgetfulPlacement", "MisplacingPlacement", "cluster_config", "read_events", "event_batch", "fresh_state", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
+__all__ = ["STANDBY_FOLLOWS", "ForgetfulPlacement", "MisplacingPlacement", "cluster_config", "read_events", "event_batch", "fresh_state", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
 
 INPUT_SCHEMA = "user_id string"
 EVENTS_KEY = "testing.events.dir"
 SLEEP_KEY = "testing.task.sleep.s"
 COMMIT_SLEEP_KEY = "testing.commit.sleep.s"
 JOB_NAME = "cluster"
+STANDBY_FOLLOWS = "standby-follows.json"
+"""Under a stream's root: ``{version: {"seconds": S, "reports": [follow report, ...]}}`` of
+the standby follows after each micro-batch (:attr:`StatefulJob.standby_follows`)."""
 OBJECTSTORE_ENV = "LOCALSTATE_CLUSTER_OBJECTSTORE"
 """``{"endpoint": URL, "bucket": NAME}`` (JSON): keep the changelog and checkpoints on that
 S3 endpoint (objectstore system, prefix = the job root's name) instead of the file changelog."""
 
 
 def cluster_config(
-    root: str | Path, *, partitions: int = 4, task_sleep_s: float = 0.0, commit_sleep_s: float = 0.0
+    root: str | Path, *, partitions: int = 4, task_sleep_s: float = 0.0, commit_sleep_s: float = 0.0,
+    standby_replicas: int = 0,
 ) -> Config:
     """The job's config: rocksdb ``counts``, state per executor, changelog shared.
 
@@ -74,6 +78,7 @@ def cluster_config(
         # run replays the records since its newest snapshot instead (the clean-close claim
         # keeps the copy only after a clean close); the engine's own tests cover that.
         "stores.counts.rocksdb.snapshot.interval.records": 0,
+        "job.standby.replicas": standby_replicas,
     }
     where = os.environ.get(OBJECTSTORE_ENV)
     if where:
@@ -213,11 +218,11 @@ class ForgetfulPlacement(Placement):
 
     forget_at_next_assign = False
 
-    def assign(self, executors: Iterable[str]) -> list[str | None]:
+    def assign(self, executors: Iterable[str], *, wait_for_standby: bool = True) -> list[str | None]:
         if self.forget_at_next_assign:
             self.forget()
             self.forget_at_next_assign = False
-        return super().assign(executors)
+        return super().assign(executors, wait_for_standby=wait_for_standby)
 
 
 class MisplacingPlacement(ForgetfulPlacement):
@@ -227,9 +232,9 @@ class MisplacingPlacement(ForgetfulPlacement):
     of a partition, the registry naming the stale one), which a working registry never
     produces on its own."""
 
-    def assign(self, executors: Iterable[str]) -> list[str | None]:
+    def assign(self, executors: Iterable[str], *, wait_for_standby: bool = True) -> list[str | None]:
         alive = sorted(set(executors), key=lambda e: (len(e), e))
-        out = super().assign(alive)
+        out = super().assign(alive, wait_for_standby=wait_for_standby)
         if len(alive) < 2:
             return out
         return [alive[(alive.index(e) + 1) % len(alive)] if e is not None else None for e in out]
@@ -267,6 +272,8 @@ def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_ta
         output=output,
     )
     query.awaitTermination()
+    if job.standby_follows:
+        _write_json(root / STANDBY_FOLLOWS, {str(v): follow for v, follow in job.standby_follows.items()})
     if progress is not None:
         progress.extend(query.recentProgress)
     last = query.lastProgress
@@ -296,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-affinity", action="store_true", help="stream: StatefulJob(affinity=False)")
     parser.add_argument("--input-format", choices=["json", "parquet"], default="json",
                         help="stream: the input files' format")
+    parser.add_argument("--standby-replicas", type=int, default=0,
+                        help="stream: job.standby.replicas (a warm copy of each task on another executor)")
     parser.add_argument("--spark-tasks", type=int, default=None,
                         help="stream: Spark tasks the tasks run in (default: one per task)")
     args = parser.parse_args(argv)
@@ -308,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             partitions=args.partitions,
             task_sleep_s=args.task_sleep if sleep else 0.0,
             commit_sleep_s=args.commit_sleep if sleep else 0.0,
+            standby_replicas=args.standby_replicas if sleep else 0,
         )
         return config.with_overrides({"job.state.dir": args.state_dir}) if args.state_dir else config
 
