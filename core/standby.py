@@ -217,6 +217,8 @@ def _apply_committed(config: Config, partition: int, spec: StoreSpec, committed:
             if not _keeps_local_copy(engine):
                 return StoreFollow(committed=committed, skipped=f"engine {spec.factory!r} keeps no local copy")
             min_valid = changelog.min_valid_snapshot_offset()
+            # a new standby starts from the snapshot shipped beside the log, not from offset 0
+            changelog.fetch_snapshot(engine, committed, min_valid)
             with engine_phase(spec, "prepare_restore"):
                 start = engine.prepare_restore(committed, min_valid)
             if not (0 <= start <= committed) or (start and start < min_valid):
