@@ -242,7 +242,8 @@ def test_the_windowed_job_with_an_object_cache_is_refused_naming_the_store(tmp_p
     config = job_config(PageViewsPerHour, tmp_path, partitions=1, engine="rocksdb",
                         extra={"stores.hourly.object.cache.size": 20_000})
     batch = pa.record_batch({"ts": pa.array([7200], pa.int64()), "user_id": pa.array(["u1"])})
-    run = runner.TaskRun(config, PageViewsPerHour, PageViewsPerHour.OUTPUT_SCHEMA, batch_id=0)
+    schema = pa.schema([("window_start", pa.int64()), ("user_id", pa.string()), ("views", pa.int64())])  # the DDL's
+    run = runner.TaskRun(config, PageViewsPerHour, schema, batch_id=0)
     with pytest.raises(ConfigError, match="store 'hourly': no columnar access: .*object.cache.size = 0"):
         list(runner.run_partition(run, 0, iter([batch])))
     with TaskStorage(config) as storage:  # nothing was committed

@@ -98,11 +98,15 @@ def test_every_install_command_works_today_or_says_once_published() -> None:
         + "\n".join(wrong))
 
 
+SUITE_COMMAND_END = "pytest -q -n 2 --dist loadfile"
+"""How the README's test command (the one .ci/run runs) ends."""
+
+
 def _readme_install() -> str:
     """The install part of the README's two commands (they must agree)."""
     readme = (ROOT / "README.md").read_text()
     commands = {line.strip().rsplit(" && ", 1)[0] for line in readme.splitlines()
-                if line.startswith("    python3 -m venv .venv") and line.rstrip().endswith(("localstate demo", "pytest -q"))}
+                if line.startswith("    python3 -m venv .venv") and line.rstrip().endswith(("localstate demo", SUITE_COMMAND_END))}
     assert len(commands) == 1, f"the README's two commands install differently: {commands}"
     return commands.pop()
 

@@ -333,12 +333,14 @@ def test_the_cli_reference_shows_every_command(site: Path) -> None:
 
 def test_ci_runs_exactly_the_readme_test_command() -> None:
     """The README promises that its second command is what CI runs."""
+    from tests.test_docs_install import SUITE_COMMAND_END
+
     readme = (ROOT / "README.md").read_text()
     commands = [line.strip() for line in readme.splitlines() if line.startswith("    python3 -m venv .venv")
-                and line.rstrip().endswith(("localstate demo", "pytest -q"))]
+                and line.rstrip().endswith(("localstate demo", SUITE_COMMAND_END))]
     assert len(commands) == 2, commands
     demo, suite = commands
     assert demo.endswith("&& .venv/bin/localstate demo")
-    assert suite.endswith("&& .venv/bin/python -m pytest -q")
+    assert suite.endswith(f"&& .venv/bin/python -m {SUITE_COMMAND_END}")
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert suite in ci, f".ci/run must run the README's test command verbatim: {suite}"

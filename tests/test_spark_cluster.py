@@ -357,8 +357,10 @@ def test_executors_killed_mid_stream_tasks_move_restore_and_stay_exactly_once(
                 rebuilt = leftover_rebuilds and e["restore_start"] == 0 and e["restore_records"] == target
                 assert e["restore_records"] == 0 or rebuilt, e
             else:
+                # from an older local snapshot, or from the snapshot its last commit shipped
+                # beside the changelog (then nothing to replay)
                 moved.append(e)
-                assert e["restore_start"] < target, e
+                assert e["restore_start"] <= target, e
                 assert e["restore_records"] == target - e["restore_start"], e
         model.apply(e)
     assert moved, "no task moved to an executor without its state"
