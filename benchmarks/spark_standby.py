@@ -64,22 +64,10 @@ def _load() -> str:
     return repr(os.getloadavg())
 
 
-def _executor_jvms(driver: int) -> dict[str, int]:
-    from localstate.testing.processes import cmdline, descendants
-    from localstate.testing.spark_standalone import EXECUTOR_MAIN
-
-    out = {}
-    for pid in descendants(driver):
-        args = cmdline(pid)
-        if EXECUTOR_MAIN in args and "--executor-id" in args:
-            out[args[args.index("--executor-id") + 1]] = pid
-    return out
-
-
 def drive_killed(input_dir: Path, root: Path, replicas: int, kill_batch: int = KILL_BATCH) -> KilledRun:
     """The stream with ``job.standby.replicas = replicas``, the executor of the first run of
     ``kill_batch`` seen starting SIGKILLed (the run may be mid-task or past its commit)."""
-    from localstate.testing.processes import descendants, kill_all
+    from localstate.testing.processes import descendants, executor_jvms, kill_all
     from localstate.testing.spark_cluster_driver import STANDBY_FOLLOWS, event_batch, read_events
 
     cmd = [sys.executable, "-m", "localstate.testing.spark_cluster_driver", "stream", "--root", str(root),
@@ -97,7 +85,7 @@ def drive_killed(input_dir: Path, root: Path, replicas: int, kill_batch: int = K
                 if victim is None:
                     for e in read_events(root / "stream"):
                         if e["phase"] == "start" and event_batch(e) == kill_batch:
-                            jvms = _executor_jvms(proc.pid)
+                            jvms = executor_jvms(proc.pid)
                             if e["executor"] in jvms:
                                 os.kill(jvms[e["executor"]], signal.SIGKILL)
                                 victim = {**e, "kill_time": time.time()}

@@ -33,7 +33,7 @@ from localstate import Config
 from localstate.contrib.spark.runner import EXECUTOR_PLACEHOLDER, executor_id, executor_state_dir
 from localstate.contrib.spark.streaming import committed_batches
 from localstate.testing import FULL
-from localstate.testing.processes import cmdline, descendants, kill_all
+from localstate.testing.processes import descendants, executor_jvms, kill_all
 from localstate.testing.spark import read_counts
 from localstate.testing.spark_cluster_driver import (
     cluster_config,
@@ -58,7 +58,6 @@ TASK_SLEEP_S = 0.4
 COMMIT_SLEEP_S = 0.4
 """… and this long after its commit, before its Spark task ends (a window to kill it there)."""
 DRIVER_TIMEOUT_S = 900.0
-EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 
 @dataclass(frozen=True)
@@ -81,16 +80,6 @@ KILLS = (
 
 
 # -- processes (Linux /proc) ---------------------------------------------------------------------
-def _executor_jvms(driver: int) -> dict[str, int]:
-    """The executor JVMs below the driver process: executor id → pid."""
-    out = {}
-    for pid in descendants(driver):
-        args = cmdline(pid)
-        if EXECUTOR_MAIN in args and "--executor-id" in args:
-            out[args[args.index("--executor-id") + 1]] = pid
-    return out
-
-
 # -- the run -----------------------------------------------------------------------------------------
 @dataclass
 class Kill:
@@ -227,7 +216,7 @@ def _run_cluster(root: Path, kills: list[KillPlan]) -> ClusterRun:
                     last_scan = now
                 if pending:
                     found = _kill_target(
-                        pending[0], read_events(root / "stream"), taken, lambda: _executor_jvms(proc.pid)
+                        pending[0], read_events(root / "stream"), taken, lambda: executor_jvms(proc.pid)
                     )
                     if found is not None:
                         target, jvm = found

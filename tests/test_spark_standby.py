@@ -29,7 +29,7 @@ from localstate.contrib.spark.streaming import committed_batches
 from localstate.copies import COPIES, copy_record_path, read_copy_record
 from localstate.layout import store_dir
 from localstate.standby import FOLLOWED, follow
-from localstate.testing.processes import cmdline, descendants, kill_all
+from localstate.testing.processes import descendants, executor_jvms, kill_all
 from localstate.testing.spark import key_count_task, read_counts
 from localstate.testing.spark_cluster_driver import (
     STANDBY_FOLLOWS,
@@ -39,7 +39,6 @@ from localstate.testing.spark_cluster_driver import (
     read_events,
     write_input,
 )
-from localstate.testing.spark_standalone import EXECUTOR_MAIN
 
 pytestmark = pytest.mark.spark
 
@@ -132,15 +131,6 @@ TASK_SLEEP_S = 0.6
 DRIVER_TIMEOUT_S = 900.0
 
 
-def _executor_jvms(driver: int) -> dict[str, int]:
-    out = {}
-    for pid in descendants(driver):
-        args = cmdline(pid)
-        if EXECUTOR_MAIN in args and "--executor-id" in args:
-            out[args[args.index("--executor-id") + 1]] = pid
-    return out
-
-
 def _kill_mid_task(root: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any] | None:
     """SIGKILL the executor of a run of micro-batch >= KILL_FROM_BATCH inside its sleep;
     that run's start event (with ``kill_time``), or None if the driver ended first."""
@@ -152,7 +142,7 @@ def _kill_mid_task(root: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any] 
         for e in events:
             if (e["phase"] == "start" and e["run"] not in closed and event_batch(e) >= KILL_FROM_BATCH
                     and now - e["time"] < TASK_SLEEP_S / 2):
-                jvms = _executor_jvms(proc.pid)
+                jvms = executor_jvms(proc.pid)
                 if e["executor"] in jvms and len(jvms) == EXECUTORS:
                     os.kill(jvms[e["executor"]], signal.SIGKILL)
                     return {**e, "kill_time": time.time()}

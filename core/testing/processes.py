@@ -12,7 +12,10 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["process_stat", "cmdline", "descendants", "alive", "kill_all"]
+__all__ = ["process_stat", "cmdline", "descendants", "alive", "kill_all", "executor_jvms", "EXECUTOR_MAIN"]
+
+EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+"""The main class of a Spark executor JVM (how one is told from the other processes)."""
 
 
 def process_stat(pid: int) -> tuple[int, int] | None:
@@ -68,3 +71,13 @@ def kill_all(seen: dict[int, int]) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def executor_jvms(root: int) -> dict[str, int]:
+    """The Spark executor JVMs below process ``root`` (a driver or a worker): executor id → pid."""
+    out = {}
+    for pid in descendants(root):
+        args = cmdline(pid)
+        if EXECUTOR_MAIN in args and "--executor-id" in args:
+            out[args[args.index("--executor-id") + 1]] = pid
+    return out

@@ -25,13 +25,12 @@ from types import TracebackType
 
 from localstate import LocalStateError
 
-from .processes import cmdline, descendants, kill_all
+from .processes import EXECUTOR_MAIN, descendants, executor_jvms, kill_all
 
 __all__ = ["StandaloneCluster", "WORKER_STATE_ENV", "EXECUTOR_MAIN", "spark_home"]
 
 WORKER_STATE_ENV = "LOCALSTATE_WORKER_STATE_DIR"
 """Set for each worker (and so for its executors) to that worker's local state directory."""
-EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 START_TIMEOUT_S = 120.0
 
 
@@ -105,13 +104,8 @@ class StandaloneCluster:
 
     def executors(self) -> dict[str, tuple[int, int]]:
         """Executor JVMs running now: executor id → (worker index, pid)."""
-        out = {}
-        for i, proc in enumerate(self.processes[1:]):
-            for pid in descendants(proc.pid):
-                args = cmdline(pid)
-                if EXECUTOR_MAIN in args and "--executor-id" in args:
-                    out[args[args.index("--executor-id") + 1]] = (i, pid)
-        return out
+        return {executor: (i, pid) for i, proc in enumerate(self.processes[1:])
+                for executor, pid in executor_jvms(proc.pid).items()}
 
     def stop(self) -> None:
         """Kill the workers' executors, the workers and the master (each by pid)."""
