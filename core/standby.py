@@ -57,7 +57,7 @@ __all__ = ["follow", "FollowResult", "StoreFollow", "FOLLOWED", "CURRENT", "BUSY
 log = logging.getLogger("localstate")
 
 FOLLOWED = "followed"
-"""The copy was brought up to the latest commit (some records applied)."""
+"""The copy was brought up to the latest commit (a shipped snapshot fetched, or records applied)."""
 CURRENT = "current"
 """The copy already equalled the latest commit; nothing was applied."""
 BUSY = "busy"
@@ -76,6 +76,8 @@ class StoreFollow:
     committed: int = 0
     records: int = 0
     skipped: str | None = None
+    fetched: int | None = None
+    """The offset of the snapshot shipped beside the changelog that was fetched, if one was."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ def follow(config: Config, partition: int, *, executor: str = "") -> FollowResul
                 stores[spec.name], followed = _follow_store(config, partition, spec, ckpt, system, checkpoints)
                 version = min(version, followed.version)  # a retry may follow a newer commit
         record_copy(config, partition, version, executor, role=STANDBY_ROLE)
-        status = FOLLOWED if any(s.records for s in stores.values()) else CURRENT
+        status = FOLLOWED if any(s.records or s.fetched is not None for s in stores.values()) else CURRENT
         return FollowResult(partition, status, version, time.perf_counter() - t0, stores)
     finally:
         try:
@@ -218,7 +220,7 @@ def _apply_committed(config: Config, partition: int, spec: StoreSpec, committed:
                 return StoreFollow(committed=committed, skipped=f"engine {spec.factory!r} keeps no local copy")
             min_valid = changelog.min_valid_snapshot_offset()
             # a new standby starts from the snapshot shipped beside the log, not from offset 0
-            changelog.fetch_snapshot(engine, committed, min_valid)
+            fetched = changelog.fetch_snapshot(engine, committed, min_valid)
             with engine_phase(spec, "prepare_restore"):
                 start = engine.prepare_restore(committed, min_valid)
             if not (0 <= start <= committed) or (start and start < min_valid):
@@ -241,7 +243,7 @@ def _apply_committed(config: Config, partition: int, spec: StoreSpec, committed:
             with engine_phase(spec, "persist"):
                 engine.persist(committed)
                 engine.checkpoint(committed)
-            return StoreFollow(start, committed, applied[0])
+            return StoreFollow(start, committed, applied[0], fetched=fetched)
         finally:
             with engine_phase(spec, "close"):
                 engine.close()

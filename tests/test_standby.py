@@ -175,8 +175,9 @@ def test_a_follow_skips_a_task_running_here_and_a_task_without_a_commit(
         lock.release()
     assert not store_dir(job.standby, STORE, 0).exists()
     # a first follow fetches the snapshot shipped after the commit: nothing left to replay
-    assert follow(job.standby, 0).status in (FOLLOWED, CURRENT)
-    assert store_dir(job.standby, STORE, 0).is_dir()
+    first = follow(job.standby, 0)
+    assert first.status == FOLLOWED and first.records == 0 and first.stores[STORE].fetched is not None
+    assert follow(job.standby, 0).status == CURRENT
 
 
 def test_a_follow_writes_nothing_to_the_changelog_or_the_checkpoints(
