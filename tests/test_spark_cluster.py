@@ -364,7 +364,7 @@ def test_executors_killed_mid_stream_tasks_move_restore_and_stay_exactly_once(
             assert victim["version"] == batch  # localstate had committed the batch
         # Other executors re-ran the victim's partition and batch from the version
         # before it (after a commit kill, that is the rollback); the first re-run restored
-        # from the changelog (no live executor held that state locally when the victim
+        # from shared storage (no live executor held that state locally when the victim
         # was chosen), and one of them committed the batch. (A re-run can fail too:
         # its shuffle input may have been on the killed executor.)
         reruns = [
@@ -374,7 +374,9 @@ def test_executors_killed_mid_stream_tasks_move_restore_and_stay_exactly_once(
         ]
         assert reruns, f"{kill}: partition {victim['partition']} batch {batch} was not re-run elsewhere"
         assert all(e["previous_version"] == batch - 1 for e in reruns), reruns
-        assert reruns[0] in moved and reruns[0]["restore_records"] > 0, reruns[0]
+        # (from the snapshot the last commit shipped beside the changelog, then the records
+        # after it: none when that commit took a snapshot, as this driver's commits do)
+        assert reruns[0] in moved, reruns[0]
         assert [e for e in reruns if closes.get(e["run"], {}).get("version") == batch], reruns
     executors = {e["executor"] for e in starts}
     print(
