@@ -59,15 +59,10 @@ class DirectoryStore:
         """Store the immutable file ``path`` as ``key``; its ``(size, CRC32)``."""
         data = path.read_bytes()
         target = self.root / key
-        if not link_file(path, target):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        fsync_dir(target.parent)
+        if link_file(path, target):
+            fsync_dir(target.parent)
+        else:
+            self.put(key, data)
         return len(data), zlib.crc32(data)
 
     def get(self, key: str) -> bytes:

@@ -502,8 +502,11 @@ class FileChangelogPartition(ChangelogPartition):
         if not self._shipping[0]:
             return None
         if self._shipped is None:
-            self._shipped = RemoteSnapshots(DirectoryStore(self.directory), SHIPPED, self.describe(), self._shipping[1])
+            self._shipped = self._shipped_in(self._shipping[1])
         return self._shipped
+
+    def _shipped_in(self, every: int = 0) -> RemoteSnapshots:
+        return RemoteSnapshots(DirectoryStore(self.directory), SHIPPED, self.describe(), every)
 
     def upload_snapshot(self, engine: Any, offset: int) -> bool:
         """After a commit at ``offset`` (its checkpoint is written): ship the engine's
@@ -525,7 +528,7 @@ class FileChangelogPartition(ChangelogPartition):
         since, or opened by a tool)."""
         if not (self.directory / SHIPPED).is_dir():
             return None
-        return self._snapshots() or RemoteSnapshots(DirectoryStore(self.directory), SHIPPED, self.describe())
+        return self._snapshots() or self._shipped_in()
 
     def shipped_snapshots(self) -> list[int]:
         shipped = self._shipped_here()

@@ -39,7 +39,7 @@ from .checkpoint import Checkpoint
 from .config import Config
 from .copies import STANDBY_ROLE, record_copy
 from .engine import StorageEngine, StoreContext, StoreSpec
-from .errors import ChangelogError, CorruptionError, EngineError, LocalStateError, StoreLockedError
+from .errors import ChangelogError, CorruptionError, LocalStateError, StoreLockedError
 from .layout import store_dir, task_lock
 from .locking import io_error
 from .metrics import StoreMetrics
@@ -47,7 +47,7 @@ from .reader import READ_ATTEMPTS, read_checkpoint_readonly
 from .registry import resolve_factory
 from .rescale_copies import check_layout, claim_local_copy, log_identity
 from .serdes import get_serde
-from .store_open import engine_phase, open_system, store_meta, task_partition
+from .store_open import engine_phase, open_system, restore_start, store_meta, task_partition
 
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogSystem
@@ -218,15 +218,8 @@ def _apply_committed(config: Config, partition: int, spec: StoreSpec, committed:
         try:
             if not _keeps_local_copy(engine):
                 return StoreFollow(committed=committed, skipped=f"engine {spec.factory!r} keeps no local copy")
-            min_valid = changelog.min_valid_snapshot_offset()
-            # a new standby starts from the snapshot shipped beside the log, not from offset 0
-            fetched = changelog.fetch_snapshot(engine, committed, min_valid)
-            with engine_phase(spec, "prepare_restore"):
-                start = engine.prepare_restore(committed, min_valid)
-            if not (0 <= start <= committed) or (start and start < min_valid):
-                raise EngineError(
-                    f"store {spec.name!r}: engine {spec.factory!r} chose local state at offset {start}, "
-                    f"outside [{min_valid}, {committed}]; its prepare_restore() is wrong")
+            # as the task's open: a new standby starts from the snapshot shipped beside the log
+            start, fetched = restore_start(spec, engine, changelog, committed)
             applied = [0]
 
             def records() -> Any:

@@ -145,6 +145,24 @@ def _value_format_change(spec: StoreSpec, before: dict[str, str] | None, meta: d
     )
 
 
+def restore_start(spec: StoreSpec, engine: StorageEngine, changelog: ChangelogPartition,
+                  committed: int) -> tuple[int, int | None]:
+    """Where a restore of ``engine`` to ``committed`` starts: ``(L, fetched)``. A changelog
+    that keeps engine snapshots beside the log first puts the newest usable one among the
+    local snapshots (``fetched``: its offset, or None); the engine then picks its state at
+    ``L`` like its own (``prepare_restore``), checked to lie in ``[min_valid, committed]``."""
+    min_valid = changelog.min_valid_snapshot_offset()
+    fetched = changelog.fetch_snapshot(engine, committed, min_valid)
+    with engine_phase(spec, "prepare_restore"):
+        start = engine.prepare_restore(committed, min_valid)
+    if not (0 <= start <= committed) or (start and start < min_valid):
+        raise EngineError(
+            f"store {spec.name!r}: engine {spec.factory!r} chose local state at offset {start}, "
+            f"outside [{min_valid}, {committed}]; its prepare_restore() is wrong"
+        )
+    return start, fetched
+
+
 @dataclass
 class _OpenStore:
     spec: StoreSpec
@@ -333,17 +351,7 @@ class StoreOpening:
         changelog = entry.changelog
         assert changelog is not None
         name = entry.spec.name
-        min_valid = changelog.min_valid_snapshot_offset()
-        # a changelog that keeps engine snapshots beside the log puts the newest usable one
-        # among the local snapshots; the engine then picks it like its own
-        changelog.fetch_snapshot(entry.engine, committed, min_valid)
-        with engine_phase(entry.spec, "prepare_restore"):
-            start = entry.engine.prepare_restore(committed, min_valid)
-        if not (0 <= start <= committed) or (start and start < min_valid):
-            raise EngineError(
-                f"store {name!r}: engine {entry.spec.factory!r} chose local state at offset {start}, "
-                f"outside [{min_valid}, {committed}]; its prepare_restore() is wrong"
-            )
+        start, _ = restore_start(entry.spec, entry.engine, changelog, committed)
         listener = self._listener
         t0 = time.perf_counter()
         state = {"records": 0, "bytes": 0, "last": t0}
