@@ -75,6 +75,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .errors import ConfigError, InvalidValueError
+from .faults import fault_point
 
 __all__ = [
     "Aggregator", "Aggregate", "Count", "Sum", "Min", "Max", "Reduce",
@@ -644,6 +645,7 @@ class WindowedAggregation:
                     rows = self._close_timed(watermark)
                 out = _table(rows)
             self.closed_at = watermark
+            fault_point("windows.after_close")
         else:
             self._apply_pending()
         clock = [(_CLOSED_AT, self.closed_at), (_STREAM_TIME, self.stream_time)]

@@ -444,3 +444,28 @@ def test_the_windowed_port_on_spark_batch_and_stream_equals_the_hand_written_job
         streamed[task] = by_batch
     assert len(streamed[PageViewsPerHour]) == len(hours)
     assert streamed[PageViewsPerHourWindowed] == streamed[PageViewsPerHour]
+
+
+# -- crash trials (core/testing/torture.py, --workload windows) --------------------------------------
+def test_the_windows_workload_closes_windows_and_drops_late_records(tmp_path: Path) -> None:
+    """The crash-free reference: the workload really emits, keeps windows open and drops late records."""
+    from localstate.testing.torture import kill_plan, reference_run
+
+    final = reference_run(kill_plan("rocksdb", (), batches=8, workload="windows"), tmp_path).states[-1]
+    emitted = {k: n for k, n in final.items() if k.startswith("emitted:") and not k.startswith("emitted:late:")}
+    assert len(emitted) > 20 and set(emitted.values()) == {1}
+    assert {k.split(":")[1] for k in emitted} == {"session", "hopping"}
+    assert sum(n for k, n in final.items() if k.startswith("emitted:late:")) > 0
+    assert any(k.startswith("open:sessions:") for k in final) and any(k.startswith("open:hopping:") for k in final)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_kills_around_window_closing_emit_every_window_exactly_once(engine: str, tmp_path: Path) -> None:
+    from localstate.testing.torture import kill_plan, run_trial
+
+    faults = ("windows.after_close=kill@3", "commit.after_changelog_flush=kill@2", "windows.after_close=kill@9",
+              "checkpoint.before_rename=kill@2")
+    result = run_trial(kill_plan(engine, faults, workload="windows"), tmp_path)
+    assert result.ok, result.divergence
+    assert result.crashes == len(faults), "a fault point was not reached: the kill did not happen"
+    assert result.positions[0] == 0 and max(result.positions) > 0

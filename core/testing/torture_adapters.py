@@ -33,6 +33,7 @@ __all__ = [
     "BloomWorkload",
     "SearchWorkload",
     "TtlTimersWorkload",
+    "WindowsWorkload",
     "register_adapter",
     "register_workload",
     "workloads",
@@ -326,6 +327,74 @@ class TtlTimersWorkload(WorkloadAdapter):
                            lambda v: v if type(v) is int else 0)
 
 
+class WindowsWorkload(WorkloadAdapter):
+    """Windowed aggregation over any key-value engine (``--workload windows``).
+
+    Each batch feeds out-of-order records (some late) to session windows on the store
+    under test (per record on odd batches, as an Arrow batch on even ones) and to
+    hopping windows folded in Arrow on a second store of the same engine, then closes
+    both at their stream time. Every closed window is counted into the ``emitted`` store
+    in the same commit as its close, and so are the late records: a window emitted twice
+    shows as a count of 2 (**duplicated**), a lost one as missing, and a window that a
+    restore brought back after it closed as an open window too many (**resurrected**).
+    """
+
+    STEP = 100
+    store_options = {"key.serde": "tuple", "msg.serde": "msgpack", "object.cache.size": 16, "write.batch.size": 8}
+    extra_stores = {
+        "hopping": {"key.serde": "tuple", "msg.serde": "long", "object.cache.size": 0, "write.batch.size": 8},
+        "emitted": {"factory": "memory", "key.serde": "string", "msg.serde": "json", "write.batch.size": 8},
+    }
+    crash_points = ("windows.after_close",)
+    key_value = True
+
+    def open(self, storage: TaskStorage) -> None:
+        from localstate.windows import Hopping, Session, Sum, WindowedAggregation
+
+        from .torture_plans import STORE
+
+        self.storage = storage
+        self.emitted = storage.store("emitted")
+        self.sessions = WindowedAggregation(storage, STORE, Session(60, grace=50), Sum())
+        self.hopping = WindowedAggregation(storage, "hopping", Hopping(200, 100, grace=50), Sum())
+
+    def apply_batch(self, store: KeyValueStore, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        import pyarrow as pa
+
+        records = [(f"k{rng.randrange(keys)}", batch * self.STEP + rng.randint(-2 * self.STEP, self.STEP),
+                    rng.randint(1, 9)) for _ in range(ops)]
+        columns = pa.record_batch({"k": [r[0] for r in records], "t": [r[1] for r in records],
+                                   "v": [r[2] for r in records]})
+        if batch % 2:
+            for k, t, v in records:
+                self.sessions.add(k, t, v)
+        else:
+            self.sessions.add_batch(columns, key="k", time="t", value="v")
+        self.hopping.add_batch(columns, key="k", time="t", value="v")
+        counts: dict[str, int] = {}
+        for kind, op in (("session", self.sessions), ("hopping", self.hopping)):
+            for row in op.close().to_pylist():
+                name = f"{kind}:{row['key']}@{row['window_start']}-{row['window_end']}={row['value']}"
+                counts[name] = counts.get(name, 0) + 1
+            counts[f"late:{kind}@{batch}"] = op.late_records
+            op.late_records = 0
+        have = self.emitted.get_all(list(counts))
+        self.emitted.put_all([(k, have.get(k, 0) + n) for k, n in counts.items()])
+
+    def observe(self, store: KeyValueStore, keys: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, view in (("sessions", store), ("hopping", self.storage.store("hopping"))):
+            with view.all() as it:
+                out.update({f"open:{name}:{k!r}": v for k, v in it})
+        with self.emitted.all() as it:
+            out.update({f"emitted:{k}": n for k, n in it})
+        return out
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        return _by_counter(super().classify(expected, actual), expected, actual,
+                           lambda v: v if type(v) is int else 0)
+
+
 _ADAPTERS: dict[str, Callable[[], WorkloadAdapter]] = {
     "topn": TopNWorkload,
     "bloom": BloomWorkload,
@@ -339,7 +408,7 @@ def register_adapter(engine: str, adapter: Callable[[], WorkloadAdapter]) -> Non
     _ADAPTERS[engine] = adapter
 
 
-_WORKLOADS: dict[str, Callable[[], WorkloadAdapter]] = {"ttl-timers": TtlTimersWorkload}
+_WORKLOADS: dict[str, Callable[[], WorkloadAdapter]] = {"ttl-timers": TtlTimersWorkload, "windows": WindowsWorkload}
 
 
 def register_workload(name: str, adapter: Callable[[], WorkloadAdapter]) -> None:
