@@ -97,6 +97,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
     "stateapi": ("localstate.benchmarks.state_api", "state-query read rate; metrics cost on put/get"),
     "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),
+    "windows": ("localstate.benchmarks.windows", "windowed page views on localstate.windows vs the hand-written "
+                "job (streaming shape, no Spark); the window operator per kind"),
     "rescale": ("localstate.benchmarks.rescale", "localstate rescale 4 -> 6 vs a full restore of the same state"),
     "statesize": ("localstate.benchmarks.state_size", "write and read rates as the state grows (0.1M -> 3M keys, "
                   "10M with LOCALSTATE_FULL=1), rocksdb + file changelog vs raw rocksdict"),

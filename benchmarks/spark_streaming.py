@@ -127,13 +127,15 @@ def spark_tasks_for(spark: Any, spark_tasks: int | None = None) -> int:
 
 
 def localstate_stream(spark: Any, input_dir: Path, root: Path, *, collect: bool = False,
-                      timing_dir: Path | None = None, spark_tasks: int | None = None) -> StreamRun:
-    """:class:`PageViewsPerHour` by :meth:`StatefulJob.run_stream` over ``input_dir`` with
-    fresh state under ``root`` (rocksdb + file changelog), its 4 tasks in
+                      timing_dir: Path | None = None, spark_tasks: int | None = None,
+                      task: type[Any] = PageViewsPerHour) -> StreamRun:
+    """``task`` (default :class:`PageViewsPerHour`) by :meth:`StatefulJob.run_stream` over
+    ``input_dir`` with fresh state under ``root`` (rocksdb + file changelog), its 4 tasks in
     :func:`spark_tasks_for` Spark tasks; with ``timing_dir``, the tasks' timers
     (:func:`timed_task`) are written there."""
-    config = job_config(PageViewsPerHour, root, partitions=TASKS, engine=ENGINE)
-    task = timed_task(PageViewsPerHour, str(timing_dir)) if timing_dir is not None else PageViewsPerHour
+    config = job_config(task, root, partitions=TASKS, engine=ENGINE)
+    if timing_dir is not None:
+        task = timed_task(task, str(timing_dir))
     job = StatefulJob(config, task, key=PageViewsPerHour.KEY, output_schema=PageViewsPerHour.OUTPUT_SCHEMA,
                       spark_tasks=spark_tasks_for(spark, spark_tasks))
     collected: list[pa.Table] = []
