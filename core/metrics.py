@@ -67,6 +67,8 @@ class StoreMetrics:
     commits: int = 0
     records_restored: int = 0
     bytes_restored: int = 0
+    late_records: int = 0
+    """Records a window store dropped because their window had closed (:mod:`localstate.windows`)."""
     restore_seconds: float = 0.0
     flush_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     """Commit steps 1-2 for this store: cache into engine, change logger into a durable changelog."""
@@ -91,7 +93,7 @@ class StoreMetrics:
 
 COUNTER_FIELDS: tuple[str, ...] = (
     "gets", "hits", "misses", "puts", "deletes", "range_scans", "records_logged", "bytes_logged",
-    "commits", "records_restored", "bytes_restored",
+    "commits", "records_restored", "bytes_restored", "late_records",
 )
 """The :class:`StoreMetrics` fields that only grow (exported as counters)."""
 

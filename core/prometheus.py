@@ -47,6 +47,7 @@ STORE_COUNTERS: dict[str, tuple[str, str]] = {
     "commits": ("localstate_store_commits", "Commits that included the store"),
     "records_restored": ("localstate_restore_records", "Change records replayed by restores"),
     "bytes_restored": ("localstate_restore_bytes", "Changelog bytes replayed by restores"),
+    "late_records": ("localstate_window_late_records", "Records dropped by a window store: their window had closed"),
 }
 """StoreMetrics field → (metric name without ``_total``, help); one entry per
 :data:`~localstate.metrics.COUNTER_FIELDS`."""

@@ -381,8 +381,10 @@ class WindowedAggregation:
         self.closed_at: int | None = clock.get(_CLOSED_AT)
         """The watermark of the last :meth:`close` (a record whose window ends, plus grace,
         at or before it is late)."""
+        self._metrics = storage.metrics(store)
         self.late_records = 0
-        """Record-window pairs dropped since this operator was built because the window had closed."""
+        """Record-window pairs dropped since this operator was built because the window had closed
+        (also counted in the store's ``late_records`` metric, ``localstate_window_late_records_total``)."""
         self._pending: list[Any] = []
         self._pending_rows = 0
 
@@ -442,7 +444,7 @@ class WindowedAggregation:
             fresh = starts + size + w.grace > self.closed_at
             late = len(fresh) - int(fresh.sum())
             if late:
-                self.late_records += late
+                self._dropped(late)
                 starts = starts[fresh]
                 take = np.flatnonzero(fresh) if take is None else take[fresh]
         if take is not None:
@@ -496,6 +498,10 @@ class WindowedAggregation:
         first = ts - ts % hop
         return [s for s in range(first, ts - size, -hop)]
 
+    def _dropped(self, n: int) -> None:
+        self.late_records += n
+        self._metrics.late_records += n
+
     def _late(self, end: int) -> bool:
         """Whether a window ending at ``end`` (the close time's base) was closed already."""
         return self.closed_at is not None and end + self.windows.grace <= self.closed_at
@@ -506,7 +512,7 @@ class WindowedAggregation:
         out = []
         for start in self._starts(ts):
             if self._late(start + size):
-                self.late_records += 1
+                self._dropped(1)
                 continue
             k = (start, key)
             acc = store.get(k)
@@ -578,7 +584,7 @@ class WindowedAggregation:
     # -- sliding ------------------------------------------------------------------------------------
     def _add_sliding(self, key: Any, ts: int, value: Any) -> list[WindowResult]:
         if self._late(ts):
-            self.late_records += 1
+            self._dropped(1)
             return []
         agg, store, size = self.aggregator, self.store, self.windows.size  # type: ignore[attr-defined]
         k = (_RECORDS, key, ts)
@@ -610,7 +616,7 @@ class WindowedAggregation:
                     merged.append((s, e))
                     start, end, acc = min(start, s), max(end, e), agg.merge(a, acc)
         if self._late(end + gap):
-            self.late_records += 1
+            self._dropped(1)
             return []
         if merged:
             store.delete_all([k for s, e in merged for k in ((_SESSION, key, s), (e + gap + w.grace, key, s))])

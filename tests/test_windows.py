@@ -232,7 +232,7 @@ def test_late_records_are_dropped_and_counted_never_merged(make_config: Any, eng
         assert rows(op.close()) == [(0, 10, "a", 3)]
         op.add("a", 2)  # [0, 10) is closed: dropped, counted
         op.add_batch(pa.record_batch({"k": ["a", "b"], "t": [4, 12]}), key="k", time="t")
-        assert op.late_records == 2
+        assert op.late_records == 2 and storage.metrics("w").late_records == 2  # the store's metric too
         assert rows(op.close(40)) == [(10, 20, "a", 2), (10, 20, "b", 1)]
         storage.commit({"records": 8})
     # the clock is committed with the windows: a reopened operator still refuses the late record
