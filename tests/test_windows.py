@@ -469,3 +469,17 @@ def test_kills_around_window_closing_emit_every_window_exactly_once(engine: str,
     assert result.ok, result.divergence
     assert result.crashes == len(faults), "a fault point was not reached: the kill did not happen"
     assert result.positions[0] == 0 and max(result.positions) > 0
+
+
+def test_the_bench_suite_quick_form_checks_the_port_and_gives_a_ratio() -> None:
+    from localstate.benchmarks import windows as bench
+    from localstate.benchmarks.registry import SUITES
+
+    assert SUITES["windows"][0] == "localstate.benchmarks.windows"
+    rows = bench.run(quick=True, repeats=1)
+    by = {(r["workload"], r["engine"].split(" ")[0]): r for r in rows}
+    ported = by[("window_stream", "PageViewsPerHourWindowed")]
+    assert ported["baseline"] == "PageViewsPerHour (hand-written)"
+    assert ported["ratio"] == ported["median"] / by[("window_stream", "PageViewsPerHour")]["median"]
+    assert {r["engine"] for r in rows if r["workload"] == "window_operator"} == set(bench.KINDS)
+    assert all(r["median"] > 0 for r in rows)
