@@ -407,9 +407,9 @@ class WindowedAggregation:
 
     def add_batch(self, batch: Any, *, key: str, time: str, value: str | None = None) -> Any:
         """Fold the rows of an Arrow batch (columns ``key``, ``time`` — int or timestamp,
-        no nulls — and ``value`` unless counting). Returns the updated windows as an
-        Arrow table (columns ``window_start``, ``window_end``, ``key``, ``value``) with
-        ``emit="update"``, else None."""
+        no nulls — and ``value`` unless counting). Returns the windows the batch changed,
+        each once with its value after the batch, as an Arrow table (columns
+        ``window_start``, ``window_end``, ``key``, ``value``) with ``emit="update"``, else None."""
         import pyarrow as pa
 
         if batch.num_rows == 0:
@@ -418,9 +418,18 @@ class WindowedAggregation:
         keys = self._column(batch, key, "key")
         values = self._column(batch, value, "value") if value is not None else None
         if not self._vectorised:
-            rows = [self.add(k, t, v) for k, t, v in zip(
-                keys.to_pylist(), times.tolist(), values.to_pylist() if values is not None else [None] * len(times))]
-            return _table([r for rs in rows for r in rs]) if self.emit == "update" else None
+            records = zip(keys.to_pylist(), times.tolist(),
+                          values.to_pylist() if values is not None else [None] * len(times))
+            self._apply_pending()
+            if isinstance(self.windows, Session):
+                changed = self._add_sessions(records)
+            else:  # each changed window once, with its value after the batch
+                last = {(r.window_start, r.window_end, r.key): r for k, t, v in records for r in self.add(k, t, v)}
+                changed = list(last.values())
+            latest = int(times.max())
+            if self.stream_time is None or latest > self.stream_time:
+                self.stream_time = latest
+            return _table(changed) if self.emit == "update" else None
         import numpy as np
         import pyarrow.compute as pc
 
@@ -622,6 +631,50 @@ class WindowedAggregation:
             store.delete_all([k for s, e in merged for k in ((_SESSION, key, s), (e + gap + w.grace, key, s))])
         store.put_all([((_SESSION, key, start), [end, acc]), ((end + gap + w.grace, key, start), 0)])
         return [WindowResult(start, end, key, agg.result(acc))]
+
+    def _add_sessions(self, records: Iterable[tuple[Any, int, Any]]) -> list[WindowResult]:
+        """:meth:`_add_session` for many records: each key's sessions are read once, its
+        records applied in arrival order in memory, and the changes written in one batch.
+        Returns the sessions the records changed, each once, as they stand after them."""
+        agg, store, w = self.aggregator, self.store, self.windows
+        gap, grace = w.gap, w.grace  # type: ignore[attr-defined]
+        by_key: dict[Any, list[tuple[int, Any]]] = {}
+        for k, t, v in records:
+            by_key.setdefault(k, []).append((_time(t, k), v))
+        deletes: list[Any] = []
+        puts: list[tuple[Any, Any]] = []
+        changed: list[WindowResult] = []
+        for key, items in by_key.items():
+            with store.range((_SESSION, key, CLOCK), (_SESSION, key, _MAX)) as stored:
+                before = {s: (e, a) for (_, _, s), (e, a) in stored}
+            sessions = dict(before)
+            touched: set[int] = set()
+            for ts, value in items:
+                start, end, acc = ts, ts, agg.add(agg.initial(), value)
+                merged = [s for s, (e, _) in sessions.items() if s - gap <= ts <= e + gap]
+                for s in merged:
+                    e, a = sessions[s]
+                    start, end, acc = min(start, s), max(end, e), agg.merge(a, acc)
+                if self._late(end + gap):
+                    self._dropped(1)
+                    continue
+                for s in merged:
+                    del sessions[s]
+                    touched.discard(s)
+                sessions[start] = (end, acc)
+                touched.add(start)
+            for s, (e, a) in before.items():
+                if sessions.get(s) != (e, a):
+                    deletes += [(_SESSION, key, s), (e + gap + grace, key, s)]
+            for s in sorted(touched):
+                e, a = sessions[s]
+                puts += [((_SESSION, key, s), [e, a]), ((e + gap + grace, key, s), 0)]
+                changed.append(WindowResult(s, e, key, agg.result(a)))
+        if deletes:
+            store.delete_all(deletes)
+        if puts:
+            store.put_all(puts)
+        return changed
 
     # -- closing ------------------------------------------------------------------------------------
     def close(self, watermark: int | None = None) -> Any:

@@ -206,6 +206,18 @@ def test_sessions_of_shuffled_records_equal_the_offline_split(make_config: Any, 
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+def test_sessions_with_late_records_are_the_same_per_record_and_per_batch(make_config: Any, engine: str) -> None:
+    for seed in range(3):
+        batches = random_batches(seed, n=300, keys=3)
+        got = []
+        for vectorised in (True, False):
+            config = windows_config(make_config, engine)
+            got.append(feed(config, Session(6, grace=10), Sum(), batches, vectorised=vectorised, final=1 << 40))
+            _wipe(config)
+        assert got[0] == got[1] and got[0][1] > 0, "late records were dropped alike"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 def test_a_record_that_bridges_two_sessions_merges_them(make_config: Any, engine: str) -> None:
     config = windows_config(make_config, engine)
     with TaskStorage(config, 0) as storage:
