@@ -692,7 +692,10 @@ class WindowedAggregation:
         out: Any = None
         if watermark is not None and (self.closed_at is None or watermark > self.closed_at):
             if self._vectorised:
-                out = self._close_vectorised(watermark)
+                if self.closed_at is not None and self._last_start(watermark) == self._last_start(self.closed_at):
+                    self._apply_pending()  # no window start became closable: nothing to scan
+                else:
+                    out = self._close_vectorised(watermark)
             else:
                 self._apply_pending()
                 w = self.windows
@@ -711,8 +714,18 @@ class WindowedAggregation:
         self.store.put_all([(k, v) for k, v in clock if v is not None])
         if out is None or out.num_rows == 0:
             return _table([]) if out is None else out
-        return out.take(pc.sort_indices(
-            out, [("window_start", "ascending"), ("key", "ascending"), ("window_end", "ascending")]))
+        order = [("window_start", "ascending"), ("key", "ascending")]
+        if isinstance(self.windows, Session):  # the only kind where a start and key hold two windows
+            order.append(("window_end", "ascending"))
+        return out.take(pc.sort_indices(out, order))
+
+    def _last_start(self, watermark: int) -> int:
+        """The latest tumbling/hopping window start that is closed at ``watermark``.
+        Windows that start at or before it had to be closed by then: a record for one
+        of them arriving later is late."""
+        w = self.windows
+        x = watermark - w.grace - w.size  # type: ignore[attr-defined]
+        return x - x % w.hop  # type: ignore[attr-defined]
 
     def _close_timed(self, watermark: int) -> list[WindowResult]:
         size, agg = self.windows.size, self.aggregator  # type: ignore[attr-defined]
