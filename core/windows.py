@@ -45,6 +45,7 @@ store key                  value                          what
 ========================== ============================== ============================
 ``(CLOCK, "stream_time")`` int                            largest event time fed
 ``(CLOCK, "closed_at")``   int                            watermark of the last close
+``(CLOCK, "shape")``       int                            CRC-32 of the window kind and aggregate
 ``(start, key)``           accumulator                    tumbling / hopping window
 ``(end, key, 0)``          0                              sliding: a window ends at ``end``
 ``(t + size, key, 1)``     0                              sliding: ``t``'s record can go
@@ -65,11 +66,14 @@ Tumbling and hopping windows with a built-in aggregate (:class:`Count`, :class:`
 Arrow: records are grouped per ``(window start, key)`` across batches and go to the
 store once per key per commit interval through the columnar store access
 (:meth:`TaskStorage.columns`); windows that open and close between two commits never
-touch the store. Every other combination folds record by record (the same results).
+touch the store. Session windows fold a batch per key in memory (one read of the key's
+sessions and one write batch); every other combination folds record by record (the same
+results either way).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -88,6 +92,7 @@ CLOCK = -(1 << 63)
 _MAX = (1 << 63) - 1
 _STREAM_TIME = (CLOCK, "stream_time")
 _CLOSED_AT = (CLOCK, "closed_at")
+_SHAPE = (CLOCK, "shape")
 _SESSION, _RECORDS = "s", "r"
 _ENDS, _PURGE = 0, 1
 PENDING_ROWS = 2_000_000
@@ -197,6 +202,8 @@ class Aggregator:
     ``group_by`` aggregation that computes the same fold (the vectorised path), or None."""
 
     arrow: str | None = None
+    merges = True
+    """Whether :meth:`merge` is defined (session and sliding windows need it)."""
 
     def initial(self) -> Any:
         raise NotImplementedError
@@ -297,6 +304,7 @@ class Aggregate(Aggregator):
                  merger: Callable[[Any, Any], Any] | None = None,
                  result: Callable[[Any], Any] | None = None) -> None:
         self.initializer, self.adder, self.merger, self.finish = initializer, adder, merger, result
+        self.merges = merger is not None
 
     def initial(self) -> Any:
         return self.initializer()
@@ -354,6 +362,9 @@ class WindowedAggregation:
         if not isinstance(aggregator, Aggregator):
             raise ConfigError(f"aggregator must be Count(), Sum(), Min(), Max(), Reduce(fn) or Aggregate(...), "
                               f"got {aggregator!r}")
+        if isinstance(windows, (Sliding, Session)) and not aggregator.merges:
+            raise ConfigError(f"{type(windows).__name__.lower()} windows merge accumulators, and the aggregate "
+                              f"{type(aggregator).__name__} has no merge: give Aggregate(...) a merger")
         spec = storage.config.stores.get(store)
         if spec is None:
             raise ConfigError(f"windows are kept in the store {store!r}, which the config does not declare; add "
@@ -375,7 +386,14 @@ class WindowedAggregation:
                             and spec.object_cache_size == 0 and spec.ttl is None)
         if self._vectorised:
             self.columns = storage.columns(store)
-        clock = self.store.get_all([_STREAM_TIME, _CLOSED_AT])
+        clock = self.store.get_all([_STREAM_TIME, _CLOSED_AT, _SHAPE])
+        shape = zlib.crc32(f"{windows!r} {type(aggregator).__name__}".encode())
+        if clock.get(_SHAPE, shape) != shape:
+            raise ConfigError(f"store {store!r} holds windows written with other window or aggregate settings "
+                              f"than {windows!r} with {type(aggregator).__name__}(); its windows would be read "
+                              "wrongly. Declare the windows it was written with, or keep the new ones in a new "
+                              "store (nothing was changed)")
+        self._shape = shape
         self.stream_time: int | None = clock.get(_STREAM_TIME)
         """The largest event time fed so far (committed with the windows)."""
         self.closed_at: int | None = clock.get(_CLOSED_AT)
@@ -710,7 +728,7 @@ class WindowedAggregation:
             fault_point("windows.after_close")
         else:
             self._apply_pending()
-        clock = [(_CLOSED_AT, self.closed_at), (_STREAM_TIME, self.stream_time)]
+        clock = [(_CLOSED_AT, self.closed_at), (_STREAM_TIME, self.stream_time), (_SHAPE, self._shape)]
         self.store.put_all([(k, v) for k, v in clock if v is not None])
         if out is None or out.num_rows == 0:
             return _table([]) if out is None else out

@@ -307,6 +307,26 @@ def test_bad_declarations_are_clear_errors(make_config: Any) -> None:
             WindowedAggregation(storage, "nope", Tumbling(10), Count())
         with pytest.raises(ConfigError, match="emit must be"):
             WindowedAggregation(storage, "s", Tumbling(10), Count(), emit="final")
+        with pytest.raises(ConfigError, match="give Aggregate.* a merger"):
+            WindowedAggregation(storage, "s", Session(10), Aggregate(list, lambda a, v: a + [v]))
+
+
+def test_a_store_written_with_other_windows_is_refused_unchanged(make_config: Any) -> None:
+    config = windows_config(make_config, "rocksdb", "long")
+    with TaskStorage(config, 0) as storage:
+        op = WindowedAggregation(storage, "w", Tumbling(10, grace=5), Count())
+        op.add("a", 3)
+        op.close()
+        storage.commit({"records": 1})
+    for other in (Tumbling(20, grace=5), Tumbling(10, grace=6), Hopping(10, 5, grace=5)):
+        with TaskStorage(config, 0) as storage:
+            with pytest.raises(ConfigError, match="store 'w' holds windows written with other window"):
+                WindowedAggregation(storage, "w", other, Count())
+    with TaskStorage(config, 0) as storage:
+        with pytest.raises(ConfigError, match="other window or aggregate settings"):
+            WindowedAggregation(storage, "w", Tumbling(10, grace=5), Sum())
+        op = WindowedAggregation(storage, "w", Tumbling(10, grace=5), Count())
+        assert rows(op.close(100)) == [(0, 10, "a", 1)]
 
 
 @pytest.mark.parametrize("vectorised", [True, False])
