@@ -271,6 +271,10 @@ def test_emit_on_update_returns_every_change(make_config: Any, engine: str) -> N
         assert op.add("a", 5, 1) == [(-5, 5, "a", 1)]
         assert op.add("a", 12, 2) == [(2, 12, "a", 3)]
         assert op.add("a", 3, 4) == [(-7, 3, "a", 4), (-5, 5, "a", 5), (2, 12, "a", 7)]
+        # the same records as one batch: each changed window once, as it stands after the batch
+        batch = pa.record_batch({"k": ["b", "b", "b", "c"], "t": [5, 12, 3, 40], "v": [1, 2, 4, 9]})
+        changed = op.add_batch(batch, key="k", time="t", value="v")
+        assert sorted(rows(changed)) == [(-7, 3, "b", 4), (-5, 5, "b", 5), (2, 12, "b", 7), (30, 40, "c", 9)]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
