@@ -14,7 +14,7 @@ and the window operator alone.
   windowed rate / hand-written rate (the target: ratio >= 1 / 1.1).
 * ``window_operator``: :class:`~localstate.windows.WindowedAggregation` alone on a memory
   store, no runner and no commit: ``add_batch`` per 10k-row batch and ``close`` after each,
-  per window kind (tumbling and hopping in Arrow; sessions per key in memory; sliding record by record).
+  per window kind (tumbling and hopping in Arrow; sessions per key in memory; sliding a batch per read and write).
 * ``window_stream_spark`` (only with ``--spark``, not in the suite): the two jobs as
   :meth:`StatefulJob.run_stream` queries on the streaming benchmark's Parquet files.
 """
@@ -131,7 +131,7 @@ def _operator_config(root: Path, serde: str) -> Config:
 KINDS: dict[str, tuple[Any, Any, str, bool]] = {
     "tumbling 1h count (Arrow)": (Tumbling(3600, grace=60), Count(), "long", True),
     "hopping 1h/15min count (Arrow)": (Hopping(3600, 900, grace=60), Count(), "long", True),
-    "sliding 10min sum (per record)": (Sliding(600, grace=60), Sum(), "msgpack", False),
+    "sliding 10min sum (a batch per read and write)": (Sliding(600, grace=60), Sum(), "msgpack", False),
     "session 30min sum (per key, in memory)": (Session(1800, grace=60), Sum(), "msgpack", False),
 }
 
