@@ -432,8 +432,9 @@ class WindowedAggregation:
         ``window_start``, ``window_end``, ``key``, ``value``) with ``emit="update"``, else None."""
         import pyarrow as pa
 
+        nothing = _table([]) if self.emit == "update" else None
         if batch.num_rows == 0:
-            return None
+            return nothing
         times = self._time_column(batch, time)
         keys = self._column(batch, key, "key")
         values = self._column(batch, value, "value") if value is not None else None
@@ -485,7 +486,7 @@ class WindowedAggregation:
         if self.stream_time is None or latest > self.stream_time:
             self.stream_time = latest
         if len(starts) == 0:
-            return None
+            return nothing
         self._pending.append(pa.table({"w": starts, "k": keys, "v": values}))
         self._pending_rows += len(starts)
         if self.emit == "update":
