@@ -178,11 +178,11 @@ def drive(master: str, input_dir: Path, root: Path) -> ClusterRun:
     t0 = time.monotonic()
     log = root.with_suffix(".log")
     cluster = None
-    if master == STANDALONE:
+    if _base(master) == STANDALONE:
         cluster = StandaloneCluster(root.with_name(root.name + "-cluster"), workers=3).start()
         cmd += ["--master", cluster.url, "--executors", "3", "--state-dir", f"{{env:{WORKER_STATE_ENV}}}"]
     else:
-        cmd += ["--master", master.removesuffix(NO_AFFINITY).removesuffix(FLOOR)]
+        cmd += ["--master", _base(master)]
     try:
         with log.open("wb") as out:
             proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,

@@ -699,14 +699,28 @@ def spark_session(master: str = "local[*]", app_name: str = "localstate", **conf
         "spark.sql.shuffle.partitions": "8",
         "spark.python.worker.reuse": "true",
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+        # A task that failed on an executor (e.g. its state dir is unusable) is retried on
+        # another one, and an executor where tasks keep failing is left out for a while
+        # (placement proposes only executors Spark has not excluded): without it a retry
+        # goes back to the executor its state preferred, and fails there again.
+        "spark.excludeOnFailure.enabled": "true",
     }
+    match = _LOCAL_CLUSTER.match(master)
+    if match:
+        # Every executor of local-cluster is on this one host: exclude executors, not the
+        # host, or two failures of a task would leave it nowhere to run (Spark wants a task's
+        # attempts per host below spark.task.maxFailures).
+        executors = int(match.group(1))
+        max_failures = int(conf.get("spark.task.maxFailures", 4))
+        defaults.update({"spark.excludeOnFailure.task.maxTaskAttemptsPerNode": str(max(1, max_failures - 1)),
+                         "spark.excludeOnFailure.stage.maxFailedExecutorsPerNode": str(executors + 1),
+                         "spark.excludeOnFailure.application.maxFailedExecutorsPerNode": str(executors + 1)})
     defaults.update({k: str(v) for k, v in conf.items()})
     builder = SparkSession.builder.master(master).appName(app_name)
     for k, v in defaults.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    match = _LOCAL_CLUSTER.match(master)
     if match:
         wait_for_executors(spark, int(match.group(1)))
     return spark
