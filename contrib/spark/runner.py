@@ -63,6 +63,8 @@ __all__ = [
     "spark_task_keys",
     "PARTITION_COLUMN",
     "spark_session",
+    "one_host_exclusion",
+    "wait_for_executors",
 ]
 
 KEPT_BATCH_METRICS = 100
@@ -707,14 +709,7 @@ def spark_session(master: str = "local[*]", app_name: str = "localstate", **conf
     }
     match = _LOCAL_CLUSTER.match(master)
     if match:
-        # Every executor of local-cluster is on this one host: exclude executors, not the
-        # host, or two failures of a task would leave it nowhere to run (Spark wants a task's
-        # attempts per host below spark.task.maxFailures).
-        executors = int(match.group(1))
-        max_failures = int(conf.get("spark.task.maxFailures", 4))
-        defaults.update({"spark.excludeOnFailure.task.maxTaskAttemptsPerNode": str(max(1, max_failures - 1)),
-                         "spark.excludeOnFailure.stage.maxFailedExecutorsPerNode": str(executors + 1),
-                         "spark.excludeOnFailure.application.maxFailedExecutorsPerNode": str(executors + 1)})
+        defaults.update(one_host_exclusion(int(match.group(1)), int(conf.get("spark.task.maxFailures", 4))))
     defaults.update({k: str(v) for k, v in conf.items()})
     builder = SparkSession.builder.master(master).appName(app_name)
     for k, v in defaults.items():
@@ -724,6 +719,16 @@ def spark_session(master: str = "local[*]", app_name: str = "localstate", **conf
     if match:
         wait_for_executors(spark, int(match.group(1)))
     return spark
+
+
+def one_host_exclusion(executors: int, max_failures: int = 4) -> dict[str, str]:
+    """Spark settings for a cluster whose ``executors`` all run on one host (``local-cluster``,
+    a test's standalone workers): exclude a failing executor, never the host, or two failures
+    of one task would leave it nowhere to run. Spark wants a task's attempts per host below
+    ``spark.task.maxFailures`` (``max_failures``)."""
+    return {"spark.excludeOnFailure.task.maxTaskAttemptsPerNode": str(max(1, max_failures - 1)),
+            "spark.excludeOnFailure.stage.maxFailedExecutorsPerNode": str(executors + 1),
+            "spark.excludeOnFailure.application.maxFailedExecutorsPerNode": str(executors + 1)}
 
 
 def wait_for_executors(spark: SparkSession, count: int, timeout_s: float = 120.0) -> None:

@@ -363,14 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         return config.with_overrides({"job.state.dir": args.state_dir}) if args.state_dir else config
 
     t0 = time.monotonic()
-    spark = spark_session(
-        args.master,
-        app_name=f"localstate-cluster-{args.mode}",
-        **{
-            "spark.sql.shuffle.partitions": str(args.partitions),
-            "spark.locality.wait": args.locality_wait,
-        },
-    )
+    conf = {"spark.sql.shuffle.partitions": str(args.partitions), "spark.locality.wait": args.locality_wait}
+    if args.executors:  # a standalone master whose workers all run on this host
+        from localstate.contrib.spark.runner import one_host_exclusion
+
+        conf.update(one_host_exclusion(args.executors))
+    spark = spark_session(args.master, app_name=f"localstate-cluster-{args.mode}", **conf)
     if args.executors:
         from localstate.contrib.spark.runner import wait_for_executors
 
