@@ -1,0 +1,289 @@
+"""Keyed state handles (localstate.keyed): value, list, map, reducing, aggregating, scoped
+to the current key, on the stores' engines, TTL, changelog and restore."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from localstate import ConfigError, InvalidValueError, StateReader, TaskStorage
+from localstate.contrib.spark.task import Emitter, StreamTask, TaskContext
+from localstate.keyed import NO_KEY, Aggregate, NoCurrentKeyError
+
+ENGINES = ["memory", "rocksdb"]
+
+
+def keyed_stores(engine: str, **ttl: Any) -> dict[str, dict[str, Any]]:
+    base = {"factory": engine, "key.serde": "string", "object.cache.size": 100, "write.batch.size": 10}
+    return {
+        "last_seen": {**base, "msg.serde": "long", **ttl},
+        "clicks": {**base, "msg.serde": "json"},
+        "pages": {**base, "key.serde": "tuple", "msg.serde": "long", **ttl},
+        "total": {**base, "msg.serde": "long"},
+        "avg": {**base, "msg.serde": "json"},
+        "plain": {**base, "msg.serde": "json"},
+        "timers": {"factory": engine},
+    }
+
+
+MEAN = Aggregate(create=lambda: [0, 0], add=lambda acc, v: [acc[0] + v, acc[1] + 1],
+                 result=lambda acc: acc[0] / acc[1])
+
+
+def context(storage: TaskStorage) -> TaskContext:
+    return TaskContext(partition=0, partitions=1, config=storage.config, storage=storage)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_value_handle_is_scoped_to_the_current_key(make_config, engine):
+    with TaskStorage(make_config(**keyed_stores(engine))) as st:
+        keyed = context(st).keyed
+        last = keyed.value("last_seen", int, key_type=str)
+        keyed.key = "ann"
+        assert last.get() is None and last.get(-1) == -1 and not last.exists()
+        last.update(5)
+        keyed.key = "bob"
+        assert last.get() is None
+        last.update(7)
+        keyed.key = "ann"
+        assert last.get() == 5 and last.exists()
+        last.clear()
+        assert last.get() is None
+        assert dict(st.store("last_seen").items()) == {"bob": 7}  # the layout: the key itself
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_list_handle(make_config, engine):
+    with TaskStorage(make_config(**keyed_stores(engine))) as st:
+        keyed = context(st).keyed
+        clicks = keyed.list("clicks", str)
+        keyed.key = "ann"
+        assert clicks.get() == [] and not clicks.exists()
+        clicks.add("a")
+        clicks.add_all(["b", "c"])
+        got = clicks.get()
+        got.append("not stored")  # get() is a copy
+        assert clicks.get() == ["a", "b", "c"]
+        keyed.key = "bob"
+        clicks.update(["x"])
+        assert clicks.get() == ["x"]
+        clicks.update([])
+        assert not clicks.exists()
+        keyed.key = "ann"
+        assert clicks.get() == ["a", "b", "c"]
+        clicks.clear()
+        assert clicks.get() == []
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_map_handle_iterates_one_keys_entries_only(make_config, engine):
+    with TaskStorage(make_config(**keyed_stores(engine))) as st:
+        keyed = context(st).keyed
+        pages = keyed.map("pages", str, int)
+        for user, entries in {"an": {"p1": 1, "p2": 2}, "ann": {"p0": 9}, "anna": {"p3": 3}}.items():
+            keyed.key = user
+            pages.put_all(entries)
+        keyed.key = "ann"  # a prefix of "anna" as a string: not as a tuple element
+        assert list(pages.items()) == [("p0", 9)]
+        keyed.key = "an"
+        assert list(pages.keys()) == ["p1", "p2"] and list(pages.values()) == [1, 2]
+        assert pages.get("p1") == 1 and pages.get("zz", 0) == 0 and pages.contains("p2")
+        pages.put("p1", 10)
+        pages.remove("p2")
+        pages.remove("absent")
+        assert dict(pages.items()) == {"p1": 10}
+        pages.clear()
+        assert pages.is_empty() and not pages.exists()
+        keyed.key = "anna"
+        assert dict(pages.items()) == {"p3": 3}
+        assert sorted(st.store("pages").keys()) == [("ann", "p0"), ("anna", "p3")]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_reducing_and_aggregating_handles(make_config, engine):
+    with TaskStorage(make_config(**keyed_stores(engine))) as st:
+        keyed = context(st).keyed
+        total = keyed.reducing("total", lambda a, b: a + b, int)
+        avg = keyed.aggregating("avg", MEAN, list)
+        for user, v in [("ann", 2), ("bob", 10), ("ann", 4)]:
+            keyed.key = user
+            total.add(v)
+            avg.add(v)
+        keyed.key = "ann"
+        assert total.get() == 6 and avg.get() == 3.0
+        keyed.key = "bob"
+        assert total.get() == 10 and avg.get() == 10.0
+        avg.clear()
+        assert avg.get() is None and not avg.exists()
+        keyed.key = "cid"
+        assert total.get() is None and avg.get() is None
+
+
+def test_no_current_key_is_an_error(make_config):
+    with TaskStorage(make_config(**keyed_stores("memory"))) as st:
+        keyed = context(st).keyed
+        handles = [keyed.value("last_seen", int), keyed.list("clicks"), keyed.map("pages", str, int),
+                   keyed.reducing("total", max, int), keyed.aggregating("avg", MEAN)]
+        assert keyed.key is NO_KEY
+        for handle in handles:
+            with pytest.raises(NoCurrentKeyError, match="no current key.*context.keyed.key"):
+                handle.get() if not hasattr(handle, "put") else handle.get("p")
+        with pytest.raises(NoCurrentKeyError):
+            handles[0].update(1)
+
+
+def test_a_value_of_the_wrong_type_is_refused_before_anything_is_written(make_config):
+    with TaskStorage(make_config(**keyed_stores("memory"))) as st:
+        keyed = context(st).keyed
+        last, clicks = keyed.value("last_seen", int), keyed.list("clicks", str)
+        pages, total = keyed.map("pages", str, int), keyed.reducing("total", lambda a, b: str(a + b), int)
+        keyed.key = "ann"
+        for call, match in [(lambda: last.update("5"), "values are int, got str '5'"),
+                            (lambda: last.update(None), "None; use clear"),
+                            (lambda: clicks.add_all(["ok", 3]), "elements are str, got int 3"),
+                            (lambda: pages.put(1, 1), "map keys are str, got int 1"),
+                            (lambda: pages.put_all({"a": 1, "b": "x"}), "values are int, got str 'x'"),
+                            (lambda: total.add(1.5), "values are int, got float")]:
+            with pytest.raises(InvalidValueError, match=match):
+                call()
+            assert "nothing was written" in str(pytest.raises(InvalidValueError, call).value)
+        total.add(1)
+        with pytest.raises(InvalidValueError, match="reduce results are int, got str '2'"):
+            total.add(1)
+        assert total.get() == 1
+        for name in ("last_seen", "clicks", "pages"):
+            assert list(st.store(name).items()) == []
+
+
+def test_declaration_errors(make_config):
+    stores = keyed_stores("memory")
+    stores["heap"] = {"factory": "topn", "topn.size": 3}
+    with TaskStorage(make_config(**stores)) as st:
+        ctx = context(st)
+        keyed = ctx.keyed
+        ctx.store("plain")
+        with pytest.raises(ConfigError, match="'plain' is already the task's plain store"):
+            keyed.value("plain")
+        with pytest.raises(ConfigError, match="'timers' is already the task's timer store"):
+            keyed.value("timers")
+        keyed.value("last_seen", int)
+        with pytest.raises(ConfigError, match="declared twice"):
+            keyed.map("last_seen")
+        with pytest.raises(ConfigError, match="handle 'last_seen'"):
+            ctx.store("last_seen")
+        with pytest.raises(ConfigError, match="does not declare.*stores.last_sen.factory.*Did you mean 'last_seen'"):
+            keyed.value("last_sen")
+        with pytest.raises(ConfigError, match=r"stores.heap.factory = 'topn' is not an ordered key-value"):
+            keyed.map("heap")
+        with pytest.raises(ConfigError, match="key.serde = tuple.*it has 'string'"):
+            keyed.map("clicks")
+        with pytest.raises(ConfigError, match="keyed value state 'total'.*asked for values of type str"):
+            keyed.value("total", str)
+        with pytest.raises(ConfigError, match="keyed list state 'total'.*type list"):
+            keyed.list("total")
+
+
+class LastSeen(StreamTask):
+    """Per record: the key's previous timestamp and a timer; on_timer reads the key's state."""
+
+    def init(self, context: TaskContext) -> None:
+        self.last = context.keyed.value("last_seen", int)
+        self.clicks = context.keyed.list("clicks", str)
+        self.timers = context.timers
+
+    def process(self, record: dict[str, Any], emit: Emitter) -> None:
+        emit({"user": record["user"], "previous": self.last.get(), "clicks": len(self.clicks.get())})
+        self.last.update(record["ts"])
+        self.clicks.add(record["page"])
+        self.timers.register(record["user"], record["ts"] + 100)
+
+    def on_timer(self, key: Any, ts: int, emit: Emitter) -> None:
+        emit({"user": key, "previous": self.last.get(), "clicks": -len(self.clicks.get())})
+        self.clicks.clear()
+
+
+OUT = pa.schema([("user", pa.string()), ("previous", pa.int64()), ("clicks", pa.int64())])
+
+
+def run_last_seen(storage: TaskStorage, rows: list[dict[str, Any]], key_column: str | None = "user") -> list[dict]:
+    task = LastSeen()
+    ctx = TaskContext(partition=0, partitions=1, config=storage.config, storage=storage, key_column=key_column)
+    task.init(ctx)
+    emit = Emitter(OUT)
+    batch = pa.RecordBatch.from_pylist(rows)
+    ctx.observe_event_time(task, batch) if task.event_time_column else None
+    ctx.process(task, batch, emit)
+    storage.advance_event_time(max(r["ts"] for r in rows) + 1000)
+    ctx.fire_timers(task, emit)
+    assert ctx.keyed.key is NO_KEY  # not left at the last record's key
+    return [r for b in emit.drain() for r in b.to_pylist()]
+
+
+def test_the_runner_scopes_process_and_on_timer_to_the_key(make_config):
+    with TaskStorage(make_config(**keyed_stores("rocksdb"))) as st:
+        rows = [{"user": "ann", "ts": 1, "page": "a"}, {"user": "bob", "ts": 2, "page": "b"},
+                {"user": "ann", "ts": 3, "page": "c"}]
+        out = run_last_seen(st, rows)
+        assert out[:3] == [{"user": "ann", "previous": None, "clicks": 0}, {"user": "bob", "previous": None, "clicks": 0},
+                           {"user": "ann", "previous": 1, "clicks": 1}]
+        assert out[3:] == [{"user": "ann", "previous": 3, "clicks": -2},  # timers in (ts, key) order: 101,
+                           {"user": "bob", "previous": 2, "clicks": -1},  # 102, then ann's second at 103
+                           {"user": "ann", "previous": 3, "clicks": 0}]
+        with pytest.raises(NoCurrentKeyError):  # no key column known: process has no key
+            run_last_seen(st, rows, key_column=None)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_handles_are_changelogged_and_restored_exactly(make_config, engine, tmp_path):
+    config = make_config(**keyed_stores(engine))
+    with TaskStorage(config) as st:
+        keyed = context(st).keyed
+        last, pages, avg = keyed.value("last_seen", int), keyed.map("pages", str, int), keyed.aggregating("avg", MEAN)
+        for i, user in enumerate(["ann", "bob", "ann", "cid"]):
+            keyed.key = user
+            last.update(i)
+            pages.put(f"p{i}", i)
+            avg.add(i)
+        keyed.key = "cid"
+        pages.clear()
+        st.commit(input_position=4)
+        keyed.key = "ann"
+        last.update(99)  # never committed: gone after the restore
+        pages.put("uncommitted", 1)
+        st.store("last_seen").flush()
+    import shutil
+
+    shutil.rmtree(tmp_path / "state")  # the local copy lost: rebuilt from the changelog alone
+    with TaskStorage(config) as st:
+        keyed = context(st).keyed
+        last, pages, avg = keyed.value("last_seen", int), keyed.map("pages", str, int), keyed.aggregating("avg", MEAN)
+        keyed.key = "ann"
+        assert last.get() == 2 and dict(pages.items()) == {"p0": 0, "p2": 2} and avg.get() == 1.0
+        keyed.key = "cid"
+        assert last.get() == 3 and pages.is_empty() and avg.get() == 3.0
+    with StateReader(config, 0) as reader:
+        assert reader.get("last_seen", "bob") == 1 and reader.get("pages", ("ann", "p2")) == 2
+
+
+def test_ttl_per_handle_hides_expired_entries_also_from_the_reader(make_config):
+    ttl = {"ttl.ms": 100, "ttl.time": "event"}
+    config = make_config(**keyed_stores("rocksdb", **ttl))
+    with TaskStorage(config) as st:
+        keyed = context(st).keyed
+        last, pages, clicks = keyed.value("last_seen", int), keyed.map("pages", str, int), keyed.list("clicks", str)
+        st.advance_event_time(0)
+        keyed.key = "ann"
+        last.update(1)
+        pages.put("old", 1)
+        clicks.add("kept")  # the clicks store has no TTL
+        st.advance_event_time(60)
+        pages.put("new", 2)
+        st.advance_event_time(100)  # last_seen and pages/old expire at 100; pages/new at 160
+        assert last.get() is None and not last.exists()
+        assert dict(pages.items()) == {"new": 2} and pages.get("old") is None
+        assert clicks.get() == ["kept"]
+        st.commit(input_position=1)
+    with StateReader(config, 0) as reader:
+        assert reader.get("last_seen", "ann") is None and reader.get("pages", ("ann", "old")) is None
+        assert reader.get("pages", ("ann", "new")) == 2
