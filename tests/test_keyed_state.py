@@ -3,6 +3,7 @@ to the current key, on the stores' engines, TTL, changelog and restore."""
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Any
 
 import pyarrow as pa
@@ -328,3 +329,106 @@ def test_random_trials_of_the_keyed_workload(tmp_path):
     report = run_trials("rocksdb", "file", 4 if FULL else 2, seed=31, batches=8, workload=KEYED_WORKLOAD,
                         workdir=tmp_path)
     assert not report.divergences, report.summary()["first_divergence"]
+
+
+# -- the example job: per-user sessions (contrib/spark/job_keyed.py) ------------------------------
+GAP = 30 * 60 * 1000
+
+
+def session_input(users: int, seed: int, start_ms: int) -> list[dict[str, Any]]:
+    """Views per user with in-session gaps of 1-10 min and session gaps of 40 min-3 h, in time order."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for u in range(users):
+        ts = start_ms + rng.randrange(GAP)
+        for _ in range(rng.randrange(3, 25)):
+            rows.append({"ts_ms": ts, "user_id": f"user{u}", "page": f"/p{rng.randrange(5)}",
+                         "duration_ms": rng.randrange(100, 5000)})
+            ts += rng.choice([rng.randrange(60_000, 600_000)] * 3 + [rng.randrange(40 * 60_000, 3 * 3600_000)])
+    return sorted(rows, key=lambda r: (r["ts_ms"], r["user_id"]))
+
+
+def oracle_sessions(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, int, int]]]:
+    """``user -> [(start, end, views), ...]`` split at gaps of GAP or more."""
+    out: dict[str, list[list[int]]] = {}
+    for r in rows:
+        sessions = out.setdefault(r["user_id"], [])
+        if sessions and r["ts_ms"] < sessions[-1][1] + GAP:
+            sessions[-1][1] = r["ts_ms"]
+            sessions[-1][2] += 1
+        else:
+            sessions.append([r["ts_ms"], r["ts_ms"], 1])
+    return {u: [tuple(s) for s in ss] for u, ss in out.items()}  # type: ignore[misc]
+
+
+def emitted_and_open(config: Any, emitted: list[dict[str, Any]]) -> dict[str, list[tuple[int, int, int]]]:
+    """The sessions the job emitted plus those still open in its committed state."""
+    got: dict[str, list[tuple[int, int, int]]] = {}
+    for r in emitted:
+        got.setdefault(r["user_id"], []).append((r["session_start"], r["session_end"], r["views"]))
+    for p in range(config.partitions):
+        with StateReader(config, p) as reader, reader.store("session").all() as it:
+            for user, (start, end, views, _total) in it:
+                got.setdefault(user, []).append((start, end, views))
+    return {u: sorted(ss) for u, ss in got.items()}
+
+
+def test_user_sessions_example_without_spark(make_config, tmp_path):
+    from localstate.contrib.spark.job_keyed import UserSessions
+    from localstate.contrib.spark.jobs import job_config
+
+    config = job_config(UserSessions, tmp_path, partitions=1, engine="rocksdb")
+    rows = session_input(12, seed=3, start_ms=1_700_000_000_000)
+    out: list[dict[str, Any]] = []
+    schema = pa.schema([(f.split()[0], pa.int64() if f.split()[1] == "long" else pa.string())
+                        for f in UserSessions.OUTPUT_SCHEMA.split(", ")])
+    with TaskStorage(config) as st:
+        task = UserSessions()
+        ctx = TaskContext(partition=0, partitions=1, config=config, storage=st, key_column="user_id")
+        task.init(ctx)
+        emit = Emitter(schema)
+        for i in range(0, len(rows), 17):
+            batch = pa.RecordBatch.from_pylist(rows[i:i + 17])
+            ctx.observe_event_time(task, batch)
+            ctx.process(task, batch, emit)
+            ctx.fire_timers(task, emit)
+        out = [r for b in emit.drain() for r in b.to_pylist()]
+        st.commit(input_position=len(rows))
+    assert emitted_and_open(config, out) == oracle_sessions(rows)
+    by_user: dict[str, list[dict[str, Any]]] = {}
+    for r in out:
+        by_user.setdefault(r["user_id"], []).append(r)
+    for sessions in by_user.values():
+        assert [s["session_no"] for s in sessions] == list(range(1, len(sessions) + 1))
+        assert [s["lifetime_views"] for s in sessions] == list(accumulate(s["views"] for s in sessions))
+        assert all(s["distinct_pages"] <= 5 and len(s["last_pages"].split(",")) <= 3 for s in sessions)
+
+
+def test_user_sessions_example_on_spark_restores_and_continues(spark, tmp_path):
+    """The example through StatefulJob (the runner scopes process and on_timer to user_id):
+    two runs, the local state deleted between them, so the second restores every handle
+    from its changelog; emitted + open sessions equal the exact sessions after each."""
+    import shutil
+
+    from localstate.contrib.spark.job_keyed import UserSessions
+    from localstate.contrib.spark.jobs import job_config
+    from localstate.contrib.spark.runner import StatefulJob
+
+    config = job_config(UserSessions, tmp_path, partitions=2, engine="rocksdb")
+    job = StatefulJob(config, UserSessions, key="user_id", output_schema=UserSessions.OUTPUT_SCHEMA)
+    first = session_input(10, seed=5, start_ms=1_700_000_000_000)
+    later = session_input(10, seed=6, start_ms=first[-1]["ts_ms"] + 4 * 3600_000)
+    emitted: list[dict[str, Any]] = []
+    seen: list[dict[str, Any]] = []
+    for rows in (first, later):
+        seen += rows
+        df = spark.createDataFrame(pa.Table.from_pylist(rows).to_pandas()).coalesce(1)  # time order kept
+        emitted += [r.asDict() for r in job.run(df).collect()]
+        assert emitted_and_open(config, emitted) == oracle_sessions(seen)
+        shutil.rmtree(tmp_path / "state")
+    assert any(r["session_start"] >= later[0]["ts_ms"] for r in emitted)
+    for r in emitted:  # the reducing handle counted every view up to the session's end, across the restore
+        assert r["lifetime_views"] == sum(1 for v in seen if v["user_id"] == r["user_id"]
+                                          and v["ts_ms"] <= r["session_end"])
