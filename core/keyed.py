@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from .errors import ConfigError, InvalidValueError, LocalStateError
 from .kv import KeyValueStore
@@ -114,15 +114,19 @@ class KeyedState:
         """The names of the declared handles (= their stores)."""
         return list(self._handles)
 
-    def value(self, name: str, value_type: type[V] = object, *, key_type: type = object) -> ValueState[V]:
+    # (a default of ``object`` means "unchecked": a type checker then sees ``object``)
+    def value(self, name: str, value_type: type[V] = object, *,  # type: ignore[assignment]
+              key_type: type = object) -> ValueState[V]:
         """A value per key (Flink's ``ValueState``, Spark's ``ValueState``)."""
         return ValueState(self, self._open(name, "value", key_type, value_type), name, value_type)
 
-    def list(self, name: str, element_type: type[T] = object, *, key_type: type = object) -> ListState[T]:
+    def list(self, name: str, element_type: type[T] = object, *,  # type: ignore[assignment]
+             key_type: type = object) -> ListState[T]:
         """A list per key, kept as one value (``msg.serde`` json or msgpack)."""
         return ListState(self, self._open(name, "list", key_type, list), name, element_type)
 
-    def map(self, name: str, map_key_type: type[MK] = object, value_type: type[V] = object) -> MapState[MK, V]:
+    def map(self, name: str, map_key_type: type[MK] = object,  # type: ignore[assignment]
+            value_type: type[V] = object) -> MapState[MK, V]:  # type: ignore[assignment]
         """A map per key (Flink's ``MapState``), one store entry per map entry under
         ``(key, map_key)`` (``key.serde = tuple``)."""
         store = self._open(name, "map", object, value_type)
@@ -135,8 +139,8 @@ class KeyedState:
             )
         return MapState(self, store, name, map_key_type, value_type)
 
-    def reducing(self, name: str, reduce: Callable[[V, V], V], value_type: type[V] = object, *,
-                 key_type: type = object) -> ReducingState[V]:
+    def reducing(self, name: str, reduce: Callable[[V, V], V],
+                 value_type: type[V] = object, *, key_type: type = object) -> ReducingState[V]:  # type: ignore[assignment]
         """A value per key that ``add`` folds new values into with ``reduce(old, new)``
         (Flink's ``ReducingState``)."""
         if not callable(reduce):
@@ -239,6 +243,11 @@ class ValueState(_Handle, Generic[V]):
     def __init__(self, scope: KeyedState, store: KeyValueStore[Any, Any], name: str, value_type: type[V]) -> None:
         super().__init__(scope, store, name)
         self._get, self._put, self._type = store.get, store.put, value_type
+
+    @overload
+    def get(self) -> V | None: ...
+    @overload
+    def get(self, default: V) -> V: ...
 
     def get(self, default: V | None = None) -> V | None:
         """The current key's value, or ``default`` when it has none (or it expired)."""
@@ -367,7 +376,13 @@ class MapState(_Handle, Generic[MK, V]):
     def _entry(self, map_key: Any) -> tuple[Any, Any]:
         return self._key(), self._checked(map_key, self._mk_type, "map keys are")
 
+    @overload
+    def get(self, map_key: MK) -> V | None: ...
+    @overload
+    def get(self, map_key: MK, default: V) -> V: ...
+
     def get(self, map_key: MK, default: V | None = None) -> V | None:
+        """The current key's entry ``map_key``, or ``default``."""
         return self._store.get(self._entry(map_key), default)
 
     def contains(self, map_key: MK) -> bool:

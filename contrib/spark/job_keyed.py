@@ -44,7 +44,7 @@ def _add_view(acc: list[int], view: tuple[int, int]) -> list[int]:
     return [min(acc[0], ts), max(acc[1], ts), acc[2] + 1, acc[3] + duration]
 
 
-SESSION = Aggregate(create=lambda: [1 << 62, -(1 << 62), 0, 0], add=_add_view)
+SESSION: Aggregate[tuple[int, int], list[int], list[int]] = Aggregate(create=lambda: [1 << 62, -(1 << 62), 0, 0], add=_add_view)
 """The ``session`` handle's fold: ``[start, end, views, total_ms]``."""
 
 
