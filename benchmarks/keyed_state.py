@@ -12,7 +12,7 @@ One task (``TaskStorage``) with two stores of the same spec per engine — ``raw
   ``s[(k, "n")] = s.get((k, "n"), 0) + 1``;
 * ``reducing add``: ``keyed.key = k; r.add(1)`` vs ``s[k] = s.get(k, 0) + 1``.
 
-Rates in records/s; raw and handle runs alternate, and ``ratio`` (handle rate / raw rate,
+Rates in records/s; raw and handle runs alternate (at least 9 pairs, ``repeats`` with --quick), and ``ratio`` (handle rate / raw rate,
 as every suite's ratio) is the median of the paired ratios, so load that changes during
 the run hits both sides of a pair alike. The cost of a handle is ``1 / ratio`` (1.0 =
 free; the target is <= 1.1, i.e. ``ratio >= 0.91``).
@@ -157,7 +157,7 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
             continue
         root = Path(tempfile.mkdtemp(prefix="localstate-keyed-"))
         try:
-            rows += _engine_rows(engine, records, max(repeats, 3 if not quick else 1), root)
+            rows += _engine_rows(engine, records, repeats if quick else max(repeats, 9), root)
         except Exception as e:  # one engine's failure is a cell, not the end of the suite
             rows.append(error_row("keyed value get+update", engine, {"records": records}, "records/s",
                                   f"{type(e).__name__}: {e}"))

@@ -432,3 +432,33 @@ def test_user_sessions_example_on_spark_restores_and_continues(spark, tmp_path):
     for r in emitted:  # the reducing handle counted every view up to the session's end, across the restore
         assert r["lifetime_views"] == sum(1 for v in seen if v["user_id"] == r["user_id"]
                                           and v["ts_ms"] <= r["session_end"])
+
+
+def test_localstate_get_and_dump_hide_a_handles_expired_entries(tmp_path):
+    """Processing-time TTL: the CLI reads the committed state with the task's visibility rule."""
+    import time
+
+    from click.testing import CliRunner
+    from localstate import Config
+    from localstate.cli import cli
+
+    props = tmp_path / "job.properties"
+    props.write_text(f"job.name = keyed\njob.state.dir = {tmp_path}/state\nsystems.file.path = {tmp_path}/log\n"
+                     "stores.cart.factory = rocksdb\nstores.cart.key.serde = tuple\nstores.cart.msg.serde = long\n"
+                     "stores.cart.ttl.ms = 300\n")
+    config = Config.load(props)
+    with TaskStorage(config) as st:
+        keyed = context(st).keyed
+        cart = keyed.map("cart", str, int)
+        keyed.key = "ann"
+        cart.put("apple", 2)
+        st.commit(input_position=1)
+        runner = CliRunner()
+        got = runner.invoke(cli, ["get", "-c", str(props), "cart", '["ann", "apple"]'])
+        assert got.exit_code == 0 and got.output.strip() == "2", got.output
+        time.sleep(0.35)  # expired: gone for the handle and for every reader, swept or not
+        assert cart.get("apple") is None
+        got = runner.invoke(cli, ["get", "-c", str(props), "cart", '["ann", "apple"]'])
+        assert got.exit_code == 1 and "is not in the committed state" in got.output
+        dumped = runner.invoke(cli, ["dump", "-c", str(props), "cart"])
+        assert dumped.exit_code == 0 and "apple" not in dumped.output
