@@ -375,18 +375,16 @@ def emitted_and_open(config: Any, emitted: list[dict[str, Any]]) -> dict[str, li
     return {u: sorted(ss) for u, ss in got.items()}
 
 
-def test_user_sessions_example_without_spark(make_config, tmp_path):
+def run_sessions(config: Any, partition: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Task ``partition`` of the example over ``rows`` in batches of 17, as the runner runs it; committed."""
     from localstate.contrib.spark.job_keyed import UserSessions
-    from localstate.contrib.spark.jobs import job_config
 
-    config = job_config(UserSessions, tmp_path, partitions=1, engine="rocksdb")
-    rows = session_input(12, seed=3, start_ms=1_700_000_000_000)
-    out: list[dict[str, Any]] = []
     schema = pa.schema([(f.split()[0], pa.int64() if f.split()[1] == "long" else pa.string())
                         for f in UserSessions.OUTPUT_SCHEMA.split(", ")])
-    with TaskStorage(config) as st:
+    with TaskStorage(config, partition) as st:
         task = UserSessions()
-        ctx = TaskContext(partition=0, partitions=1, config=config, storage=st, key_column="user_id")
+        ctx = TaskContext(partition=partition, partitions=config.partitions, config=config, storage=st,
+                          key_column="user_id")
         task.init(ctx)
         emit = Emitter(schema)
         for i in range(0, len(rows), 17):
@@ -394,8 +392,17 @@ def test_user_sessions_example_without_spark(make_config, tmp_path):
             ctx.observe_event_time(task, batch)
             ctx.process(task, batch, emit)
             ctx.fire_timers(task, emit)
-        out = [r for b in emit.drain() for r in b.to_pylist()]
         st.commit(input_position=len(rows))
+        return [r for b in emit.drain() for r in b.to_pylist()]
+
+
+def test_user_sessions_example_without_spark(tmp_path):
+    from localstate.contrib.spark.job_keyed import UserSessions
+    from localstate.contrib.spark.jobs import job_config
+
+    config = job_config(UserSessions, tmp_path, partitions=1, engine="rocksdb")
+    rows = session_input(12, seed=3, start_ms=1_700_000_000_000)
+    out = run_sessions(config, 0, rows)
     assert emitted_and_open(config, out) == oracle_sessions(rows)
     by_user: dict[str, list[dict[str, Any]]] = {}
     for r in out:
@@ -404,6 +411,39 @@ def test_user_sessions_example_without_spark(make_config, tmp_path):
         assert [s["session_no"] for s in sessions] == list(range(1, len(sessions) + 1))
         assert [s["lifetime_views"] for s in sessions] == list(accumulate(s["views"] for s in sessions))
         assert all(s["distinct_pages"] <= 5 and len(s["last_pages"].split(",")) <= 3 for s in sessions)
+
+
+def test_rescale_moves_every_handle_entry_to_the_task_of_its_key(tmp_path):
+    """The documented layout is what `localstate rescale` routes by: the key, or key[0] of a
+    map handle's (key, map_key) entries."""
+    from localstate.contrib.spark.job_keyed import UserSessions
+    from localstate.contrib.spark.jobs import job_config
+    from localstate.partitioning import spark_hash
+    from localstate.rescale import rescale
+
+    config = job_config(UserSessions, tmp_path, partitions=2, engine="memory")
+    rows = session_input(16, seed=9, start_ms=1_700_000_000_000)
+    for p in range(2):
+        run_sessions(config, p, [r for r in rows if spark_hash(r["user_id"]) % 2 == p])
+
+    def state(cfg: Any) -> dict[str, dict[Any, tuple[int, Any]]]:
+        out: dict[str, dict[Any, tuple[int, Any]]] = {}
+        for p in range(cfg.partitions):
+            with StateReader(cfg, p) as reader:
+                for name in ("session", "pages", "recent", "lifetime", "closed"):
+                    with reader.store(name).all() as it:
+                        out.setdefault(name, {}).update({k: (p, v) for k, v in it})
+        return out
+
+    before = state(config)
+    assert before["pages"] and before["closed"]
+    after_config = rescale(config, 3, input_position=1).config
+    after = state(after_config)
+    for name, entries in after.items():
+        assert {k: v for k, (_, v) in entries.items()} == {k: v for k, (_, v) in before[name].items()}, name
+        for key, (p, _) in entries.items():
+            user = key[0] if name == "pages" else key
+            assert p == spark_hash(user) % 3, (name, key, p)
 
 
 def test_user_sessions_example_on_spark_restores_and_continues(spark, tmp_path):

@@ -11,7 +11,8 @@ time order, up to the watermark delay). The task implements only the per-record 
 Handles (one store each, :mod:`localstate.keyed`):
 
 * ``session`` — aggregating: ``[start, end, views, total_ms]`` of the open session;
-* ``pages`` — map: views per page in the open session (``key.serde = tuple``);
+* ``pages`` — map: views per page in the open session (``key.serde = tuple``; its
+  entries are ``(user_id, page)``, so ``rescale.key = key[0]`` routes them by the user);
 * ``recent`` — list: the last :data:`RECENT` pages of the open session;
 * ``lifetime`` — reducing: views over all the user's sessions (never cleared, ``ttl.ms``
   = 30 days of event time: a user not seen for a month is forgotten);
@@ -57,12 +58,12 @@ class UserSessions(StreamTask):
                      "top_page string, last_pages string, total_ms long, lifetime_views long, session_no long")
     STORES: dict[str, dict[str, Any]] = {
         "session": {"factory": "kv", "key.serde": "string", "msg.serde": "json"},
-        "pages": {"factory": "kv", "key.serde": "tuple", "msg.serde": "long"},
+        "pages": {"factory": "kv", "key.serde": "tuple", "msg.serde": "long", "rescale.key": "key[0]"},
         "recent": {"factory": "kv", "key.serde": "string", "msg.serde": "json"},
         "lifetime": {"factory": "kv", "key.serde": "string", "msg.serde": "long",
                      "ttl.ms": 30 * 24 * 3600 * 1000, "ttl.time": "event"},
         "closed": {"factory": "kv", "key.serde": "string", "msg.serde": "long"},
-        "timers": {"factory": "kv"},
+        "timers": {"factory": "kv", "rescale.key": "timer"},
     }
     event_time_column = "ts_ms"
     watermark_delay_ms = 60_000
