@@ -88,6 +88,10 @@ NO_KEY: Any = _NoKey()
 """The current key when there is none (before the first record, in ``window``)."""
 
 
+_TUPLE_ELEMENT_TYPES = (object, str, int, float, bytes, bool, tuple)
+"""What the ``tuple`` serde encodes (``object``: unchecked)."""
+
+
 class NoCurrentKeyError(LocalStateError):
     """A keyed state handle was used while no key was being processed."""
 
@@ -129,6 +133,10 @@ class KeyedState:
             value_type: type[V] = object) -> MapState[MK, V]:  # type: ignore[assignment]
         """A map per key (Flink's ``MapState``), one store entry per map entry under
         ``(key, map_key)`` (``key.serde = tuple``)."""
+        if map_key_type not in _TUPLE_ELEMENT_TYPES:
+            raise ConfigError(f"keyed map state {name!r}: map keys are elements of the store's tuple keys, so their "
+                              f"type must be one of {', '.join(t.__name__ for t in _TUPLE_ELEMENT_TYPES)}; got "
+                              f"{getattr(map_key_type, '__name__', map_key_type)!r}")
         store = self._open(name, "map", object, value_type)
         spec = self._storage.config.stores[name]
         if spec.key_serde != "tuple":

@@ -179,6 +179,8 @@ def test_declaration_errors(make_config):
             keyed.map("heap")
         with pytest.raises(ConfigError, match="key.serde = tuple.*it has 'string'"):
             keyed.map("clicks")
+        with pytest.raises(ConfigError, match="map keys are elements.*got 'dict'"):
+            keyed.map("pages", dict, int)
         with pytest.raises(ConfigError, match="keyed value state 'total'.*asked for values of type str"):
             keyed.value("total", str)
         with pytest.raises(ConfigError, match="keyed list state 'total'.*type list"):
