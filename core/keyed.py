@@ -287,13 +287,17 @@ class ReducingState(ValueState[V]):
         self._reduce = reduce
 
     def add(self, value: V) -> None:
-        key = self._scope.key
+        key, wanted = self._scope.key, self._type
         if key is NO_KEY:
             raise self._no_key()
-        self._checked(value, self._type, "values are")
+        if value is None or not isinstance(value, wanted):  # the checks inline: add runs per record
+            self._checked(value, wanted, "values are")
         old = self._get(key)
-        new = value if old is None else self._reduce(old, value)
-        self._put(key, self._checked(new, self._type, "reduce results are"))
+        if old is not None:
+            value = self._reduce(old, value)
+            if value is None or not isinstance(value, wanted):
+                self._checked(value, wanted, "reduce results are")
+        self._put(key, value)
 
 
 @dataclass(frozen=True)
@@ -374,15 +378,22 @@ class MapState(_Handle, Generic[MK, V]):
     ``values()`` (this key's entries in map-key order), ``is_empty()``, ``clear()``."""
 
     kind = "map"
-    __slots__ = ("_mk_type", "_type")
+    __slots__ = ("_mk_type", "_type", "_get", "_put")
 
     def __init__(self, scope: KeyedState, store: KeyValueStore[Any, Any], name: str, map_key_type: type[MK],
                  value_type: type[V]) -> None:
         super().__init__(scope, store, name)
         self._mk_type, self._type = map_key_type, value_type
+        self._get, self._put = store.get, store.put
 
     def _entry(self, map_key: Any) -> tuple[Any, Any]:
-        return self._key(), self._checked(map_key, self._mk_type, "map keys are")
+        # (get and put inline this: they run per record)
+        key = self._scope.key
+        if key is NO_KEY:
+            raise self._no_key()
+        if map_key is None or not isinstance(map_key, self._mk_type):
+            self._checked(map_key, self._mk_type, "map keys are")
+        return key, map_key
 
     @overload
     def get(self, map_key: MK) -> V | None: ...
@@ -391,14 +402,21 @@ class MapState(_Handle, Generic[MK, V]):
 
     def get(self, map_key: MK, default: V | None = None) -> V | None:
         """The current key's entry ``map_key``, or ``default``."""
-        return self._store.get(self._entry(map_key), default)
+        key = self._scope.key
+        if key is NO_KEY or map_key is None or not isinstance(map_key, self._mk_type):
+            return self._get(self._entry(map_key), default)  # raises the error
+        return self._get((key, map_key), default)
 
     def contains(self, map_key: MK) -> bool:
         return self._store.get(self._entry(map_key)) is not None
 
     def put(self, map_key: MK, value: V) -> None:
-        entry = self._entry(map_key)
-        self._store.put(entry, self._checked(value, self._type, "values are"))
+        key = self._scope.key
+        if key is NO_KEY or map_key is None or not isinstance(map_key, self._mk_type):
+            key = self._entry(map_key)[0]  # raises the error
+        if value is None or not isinstance(value, self._type):
+            self._checked(value, self._type, "values are")
+        self._put((key, map_key), value)
 
     def put_all(self, entries: Mapping[MK, V]) -> None:
         key = self._key()
