@@ -504,3 +504,19 @@ def test_localstate_get_and_dump_hide_a_handles_expired_entries(tmp_path):
         assert got.exit_code == 1 and "is not in the committed state" in got.output
         dumped = runner.invoke(cli, ["dump", "-c", str(props), "cart"])
         assert dumped.exit_code == 0 and "apple" not in dumped.output
+
+
+def test_the_keyed_bench_suite_gives_paired_rows(monkeypatch):
+    from localstate.benchmarks import keyed_state
+    from localstate.benchmarks.registry import SUITES
+    from localstate.benchmarks.runner import normalize_row
+
+    monkeypatch.setattr(keyed_state, "QUICK_RECORDS", 1000)
+    rows = [normalize_row(r, "keyed") for r in keyed_state.run(quick=True, repeats=1)]
+    assert all(r["error"] is None for r in rows)
+    by = {(r["workload"], r["engine"]): r for r in rows}
+    for engine in ENGINES:
+        for op in keyed_state.OPS:
+            handle, raw = by[(f"keyed {op}", engine)], by[(f"raw store {op}", engine)]
+            assert handle["baseline"] == f"raw store {op}" and handle["ratio"] > 0 and raw["median"] > 0
+    assert SUITES["keyed"][0] == "localstate.benchmarks.keyed_state"
