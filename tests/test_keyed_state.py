@@ -520,3 +520,28 @@ def test_the_keyed_bench_suite_gives_paired_rows(monkeypatch):
             handle, raw = by[(f"keyed {op}", engine)], by[(f"raw store {op}", engine)]
             assert handle["baseline"] == f"raw store {op}" and handle["ratio"] > 0 and raw["median"] > 0
     assert SUITES["keyed"][0] == "localstate.benchmarks.keyed_state"
+
+
+def test_a_vectorised_task_sets_the_key_itself_and_none_is_left_after_the_batch(make_config):
+    class Vectorised(StreamTask):
+        def init(self, context: TaskContext) -> None:
+            self.keyed = context.keyed
+            self.total = context.keyed.reducing("total", int.__add__, int)
+
+        def process_batch(self, batch: pa.RecordBatch, emit: Emitter) -> None:
+            for user, n in zip(batch["user"].to_pylist(), batch["n"].to_pylist()):
+                self.keyed.key = user
+                self.total.add(n)
+
+        def window(self, emit: Emitter) -> None:
+            self.total.get()  # no current key here
+
+    with TaskStorage(make_config(**keyed_stores("memory"))) as st:
+        task = Vectorised()
+        ctx = TaskContext(partition=0, partitions=1, config=st.config, storage=st, key_column="user")
+        task.init(ctx)
+        ctx.process(task, pa.RecordBatch.from_pylist([{"user": "a", "n": 2}, {"user": "b", "n": 1},
+                                                      {"user": "a", "n": 3}]), Emitter(OUT))
+        assert dict(st.store("total").items()) == {"a": 5, "b": 1} and ctx.keyed.key is NO_KEY
+        with pytest.raises(NoCurrentKeyError, match="'total' used with no current key"):
+            task.window(Emitter(OUT))

@@ -72,15 +72,20 @@ class TaskContext:
     def process(self, task: StreamTask, batch: pa.RecordBatch, emit: Emitter) -> None:
         """Hand ``batch`` to ``task``: its own ``process_batch``, or — when it has only the
         per-record :meth:`StreamTask.process`, declared keyed state and the runner knows the
-        key column — ``process`` per row with ``keyed.key`` set to the row's key."""
+        key column — ``process`` per row with ``keyed.key`` set to the row's key. Either way
+        there is no current key afterwards (``window`` sets one itself if it needs one)."""
         keyed, column = self._keyed, self.key_column
-        if keyed is None or column is None or type(task).process_batch is not StreamTask.process_batch:
+        if keyed is None:
             task.process_batch(batch, emit)
             return
-        if column not in batch.schema.names:
-            raise ConfigError(f"key column {column!r} is not an input column (columns: {', '.join(batch.schema.names)})")
-        process = task.process
         try:
+            if column is None or type(task).process_batch is not StreamTask.process_batch:
+                task.process_batch(batch, emit)
+                return
+            if column not in batch.schema.names:
+                raise ConfigError(f"key column {column!r} is not an input column (columns: "
+                                  f"{', '.join(batch.schema.names)})")
+            process = task.process
             for record in batch.to_pylist():
                 keyed.key = record[column]
                 process(record, emit)
