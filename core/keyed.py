@@ -19,15 +19,9 @@ from the layers that already give them, and no handle's scan walks another's ent
 
 **Layout per kind** (the store's encoded keys, so ``localstate get``/``dump`` show them):
 
-==============  ===========================  ================================  ============
-handle          store key                    store value                       key serde
-==============  ===========================  ================================  ============
-value           the key                      the value                         any
-reducing        the key                      the reduced value                 any
-aggregating     the key                      the accumulator                   any
-list            the key                      the whole list (one value)        any
-map             ``(key, map_key)``           the map entry's value             ``tuple``
-==============  ===========================  ================================  ============
+* value, reducing, aggregating: store key = the key; value = the value / the accumulator;
+* list: store key = the key; value = the whole list, one value (``msg.serde`` json or msgpack);
+* map: store key = ``(key, map_key)`` (``key.serde = tuple``); value = the entry's value.
 
 A map handle reads one key's entries with a prefix scan over ``(key,)``: the ``tuple``
 serde is order-preserving and ``(key,)``'s encoding is a byte prefix of every
