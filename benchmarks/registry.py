@@ -96,6 +96,8 @@ SUITES: dict[str, tuple[str, str]] = {
               "vs full replay, seconds per GB"),
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
     "stateapi": ("localstate.benchmarks.state_api", "state-query read rate; metrics cost on put/get"),
+    "keyed": ("localstate.benchmarks.keyed_state", "keyed state handles (value, map, reducing) vs the raw store "
+              "calls they wrap, per record"),
     "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),
     "rescale": ("localstate.benchmarks.rescale", "localstate rescale 4 -> 6 vs a full restore of the same state"),
     "statesize": ("localstate.benchmarks.state_size", "write and read rates as the state grows (0.1M -> 3M keys, "

@@ -103,6 +103,8 @@ class TaskRun:
     (:func:`~localstate.contrib.spark.placement.sweep_copies`)."""
     standbys: Mapping[int, str] | None = None
     """Task → the executor keeping its standby copy: kept by the sweep."""
+    key: str | None = None
+    """The job's key column (:attr:`TaskContext.key_column`: keyed state is scoped to it)."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ class _TaskAttempt:
                 self.drain = drain
             task = self.task = run.task()
             self.context = TaskContext(partition, config.partitions, config, self.storage, task.timer_store,
-                                       open_seconds)
+                                       open_seconds, run.key)
             task.init(self.context)
         except BaseException:
             self.close()
@@ -206,7 +208,7 @@ class _TaskAttempt:
         # The batch is processed at its event time (event-time TTL stamps its writes
         # with it); timers fire after it, so the batch can still delete or move them.
         self.context.observe_event_time(task, batch)
-        task.process_batch(batch, self.emit)
+        self.context.process(task, batch, self.emit)
         self.context.fire_timers(task, self.emit)
         return self.drain()
 
@@ -495,7 +497,7 @@ class StatefulJob:
                       self.metrics_accumulator, in_stream_plan,
                       placement.report if placement is not None else None,
                       placement.owners if placement is not None else None,
-                      placement.standbys if placement is not None else None)
+                      placement.standbys if placement is not None else None, self.key)
 
         if in_stream_plan:  # ``in_stream_plan``: see TaskRun.in_stream_plan
             from .metrics import with_metrics_column
