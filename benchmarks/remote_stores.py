@@ -425,7 +425,7 @@ def _mkdir(path: Path) -> Path:
 
 
 def write_chart(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Lookups/s per store and mode (log scale), each remote bar labelled "local state N× faster"."""
+    """Lookups/s per store and mode (log scale), each remote bar labelled "local N× faster" (or slower)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -449,13 +449,14 @@ def write_chart(rows: list[dict[str, Any]], path: Path) -> Path:
             text = f"{bar.get_height():,.0f}/s"
             ratio = by.get((f"local state × lookups {mode}", store))
             if ratio is not None:
-                text += f"\nlocal {ratio['median']:.0f}× faster"
+                x = ratio["median"]
+                text += f"\nlocal {x:.{0 if x >= 10 else 1}f}× faster" if x >= 1 else f"\nlocal {1 / x:.1f}× slower"
             ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                         fontsize=7, xytext=(0, 2), textcoords="offset points")
     params = next((r["params"] for r in rows if r.get("params")), {})
     ax.set_yscale("log")
     ax.set_xticks(range(len(MODES)), [f"{m} lookups" for m in MODES])
-    ax.set_ylabel("page views enriched per second (log)")
+    ax.set_ylabel("profile lookups per second (log)")
     ax.set_title(f"Stream-table join: profile lookups, local state vs a remote store\n"
                  f"{params.get('users', '?'):,} users, {params.get('views', '?'):,} views in batches of "
                  f"{params.get('batch', '?'):,}, medians of {params.get('repeats', '?')}", fontsize=9)
