@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -223,8 +224,6 @@ def redis_server(root: Path) -> Iterator[int]:
         _wait(lambda: bool(redis.Redis(host="127.0.0.1", port=port, socket_timeout=1).ping()), proc, "redis-server", log)
         yield port
     finally:
-        import signal
-
         _stop(proc, signal.SIGTERM)
 
 
@@ -281,13 +280,14 @@ def postgres_server(root: Path) -> Iterator[int]:
         proc = subprocess.Popen(
             [postgres, "-D", str(data), "-p", str(port), "-k", str(data), "-c", "listen_addresses=127.0.0.1"],
             stdout=out, stderr=subprocess.STDOUT, user=user)
+    def accepts() -> bool:
+        psycopg.connect(host="127.0.0.1", port=port, user="bench", dbname="postgres", connect_timeout=2).close()
+        return True
+
     try:
-        _wait(lambda: psycopg.connect(host="127.0.0.1", port=port, user="bench", dbname="postgres",
-                                      connect_timeout=2).close() is None, proc, "postgres", log)
+        _wait(accepts, proc, "postgres", log)
         yield port
     finally:
-        import signal
-
         _stop(proc, signal.SIGINT)  # fast shutdown
 
 
@@ -453,7 +453,7 @@ def write_chart(rows: list[dict[str, Any]], path: Path) -> Path:
                 text += f"\nlocal {x:.{0 if x >= 10 else 1}f}× faster" if x >= 1 else f"\nlocal {1 / x:.1f}× slower"
             ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                         fontsize=7, xytext=(0, 2), textcoords="offset points")
-    params = next((r["params"] for r in rows if r.get("params")), {})
+    params: dict[str, Any] = next((r["params"] for r in rows if r.get("params")), {})
     ax.set_yscale("log")
     ax.set_xticks(range(len(MODES)), [f"{m} lookups" for m in MODES])
     ax.set_ylabel("profile lookups per second (log)")
