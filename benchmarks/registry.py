@@ -100,6 +100,8 @@ SUITES: dict[str, tuple[str, str]] = {
               "calls they wrap, per record"),
     "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),
     "rescale": ("localstate.benchmarks.rescale", "localstate rescale 4 -> 6 vs a full restore of the same state"),
+    "remote": ("localstate.benchmarks.remote_stores", "a stream-table join: profile lookups in local state vs Redis "
+               "and PostgreSQL on 127.0.0.1 (started by the suite), per request and batched"),
     "statesize": ("localstate.benchmarks.state_size", "write and read rates as the state grows (0.1M -> 3M keys, "
                   "10M with LOCALSTATE_FULL=1), rocksdb + file changelog vs raw rocksdict"),
 }
