@@ -96,10 +96,14 @@ SUITES: dict[str, tuple[str, str]] = {
               "vs full replay, seconds per GB"),
     "reliability": ("localstate.benchmarks.reliability", "reopen after SIGKILL vs after a clean close"),
     "stateapi": ("localstate.benchmarks.state_api", "state-query read rate; metrics cost on put/get"),
+    "keyed": ("localstate.benchmarks.keyed_state", "keyed state handles (value, map, reducing) vs the raw store "
+              "calls they wrap, per record"),
     "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),
     "windows": ("localstate.benchmarks.windows", "windowed page views on localstate.windows vs the hand-written "
                 "job (streaming shape, no Spark); the window operator per kind"),
     "rescale": ("localstate.benchmarks.rescale", "localstate rescale 4 -> 6 vs a full restore of the same state"),
+    "remote": ("localstate.benchmarks.remote_stores", "a stream-table join: profile lookups in local state vs Redis "
+               "and PostgreSQL on 127.0.0.1 (started by the suite), per request and batched"),
     "statesize": ("localstate.benchmarks.state_size", "write and read rates as the state grows (0.1M -> 3M keys, "
                   "10M with LOCALSTATE_FULL=1), rocksdb + file changelog vs raw rocksdict"),
 }

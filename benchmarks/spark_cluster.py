@@ -8,13 +8,19 @@ state growing every batch: batch ``b`` brings ``new`` keys never seen before and
 ``local-cluster[3,1,1024]`` (3 executor JVMs, each with its own state dir; the Spark
 default ``spark.locality.wait``), on ``local[3]``, and on the cluster again with the
 job's affinity off, interleaved (cluster, local, cluster without affinity, cluster, …),
-each in its own driver process (one SparkContext per process); the full suite also
+each in its own driver process (one SparkContext per process), and the same stream with
+no state at all on both masters (the floor: shuffle by key, count each Arrow batch in
+Python, write the rows the same way), so the cluster's own price and the price of state
+are told apart; the full suite also
 runs it on a standalone cluster of a master and 3 workers started from the PySpark
 installation (state in each worker's own directory; ``LOCALSTATE_CLUSTER_STANDALONE=0``
 leaves it out).
 
 Rows per master: ``cluster_batch_ms`` (median micro-batch ``triggerExecution`` over the
-data batches after the first two; the cluster row carries the ratio to ``local[3]``),
+data batches after the first two; a cluster row carries the ratio to ``local[3]``, a
+stateful row the ratio to its master's floor, and every row the median parts of a
+micro-batch: the driver's own, the Spark stages' wall and task time, the scheduling and
+gaps between them),
 ``cluster_moves`` (the share of task runs on another executor than the partition's
 previous run, in %), ``cluster_replayed`` (changelog records replayed per micro-batch,
 the mean over the batches after the first), each with the machine load (``uptime``) at
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -149,6 +156,9 @@ def moves_and_replay(events: list[dict[str, Any]]) -> tuple[int, int, list[int]]
 
 NO_AFFINITY = " (affinity off)"
 """Suffix of a master's name in the rows when the job ran with ``affinity=False``."""
+FLOOR = " (no state)"
+"""Suffix of a master's name in the rows of the floor: the same stream with no state
+(:func:`~localstate.testing.spark_cluster_driver.run_floor`)."""
 
 
 def drive(master: str, input_dir: Path, root: Path) -> ClusterRun:
@@ -162,15 +172,17 @@ def drive(master: str, input_dir: Path, root: Path) -> ClusterRun:
            "--locality-wait", "3s"]
     if master.endswith(NO_AFFINITY):
         cmd.append("--no-affinity")
+    if master.endswith(FLOOR):
+        cmd.append("--floor")
     before = _load()
     t0 = time.monotonic()
     log = root.with_suffix(".log")
     cluster = None
-    if master == STANDALONE:
+    if _base(master) == STANDALONE:
         cluster = StandaloneCluster(root.with_name(root.name + "-cluster"), workers=3).start()
         cmd += ["--master", cluster.url, "--executors", "3", "--state-dir", f"{{env:{WORKER_STATE_ENV}}}"]
     else:
-        cmd += ["--master", master.removesuffix(NO_AFFINITY)]
+        cmd += ["--master", _base(master)]
     try:
         with log.open("wb") as out:
             proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
@@ -189,7 +201,28 @@ def drive(master: str, input_dir: Path, root: Path) -> ClusterRun:
         state_dirs = sorted(p for p in (root / "stream" / "state").glob("*") if p.is_dir() and master != LOCAL)
     disk = disk_per_executor(state_dirs, JOB_NAME) if state_dirs else ({}, 0.0)
     return ClusterRun(master, data, moves, runs, replayed, (before, _load()), time.monotonic() - t0,
-                      {"app_id": result.get("app_id"), "disk": disk})
+                      {"app_id": result.get("app_id"), "disk": disk, "parts": batch_parts(result)})
+
+
+def batch_parts(result: dict[str, Any]) -> dict[str, float]:
+    """Median ms per data micro-batch (after the first :data:`SKIPPED_BATCHES`) of a
+    driver's ``result.json``: the driver's own part (offsets, planning, logs: the trigger
+    minus ``addBatch``), the stages' wall time (first task launch to completion, summed),
+    the stages' task time (summed over tasks), and the rest of ``addBatch`` (scheduling,
+    the gaps between jobs and stages, the driver's ``foreachBatch`` code)."""
+    stages = result.get("stages") or {}
+    parts: dict[str, list[float]] = {}
+    rows = result.get("batch_rows") or []
+    data = [i for i, n in enumerate(rows) if n][SKIPPED_BATCHES:]
+    for i in data:
+        trigger, add = result["batch_ms"][i] or 0, result["batch_add_ms"][i] or 0
+        batch = stages.get(str(result["batch_ids"][i]), [])
+        wall = 1000 * sum(st["wall"] for st in batch)
+        for name, value in (("driver", trigger - add), ("stages wall", wall),
+                            ("stages task", 1000 * sum(st["task_s"] for st in batch)),
+                            ("scheduling and gaps", add - wall)):
+            parts.setdefault(name, []).append(value)
+    return {name: float(statistics.median(v)) for name, v in parts.items()}
 
 
 def _remove_work_dir(app_id: str | None) -> None:
@@ -199,20 +232,45 @@ def _remove_work_dir(app_id: str | None) -> None:
         shutil.rmtree(Path(pyspark.__file__).parent / "work" / app_id, ignore_errors=True)
 
 
+def _local_peer(master: str) -> str:
+    """The one-machine master a cluster master's figures are set against: ``local[N]`` with
+    N = the cluster's executor cores (``local[3]`` for ``local-cluster[3,1,1024]`` and the
+    standalone cluster), the floor's for a floor."""
+    suffix = FLOOR if master.endswith(FLOOR) else ""
+    match = re.match(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)", master)
+    cores = int(match.group(1)) * int(match.group(2)) if match else 3
+    return f"local[{cores}]{suffix}"
+
+
+def _base(master: str) -> str:
+    return master.removesuffix(NO_AFFINITY).removesuffix(FLOOR)
+
+
 def _rows(runs: list[ClusterRun], sizes: ClusterSizes, keys: int) -> list[dict[str, Any]]:
     params = {"tasks": TASKS, "batches": sizes.batches, "rows_per_batch": sizes.new + sizes.repeat, "keys": keys}
     rows: list[dict[str, Any]] = []
     by_master: dict[str, list[ClusterRun]] = {}
     for r in runs:
         by_master.setdefault(r.master, []).append(r)
-    local_ms = [statistics.median(r.batch_ms[SKIPPED_BATCHES:] or r.batch_ms) for r in by_master.get(LOCAL, [])]
+    median_ms = {master: statistics.median(statistics.median(r.batch_ms[SKIPPED_BATCHES:] or r.batch_ms)
+                                           for r in mine) for master, mine in by_master.items()}
     for master, mine in by_master.items():
         batch_ms = [float(statistics.median(r.batch_ms[SKIPPED_BATCHES:] or r.batch_ms)) for r in mine]
         loads = "; ".join(f"load {a} -> {b}" for r in mine for a, b in [r.load])
-        notes = f"median micro-batch ms per run {[round(x) for x in batch_ms]}; {loads}"
-        if master != LOCAL and local_ms:
-            notes = (f"{statistics.median(batch_ms) / statistics.median(local_ms):.2f}x {LOCAL}; " + notes)
+        parts = "; ".join(", ".join(f"{k} {v:.0f}" for k, v in r.extra.get("parts", {}).items()) for r in mine)
+        notes = f"median micro-batch ms per run {[round(x) for x in batch_ms]}; parts (median ms) {parts}; {loads}"
+        ratios = []
+        peer = _local_peer(master)
+        if master != peer and peer in median_ms:
+            ratios.append(f"{median_ms[master] / median_ms[peer]:.2f}x {peer}")
+        floor = _base(master) + FLOOR
+        if not master.endswith(FLOOR) and floor in median_ms:
+            ratios.append(f"{median_ms[master] / median_ms[floor]:.2f}x {floor}")
+        if ratios:
+            notes = "; ".join(ratios) + "; " + notes
         rows.append(make_row("cluster_batch_ms", master, params, "ms", batch_ms, notes=notes))
+        if master.endswith(FLOOR):
+            continue
         share = [100.0 * r.moves / r.runs if r.runs else 0.0 for r in mine]
         rows.append(make_row("cluster_moves", master, params, "% of runs", share,
                              notes="; ".join(f"{r.moves} of {r.runs}" for r in mine)))
@@ -232,12 +290,12 @@ MAX_ROUNDS = 2
 
 def run(quick: bool = False, repeats: int = 5, masters: list[str] | None = None) -> list[dict[str, Any]]:
     """Interleaved rounds (each of ``masters`` once per round; default: the cluster, local,
-    the standalone cluster, the cluster without affinity): ``min(repeats, MAX_ROUNDS)``,
+    the floor (no state) on both, the standalone cluster, the cluster without affinity): ``min(repeats, MAX_ROUNDS)``,
     one when ``quick``."""
     sizes = CLUSTER_QUICK if quick else CLUSTER_FULL
     repeats = 1 if quick else max(1, min(repeats, MAX_ROUNDS))
     if masters is None:
-        masters = [LOCAL_CLUSTER, LOCAL]
+        masters = [LOCAL_CLUSTER, LOCAL, LOCAL_CLUSTER + FLOOR, LOCAL + FLOOR]
         masters += [] if quick or os.environ.get(STANDALONE_ENV) == "0" else [STANDALONE]
         masters.append(LOCAL_CLUSTER + NO_AFFINITY)
     work = Path(tempfile.mkdtemp(prefix="localstate-cluster-bench-"))
@@ -251,8 +309,10 @@ def run(quick: bool = False, repeats: int = 5, masters: list[str] | None = None)
                 shutil.rmtree(work / f"run-{i}-{m}", ignore_errors=True)
                 shutil.rmtree(work / f"run-{i}-{m}-cluster", ignore_errors=True)
                 runs.append(result)
+                parts = {k: round(v) for k, v in result.extra["parts"].items()}
                 print(f"{master}: batches ms {[round(x) for x in result.batch_ms]}, moves {result.moves}/"
-                      f"{result.runs}, replayed {result.replayed}, load {result.load}", file=sys.stderr)
+                      f"{result.runs}, replayed {result.replayed}, parts {parts}, load {result.load}",
+                      file=sys.stderr)
         rows = _rows(runs, sizes, keys)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -35,7 +35,6 @@ the query's observed metrics).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import statistics
 import time
@@ -51,13 +50,14 @@ from localstate.contrib.spark.compat import dataframe_to_arrow
 from localstate.contrib.spark.job_windowed import ALLOWED_LATENESS_S, PageViewsPerHour
 from localstate.contrib.spark.jobs import job_config
 from localstate.contrib.spark.runner import StatefulJob
+from localstate.testing.spark import batch_stages
 
 from .runner import make_row
 from .spark_jobs import ENGINE, HOURS, SPARK_STATE_STORE, TASKS, Sizes, events, timed_task
 
 __all__ = ["StreamSizes", "STREAM_FULL", "STREAM_QUICK", "FILES_PER_TRIGGER", "write_stream_files",
            "localstate_stream", "spark_stream", "spark_tasks_for", "StreamRun", "stream_rows", "finish_query",
-           "format_parts", "latencies_ms", "localstate_breakdown", "spark_breakdown", "batch_stages", "run_shape", "main"]
+           "format_parts", "latencies_ms", "localstate_breakdown", "spark_breakdown", "run_shape", "main"]
 
 FILES_PER_TRIGGER = 5
 INPUT_SCHEMA = "ts long, user_id string"
@@ -184,45 +184,6 @@ def finish_query(spark: Any, query: Any, t0: float, collected: list[pa.Table] | 
     progress = [p if isinstance(p, dict) else p.jsonValue() for p in query.recentProgress]
     output = _sorted_output(collected) if collected is not None else None
     return StreamRun(seconds, progress, output, batch_stages(spark, str(query.runId)))
-
-
-_BATCH_ID = re.compile(r"batch = (\d+)")
-
-
-def batch_stages(spark: Any, run_id: str) -> dict[int, list[dict[str, float]]]:
-    """Per micro-batch id of the query run ``run_id``: its completed Spark stages from the
-    driver's status store — ``wall`` (first task launch to completion, s), ``task_s``
-    (summed executor run time), ``input_rows`` (rows read from files), ``shuffle_read``
-    and ``shuffle_write`` (rows). Jobs are matched by the description Structured
-    Streaming gives every job of a micro-batch (``runId = …``, ``batch = N``)."""
-    store = spark.sparkContext._jsc.sc().statusStore()  # noqa: SLF001 - the status store is JVM-only
-    out: dict[int, list[dict[str, float]]] = {}
-    jobs = store.jobsList(None).iterator()
-    while jobs.hasNext():
-        job = jobs.next()
-        description = job.description()
-        text = description.get() if description.isDefined() else ""
-        match = _BATCH_ID.search(text)
-        if run_id not in text or match is None:
-            continue
-        batch = int(match.group(1))
-        stage_ids = job.stageIds().iterator()
-        while stage_ids.hasNext():
-            try:
-                stage = store.lastStageAttempt(stage_ids.next())
-            except Exception:  # a stage skipped (its shuffle output reused) has no attempt  # noqa: S112
-                continue
-            launched, completed = stage.firstTaskLaunchedTime(), stage.completionTime()
-            if not (launched.isDefined() and completed.isDefined()):
-                continue
-            out.setdefault(batch, []).append({
-                "wall": (completed.get().getTime() - launched.get().getTime()) / 1000,
-                "task_s": stage.executorRunTime() / 1000,
-                "input_rows": stage.inputRecords(),
-                "shuffle_read": stage.shuffleReadRecords(),
-                "shuffle_write": stage.shuffleWriteRecords(),
-            })
-    return out
 
 
 # -- the breakdown -----------------------------------------------------------------------------

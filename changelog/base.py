@@ -231,6 +231,14 @@ class CheckpointStore(ABC):
         and after compaction could describe a state that never existed).
         """
 
+    def read_readonly(self, job: str, partition: int) -> Checkpoint | None:
+        """The latest checkpoint as a reader beside a running task reads it: without
+        claiming or fencing the task and without creating anything (None when nothing
+        was committed, also where reading would create the place checkpoints live). The
+        one way read-only tools (state queries, ``verify``, ``inspect``, standbys) read
+        a checkpoint. Default: :meth:`read`, for stores whose read claims nothing."""
+        return self.read(job, partition)
+
     def previous(self, job: str, partition: int) -> Checkpoint | None:
         """The checkpoint the latest one replaced, for an explicit recovery
         (``localstate restore --use-previous-checkpoint``). Stores that cannot keep
@@ -265,14 +273,11 @@ class ChangelogSystem(ABC):
     ``producer`` = ``{"linger.ms": "10"}``). Unknown keys are rejected up front with a
     suggestion.
 
-    A system without an ``options_type`` may instead list ``options_keys`` (``*``
-    suffix = a pass-through prefix) and check them in a ``validate_options(name,
-    options)`` classmethod.
+    A system without an ``options_type`` takes no options besides ``type``.
     """
 
     options_type: ClassVar[type | None] = None
     pass_through: ClassVar[tuple[str, ...]] = ()
-    options_keys: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def parse_settings(cls, name: str, options: Mapping[str, Any]) -> Any:
@@ -305,6 +310,41 @@ class ChangelogSystem(ABC):
     def generation(self) -> Generation:
         """The job's current :class:`Generation` (systems that rescale in place: always 0)."""
         return Generation()
+
+    rescales_in_generations: ClassVar[bool] = False
+    """Whether ``localstate rescale`` can write the job at its new partition count as the
+    next :class:`Generation` beside the current one (the four methods below), and switch
+    to it in one write (:meth:`write_generation`). A system that says False (and is not
+    the file changelog, which rescales its directories) cannot be rescaled."""
+
+    def pin_generation(self, generation: Generation) -> None:
+        """Read and write ``generation`` from here on (rescale writes the next one with it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not rescale in generations")
+
+    def generation_used(self, generation: Generation, streams: list[str]) -> bool:
+        """Whether anything of ``generation`` exists already (a crashed earlier rescale)."""
+        raise NotImplementedError(f"{type(self).__name__} does not rescale in generations")
+
+    def claim_generation(self, number: int) -> bool:
+        """Reserve generation ``number`` for one rescale; False if another took it."""
+        raise NotImplementedError(f"{type(self).__name__} does not rescale in generations")
+
+    def write_generation(self, generation: Generation) -> None:
+        """Record ``generation`` as the job's current one: the commit point of a rescale."""
+        raise NotImplementedError(f"{type(self).__name__} does not rescale in generations")
+
+    def drop_generation(self, generation: Generation, streams: list[str]) -> bool:
+        """After a rescale committed: delete what ``generation`` (the old one) holds of
+        ``streams`` and the job's checkpoints, best effort (what is left is garbage, never
+        read again). False when the system leaves that to the operator (the caller says
+        so). Default: False."""
+        return False
+
+    def stream_exists(self, stream: str) -> bool:
+        """Whether ``stream`` exists, asked before a read-only tool opens it where opening
+        would create it (a Kafka topic). Default: True (opening a partition read-only
+        creates nothing, and reports a missing stream itself)."""
+        return True
 
     def stream_partitions(self, stream: str) -> int | None:
         """The partition count ``stream`` holds, read without writing anything; None when

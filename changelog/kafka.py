@@ -604,6 +604,8 @@ class KafkaChangelogSystem(ChangelogSystem):
         """Whether the generation was read (or pinned) already."""
         return self._generation is not None
 
+    rescales_in_generations = True
+
     def pin_generation(self, generation: Generation) -> None:
         """Read and write ``generation`` from here on (rescale writes the next one with it)."""
         self._generation = generation
@@ -623,6 +625,9 @@ class KafkaChangelogSystem(ChangelogSystem):
         self._generation = generation
 
     # -- the ChangelogSystem interface ------------------------------------------------------
+    def stream_exists(self, stream: str) -> bool:
+        return self.topic_exists(stream)
+
     def topic_exists(self, topic: str) -> bool:
         """Whether ``topic`` exists (read-only tools check before reading would create it);
         a changelog stream's name is mapped to its topic in the job's generation."""

@@ -68,6 +68,11 @@ class KafkaCheckpointStore(CheckpointStore):
             raise writer.fail(e.args[0], f"write the generation record to topic {self.topic!r}") from e
         writer.commit(f"checkpoint topic {self.topic!r}")
 
+    def read_readonly(self, job: str, partition: int) -> Checkpoint | None:
+        if not self.system.topic_exists(self.topic):  # reading would create it
+            return None
+        return self.read(job, partition, fence=False)
+
     def read(self, job: str, partition: int, *, fence: bool = True) -> Checkpoint | None:
         """The latest checkpoint of the task (``fence=False`` for read-only tools)."""
         s = self.system

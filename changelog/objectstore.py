@@ -115,6 +115,7 @@ from localstate.errors import (
     ConfigError,
     CorruptionError,
     FencedError,
+    LocalStateError,
     StoreLockedError,
 )
 from localstate.faults import fault_point
@@ -707,6 +708,20 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
             f"generation before it has no checkpoints left, so the job's state would open empty. Nothing was "
             "changed. Restore the record from a backup or a bucket version"
         )
+
+    rescales_in_generations = True
+
+    def drop_generation(self, generation: Generation, streams: list[str]) -> bool:
+        prefixes = [generation.stream(s) for s in streams] + [f"_checkpoints/{generation.job(self.job)}"]
+        try:
+            for prefix in prefixes:
+                keys = [f"{prefix}/{name}" for name, _ in self.store.list(prefix)]
+                for i in range(0, len(keys), 1000):
+                    self.store.delete(keys[i:i + 1000])
+        except LocalStateError as e:
+            log.warning("job %r: the old generation's objects under %s were not all deleted (%s); they are garbage",
+                        self.job, ", ".join(self.store.where(p) for p in prefixes), e)
+        return True
 
     def pin_generation(self, generation: Generation) -> None:
         """Read and write ``generation`` from here on (rescale writes the next one with it)."""

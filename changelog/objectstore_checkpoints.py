@@ -166,6 +166,9 @@ class ObjectStoreCheckpointStore(CheckpointStore):
             "STORE` (keep every record the changelog holds) or `--reset STORE`"
         )
 
+    def read_readonly(self, job: str, partition: int) -> Checkpoint | None:
+        return self.read(job, partition, fence=False)
+
     def read(self, job: str, partition: int, *, fence: bool = True) -> Checkpoint | None:
         """The latest checkpoint; with ``fence`` (a task that will write) also claim the next
         sequence number, so older instances can no longer commit. A lost newest checkpoint

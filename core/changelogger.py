@@ -84,21 +84,16 @@ class ChangeLogger:
         still sees batches no larger than ``write.batch.size``, as with single writes.
         The records go over as two columns (keys, values): two lists instead of one
         GC-tracked ``(key, value)`` tuple per record, whose allocations were half of the
-        cyclic GC's young collections on the write path (a partition without
-        ``append_columns``, e.g. a duck-typed one, gets the pairs).
+        cyclic GC's young collections on the write path
+        (:meth:`~localstate.changelog.base.ChangelogPartition.append_columns`; its default
+        hands a backend the pairs).
         """
         pending = self._pending
         if not pending:
             return
         keys, values = list(pending), list(pending.values())
         self._pending = {}
-        append_columns = getattr(self.partition, "append_columns", None)
-        if append_columns is None:
-            append = self.partition.append
-
-            def append_columns(k: list[bytes], v: list[bytes | None]) -> None:
-                append(list(zip(k, v)))
-
+        append_columns = self.partition.append_columns
         size, n = self.batch_size, len(keys)
         if n <= size:
             append_columns(keys, values)

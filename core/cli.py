@@ -198,7 +198,7 @@ def engines(as_json: bool) -> None:
             from .registry import resolve_factory
 
             try:
-                note = getattr(resolve_factory(name), "description", "")
+                note = resolve_factory(name).description
             except LocalStateError as e:
                 note = str(e)
         else:

@@ -216,11 +216,9 @@ class TaskCommit:
             if e.changelog is None or name not in self._offsets:
                 continue
             up_to = self._offsets[name]
-            ensure = getattr(e.engine, "ensure_snapshot", None)
-            if ensure is not None:
-                # a snapshot deferred at the last commit is taken now: older ones may fall
-                # below the compaction horizon and could no longer be used
-                ensure(up_to)
+            # a snapshot deferred at the last commit is taken now: older ones may fall
+            # below the compaction horizon and could no longer be used
+            e.engine.ensure_snapshot(up_to)
             if previous is not None and name in previous.offsets:
                 up_to = min(up_to, previous.offsets[name])
             out[name] = e.changelog.compact(up_to)

@@ -343,20 +343,19 @@ class Config:
             cls = SYSTEMS.get(sys_type)
         except ConfigError as e:
             raise type(e)(f"{pre}: {e} (set {pre}.type to a registered changelog system)") from e
-        if getattr(cls, "options_type", None) is not None:
+        from localstate.changelog.base import ChangelogSystem
+
+        if not (isinstance(cls, type) and issubclass(cls, ChangelogSystem)):
+            raise ConfigError(f"{pre}: changelog system {sys_type!r} is {cls!r}, not a ChangelogSystem subclass")
+        if cls.options_type is not None:
             cls.parse_settings(name, keys)
             return dict(keys)
-        allowed = tuple(getattr(cls, "options_keys", ())) + ("type",)
         for key in keys:
-            if key in allowed or any(a.endswith("*") and key.startswith(a[:-1]) for a in allowed):
-                continue
-            raise ConfigError(
-                f"unknown config key '{pre}.{key}' for changelog system {sys_type!r}."
-                f"{did_you_mean(key, [a for a in allowed if not a.endswith('*')])}"
-            )
-        validate = getattr(cls, "validate_options", None)
-        if validate is not None:
-            validate(name, keys)
+            if key != "type":
+                raise ConfigError(
+                    f"unknown config key '{pre}.{key}': changelog system {sys_type!r} takes no options "
+                    "(a system declares its options as a dataclass, options_type)"
+                )
         return dict(keys)
 
 

@@ -127,6 +127,14 @@ class StorageEngine(ABC):
         if offset is not None:
             self.checkpoint(offset)
 
+    def ensure_snapshot(self, offset: int) -> bool:
+        """Take now a local snapshot at ``offset`` that :meth:`persist` deferred, if the
+        local state still equals the changelog prefix ``[0, offset)``; True when a
+        snapshot at ``offset`` exists afterwards. Called before a changelog compaction (an
+        older snapshot may fall below the compaction horizon) and before a snapshot is
+        shipped. Default: False (an engine that keeps no snapshots)."""
+        return False
+
     def stats(self) -> dict[str, float]:
         """Engine gauges exported with the store's metrics (``localstate_engine_<name>``,
         docs/metrics.md): e.g. RocksDB's estimated keys and block-cache hit ratio.
@@ -227,6 +235,10 @@ class StorageEngineFactory(ABC):
     options_prefix: ClassVar[str | None] = None
     options_type: ClassVar[type | None] = None
     description: ClassVar[str] = ""
+    rescale_layout: ClassVar[Any] = None
+    """How the engine's change records split by key when a job is rescaled: a
+    :class:`localstate.rescale.RecordLayout`, or None (the store cannot be rescaled;
+    ``localstate rescale`` refuses it, naming this attribute)."""
 
     @abstractmethod
     def create(self, spec: StoreSpec, context: StoreContext) -> StorageEngine:

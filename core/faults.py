@@ -38,6 +38,8 @@ FAULT_POINTS = (
     "compaction.before_rename",
     "compaction.mid",
     "restore.mid",
+    "standby.mid",
+    "standby.before_snapshot",
     "changelog.append",
     "rescale.staging",
     "rescale.before_manifest",

@@ -294,8 +294,7 @@ def _partition_row(system: Any, stream: str, physical: str, p: int, partitions: 
     """One changelog partition read through the :class:`ChangelogSystem` interface (any
     system): end offset, and the records and bytes read back up to it."""
     row: dict[str, Any] = {"stream": physical, "partition": p, "root": system.describe(), "locked_by": None}
-    exists = getattr(system, "topic_exists", None)  # a system where reading a stream would create it
-    if exists is not None and not exists(stream):
+    if not system.stream_exists(stream):  # a system where reading a stream would create it
         return {**row, **_NOTHING}
     try:
         part = system.open_partition(stream, p, partitions, readonly=True)

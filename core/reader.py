@@ -28,7 +28,6 @@ The whole store is held in memory: the cost of a state query is a full replay.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import shutil
 import tempfile
@@ -61,7 +60,7 @@ from .store_open import open_system, task_partition
 from .typed import check_store_types
 
 if TYPE_CHECKING:
-    from localstate.changelog.base import ChangelogSystem
+    from localstate.changelog.base import ChangelogSystem, CheckpointStore
 
 __all__ = ["StateReader", "read_committed", "sample_committed", "read_checkpoint_readonly"]
 
@@ -74,18 +73,11 @@ READ_ATTEMPTS = 5
 """How many newer checkpoints a store read follows before giving up (see module doc)."""
 
 
-def read_checkpoint_readonly(store: Any, job: str, partition: int) -> Checkpoint | None:
+def read_checkpoint_readonly(store: CheckpointStore, job: str, partition: int) -> Checkpoint | None:
     """The task's latest checkpoint as a reader must read it: without fencing the running
-    task (a checkpoint store whose ``read`` claims the task by default — objectstore,
-    Kafka — is asked with ``fence=False``) and without creating anything (a missing Kafka
-    checkpoint topic is None: reading it would create it). The one way every read-only
-    tool (state queries, ``verify``) reads a checkpoint."""
-    system, topic = getattr(store, "system", None), getattr(store, "topic", None)
-    if topic is not None and hasattr(system, "topic_exists") and not system.topic_exists(topic):
-        return None
-    if "fence" in inspect.signature(store.read).parameters:
-        return store.read(job, partition, fence=False)  # type: ignore[no-any-return]
-    return store.read(job, partition)  # type: ignore[no-any-return]
+    task and without creating anything
+    (:meth:`~localstate.changelog.base.CheckpointStore.read_readonly`)."""
+    return store.read_readonly(job, partition)
 
 
 class StateReader:

@@ -153,8 +153,7 @@ def _job(config: Config, to: Any) -> JobFiles:
     system = open_system(config, name)
     if isinstance(system, FileChangelogSystem):
         return JobFiles(config, config.partitions, to, system, system.root, stores)
-    if not all(hasattr(system, a) for a in ("generation", "pin_generation", "generation_used", "claim_generation",
-                                             "write_generation")):
+    if not system.rescales_in_generations:
         system.close()
         raise ConfigError(
             f"job {config.job_name!r}: rescale supports the file, kafka and objectstore changelogs; "

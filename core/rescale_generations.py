@@ -29,7 +29,7 @@ from typing import Any
 
 from .checkpoint import Checkpoint
 from .engine import StoreSpec
-from .errors import ChangelogError, LocalStateError
+from .errors import ChangelogError
 from .faults import fault_point
 from .rescale_files import JobFiles, carried_event_time, streams
 from .store_open import open_system, store_meta
@@ -138,19 +138,8 @@ def write_generation_partition(job: JobFiles, generation: Any, name: str, q: int
 
 
 def _drop_old_generation(job: JobFiles, old: Any) -> None:
-    """Delete the old generation's objects (objectstore; best effort: what is left is only
-    garbage). Kafka topics stay: deleting topics is the operator's call."""
-    store = getattr(job.system, "store", None)
-    if store is None or not hasattr(store, "list"):
-        log.warning("job %r: the old changelog topics (%s) are no longer used; delete them when satisfied",
+    """Delete the old generation's data where its system does (objectstore; best effort:
+    what is left is only garbage); Kafka topics stay: deleting topics is the operator's call."""
+    if not job.system.drop_generation(old, streams(job)):
+        log.warning("job %r: the old changelog streams (%s) are no longer used; delete them when satisfied",
                     job.config.job_name, ", ".join(old.stream(s) for s in streams(job)))
-        return
-    prefixes = [old.stream(s) for s in streams(job)] + [f"_checkpoints/{old.job(job.config.job_name)}"]
-    try:
-        for prefix in prefixes:
-            keys = [f"{prefix}/{name}" for name, _ in store.list(prefix)]
-            for i in range(0, len(keys), 1000):
-                store.delete(keys[i:i + 1000])
-    except LocalStateError as e:
-        log.warning("job %r: the old generation's objects under %s were not all deleted (%s); they are garbage",
-                    job.config.job_name, ", ".join(store.where(p) for p in prefixes), e)

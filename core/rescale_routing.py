@@ -76,7 +76,7 @@ def layout_for(spec: StoreSpec) -> RecordLayout:
         return RecordLayout(kind="task", shared_keys=frozenset({_META_KEY}), merge=_or_words)
     if name in _NOT_SPLITTABLE:
         raise ConfigError(f"store {spec.name!r} ({name}) cannot be rescaled: {_NOT_SPLITTABLE[name]}")
-    layout = getattr(resolve_factory(name, store=spec.name), "rescale_layout", None)
+    layout = resolve_factory(name, store=spec.name).rescale_layout
     if isinstance(layout, RecordLayout):
         return layout
     raise ConfigError(

@@ -40,6 +40,7 @@ from .config import Config
 from .copies import STANDBY_ROLE, record_copy
 from .engine import StorageEngine, StoreContext, StoreSpec
 from .errors import ChangelogError, CorruptionError, LocalStateError, StoreLockedError
+from .faults import fault_point
 from .layout import store_dir, task_lock
 from .locking import io_error
 from .metrics import StoreMetrics
@@ -226,6 +227,7 @@ def _apply_committed(config: Config, partition: int, spec: StoreSpec, committed:
                 for batch, _ in changelog.read_batches(start, committed):
                     applied[0] += len(batch)
                     yield batch
+                    fault_point("standby.mid")
 
             if start < committed:
                 with engine_phase(spec, "restore"):
@@ -235,6 +237,7 @@ def _apply_committed(config: Config, partition: int, spec: StoreSpec, committed:
             # deferred one is only trusted by an open at that very commit).
             with engine_phase(spec, "persist"):
                 engine.persist(committed)
+                fault_point("standby.before_snapshot")
                 engine.checkpoint(committed)
             return StoreFollow(start, committed, applied[0], fetched=fetched)
         finally:

@@ -58,16 +58,15 @@ class StoreCheck:
 def _read_checkpoints(store: Any, job: str, partition: int) -> tuple[Checkpoint | None, list[str]]:
     problems: list[str] = []
     ckpt: Checkpoint | None = None
-    system, topic = getattr(store, "system", None), getattr(store, "topic", None)
-    if topic is not None and hasattr(system, "topic_exists") and not system.topic_exists(topic):
-        # nothing committed yet, as an empty checkpoint directory or prefix (reading would
-        # create the topic: verify writes nothing); a changelog holding records is still a
-        # problem, found by the store's check
-        return None, []
     try:
         ckpt = read_checkpoint_readonly(store, job, partition)
     except LocalStateError as e:
         problems.append(f"latest checkpoint: {e}")
+    if ckpt is None and not problems:
+        # nothing committed yet (verify writes nothing, so the previous checkpoint is not
+        # asked where reading would create its place); a changelog holding records is
+        # still a problem, found by the store's check
+        return None, []
     try:
         store.previous(job, partition)
     except LocalStateError as e:
@@ -120,8 +119,7 @@ def verify_job(config: Config, partitions: list[int] | None = None, *, deep: boo
 
 def _check_store(system: Any, stream: str, p: int, partitions: int, ckpt: Checkpoint | None,
                  check: StoreCheck, deep: bool) -> None:
-    exists = getattr(system, "topic_exists", None)
-    if exists is not None and not exists(stream):
+    if not system.stream_exists(stream):
         check.committed = ckpt.offsets.get(check.store) if ckpt else None
         if check.committed:
             check.problems.append(f"changelog topic {stream!r} is missing but offset {check.committed} was committed")

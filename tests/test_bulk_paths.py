@@ -19,6 +19,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from localstate import Config, TaskStorage
+from localstate.changelog.base import ChangelogPartition
 from localstate.changelogger import ChangeLogger
 from localstate.engines.memory import MemoryEngine
 from localstate.errors import InvalidValueError, SerializationError
@@ -29,7 +30,7 @@ from localstate.serdes import get_serde
 from localstate.testing import FULL
 
 
-class RecordingPartition:
+class RecordingPartition(ChangelogPartition):
     """A changelog partition that keeps every appended batch in memory."""
 
     def __init__(self) -> None:
@@ -45,6 +46,15 @@ class RecordingPartition:
     def end_offset(self) -> int:
         return self.flush()
 
+    def read_batches(self, start: int, stop: int) -> Any:
+        raise NotImplementedError
+
+    def discard_tail(self, committed_offset: int, current: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
     def state(self) -> dict[bytes, bytes]:
         """What a restore would rebuild, once the logger has handed over what it holds."""
         if self.logger is not None:
@@ -59,7 +69,7 @@ def _stack(cache_size: int = 8, batch_size: int = 4) -> tuple[Any, MemoryEngine,
     engine = MemoryEngine()
     partition = RecordingPartition()
     metrics = StoreMetrics()
-    logger = ChangeLogger("bulk", partition, batch_size, metrics)  # type: ignore[arg-type]
+    logger = ChangeLogger("bulk", partition, batch_size, metrics)
     partition.logger = logger
     store = build_store(engine, name="bulk", logger=logger, key_serde=get_serde("string"),
                         msg_serde=get_serde("json"), cache_size=cache_size, batch_size=batch_size, metrics=metrics)

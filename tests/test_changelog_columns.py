@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 import zlib
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -127,8 +128,9 @@ def test_objectstore_buffers_the_same_bytes_as_before(tmp_path):
     system.close()
 
 
-class PairsOnlyPartition:
-    """A duck-typed partition written before ``append_columns`` existed (no base class)."""
+class PairsOnlyPartition(ChangelogPartition):
+    """A backend that implements ``append`` only: the declared default of
+    ``append_columns`` hands it the pairs."""
 
     def __init__(self) -> None:
         self.batches: list[list[tuple[bytes, bytes | None]]] = []
@@ -139,11 +141,23 @@ class PairsOnlyPartition:
     def flush(self) -> int:
         return sum(map(len, self.batches))
 
+    def end_offset(self) -> int:
+        return self.flush()
 
-def test_the_logger_hands_a_partition_without_append_columns_the_pairs_in_batches():
+    def read_batches(self, start: int, stop: int) -> Any:
+        raise NotImplementedError
+
+    def discard_tail(self, committed_offset: int, current: Any) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_logger_hands_a_partition_without_its_own_append_columns_the_pairs_in_batches():
     part = PairsOnlyPartition()
     metrics = StoreMetrics()
-    logger = ChangeLogger("kv", part, 4, metrics)  # type: ignore[arg-type]
+    logger = ChangeLogger("kv", part, 4, metrics)
     logger.log_all({b"a": b"1", b"b": None, b"c": b"333"})
     assert part.batches == []
     logger.log_all([(b"a", b"2"), (b"d", b"4"), (b"e", b"5"), (b"f", None), (b"g", b"7")])

@@ -149,3 +149,22 @@ def test_a_registry_naming_stale_copies_gives_the_exact_state(tmp_path: Path) ->
     # last commit shipped beside the changelog (one at every commit here) and replayed nothing.
     starts = [e for e in read_events(stream) if e["phase"] == "start" and e["previous_version"] is not None]
     assert starts and sum(e["restore_records"] for e in starts) == 0, starts
+
+
+def test_an_executor_whose_state_dir_is_unusable_is_left_out(tmp_path: Path) -> None:
+    # Executor 1's state dir is a regular file: every task opened there fails with a clear
+    # error. Spark's exclusion on failure (on in spark_session) sends the retry to another
+    # executor, and the registry stops proposing the excluded executor, so every
+    # micro-batch commits, exactly, without it.
+    state = tmp_path / "stream" / "state"
+    state.mkdir(parents=True)
+    (state / "1").write_text("not a directory\n")
+    files, _result = _drive(tmp_path, "stream", files=4)
+    stream = tmp_path / "stream"
+    _assert_exact_stream(stream, files)
+    runs = _closed_runs(stream)
+    assert runs and {e["executor"] for e in runs} == {"0", "2"}, runs
+    # Once excluded, executor 1 is proposed no more: the last micro-batch's runs stay
+    # where the one before ran.
+    before = {e["partition"]: e["executor"] for e in runs if e["version"] == len(files) - 2}
+    assert all(before[e["partition"]] == e["executor"] for e in runs if e["version"] == len(files) - 1), runs

@@ -10,8 +10,13 @@ and LevelDB files, the file changelog, the session's Kafka broker and moto S3 se
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -241,6 +246,39 @@ def test_a_follow_while_the_task_commits_holds_a_committed_state_never_a_mixed_o
     assert len({v for v, _ in held}) > 1, "the follows all saw one commit: the test did not interleave"
     for version, contents in held:
         assert contents == job.history[version], f"the copy followed to version {version} is not its state"
+
+
+_FOLLOW_IN_A_PROCESS = """
+import json, sys
+from localstate import Config
+from localstate.standby import follow
+follow(Config.from_dict(json.loads(sys.argv[1])), 0, executor="b")
+"""
+
+
+@pytest.mark.parametrize(("where", "engine"), CASES)
+@pytest.mark.parametrize("fault", ["standby.mid", "standby.before_snapshot"])
+def test_a_follower_killed_mid_follow_leaves_a_copy_the_open_makes_exact(
+        tmp_path: Path, request: pytest.FixtureRequest, where: str, engine: str, fault: str) -> None:
+    values = _values(tmp_path, where, engine, request)
+    job = Job(values, tmp_path)
+    job.run(300)
+    assert follow(job.standby, 0).status == FOLLOWED
+    for _ in range(3):
+        job.run(200)
+    # SIGKILL in the middle of applying the runs it missed, or after the copy was made
+    # durable but before its local snapshot at the commit
+    proc = subprocess.run([sys.executable, "-c", _FOLLOW_IN_A_PROCESS,
+                           json.dumps({**values, "job.state.dir": str(tmp_path / "standby")})],
+                          env={**os.environ, "LOCALSTATE_FAULTS": f"{fault}=kill"}, capture_output=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode(errors="replace")[-2000:]
+    state, _ = job.open_standby()
+    assert state == job.state
+    # and a follow over what the killed one left brings it to the next commit
+    job.run(100)
+    assert follow(job.standby, 0).status == FOLLOWED
+    state, replayed = job.open_standby()
+    assert state == job.state and replayed == 0
 
 
 def test_job_standby_replicas_is_validated() -> None:

@@ -226,16 +226,17 @@ class PlacementParam(AccumulatorParam):
 
 
 def live_executors(sc: SparkContext) -> dict[str, str]:
-    """Executor id → host of the executors registered now, the driver left out (empty
-    under ``local[*]``, where the driver is the only executor, and when Spark's status
-    store cannot be read)."""
+    """Executor id → host of the executors registered now that Spark has not excluded
+    (``spark.excludeOnFailure.enabled``: an executor whose tasks kept failing there, e.g.
+    on an unusable state dir), the driver left out. Empty under ``local[*]``, where the
+    driver is the only executor, and when Spark's status store cannot be read."""
     try:
         infos = sc._jsc.sc().statusStore().executorList(True)  # noqa: SLF001 - no Python API lists executor ids
         out = {}
         for i in range(infos.size()):
             info = infos.apply(i)
             executor = str(info.id())
-            if executor != "driver":
+            if executor != "driver" and not info.isExcluded():
                 out[executor] = str(info.hostPort()).rsplit(":", 1)[0]
         return out
     except Exception:  # a Spark without this status API: run without placement

@@ -63,6 +63,8 @@ __all__ = [
     "spark_task_keys",
     "PARTITION_COLUMN",
     "spark_session",
+    "one_host_exclusion",
+    "wait_for_executors",
 ]
 
 KEPT_BATCH_METRICS = 100
@@ -101,6 +103,8 @@ class TaskRun:
     (:func:`~localstate.contrib.spark.placement.sweep_copies`)."""
     standbys: Mapping[int, str] | None = None
     """Task → the executor keeping its standby copy: kept by the sweep."""
+    key: str | None = None
+    """The job's key column (:attr:`TaskContext.key_column`: keyed state is scoped to it)."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,7 @@ class _TaskAttempt:
                 self.drain = drain
             task = self.task = run.task()
             self.context = TaskContext(partition, config.partitions, config, self.storage, task.timer_store,
-                                       open_seconds)
+                                       open_seconds, run.key)
             task.init(self.context)
         except BaseException:
             self.close()
@@ -204,7 +208,7 @@ class _TaskAttempt:
         # The batch is processed at its event time (event-time TTL stamps its writes
         # with it); timers fire after it, so the batch can still delete or move them.
         self.context.observe_event_time(task, batch)
-        task.process_batch(batch, self.emit)
+        self.context.process(task, batch, self.emit)
         self.context.fire_timers(task, self.emit)
         return self.drain()
 
@@ -493,7 +497,7 @@ class StatefulJob:
                       self.metrics_accumulator, in_stream_plan,
                       placement.report if placement is not None else None,
                       placement.owners if placement is not None else None,
-                      placement.standbys if placement is not None else None)
+                      placement.standbys if placement is not None else None, self.key)
 
         if in_stream_plan:  # ``in_stream_plan``: see TaskRun.in_stream_plan
             from .metrics import with_metrics_column
@@ -699,17 +703,34 @@ def spark_session(master: str = "local[*]", app_name: str = "localstate", **conf
         "spark.sql.shuffle.partitions": "8",
         "spark.python.worker.reuse": "true",
         "spark.sql.streaming.stopGracefullyOnShutdown": "true",
+        # A task that failed on an executor (e.g. its state dir is unusable) is retried on
+        # another one, and an executor where tasks keep failing is left out for a while
+        # (placement proposes only executors Spark has not excluded): without it a retry
+        # goes back to the executor its state preferred, and fails there again.
+        "spark.excludeOnFailure.enabled": "true",
     }
+    match = _LOCAL_CLUSTER.match(master)
+    if match:
+        defaults.update(one_host_exclusion(int(match.group(1)), int(conf.get("spark.task.maxFailures", 4))))
     defaults.update({k: str(v) for k, v in conf.items()})
     builder = SparkSession.builder.master(master).appName(app_name)
     for k, v in defaults.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    match = _LOCAL_CLUSTER.match(master)
     if match:
         wait_for_executors(spark, int(match.group(1)))
     return spark
+
+
+def one_host_exclusion(executors: int, max_failures: int = 4) -> dict[str, str]:
+    """Spark settings for a cluster whose ``executors`` all run on one host (``local-cluster``,
+    a test's standalone workers): exclude a failing executor, never the host, or two failures
+    of one task would leave it nowhere to run. Spark wants a task's attempts per host below
+    ``spark.task.maxFailures`` (``max_failures``)."""
+    return {"spark.excludeOnFailure.task.maxTaskAttemptsPerNode": str(max(1, max_failures - 1)),
+            "spark.excludeOnFailure.stage.maxFailedExecutorsPerNode": str(executors + 1),
+            "spark.excludeOnFailure.application.maxFailedExecutorsPerNode": str(executors + 1)}
 
 
 def wait_for_executors(spark: SparkSession, count: int, timeout_s: float = 120.0) -> None:

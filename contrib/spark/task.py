@@ -12,6 +12,7 @@ from typing import Any, TypeVar, overload
 
 import pyarrow as pa
 from localstate import Config, ConfigError, KeyValueStore, LocalStateError, TaskStorage
+from localstate.keyed import NO_KEY, KeyedState
 from localstate.layers.ttl import wall_clock_ms
 from localstate.timers import EVENT_TIME, PROCESSING_TIME, Timers, check_timer_store
 
@@ -36,7 +37,12 @@ class TaskContext:
     open_seconds: float = 0.0
     """Wall seconds the runner spent opening the storage before :meth:`StreamTask.init`
     (the task lock, the checkpoint, a rollback of a re-run batch, a restore)."""
+    key_column: str | None = None
+    """The input column holding each row's key (a :class:`StatefulJob`'s ``key=``): keyed
+    state handles are scoped to it around :meth:`StreamTask.process`."""
     _timers: dict[bytes, Timers] = field(default_factory=dict, init=False, repr=False)
+    _keyed: KeyedState | None = field(default=None, init=False, repr=False)
+    _plain: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     @overload
     def store(self, name: str) -> Any: ...
@@ -46,7 +52,45 @@ class TaskContext:
     def store(self, name: str, key_type: type | None = None, value_type: type | None = None) -> Any:
         """The store ``name`` of this task (``storage.store(name)``); with types,
         ``context.store("counts", str, int)`` is a checked ``KeyValueStore[str, int]``."""
+        if self._keyed is not None and name in self._keyed.handles:
+            raise ConfigError(f"store {name!r} is the store of the keyed state handle {name!r}: use the handle, "
+                              "or give the plain store another name")
+        self._plain[name] = "plain store (context.store)"
         return self.storage.store(name, key_type, value_type)  # type: ignore[arg-type]
+
+    @property
+    def keyed(self) -> KeyedState:
+        """Keyed state handles (:mod:`localstate.keyed`): ``context.keyed.value("last_seen", int)``
+        in ``init``; each handle reads and writes the entry of ``context.keyed.key``, the
+        current key, which the runner sets around :meth:`StreamTask.process` and
+        :meth:`StreamTask.on_timer`."""
+        if self._keyed is None:
+            self._plain.setdefault(self.timer_store, "timer store")
+            self._keyed = KeyedState(self.storage, self._plain)
+        return self._keyed
+
+    def process(self, task: StreamTask, batch: pa.RecordBatch, emit: Emitter) -> None:
+        """Hand ``batch`` to ``task``: its own ``process_batch``, or — when it has only the
+        per-record :meth:`StreamTask.process`, declared keyed state and the runner knows the
+        key column — ``process`` per row with ``keyed.key`` set to the row's key. Either way
+        there is no current key afterwards (``window`` sets one itself if it needs one)."""
+        keyed, column = self._keyed, self.key_column
+        if keyed is None:
+            task.process_batch(batch, emit)
+            return
+        try:
+            if column is None or type(task).process_batch is not StreamTask.process_batch:
+                task.process_batch(batch, emit)
+                return
+            if column not in batch.schema.names:
+                raise ConfigError(f"key column {column!r} is not an input column (columns: "
+                                  f"{', '.join(batch.schema.names)})")
+            process = task.process
+            for record in batch.to_pylist():
+                keyed.key = record[column]
+                process(record, emit)
+        finally:
+            keyed.key = NO_KEY
 
     @property
     def watermark(self) -> int | None:
@@ -91,12 +135,25 @@ class TaskContext:
             return 0
         fired = 0
         batched = type(task).on_timers is not StreamTask.on_timers
-        for domain in (EVENT_TIME, PROCESSING_TIME):
-            timers = self._domain(domain)
-            if batched:
-                fired += timers.fire_batch(lambda keys, stamps: task.on_timers(keys, stamps, emit))
-            else:
-                fired += timers.fire(lambda key, ts: task.on_timer(key, ts, emit))
+        keyed = self._keyed
+        on_timer = task.on_timer
+
+        def scoped(key: Any, ts: int) -> None:
+            keyed.key = key  # type: ignore[union-attr]
+            on_timer(key, ts, emit)
+
+        try:
+            for domain in (EVENT_TIME, PROCESSING_TIME):
+                timers = self._domain(domain)
+                if batched:
+                    fired += timers.fire_batch(lambda keys, stamps: task.on_timers(keys, stamps, emit))
+                elif keyed is not None:
+                    fired += timers.fire(scoped)
+                else:
+                    fired += timers.fire(lambda key, ts: on_timer(key, ts, emit))
+        finally:
+            if keyed is not None:
+                keyed.key = NO_KEY
         return fired
 
     def observe_event_time(self, task: StreamTask, batch: pa.RecordBatch) -> None:

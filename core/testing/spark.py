@@ -14,12 +14,13 @@ Tests that need Spark should also carry ``@pytest.mark.spark``.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-__all__ = ["spark", "spark_master", "KeyCount", "key_count_task", "key_count_config", "read_counts"]
+__all__ = ["spark", "spark_master", "KeyCount", "key_count_task", "key_count_config", "read_counts", "batch_stages"]
 
 
 @pytest.fixture(scope="session")
@@ -144,4 +145,43 @@ def read_counts(config: Any) -> dict[str, int]:
     for p in range(config.partitions):
         with TaskStorage(config, p) as storage, storage.store("counts").all() as items:
             out.update(items)
+    return out
+
+
+_BATCH_ID = re.compile(r"batch = (\d+)")
+
+
+def batch_stages(spark: Any, run_id: str) -> dict[int, list[dict[str, float]]]:
+    """Per micro-batch id of the query run ``run_id``: its completed Spark stages from the
+    driver's status store — ``wall`` (first task launch to completion, s), ``task_s``
+    (summed executor run time), ``input_rows`` (rows read from files), ``shuffle_read``
+    and ``shuffle_write`` (rows). Jobs are matched by the description Structured
+    Streaming gives every job of a micro-batch (``runId = …``, ``batch = N``)."""
+    store = spark.sparkContext._jsc.sc().statusStore()  # noqa: SLF001 - the status store is JVM-only
+    out: dict[int, list[dict[str, float]]] = {}
+    jobs = store.jobsList(None).iterator()
+    while jobs.hasNext():
+        job = jobs.next()
+        description = job.description()
+        text = description.get() if description.isDefined() else ""
+        match = _BATCH_ID.search(text)
+        if run_id not in text or match is None:
+            continue
+        batch = int(match.group(1))
+        stage_ids = job.stageIds().iterator()
+        while stage_ids.hasNext():
+            try:
+                stage = store.lastStageAttempt(stage_ids.next())
+            except Exception:  # a stage skipped (its shuffle output reused) has no attempt  # noqa: S112
+                continue
+            launched, completed = stage.firstTaskLaunchedTime(), stage.completionTime()
+            if not (launched.isDefined() and completed.isDefined()):
+                continue
+            out.setdefault(batch, []).append({
+                "wall": (completed.get().getTime() - launched.get().getTime()) / 1000,
+                "task_s": stage.executorRunTime() / 1000,
+                "input_rows": stage.inputRecords(),
+                "shuffle_read": stage.shuffleReadRecords(),
+                "shuffle_write": stage.shuffleWriteRecords(),
+            })
     return out

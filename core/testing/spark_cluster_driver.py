@@ -280,6 +280,45 @@ def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_ta
     return last["batchId"] if last else None
 
 
+def _floor_counts(batches: Iterable[Any]) -> Iterable[Any]:
+    import pyarrow as pa
+
+    for batch in batches:
+        counts = pa.Table.from_batches([batch]).group_by("user_id").aggregate([("user_id", "count")])
+        yield from pa.table({"key": counts["user_id"], "count": counts["user_id_count"]}).to_batches()
+
+
+def run_floor(spark: Any, root: Path, input_dir: Path, partitions: int, *, input_format: str = "json",
+              progress: list[dict[str, Any]] | None = None) -> int | None:
+    """The stream of :func:`run_stream` with no state at all: each micro-batch's rows are
+    shuffled by key onto ``partitions`` Spark tasks and counted per Arrow batch in Python
+    (``mapInArrow``, the same shuffle and Arrow hop as the stateful job), the counts
+    written as :func:`run_stream` writes its rows. What a micro-batch costs without
+    state, on the same master."""
+    from pyspark import StorageLevel
+
+    out_dir = root / "output"
+
+    def output(df: Any, batch_id: int) -> None:
+        result = df.repartition(partitions, "user_id").mapInArrow(_floor_counts, KeyCount.OUTPUT_SCHEMA)
+        result = result.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            result.count()
+            _write_json(out_dir / f"batch-{batch_id}.json", _rows(result))
+        finally:
+            result.unpersist()
+
+    reader = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
+    stream = reader.parquet(str(input_dir)) if input_format == "parquet" else reader.json(str(input_dir))
+    query = (stream.writeStream.foreachBatch(output).option("checkpointLocation", str(root / "spark-checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    if progress is not None:
+        progress.extend(query.recentProgress)
+    last = query.lastProgress
+    return last["batchId"] if last else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=["batch", "stream", "all"], help="all: batch, then stream")
@@ -305,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="stream: the input files' format")
     parser.add_argument("--standby-replicas", type=int, default=0,
                         help="stream: job.standby.replicas (a warm copy of each task on another executor)")
+    parser.add_argument("--floor", action="store_true",
+                        help="stream: the same stream with no state (run_floor), for the price of state")
     parser.add_argument("--spark-tasks", type=int, default=None,
                         help="stream: Spark tasks the tasks run in (default: one per task)")
     args = parser.parse_args(argv)
@@ -322,14 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         return config.with_overrides({"job.state.dir": args.state_dir}) if args.state_dir else config
 
     t0 = time.monotonic()
-    spark = spark_session(
-        args.master,
-        app_name=f"localstate-cluster-{args.mode}",
-        **{
-            "spark.sql.shuffle.partitions": str(args.partitions),
-            "spark.locality.wait": args.locality_wait,
-        },
-    )
+    conf = {"spark.sql.shuffle.partitions": str(args.partitions), "spark.locality.wait": args.locality_wait}
+    if args.executors:  # a standalone master whose workers all run on this host
+        from localstate.contrib.spark.runner import one_host_exclusion
+
+        conf.update(one_host_exclusion(args.executors))
+    spark = spark_session(args.master, app_name=f"localstate-cluster-{args.mode}", **conf)
     if args.executors:
         from localstate.contrib.spark.runner import wait_for_executors
 
@@ -348,11 +387,22 @@ def main(argv: list[str] | None = None) -> int:
             _write_json(args.root / "stream-started.json", {"time": time.time()})
             root = args.root / "stream"
             progress: list[dict[str, Any]] = []
-            result["last_batch"] = run_stream(spark, root, args.input, config(root, True), args.spark_tasks,
-                                              forget_placement_at=args.forget_placement_at,
-                                              misplace=args.misplace, input_format=args.input_format,
-                                              progress=progress, affinity=not args.no_affinity)
+            if args.floor:
+                result["last_batch"] = run_floor(spark, root, args.input, args.partitions,
+                                                 input_format=args.input_format, progress=progress)
+            else:
+                result["last_batch"] = run_stream(spark, root, args.input, config(root, True), args.spark_tasks,
+                                                  forget_placement_at=args.forget_placement_at,
+                                                  misplace=args.misplace, input_format=args.input_format,
+                                                  progress=progress, affinity=not args.no_affinity)
             result["batch_ms"] = [p["durationMs"].get("triggerExecution") for p in progress]
+            result["batch_add_ms"] = [p["durationMs"].get("addBatch") for p in progress]
+            result["batch_ids"] = [p["batchId"] for p in progress]
+            if progress:
+                from localstate.testing.spark import batch_stages
+
+                stages = batch_stages(spark, str(progress[0]["runId"]))
+                result["stages"] = {str(b): s for b, s in stages.items()}
             result["batch_rows"] = [p.get("numInputRows") for p in progress]
         result["status"] = "ok"
     except Exception as e:

@@ -7,7 +7,10 @@ which :func:`adapter_for` imports by resolving the engine first.
 
 A *named workload* exercises a feature over the engine under test rather than the
 engine's own API: :class:`TtlTimersWorkload` (``--workload ttl-timers``) kills tasks
-around TTL expiry and timer firing. Register more with :func:`register_workload`.
+around TTL expiry and timer firing, :class:`KeyedStateWorkload` (``--workload
+keyed-state``) a task that keeps keyed state handles, :class:`WindowsWorkload`
+(``--workload windows``) windows closing in the task's commits. Register more with
+:func:`register_workload`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
     "BloomWorkload",
     "SearchWorkload",
     "TtlTimersWorkload",
+    "KeyedStateWorkload",
     "WindowsWorkload",
     "register_adapter",
     "register_workload",
@@ -327,6 +331,100 @@ class TtlTimersWorkload(WorkloadAdapter):
                            lambda v: v if type(v) is int else 0)
 
 
+class KeyedStateWorkload(WorkloadAdapter):
+    """A task keeping keyed state handles (:mod:`localstate.keyed`) over any key-value
+    engine (``--workload keyed-state``), run through :class:`TaskContext` as the Spark
+    runner runs it: each batch is an Arrow batch of ``(user, page, n)`` rows handed to
+    ``context.process`` with the key column ``user`` (the handles scoped per row), then
+    the due event-time timers fire (scoped to the timer's key).
+
+    Per row: the value handle under test (``s``: a per-user counter ``{"n": ...}``, so a
+    row applied twice shows as **duplicated**), a list handle (the user's last 4 pages), a
+    map handle (per-page counts; ``ttl.ms`` = 2 batches of event time: a page not seen for
+    two batches expires), a reducing (sum of ``n``) and an aggregating handle (count and
+    max), and a timer 150 ms ahead; the timer clears the user's list and counts its firing
+    in the value handle's ``timers`` field. Every handle is a store on the engine under
+    test with its own changelog, so the observed state is all of them."""
+
+    STEP_MS = 100
+    store_options = {"key.serde": "string", "msg.serde": "json", "object.cache.size": 16, "write.batch.size": 8}
+    extra_stores = {
+        "recent": {"key.serde": "string", "msg.serde": "json", "object.cache.size": 16, "write.batch.size": 8},
+        "pages": {"key.serde": "tuple", "msg.serde": "long", "ttl.ms": 2 * STEP_MS, "ttl.time": "event",
+                  "object.cache.size": 16, "write.batch.size": 8},
+        "total": {"key.serde": "string", "msg.serde": "long", "object.cache.size": 0},
+        "stats": {"key.serde": "string", "msg.serde": "json", "object.cache.size": 16, "write.batch.size": 8},
+        "timers": {"object.cache.size": 16, "write.batch.size": 8},
+    }
+    crash_points = ("ttl.after_sweep", "timers.after_fire")
+    key_value = True
+
+    def open(self, storage: TaskStorage) -> None:
+        import pyarrow as pa
+        from localstate.contrib.spark.task import Emitter, TaskContext
+
+        self.storage = storage
+        self.task = _keyed_task()
+        self.context = TaskContext(partition=0, partitions=1, config=storage.config, storage=storage,
+                                   key_column="user")
+        self.task.init(self.context)
+        self.emit = Emitter(pa.schema([("user", pa.string())]))
+        self._batch = pa.RecordBatch.from_pylist
+
+    def apply_batch(self, store: KeyValueStore, batch: int, rng: random.Random, ops: int, keys: int) -> None:
+        self.storage.advance_event_time(batch * self.STEP_MS)
+        rows = [{"user": f"u{rng.randrange(keys)}", "page": f"p{rng.randrange(6)}", "n": rng.randrange(1, 10),
+                 "ts": batch * self.STEP_MS} for _ in range(ops)]
+        self.context.process(self.task, self._batch(rows), self.emit)
+        self.context.fire_timers(self.task, self.emit)
+        self.emit.drain()
+
+    def observe(self, store: KeyValueStore, keys: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in ("s", *(n for n in self.extra_stores if n != "timers")):
+            with self.storage.store(name).all() as it:
+                out.update({f"{name}:{k}": v for k, v in it})
+        out.update({f"timer:{k}@{ts}": 1 for k, ts in self.context.timers.pending()})
+        out["event_time"] = self.storage.event_time
+        return out
+
+    def classify(self, expected: Any, actual: Any) -> dict[str, list[str]]:
+        return _by_counter(super().classify(expected, actual), expected, actual, _count_n)
+
+
+def _keyed_task() -> Any:
+    """The task of :class:`KeyedStateWorkload`: a ``StreamTask`` with ``process`` and
+    ``on_timer`` only (defined here, on first use: the Spark extra is imported lazily)."""
+    from localstate.contrib.spark.task import StreamTask
+    from localstate.keyed import Aggregate
+
+    class KeyedTask(StreamTask):
+        def init(self, context: Any) -> None:
+            keyed = context.keyed
+            self.count = keyed.value("s", dict)
+            self.recent = keyed.list("recent", str)
+            self.pages = keyed.map("pages", str, int)
+            self.total = keyed.reducing("total", int.__add__, int)
+            self.stats = keyed.aggregating("stats", Aggregate(lambda: [0, 0], lambda a, n: [a[0] + 1, max(a[1], n)]))
+            self.timers = context.timers
+
+        def process(self, record: dict[str, Any], emit: Any) -> None:
+            counter = self.count.get() or {"n": 0, "timers": 0}
+            self.count.update({**counter, "n": counter["n"] + 1})
+            recent = self.recent.get()[-3:]
+            self.recent.update([*recent, record["page"]])
+            self.pages.put(record["page"], self.pages.get(record["page"], 0) + 1)
+            self.total.add(record["n"])
+            self.stats.add(record["n"])
+            self.timers.register(record["user"], record["ts"] + 150)
+
+        def on_timer(self, key: Any, ts: int, emit: Any) -> None:
+            counter = self.count.get()
+            self.count.update({**counter, "timers": counter["timers"] + 1})
+            self.recent.clear()
+
+    return KeyedTask()
+
 class WindowsWorkload(WorkloadAdapter):
     """Windowed aggregation over any key-value engine (``--workload windows``).
 
@@ -408,7 +506,9 @@ def register_adapter(engine: str, adapter: Callable[[], WorkloadAdapter]) -> Non
     _ADAPTERS[engine] = adapter
 
 
-_WORKLOADS: dict[str, Callable[[], WorkloadAdapter]] = {"ttl-timers": TtlTimersWorkload, "windows": WindowsWorkload}
+_WORKLOADS: dict[str, Callable[[], WorkloadAdapter]] = {"ttl-timers": TtlTimersWorkload,
+                                                       "keyed-state": KeyedStateWorkload,
+                                                       "windows": WindowsWorkload}
 
 
 def register_workload(name: str, adapter: Callable[[], WorkloadAdapter]) -> None:
