@@ -77,7 +77,7 @@ from __future__ import annotations
 import zlib
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .errors import ConfigError, InvalidValueError
@@ -113,10 +113,10 @@ def _ms(value: Any, what: str, *, minimum: int) -> int:
 # -- window kinds ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Windows:
-    """What all window kinds share: ``grace``, how long after its end a window still
-    takes records (Kafka's grace period, Flink's allowed lateness)."""
+    """What all window kinds share: ``grace`` (keyword-only), how long after its end a
+    window still takes records (Kafka's grace period, Flink's allowed lateness)."""
 
-    grace: int = 0
+    grace: int = field(default=0, kw_only=True)
 
     def __post_init__(self) -> None:
         _ms(self.grace, f"{type(self).__name__}: grace", minimum=0)
@@ -126,12 +126,7 @@ class Windows:
 class Tumbling(Windows):
     """Fixed, non-overlapping windows ``[start, start + size)``, ``start`` a multiple of ``size``."""
 
-    size: int = 0
-
-    def __init__(self, size: int, *, grace: int = 0) -> None:
-        object.__setattr__(self, "size", size)
-        object.__setattr__(self, "grace", grace)
-        self.__post_init__()
+    size: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -146,14 +141,8 @@ class Tumbling(Windows):
 class Hopping(Windows):
     """Overlapping windows ``[start, start + size)``, ``start`` a multiple of ``hop``."""
 
-    size: int = 0
-    hop: int = 0
-
-    def __init__(self, size: int, hop: int, *, grace: int = 0) -> None:
-        object.__setattr__(self, "size", size)
-        object.__setattr__(self, "hop", hop)
-        object.__setattr__(self, "grace", grace)
-        self.__post_init__()
+    size: int
+    hop: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -168,12 +157,7 @@ class Hopping(Windows):
 class Sliding(Windows):
     """Per key, the window ``[t - size, t]`` ending at each distinct event time ``t``."""
 
-    size: int = 0
-
-    def __init__(self, size: int, *, grace: int = 0) -> None:
-        object.__setattr__(self, "size", size)
-        object.__setattr__(self, "grace", grace)
-        self.__post_init__()
+    size: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -184,12 +168,7 @@ class Sliding(Windows):
 class Session(Windows):
     """Per key, runs of records less than ``gap`` apart (``[first, last]``)."""
 
-    gap: int = 0
-
-    def __init__(self, gap: int, *, grace: int = 0) -> None:
-        object.__setattr__(self, "gap", gap)
-        object.__setattr__(self, "grace", grace)
-        self.__post_init__()
+    gap: int
 
     def __post_init__(self) -> None:
         super().__post_init__()
