@@ -11,7 +11,6 @@ from __future__ import annotations
 import struct
 import zlib
 from pathlib import Path
-from typing import Any
 
 import msgpack
 import pytest
@@ -22,6 +21,8 @@ from localstate.changelog.objectstore import ObjectStoreChangelogSystem
 from localstate.changelogger import ChangeLogger
 from localstate.errors import ChangelogError
 from localstate.metrics import StoreMetrics
+
+from .test_bulk_paths import RecordingPartition
 
 
 def expected_batch(base: int, records: list[tuple[bytes, bytes | None]], ts: int) -> bytes:
@@ -128,34 +129,8 @@ def test_objectstore_buffers_the_same_bytes_as_before(tmp_path):
     system.close()
 
 
-class PairsOnlyPartition(ChangelogPartition):
-    """A backend that implements ``append`` only: the declared default of
-    ``append_columns`` hands it the pairs."""
-
-    def __init__(self) -> None:
-        self.batches: list[list[tuple[bytes, bytes | None]]] = []
-
-    def append(self, records: list[tuple[bytes, bytes | None]]) -> None:
-        self.batches.append(records)
-
-    def flush(self) -> int:
-        return sum(map(len, self.batches))
-
-    def end_offset(self) -> int:
-        return self.flush()
-
-    def read_batches(self, start: int, stop: int) -> Any:
-        raise NotImplementedError
-
-    def discard_tail(self, committed_offset: int, current: Any) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
 def test_the_logger_hands_a_partition_without_its_own_append_columns_the_pairs_in_batches():
-    part = PairsOnlyPartition()
+    part = RecordingPartition()  # implements append only: the declared default of append_columns hands it pairs
     metrics = StoreMetrics()
     logger = ChangeLogger("kv", part, 4, metrics)
     logger.log_all({b"a": b"1", b"b": None, b"c": b"333"})

@@ -212,6 +212,12 @@ def run_batch(spark: Any, root: Path, input_dir: Path, config: Config) -> None:
     _write_json(root / "output.json", rows)
 
 
+def _input_stream(spark: Any, input_dir: Path, input_format: str) -> Any:
+    """The files under ``input_dir`` as a stream, one file per micro-batch."""
+    reader = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
+    return reader.parquet(str(input_dir)) if input_format == "parquet" else reader.json(str(input_dir))
+
+
 class ForgetfulPlacement(Placement):
     """A placement registry that can be told to forget everything before its next
     proposal, as the registry of a new driver knows nothing."""
@@ -263,8 +269,7 @@ def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_ta
         if batch_id == forget_placement_at:
             job.placement.forget_at_next_assign = True
 
-    reader = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
-    stream = reader.parquet(str(input_dir)) if input_format == "parquet" else reader.json(str(input_dir))
+    stream = _input_stream(spark, input_dir, input_format)
     query = job.run_stream(
         stream,
         checkpoint_location=str(root / "spark-checkpoint"),
@@ -308,8 +313,7 @@ def run_floor(spark: Any, root: Path, input_dir: Path, partitions: int, *, input
         finally:
             result.unpersist()
 
-    reader = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
-    stream = reader.parquet(str(input_dir)) if input_format == "parquet" else reader.json(str(input_dir))
+    stream = _input_stream(spark, input_dir, input_format)
     query = (stream.writeStream.foreachBatch(output).option("checkpointLocation", str(root / "spark-checkpoint"))
              .trigger(availableNow=True).start())
     query.awaitTermination()
