@@ -26,9 +26,7 @@ free; the target is <= 1.1, i.e. ``ratio >= 0.91``).
 from __future__ import annotations
 
 import random
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,9 +34,8 @@ from typing import Any
 
 from localstate import Config, TaskStorage
 from localstate.keyed import KeyedState
-from localstate.registry import available
 
-from .runner import error_row, make_row
+from .runner import make_row, rows_per_engine
 
 __all__ = ["run", "OPS"]
 
@@ -161,17 +158,7 @@ def _engine_rows(engine: str, records: int, repeats: int, root: Path) -> list[di
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     """Rows per op for every installed engine of :data:`ENGINES`."""
     records = QUICK_RECORDS if quick else FULL_RECORDS
-    installed = available()
-    rows: list[dict[str, Any]] = []
-    for engine in ENGINES:
-        if not installed.get(engine, {}).get("installed"):
-            continue
-        root = Path(tempfile.mkdtemp(prefix="localstate-keyed-"))
-        try:
-            rows += _engine_rows(engine, records, repeats if quick else max(repeats, 9), root)
-        except Exception as e:  # one engine's failure is a cell, not the end of the suite
-            rows.append(error_row("keyed value get+update", engine, {"records": records}, "records/cpu-s",
-                                  f"{type(e).__name__}: {e}"))
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-    return rows
+    timed = repeats if quick else max(repeats, 9)
+    return rows_per_engine(ENGINES, lambda engine, root: _engine_rows(engine, records, timed, root),
+                           workload="keyed value get+update", params={"records": records}, unit="records/cpu-s",
+                           prefix="localstate-keyed-")

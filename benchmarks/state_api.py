@@ -20,9 +20,7 @@ work once per commit or scrape, not per operation.
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,10 +29,9 @@ from localstate import Config, StateReader, TaskStorage
 from localstate.engines.memory import MemoryEngine
 from localstate.layers import build_store
 from localstate.metrics import StoreMetrics
-from localstate.registry import available
 from localstate.serdes import get_serde
 
-from .runner import error_row, make_row
+from .runner import make_row, rows_per_engine
 
 __all__ = ["run"]
 
@@ -174,18 +171,8 @@ def _metrics_overhead(records: int, repeats: int) -> list[dict[str, Any]]:
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     """State-query rows for every installed engine of :data:`ENGINES`, then the metrics rows."""
     records = QUICK_RECORDS if quick else FULL_RECORDS
-    installed = available()
-    rows: list[dict[str, Any]] = []
-    for engine in ENGINES:
-        if not installed.get(engine, {}).get("installed"):
-            continue
-        root = Path(tempfile.mkdtemp(prefix="localstate-query-"))
-        try:
-            rows += _state_query(engine, records, repeats, root)
-        except Exception as e:  # one engine's failure is a cell, not the end of the suite
-            rows.append(error_row("state query (StateReader)", engine, {"records": records}, "records/s",
-                                  f"{type(e).__name__}: {e}"))
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+    rows = rows_per_engine(ENGINES, lambda engine, root: _state_query(engine, records, repeats, root),
+                           workload="state query (StateReader)", params={"records": records}, unit="records/s",
+                           prefix="localstate-query-")
     rows += _metrics_overhead(records // 2, max(repeats, 9))
     return rows
