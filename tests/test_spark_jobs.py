@@ -192,6 +192,24 @@ def test_hourly_state_of_the_former_clock_store_layout_is_refused_unchanged(tmp_
     assert store_items(former, "clock") == {"watermark": 1_767_225_600}
 
 
+def write_hour_files(page_views: pa.Table, source: Path) -> list[int]:
+    """``page_views`` as one JSON-lines file per hour under ``source``, oldest hour first by
+    mtime (the file source takes one per micro-batch with ``maxFilesPerTrigger=1``); returns
+    the hours' starts, in that order."""
+    import json
+    import os
+
+    views = page_views.to_pylist()
+    source.mkdir()
+    hours = sorted({r["ts"] - r["ts"] % HOUR for r in views})
+    for i, hour in enumerate(hours):
+        path = source / f"hour-{i}.json"
+        path.write_text("".join(json.dumps({"ts": r["ts"], "user_id": r["user_id"]}) + "\n"
+                                for r in views if hour <= r["ts"] < hour + HOUR))
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    return hours
+
+
 # -- 2. table-table join --------------------------------------------------------------------------
 def expected_join(table: pa.Table) -> dict[str, dict[str, Any]]:
     newest: dict[tuple[str, str], dict[str, Any]] = {}
@@ -507,20 +525,10 @@ def test_hourly_job_in_structured_streaming_emits_each_hour_when_it_closes(
 ) -> None:
     """One JSON-lines file per hour, one file per micro-batch: hour h is emitted by the
     micro-batch that brings hour h + 1, and never again."""
-    import json
-    import os
-
     from localstate.contrib.spark import StatefulJob
 
-    views = small_workload.page_views.to_pylist()
     source = tmp_path / "views"
-    source.mkdir()
-    hours = sorted({r["ts"] - r["ts"] % HOUR for r in views})
-    for i, hour in enumerate(hours):
-        path = source / f"hour-{i}.json"
-        path.write_text("".join(json.dumps({"ts": r["ts"], "user_id": r["user_id"]}) + "\n"
-                                for r in views if hour <= r["ts"] < hour + HOUR))
-        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    hours = write_hour_files(small_workload.page_views, source)
     config = job_config(PageViewsPerHour, tmp_path / "job", partitions=2, engine=ENGINE)
     stream = spark.readStream.schema("ts long, user_id string").option("maxFilesPerTrigger", 1).json(str(source))
     emitted_by_batch: dict[int, list[dict[str, Any]]] = {}

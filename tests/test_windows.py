@@ -30,6 +30,8 @@ from localstate.windows import (
     WindowedAggregation,
 )
 
+from .test_spark_jobs import write_hour_files
+
 ENGINES = ["memory", "rocksdb"]
 
 
@@ -439,13 +441,10 @@ def test_sessions_close_on_the_task_watermark_through_the_runner(make_config: An
 def test_the_windowed_port_on_spark_batch_and_stream_equals_the_hand_written_job(spark: Any, tmp_path: Path) -> None:
     """StatefulJob.run (two batch runs) and run_stream (a micro-batch per hour of input):
     the windowed port emits exactly what the hand-written job does."""
-    import json
-    import os
-
     from localstate.contrib.spark import StatefulJob
     from localstate.contrib.spark.job_windowed import PageViewsPerHour, PageViewsPerHourWindowed
     from localstate.contrib.spark.jobs import job_config, run_example
-    from localstate.contrib.spark.workload import HOUR, generate
+    from localstate.contrib.spark.workload import generate
 
     workload = generate(3_000, hours=3, seed=4)
     key = lambda r: (r["window_start"], r["user_id"])  # noqa: E731
@@ -455,15 +454,8 @@ def test_the_windowed_port_on_spark_batch_and_stream_equals_the_hand_written_job
         batch[task] = sorted(out.output.to_pylist(), key=key)
     assert batch[PageViewsPerHour] and batch[PageViewsPerHourWindowed] == batch[PageViewsPerHour]
 
-    views = workload.page_views.to_pylist()
     source = tmp_path / "views"
-    source.mkdir()
-    hours = sorted({r["ts"] - r["ts"] % HOUR for r in views})
-    for i, hour in enumerate(hours):
-        path = source / f"hour-{i}.json"
-        path.write_text("".join(json.dumps({"ts": r["ts"], "user_id": r["user_id"]}) + "\n"
-                                for r in views if hour <= r["ts"] < hour + HOUR))
-        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+    hours = write_hour_files(workload.page_views, source)
     streamed = {}
     for task in (PageViewsPerHour, PageViewsPerHourWindowed):
         config = job_config(task, tmp_path / f"stream-{task.NAME}", partitions=2, engine="rocksdb")
