@@ -46,6 +46,10 @@ FAULT_POINTS = (
     "rescale.after_manifest",
     "rescale.swap",
     "rescale.after_swap",
+    "sink.file.before_rename",
+    "sink.file.after_rename",
+    "sink.kafka.before_commit",
+    "sink.kafka.after_commit",
 )
 
 _armed: dict[str, list] = {}

@@ -573,7 +573,8 @@ class StatefulJob:
         for old in sorted(self.standby_follows)[:-KEPT_BATCH_METRICS]:
             del self.standby_follows[old]
 
-    def run(self, df: DataFrame, *, version: int | None = None) -> DataFrame:
+    def run(self, df: DataFrame, *, version: int | None = None,
+            output: Callable[[DataFrame, int], None] | None = None) -> DataFrame:
         """Batch run — an **action**: repartition ``df`` by key into N tasks, run every
         task now, exactly once, and commit each as ``version``.
 
@@ -589,7 +590,16 @@ class StatefulJob:
         ``version - 1`` and applies its input once. If the driver dies mid-run some
         tasks have committed and others not; the next ``run`` refuses to guess and
         names the version to repeat: ``run(same_input, version=V)`` completes it.
+
+        ``output(rows, version)`` (e.g. an exactly-once sink of
+        :mod:`localstate.contrib.spark.sinks`) receives the emitted rows after the commit.
+        A sink that knows what it delivered (``delivered()``) makes a run without
+        ``version`` refuse to go on past a committed version whose output it lacks.
         """
+        if output is not None and version is None:
+            from .sinks import check_delivered
+
+            check_delivered(self.config, output)
         version = next_version(self.config, version)
         from .metrics import StateMetricsParam, batch_progress
 
@@ -604,6 +614,8 @@ class StatefulJob:
             self.placement.record(placement.report.value)
             self.follow_standbys(df.sparkSession, version)
         self.batch_metrics[version] = batch_progress(accumulator.value)
+        if output is not None:
+            output(result, version)
         return result
 
     def run_stream(
