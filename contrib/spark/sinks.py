@@ -286,6 +286,7 @@ class KafkaSink:
         settings = KafkaSettings(bootstrap_servers=bootstrap_servers, timeout_ms=timeout_ms, retries=1)
         self._client = KafkaClient(settings, where=repr(self), group_id=f"localstate-sink-{transactional_id}")
         self._producer: Any = None
+        self._fenced: FencedError | None = None
         self.last_delivered: int | None = None
         """The last batch id this sink's transactions delivered (known after the first call)."""
 
@@ -326,6 +327,9 @@ class KafkaSink:
         """Connect: check the topics, initialise the transactional producer (fencing an
         earlier writer with the same id) and read the last delivered batch id. Called by
         the first write; call it first to find bad settings before a job starts."""
+        if self._fenced is not None:
+            # opening again would fence the writer that took over: a zombie stays down
+            raise self._fenced
         if self._producer is not None:
             return self.last_delivered
         from confluent_kafka import KafkaException, Producer
@@ -415,12 +419,16 @@ class KafkaSink:
             producer.commit_transaction(self.timeout_s)
         except KafkaException as e:
             err = e.args[0] if e.args else None
-            if is_fenced(err) or (isinstance(err, KafkaError) and err.fatal()):
+            if isinstance(err, KafkaError) and err.fatal() and not is_fenced(err):
+                self._producer = None  # a fatal error ends the producer; the next write opens a new one
+                raise LocalStateError(f"{self!r}: batch {batch_id} was not delivered: {err}") from e
+            if is_fenced(err):
                 self._producer = None
-                raise FencedError(
+                self._fenced = FencedError(
                     f"{self!r}: fenced: another writer with transactional id {self.transactional_id!r} took over; "
-                    f"batch {batch_id} is left to it ({err})"
-                ) from e
+                    f"batch {batch_id} and later ones are left to it ({err}). Stop this job"
+                )
+                raise self._fenced from e
             self._abort()
             raise LocalStateError(f"{self!r}: batch {batch_id} was not delivered (transaction aborted): {err}") from e
         except BaseException:
