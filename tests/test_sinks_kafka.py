@@ -15,40 +15,10 @@ import pytest
 from localstate import ConfigError, LocalStateError
 from localstate.contrib.spark.sinks import KafkaSink
 from localstate.errors import FencedError
+from localstate.testing.sink_driver import create_topic, read_topic
 from localstate.testing.spark import KeyCount
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
-
-
-def create_topic(bootstrap: str, partitions: int = 3) -> str:
-    """A new topic of ``partitions`` partitions on ``bootstrap``; its name."""
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    topic = f"sink-out-{uuid.uuid4().hex[:10]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
-    return topic
-
-
-def read_topic(bootstrap: str, topic: str, *, isolation: str = "read_committed") -> list[tuple[str | None, Any]]:
-    """Every record of ``topic`` a reader with ``isolation`` sees: ``(key, value as JSON)``.
-    Waits for committed transactions' records to become readable (their markers are
-    written after ``commit_transaction`` returns)."""
-    from localstate.changelog.kafka_client import KafkaClient, KafkaSettings
-
-    client = KafkaClient(KafkaSettings(bootstrap_servers=bootstrap, timeout_ms=10_000), where="test",
-                         group_id="test-reader")
-    consumer = client.consumer(isolation)
-    out = []
-    try:
-        for p in client.partitions(topic):
-            _, high = client.watermarks(client.probe(), topic, p)
-            for msgs, _ in client.scan(consumer, topic, p, 0, high):
-                out += [(m.key().decode() if m.key() is not None else None, json.loads(m.value())) for m in msgs]
-    finally:
-        consumer.close()
-        client.close()
-    return out
 
 
 def _counts(records: list[tuple[str | None, Any]]) -> Counter[tuple[str, int]]:

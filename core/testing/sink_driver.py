@@ -10,7 +10,7 @@ It runs the :class:`~localstate.testing.spark.KeyCount` job (rocksdb, file chang
 micro-batch (``availableNow``), with ``output=`` a
 :class:`~localstate.contrib.spark.sinks.FileSink` (``ROOT/out``, JSON) or a
 :class:`~localstate.contrib.spark.sinks.KafkaSink` (transactional id
-:data:`TRANSACTIONAL_ID`, key = the ``key`` column). A test arms fault points of the sink
+:data:`TRANSACTIONAL_ID`, key = the ``key`` column, markers in ``<topic>-markers``). A test arms fault points of the sink
 through ``LOCALSTATE_FAULTS`` (:mod:`localstate.faults`) to SIGKILL the driver at an exact
 moment, then starts it again on the same root. ``ROOT/result.json`` is written last.
 """
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TRANSACTIONAL_ID", "JOB_NAME", "job_config", "main"]
+__all__ = ["TRANSACTIONAL_ID", "JOB_NAME", "job_config", "create_topic", "read_topic", "main"]
 
 TRANSACTIONAL_ID = "sink-driver-out"
 JOB_NAME = "sinkjob"
@@ -34,6 +34,39 @@ def job_config(root: Path, partitions: int) -> Any:
     from localstate.testing.spark import key_count_config
 
     return key_count_config(root / "job", partitions=partitions, engine="rocksdb", name=JOB_NAME)
+
+
+def create_topic(bootstrap: str, partitions: int = 3) -> str:
+    """A new topic of ``partitions`` partitions on ``bootstrap``; its name."""
+    import uuid
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"sink-out-{uuid.uuid4().hex[:10]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    return topic
+
+
+def read_topic(bootstrap: str, topic: str, *, isolation: str = "read_committed") -> list[tuple[str | None, Any]]:
+    """Every record of ``topic`` a reader with ``isolation`` sees: ``(key, value as JSON)``.
+    Waits for committed transactions' records to become readable (their markers are
+    written after ``commit_transaction`` returns)."""
+    from localstate.changelog.kafka_client import KafkaClient, KafkaSettings
+
+    client = KafkaClient(KafkaSettings(bootstrap_servers=bootstrap, timeout_ms=10_000), where="test",
+                         group_id="test-reader")
+    consumer = client.consumer(isolation)
+    out = []
+    try:
+        for p in client.partitions(topic):
+            _, high = client.watermarks(client.probe(), topic, p)
+            for msgs, _ in client.scan(consumer, topic, p, 0, high):
+                out += [(m.key().decode() if m.key() is not None else None, json.loads(m.value())) for m in msgs]
+    finally:
+        consumer.close()
+        client.close()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.monotonic()
     sink: Any = (FileSink(args.root / "out", format="json") if args.sink == "file"
-                 else KafkaSink(args.bootstrap, args.topic, transactional_id=TRANSACTIONAL_ID, key="key"))
+                 else KafkaSink(args.bootstrap, args.topic, transactional_id=TRANSACTIONAL_ID, key="key",
+                                marker_topic=f"{args.topic}-markers"))
     spark = spark_session("local[2]", app_name="localstate-sink-driver",
                           **{"spark.sql.shuffle.partitions": str(args.partitions)})
     result: dict[str, Any] = {"status": "failed"}
