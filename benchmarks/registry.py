@@ -101,6 +101,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),
     "windows": ("localstate.benchmarks.windows", "windowed page views on localstate.windows vs the hand-written "
                 "job (streaming shape, no Spark); the window operator per kind"),
+    "sinks": ("localstate.benchmarks.sinks", "exactly-once output (FileSink, KafkaSink on Apache Kafka) vs a plain "
+              "write of the same rows"),
     "rescale": ("localstate.benchmarks.rescale", "localstate rescale 4 -> 6 vs a full restore of the same state"),
     "remote": ("localstate.benchmarks.remote_stores", "a stream-table join: profile lookups in local state vs Redis "
                "and PostgreSQL on 127.0.0.1 (started by the suite), per request and batched"),
