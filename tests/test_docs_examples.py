@@ -32,6 +32,8 @@ def _blocks() -> list:
             line = text[: m.start("code")].count("\n")
             code = m.group("code")
             marks = [pytest.mark.spark] if "spark_session" in code and not m.group("marker") else []
+            if "ApacheKafkaBroker" in code and not m.group("marker"):
+                marks.append(pytest.mark.kafka)  # starts a throwaway Apache Kafka node
             out.append(pytest.param(doc.name, line, code, bool(m.group("marker")), marks=marks,
                                     id=f"{doc.relative_to(ROOT)}:{line}"))
     return out
