@@ -114,6 +114,8 @@ def test_bad_settings_are_refused_before_anything_is_written(spark: Any, apache_
         sink.write(df, 0)
     with pytest.raises(ConfigError, match=r"transactional_id must be a non-empty string"):
         KafkaSink(apache_kafka_broker, topic, transactional_id="")
+    with pytest.raises(ConfigError, match=r"marker topic 'localstate-markers.job/1' is not a valid topic name"):
+        KafkaSink(apache_kafka_broker, topic, transactional_id="job/1")
     with pytest.raises(ConfigError, match=r"marker_topic must differ from the output topic"):
         KafkaSink(apache_kafka_broker, topic, transactional_id="x", marker_topic=topic)
     with pytest.raises(ConfigError, match=r"\['enable.idempotence', 'transactional.id'\]: the sink sets these"):

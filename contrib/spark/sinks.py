@@ -17,7 +17,7 @@ commits every output row is delivered exactly once.
   already delivered. Consumers must read with ``isolation.level=read_committed``.
 
 The sinks run on the driver (``foreachBatch`` calls them there): :class:`FileSink` lets
-Spark's executors write the files; :class:`KafkaSink` streams the rows to the driver one
+Spark's executors write the files; :class:`KafkaSink` streams the rows to the driver a
 Spark partition at a time (``toLocalIterator``) into one transaction.
 """
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from localstate import Config
     from pyspark.sql import DataFrame
 
-__all__ = ["FileSink", "KafkaSink", "published_batches", "check_delivered", "FILE_FORMATS", "MARKER_TOPIC"]
+__all__ = ["FileSink", "KafkaSink", "published_batches", "check_delivered", "FILE_FORMATS", "MARKER_TOPIC_PREFIX"]
 
 log = logging.getLogger("localstate.contrib.spark.sinks")
 
@@ -54,8 +54,12 @@ _BATCH_DIR_RE = re.compile(r"batch_id=(\d+)")
 TEMP_PREFIX = ".tmp-"
 """A batch being written: hidden from readers (Spark skips names starting with ``.``, and
 with ``_`` unless they contain ``=``), removed when a sink is made on the path."""
-MARKER_TOPIC = "localstate-sink-markers"
-"""The default topic of :class:`KafkaSink`'s markers (compacted, one partition, created if missing)."""
+MARKER_TOPIC_PREFIX = "localstate-markers."
+"""A :class:`KafkaSink`'s marker topic is by default this prefix + its transactional id (compacted,
+one partition, created if missing). One marker topic per sink: a read_committed reader stops at
+the first open transaction of a partition, so another sink's transaction open in a shared marker
+topic would hide this sink's last marker, and a restarted sink would deliver its last batch again."""
+_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
 def _local_dir(path: str | os.PathLike[str]) -> Path:
@@ -235,7 +239,8 @@ class KafkaSink:
     ``sink(df, batch_id)`` produces every row of ``df`` to ``topic`` — the value is the
     row as JSON (or the string/binary column ``value``), the key the column ``key`` (or
     none) — and one marker record ``{"batch_id": N, "rows": R}`` keyed by
-    ``transactional_id`` to ``marker_topic``, all in one transaction, committed before
+    ``transactional_id`` to ``marker_topic`` (default :data:`MARKER_TOPIC_PREFIX` + the
+    transactional id; never shared with another sink), all in one transaction, committed before
     ``sink`` returns (so before Spark's commit log records the batch). The first call
     of a sink object initialises the transactional producer (which aborts whatever an
     earlier writer with the same id left open, and fences it) and reads the last
@@ -243,9 +248,10 @@ class KafkaSink:
 
     ``transactional_id``: fixed per job and sink, the same after a restart (it is what
     finds the earlier writer's marker and fences it); two sinks must never share one.
-    ``producer``: extra librdkafka settings. Rows reach the driver one Spark partition
-    at a time, so driver memory bounds a partition, not the batch; a batch must commit
-    within the broker's ``transaction.max.timeout.ms`` (15 minutes by default).
+    ``producer``: extra librdkafka settings. Rows reach the driver a Spark partition at
+    a time (the next one prefetched), so driver memory bounds two partitions, not the
+    batch; a batch must commit within ``transaction.timeout.ms`` (set to 5 minutes; at
+    most the broker's ``transaction.max.timeout.ms``, 15 minutes by default).
 
     Consumers of ``topic`` must set ``isolation.level=read_committed``: a
     ``read_uncommitted`` reader sees aborted transactions' rows too.
@@ -254,12 +260,19 @@ class KafkaSink:
     FIXED = ("transactional.id", "enable.idempotence", "acks", "bootstrap.servers")
 
     def __init__(self, bootstrap_servers: str, topic: str, *, transactional_id: str, key: str | None = None,
-                 value: str | None = None, marker_topic: str = MARKER_TOPIC,
+                 value: str | None = None, marker_topic: str | None = None,
                  producer: Mapping[str, Any] | None = None, timeout_ms: int = 30_000) -> None:
         for name, given in (("bootstrap_servers", bootstrap_servers), ("topic", topic),
-                            ("transactional_id", transactional_id), ("marker_topic", marker_topic)):
+                            ("transactional_id", transactional_id)):
             if not isinstance(given, str) or not given.strip():
                 raise ConfigError(f"KafkaSink {name} must be a non-empty string, got {given!r}")
+        if marker_topic is None:
+            marker_topic = MARKER_TOPIC_PREFIX + transactional_id
+        if not _TOPIC_CHARS.fullmatch(marker_topic):
+            raise ConfigError(
+                f"KafkaSink marker topic {marker_topic!r} is not a valid topic name (letters, digits, '.', '_', "
+                "'-'; at most 200): choose a transactional_id of those characters or pass marker_topic"
+            )
         if marker_topic == topic:
             raise ConfigError(f"KafkaSink marker_topic must differ from the output topic {topic!r}")
         extra = dict(producer or {})
@@ -275,6 +288,8 @@ class KafkaSink:
         self.timeout_s = timeout_ms / 1000
         self._producer_conf = {
             "linger.ms": 5,
+            # librdkafka's default (60 s) would abort a large batch still being produced
+            "transaction.timeout.ms": 300_000,
             **extra,
             "bootstrap.servers": bootstrap_servers,
             "transactional.id": transactional_id,
