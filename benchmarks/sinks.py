@@ -11,6 +11,10 @@ written as one batch per run on ``local[2]``:
   executors, ``toLocalIterator`` to the driver), produced by an idempotent producer
   without a transaction and flushed — on one Apache Kafka node started by the suite.
 
+Besides, the sinks' fixed work per batch, timed alone: ``sink_file_publish`` (fsync of a
+batch's files and directories, the rename, fsync of the sink directory) and
+``sink_kafka_batch_fixed`` (the transaction of an empty batch: begin, marker, commit), ms.
+
 Each pair is warmed up once, then run ``repeats`` times interleaved; rows/s, median.
 The ``ratio`` of a sink row is the median over the rounds of its rate over the plain
 write's in the same round (below 1: the sink's cost).
@@ -18,9 +22,11 @@ write's in the same round (below 1: the sink's cost).
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,9 +74,8 @@ def _pair_rows(workload: str, pair: list[tuple[str, Callable[[int], float]]], n:
 
 
 def file_rows(spark: Any, df: Any, n: int, repeats: int, work: Path) -> list[dict[str, Any]]:
-    import time
 
-    from localstate.contrib.spark.sinks import FileSink
+    from localstate.contrib.spark.sinks import FileSink, _fsync_dir, _fsync_tree
 
     sink = FileSink(work / "sink", format="parquet")
     plain = work / "plain"
@@ -85,14 +90,27 @@ def file_rows(spark: Any, df: Any, n: int, repeats: int, work: Path) -> list[dic
         df.write.parquet((plain / f"batch_id={r + 10}").as_uri())
         return time.perf_counter() - t0
 
-    return _pair_rows("sink_file", [("FileSink (parquet, fsync + rename)", with_sink),
+    rows = _pair_rows("sink_file", [("FileSink (parquet, fsync + rename)", with_sink),
                                     ("plain df.write.parquet", without)],
                       n, repeats, {"rows": n, "format": "parquet", "spark_partitions": 2},
                       "one batch per run; interleaved")
+    # the sink's own work beyond Spark's write, timed alone: sync the batch's files, publish
+    publish = []
+    for r in range(repeats):
+        temp, final = work / f".tmp-publish-{r}", work / "publish" / f"batch_id={r}"
+        final.parent.mkdir(exist_ok=True)
+        df.write.parquet(temp.as_uri())
+        t0 = time.perf_counter()
+        _fsync_tree(temp)
+        os.rename(temp, final)
+        _fsync_dir(final.parent)
+        publish.append((time.perf_counter() - t0) * 1000)
+    rows.append(make_row("sink_file_publish", "FileSink fsync + rename of one batch", {"rows": n, "files": 2},
+                         "ms", publish, notes="per batch, after Spark's write; no baseline (a plain write has none)"))
+    return rows
 
 
 def kafka_rows(spark: Any, df: Any, n: int, repeats: int) -> list[dict[str, Any]]:
-    import time
     import uuid
 
     from confluent_kafka import Producer
@@ -126,11 +144,21 @@ def kafka_rows(spark: Any, df: Any, n: int, repeats: int) -> list[dict[str, Any]
             producer.flush(60)
             return time.perf_counter() - t0
 
+        def empty_batch(r: int) -> float:
+            t0 = time.perf_counter()
+            sink.deliver([], 1_000 + r)
+            return (time.perf_counter() - t0) * 1000
+
         try:
-            return _pair_rows("sink_kafka", [("KafkaSink (one transaction + marker)", with_sink),
+            rows = _pair_rows("sink_kafka", [("KafkaSink (one transaction + marker)", with_sink),
                                              ("plain idempotent producer, no transaction", without)],
                               n, repeats, {"rows": n, "partitions": 3, "broker": "Apache Kafka, one KRaft node"},
                               "one batch per run; same to_json + toLocalIterator; interleaved")
+            empty_batch(-1)
+            rows.append(make_row("sink_kafka_batch_fixed", "KafkaSink transaction of an empty batch",
+                                 {"rows": 0}, "ms", [empty_batch(r) for r in range(repeats)],
+                                 notes="begin, marker, commit: the fixed cost of a batch"))
+            return rows
         finally:
             sink.close()
             producer.flush(10)
