@@ -631,6 +631,8 @@ class StatefulJob:
         Each micro-batch ``B`` runs every task with commit version ``B``. ``output(df, B)``
         receives the batch's emitted rows (persisted, so evaluating them more than once
         does not re-run the tasks); without ``output`` the rows are computed and dropped.
+        Spark calls ``output`` again for a batch it runs again: an exactly-once sink of
+        :mod:`localstate.contrib.spark.sinks` delivers each batch once.
         ``trigger`` is passed to ``DataStreamWriter.trigger`` (e.g. ``{"availableNow": True}``
         or ``{"processingTime": "2 seconds"}``). Each batch's state metrics are in
         :attr:`batch_metrics` and, when the tasks run in the query's own plan (``local[*]``,
