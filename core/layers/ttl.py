@@ -1,44 +1,11 @@
 """The ``ttl`` layer: entries that expire a fixed time after they were written.
 
 Configured per key-value store with ``stores.<s>.ttl.ms`` (see :class:`TtlPolicy`).
-The semantics follow Flink's ``StateTtlConfig``:
-
-* **update type** ``OnCreateAndWrite`` (default, ``ttl.update = on-create-and-write``):
-  a ``put`` sets the expiry to ``now + ttl``; reads leave it. ``OnReadAndWrite``
-  (``on-read-and-write``) also moves it on a ``get``/``get_all`` hit, which writes the
-  entry again (one changelog record per read key, as Flink's backend write); scans
-  do not refresh.
-* **visibility** ``NeverReturnExpired``: an entry is invisible to every read
-  (``get``, ``get_all``, ``range``, ``prefix``, ``all``, ``in``) from the moment
-  ``now >= expiry`` — a lazy check on read, so nothing depends on the sweep having run.
-  Flink's ``ReturnExpiredIfNotCleanedUp`` is not offered: it makes a result depend on
-  when a sweep happened to run.
-* **cleanup**: expired entries are deleted by a bounded *incremental* sweep at each
-  commit (Flink's ``cleanupIncrementally``): up to ``ttl.cleanup.batch`` entries are
-  examined from a cursor that walks the key space and wraps around, plus every entry
-  a read found expired since the last commit. Deletes go down the same stack as a
-  user's ``delete``, so they are **logged as tombstones**: a restore never brings an
-  expired entry back and the changelog compacts it away.
-* **time**: processing time (the wall clock) by default; with
-  ``ttl.time = event`` the task's event-time clock (its watermark, committed with the
-  checkpoint — Kafka Streams' "stream time" for window retention).
-
-The expiry is part of the stored and logged value: the value bytes are the expiry
-(8 bytes, signed big-endian, **nanoseconds** since the epoch — so the wall clock is
-``time.time_ns``, read without a Python call in between) followed by the value's own
-serde encoding (:func:`ttl_serde`).
-So a store restored after its entries expired while the task was down hides them at
-once, and adding or removing TTL changes the stored format: :class:`TaskStorage`
-records it in the checkpoint and refuses to open a store whose format changed.
-
-Layer placement: the expiry is *encoded* below the serialized layer (a wrapping
-serde), and *checked* in this layer, above the object cache — the cache holds
-``(expiry, value)`` pairs, so a cache hit is checked like an engine read. Over an
-object cache, the per-record ``put`` and ``get`` are the cache's own, with the stamp
-and the check fused in (:meth:`CachedStore.expire_with`): one Python call per record,
-as without TTL, so TTL costs a clock read, a pair and the 8 bytes (issue 16's target
-is ≤ 1.2× the cost without TTL; figures in benchmarks/RESULTS.md). Bulk calls, scans
-and the sweep stay here.
+The semantics follow Flink's ``StateTtlConfig`` (update on create and write, or also on
+read; expired entries never returned; an incremental sweep at each commit that deletes
+them with logged tombstones; processing or event time). The expiry is encoded below the
+serialized layer as an 8-byte prefix of the value and checked here, above the object
+cache. The rules and the reasons are in docs/design/ttl.md.
 """
 
 from __future__ import annotations
