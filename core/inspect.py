@@ -170,7 +170,7 @@ def inspect_remote(url: str, options: Sequence[str] = ()) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"inspect -o {item!r}: expected KEY=VALUE (e.g. config.endpoint=http://host:9000)")
         opts[key.strip()] = value.strip()
-    from localstate.changelog.objectstore_inspect import inspect_objectstore
+    from localstate.changelog.objectstore.inspect import inspect_objectstore
 
     return inspect_objectstore("objectstore", opts)
 

@@ -126,7 +126,7 @@ def write_staging(job: JobFiles, ends: Mapping[str, list[int]], counts: Mapping[
                    position: Any, ckpts: Mapping[int, Checkpoint]) -> None:
     """Complete the new job under ``staging/new`` (whose changelog partitions are
     written): stream counts, checkpoints, and the manifest last — the commit point."""
-    from localstate.changelog.file_checkpoints import FileCheckpointStore
+    from localstate.changelog.file.checkpoints import FileCheckpointStore
     from localstate.locking import atomic_write, fsync_dir
 
     staging = job.staging

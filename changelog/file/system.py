@@ -52,11 +52,11 @@ from localstate.faults import fault_point
 from localstate.locking import FileLock, atomic_write, fsync_dir, io_error
 from localstate.records import ChangeRecord
 
-from .base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
-from .directory_store import DirectoryStore
-from .file_checkpoints import FileCheckpointStore
-from .file_clean import TailClaim, claim_holds, leave_claim, take_claim
-from .format import (
+from ..base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
+from ..directory_store import DirectoryStore
+from .checkpoints import FileCheckpointStore
+from .clean import TailClaim, claim_holds, leave_claim, take_claim
+from ..format import (
     FLAG_COMPACTED,
     HEADER_SIZE,
     BatchEncoder,
@@ -68,7 +68,7 @@ from .format import (
     parse_header,
     walk,
 )
-from .objectstore_snapshots import RemoteSnapshots, instance_epoch
+from ..snapshots import RemoteSnapshots, instance_epoch
 
 __all__ = ["FileChangelogSystem", "FileChangelogPartition", "FileCheckpointStore", "FileChangelogOptions"]
 

@@ -27,7 +27,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .format import check_crc, parse_header
+from ..format import check_crc, parse_header
 
 __all__ = ["CLAIM_NAME", "TailClaim", "take_claim", "leave_claim", "claim_holds"]
 

@@ -120,18 +120,18 @@ from localstate.errors import (
 )
 from localstate.faults import fault_point
 
-from .base import (
+from ..base import (
     ChangelogPartition,
     ChangelogSystem,
     CurrentFn,
     Generation,
     check_stream_partitions,
 )
-from .format import BatchEncoder, BatchHeader, check_crc, decode_payload, encode_batch, walk
-from .objectstore_chain import ObjectName, chain_of, foreign_objects, offsets_of, slice_batches
-from .objectstore_checkpoints import ObjectStoreCheckpointStore
-from .objectstore_client import EXISTS, MISSING, ObjectStoreSettings, connect
-from .objectstore_snapshots import RemoteSnapshots
+from ..format import BatchEncoder, BatchHeader, check_crc, decode_payload, encode_batch, walk
+from .chain import ObjectName, chain_of, foreign_objects, offsets_of, slice_batches
+from .checkpoints import ObjectStoreCheckpointStore
+from .client import EXISTS, MISSING, ObjectStoreSettings, connect
+from ..snapshots import RemoteSnapshots
 
 __all__ = [
     "ObjectStoreChangelogSystem",

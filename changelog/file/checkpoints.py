@@ -12,7 +12,7 @@ from localstate.errors import CorruptionError
 from localstate.faults import fault_point
 from localstate.locking import fsync_dir, io_error
 
-from .base import CheckpointStore
+from ..base import CheckpointStore
 
 __all__ = ["FileCheckpointStore"]
 
