@@ -13,11 +13,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, CorruptionError
 from localstate.records import ChangeRecord
+
+if TYPE_CHECKING:
+    from localstate.rescale_job import RescaleStrategy
 
 __all__ = [
     "ChangelogPartition",
@@ -313,9 +316,19 @@ class ChangelogSystem(ABC):
 
     rescales_in_generations: ClassVar[bool] = False
     """Whether ``localstate rescale`` can write the job at its new partition count as the
-    next :class:`Generation` beside the current one (the four methods below), and switch
-    to it in one write (:meth:`write_generation`). A system that says False (and is not
-    the file changelog, which rescales its directories) cannot be rescaled."""
+    next :class:`Generation` beside the current one (the methods below), and switch to it
+    in one write (:meth:`write_generation`): the default :meth:`rescale_strategy`."""
+
+    def rescale_strategy(self) -> RescaleStrategy | None:
+        """How ``localstate rescale`` writes a job kept in this system at a new partition
+        count (:class:`localstate.rescale_job.RescaleStrategy`), or None if it cannot be
+        rescaled. Default: by generations when :attr:`rescales_in_generations`; the file
+        changelog stages and swaps its directories instead."""
+        if not self.rescales_in_generations:
+            return None
+        from localstate.rescale_generations import GenerationRescale
+
+        return GenerationRescale()
 
     def pin_generation(self, generation: Generation) -> None:
         """Read and write ``generation`` from here on (rescale writes the next one with it)."""

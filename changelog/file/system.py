@@ -45,7 +45,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from localstate.errors import ChangelogError, ConfigError, CorruptionError
 from localstate.faults import fault_point
@@ -69,6 +69,9 @@ from ..format import (
     walk,
 )
 from ..snapshots import RemoteSnapshots, instance_epoch
+
+if TYPE_CHECKING:
+    from localstate.rescale_job import RescaleStrategy
 
 __all__ = ["FileChangelogSystem", "FileChangelogPartition", "FileCheckpointStore", "FileChangelogOptions"]
 
@@ -795,6 +798,12 @@ class FileChangelogSystem(ChangelogSystem):
 
     def describe(self) -> str:
         return f"file changelog at {self.root}"
+
+    def rescale_strategy(self) -> RescaleStrategy:
+        """Stage the new job beside the old one and swap directories (a file system renames)."""
+        from .rescale import FileRescale
+
+        return FileRescale()
 
     def partition_dir(self, stream: str, partition: int) -> Path:
         return self.root / stream / str(partition)
