@@ -408,30 +408,21 @@ def _check_wipe(config: Any, partition: int, console: Any, recovering: bool) -> 
 
 
 def _restore_total(config: Any, store: str, partition: int, start: int, stop: int) -> int:
-    """Records a restore of ``store`` replays from ``[start, stop)``: counted in a file
-    changelog (after compaction far fewer than the offsets); other systems cannot count
-    without a second read, so their bar is sized by offsets and completes when done."""
-    from localstate.changelog.file import FileChangelogSystem
-
-    from .inspect import count_records
-    from .registry import SYSTEMS
+    """Records a restore of ``store`` replays from ``[start, stop)``: counted where the
+    changelog can count them cheaply (the file log: after compaction far fewer than the
+    offsets); elsewhere the bar is sized by offsets and completes when done."""
     from .store_open import open_system
 
     spec = config.stores[store]
     if spec.changelog is None:
         return stop - start
     system_name, stream = spec.changelog
-    if SYSTEMS.get(str(config.systems[system_name].get("type", system_name))) is not FileChangelogSystem:
-        return stop - start
     system = open_system(config, system_name)
     try:
-        part = system.open_partition(stream, partition, config.partitions, readonly=True)
-        try:
-            return count_records(part, start, stop)
-        finally:
-            part.close()
+        counted = system.count_records(stream, partition, config.partitions, start, stop)
     finally:
         system.close()
+    return stop - start if counted is None else counted
 
 
 @cli.command()

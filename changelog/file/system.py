@@ -799,6 +799,28 @@ class FileChangelogSystem(ChangelogSystem):
     def describe(self) -> str:
         return f"file changelog at {self.root}"
 
+    def inspect_partition(self, stream: str, physical: str, partition: int, partitions: int) -> dict[str, Any]:
+        """As ``localstate inspect DIR`` shows it: segments and the writer's pid too."""
+        from .inspect import partition_row
+
+        return partition_row(self.partition_dir(physical, partition), str(self.root))
+
+    @classmethod
+    def inspect_location(cls, name: str, options: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Every file changelog under the directory ``options["path"]``."""
+        from .inspect import inspect_directory
+
+        return inspect_directory(Path(options["path"]))
+
+    def count_records(self, stream: str, partition: int, partitions: int, start: int, stop: int) -> int | None:
+        from .inspect import count_records
+
+        part = self.open_partition(stream, partition, partitions, readonly=True)
+        try:
+            return count_records(part, start, stop)
+        finally:
+            part.close()
+
     def rescale_strategy(self) -> RescaleStrategy:
         """Stage the new job beside the old one and swap directories (a file system renames)."""
         from .rescale import FileRescale

@@ -658,6 +658,14 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
     options_type = ObjectStoreSettings
     pass_through = ("config", "client")
 
+    @classmethod
+    def inspect_location(cls, name: str, options: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Every job under the bucket prefix ``options["path"]`` names (with the system's
+        other ``systems.<name>.*`` options)."""
+        from .inspect import inspect_objectstore
+
+        return inspect_objectstore(name, options)
+
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         super().__init__(name, options, job)
         self.settings: ObjectStoreSettings = self.parse_settings(name, options)
