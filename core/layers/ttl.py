@@ -73,42 +73,27 @@ class TtlPolicy:
 
     @classmethod
     def parse(cls, store: str, raw: Mapping[str, Any]) -> TtlPolicy | None:
-        """From the store's ``ttl.*`` keys (relative names); ``None`` when ``ttl.ms`` is unset.
+        """From the store's ``ttl.*`` keys (relative names) through the one options route
+        (:func:`~localstate.options.parse_options`); ``None`` when no ``ttl.*`` key is set."""
+        from ..options import parse_options
 
-        Every problem is reported (a list of messages in one :class:`ConfigError`).
-        """
-        from ..options import coerce
-
-        pre = f"stores.{store}.ttl"
-        known = {"ms", "time", "update", "cleanup.batch"}
-        errors = [f"unknown config key {pre}.{k} (valid: {', '.join(f'{pre}.{n}' for n in sorted(known))})"
-                  for k in raw if k not in known]
+        prefix = f"stores.{store}.ttl"
         if "ms" not in raw:
-            if raw and not errors:
-                errors.append(f"{pre}.* is set but {pre}.ms is not: set {pre}.ms (e.g. {pre}.ms = 24h)")
-            if errors:
-                raise ConfigError("; ".join(errors))
-            return None
-        values: dict[str, Any] = {}
-        for key, field, tp in (("ms", "ms", int), ("time", "time", Literal["processing", "event"]),
-                               ("update", "update", Literal["on-create-and-write", "on-read-and-write"]),
-                               ("cleanup.batch", "cleanup_batch", int)):
-            if key in raw:
-                try:
-                    values[field] = coerce(raw[key], tp, f"{pre}.{key}")
-                except ConfigError as e:
-                    errors.append(str(e))
-        ms = values.get("ms")
-        if ms is not None and ms <= 0:
-            errors.append(f"{pre}.ms = {raw['ms']!r}: must be > 0 (leave it unset for entries that never expire)")
-        elif ms is not None and ms > MAX_TTL_MS:
-            errors.append(f"{pre}.ms = {raw['ms']!r}: must be <= {MAX_TTL_MS} (leave it unset for no expiry)")
-        batch = values.get("cleanup_batch")
-        if batch is not None and batch < 0:
-            errors.append(f"{pre}.cleanup.batch = {batch}: must be >= 0 (0: only entries a read found expired)")
-        if errors:
-            raise ConfigError("; ".join(errors))
-        return cls(**values)
+            if not raw:
+                return None
+            parse_options(cls, {**raw, "ms": 1}, prefix)  # an unknown key or a bad value is the first error
+            raise ConfigError(f"{prefix}.* is set but {prefix}.ms is not: set {prefix}.ms (e.g. {prefix}.ms = 24h)")
+        return parse_options(cls, raw, prefix)
+
+    def validate(self, prefix: str) -> None:
+        """The bounds no type says (called by ``parse_options``)."""
+        if self.ms <= 0:
+            raise ConfigError(f"{prefix}.ms = {self.ms!r}: must be > 0 (leave it unset for entries that never expire)")
+        if self.ms > MAX_TTL_MS:
+            raise ConfigError(f"{prefix}.ms = {self.ms!r}: must be <= {MAX_TTL_MS} (leave it unset for no expiry)")
+        if self.cleanup_batch < 0:
+            raise ConfigError(f"{prefix}.cleanup.batch = {self.cleanup_batch}: must be >= 0 "
+                              "(0: only entries a read found expired)")
 
 
 def ttl_serde(inner: Serde) -> Serde:
