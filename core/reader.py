@@ -13,7 +13,7 @@ the reader
   in-memory map (a ``memory`` engine) — it takes no lock, creates no file and never
   writes: not the state dir, not the changelog, not the checkpoints;
 * after the replay, checks the checkpoint again: the task's compaction only keeps
-  the latest commit and the one before it reconstructible (DESIGN §4), so the read
+  the latest commit and the one before it reconstructible (docs/design/protocol.md), so the read
   was exact if the task has committed at most once more meanwhile and has not rolled
   back. Otherwise it reads again from the newer checkpoint (a few times, then an
   error that says the writer commits faster than the store can be read).
