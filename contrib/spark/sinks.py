@@ -296,7 +296,7 @@ class KafkaSink:
             "enable.idempotence": True,
             "acks": "all",
         }
-        from localstate.changelog.kafka_client import KafkaClient, KafkaSettings
+        from localstate.changelog.kafka.client import KafkaClient, KafkaSettings
 
         settings = KafkaSettings(bootstrap_servers=bootstrap_servers, timeout_ms=timeout_ms, retries=1)
         self._client = KafkaClient(settings, where=repr(self), group_id=f"localstate-sink-{transactional_id}")
@@ -359,7 +359,7 @@ class KafkaSink:
             client.ensure_topic(self.marker_topic, 1, checkpoint=True)
         except LocalStateError as e:
             raise ConfigError(f"{self!r}: marker topic {self.marker_topic!r} is not usable: {e}") from e
-        from localstate.changelog.kafka_client import client_log
+        from localstate.changelog.kafka.client import client_log
 
         producer = Producer({**self._producer_conf, "logger": client_log})
         try:
@@ -404,7 +404,7 @@ class KafkaSink:
         already. :class:`~localstate.errors.FencedError` if another writer with the same
         transactional id took over (this one must stop)."""
         from confluent_kafka import KafkaError, KafkaException
-        from localstate.changelog.kafka_client import is_fenced
+        from localstate.changelog.kafka.client import is_fenced
 
         self.open()
         last = self.last_delivered

@@ -52,7 +52,7 @@ def read_topic(bootstrap: str, topic: str, *, isolation: str = "read_committed")
     """Every record of ``topic`` a reader with ``isolation`` sees: ``(key, value as JSON)``.
     Waits for committed transactions' records to become readable (their markers are
     written after ``commit_transaction`` returns)."""
-    from localstate.changelog.kafka_client import KafkaClient, KafkaSettings
+    from localstate.changelog.kafka.client import KafkaClient, KafkaSettings
 
     client = KafkaClient(KafkaSettings(bootstrap_servers=bootstrap, timeout_ms=10_000), where="test",
                          group_id="test-reader")
