@@ -6,7 +6,7 @@ processing-time timer ``gap_ms(user)`` after the user's last event; when it fire
 session closes: one output row ``user, events, due, fired`` and the entry is deleted. A
 row without a user is an error, so a tick row that reached ``process`` would fail the
 run. The driver runs the job over a directory of JSON-lines files with
-``timer_interval_ms`` until every user's session has closed, its output one JSON file
+``timer_interval_ms`` until every user's session has closed and the run ran three micro-batches of its own, its output one JSON file
 per micro-batch (``output/batch-B.json``, overwritten by a re-run: an idempotent sink),
 and writes ``result.json``. Each task run records ``start`` in ``events/`` and, with
 ``--window-sleep``, sleeps in ``window`` (a kill there lands mid-task).
@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.timeout
     status = "ok"
     try:
-        while len({r["user"] for r in closed_sessions(root / "output")}) < args.users:
+        # until every session closed and this run ran micro-batches of its own
+        while (len({r["user"] for r in closed_sessions(root / "output")}) < args.users
+               or len(query.recentProgress) < 3):
             if query.exception() is not None:
                 status = f"failed: {query.exception()}"
                 break
