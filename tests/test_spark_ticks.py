@@ -163,7 +163,7 @@ def test_restart_from_the_checkpoint_after_a_stop_closes_every_session_once(spar
 
 RUN_TIMEOUT_S = 240.0
 GAP_STEP_MS = 3000
-"""The driver test's sessions are due 0.6 s, 3.6 s, … 15.6 s after their events: some close
+"""The driver test's sessions are due 1 s, 4 s, … 16 s after their events: some close
 before the first kill, the others at ticks of the restarted drivers (how many in which run
 depends on how long a restart takes on the machine)."""
 

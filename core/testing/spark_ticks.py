@@ -27,7 +27,7 @@ from localstate.layers.ttl import wall_clock_ms
 __all__ = ["gap_sessions_task", "OUTPUT_SCHEMA", "write_output", "read_events", "session_config", "gap_ms", "closed_sessions", "main"]
 
 OUTPUT_SCHEMA = "user string, events long, due long, fired long"
-BASE_GAP_MS = 600
+BASE_GAP_MS = 1000
 
 
 def gap_ms(user: str, step_ms: int = 300) -> int:
