@@ -72,7 +72,8 @@ def tick_run(spark: Any, root: Path, ticks: int, users: int = 100) -> dict[str, 
     finally:
         query.stop()
     progress = [p for p in query.recentProgress if SKIP < p["batchId"] <= SKIP + ticks]
-    assert progress and all(p["numInputRows"] == 0 for p in progress), "a timed micro-batch had input rows"
+    # sources[0] is the job's input; the last one the tick source, one row per micro-batch
+    assert progress and all(p["sources"][0]["numInputRows"] == 0 for p in progress), "a timed micro-batch had input"
     (first, a), (last_batch, b) = sorted(sizes.items())[0], sorted(sizes.items())[-1]
     return {
         "trigger": statistics.median(p["durationMs"]["triggerExecution"] for p in progress),
