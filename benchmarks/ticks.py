@@ -11,8 +11,12 @@ Rows, each the median over ``repeats`` runs of the run's median:
 * ``tick_batch`` (ms): a tick micro-batch's ``triggerExecution`` from the query
   progress — the wall time Spark spends on it, driver and tasks;
 * ``tick_batch_addBatch`` (ms): the part of it in ``foreachBatch`` (the tasks' stage);
+* both also for the **floor**: the same query shape (input united with the tick source,
+  repartitioned into 2 Spark tasks, a Python ``mapInArrow``) keeping no state, so the
+  ratio is what localstate's tasks add to an empty micro-batch;
 * ``tick_changelog_bytes`` (bytes per tick): how much the changelog directory grows per
-  tick micro-batch once the sessions have closed (each task's commit record).
+  tick micro-batch once the sessions have closed (a commit without writes rewrites the
+  task's checkpoint in place: about 0).
 """
 
 from __future__ import annotations
@@ -82,6 +86,45 @@ def tick_run(spark: Any, root: Path, ticks: int, users: int = 100) -> dict[str, 
     }
 
 
+def floor_run(spark: Any, root: Path, ticks: int, users: int = 100) -> dict[str, float]:
+    """The same query without localstate: the input and tick source united as
+    ``run_stream`` does, repartitioned by user into 2 Spark tasks, a Python ``mapInArrow``
+    that emits nothing, ``foreachBatch`` writing to ``noop``. The medians of its tick
+    micro-batches' ``triggerExecution`` and ``addBatch`` (ms)."""
+    from localstate.contrib.spark.ticks import tick_trigger, with_ticks
+
+    (root / "input").mkdir(parents=True)
+    (root / "input" / "events.json").write_text("".join(json.dumps({"user": f"u{i % 10}"}) + "\n"
+                                                         for i in range(users)))
+    stream = with_ticks(spark.readStream.schema("user string").json(str(root / "input")))
+
+    def nothing(batches: Any) -> Any:
+        for _ in batches:
+            pass
+        return iter(())
+
+    plan = stream.repartition(2, "user").mapInArrow(nothing, "user string")
+
+    def write(df: Any, _batch_id: int) -> None:
+        df.write.format("noop").mode("overwrite").save()
+
+    query = (plan.writeStream.foreachBatch(write).option("checkpointLocation", str(root / "checkpoint"))
+             .trigger(**tick_trigger("floor", INTERVAL_MS, None)).start())
+    try:
+        while True:
+            if query.exception() is not None:
+                raise RuntimeError(f"the floor query failed: {query.exception()}")
+            last = query.lastProgress
+            if last and last["batchId"] >= SKIP + ticks:
+                break
+            time.sleep(0.02)
+    finally:
+        query.stop()
+    progress = [p for p in query.recentProgress if SKIP < p["batchId"] <= SKIP + ticks]
+    return {"trigger": statistics.median(p["durationMs"]["triggerExecution"] for p in progress),
+            "add_batch": statistics.median(p["durationMs"]["addBatch"] for p in progress)}
+
+
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     from localstate.contrib.spark import spark_session
 
@@ -91,17 +134,28 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     scratch = Path(tempfile.mkdtemp(prefix="localstate-bench-ticks-"))
     try:
         tick_run(spark, scratch / "warm-up", min(ticks, 4))
-        runs = [tick_run(spark, scratch / f"run-{i}", ticks) for i in range(repeats)]
+        floor_run(spark, scratch / "warm-up-floor", min(ticks, 4))
+        runs, floors = [], []
+        for i in range(repeats):  # interleaved, so load changes hit both alike
+            runs.append(tick_run(spark, scratch / f"run-{i}", ticks))
+            floors.append(floor_run(spark, scratch / f"floor-{i}", ticks))
     finally:
         spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     params = {"tasks": TASKS, "spark_tasks": 2, "interval_ms": INTERVAL_MS, "ticks": ticks, "master": "local[2]"}
-    engine = "rocksdb + file changelog"
+    engine, floor = "rocksdb + file changelog", "spark floor (no localstate)"
+    rows = []
+    for name, part, what in (("tick_batch", "trigger", "median triggerExecution of a micro-batch with no input "
+                              "(timers fire, every task commits)"),
+                             ("tick_batch_addBatch", "add_batch", "the foreachBatch part of it: the tasks' stage")):
+        rows.append(make_row(name, floor, params, "ms", [f[part] for f in floors],
+                             notes="the same query shape with a Python mapInArrow that keeps no state"))
+        row = make_row(name, engine, params, "ms", [r[part] for r in runs], baseline=floor,
+                       notes=what + "; ratio = localstate / floor")
+        row["ratio"] = row["median"] / rows[-1]["median"]
+        rows.append(row)
     return [
-        make_row("tick_batch", engine, params, "ms", [r["trigger"] for r in runs],
-                 notes="median triggerExecution of a micro-batch with no input (timers fire, every task commits)"),
-        make_row("tick_batch_addBatch", engine, params, "ms", [r["add_batch"] for r in runs],
-                 notes="the foreachBatch part of it: the tasks' stage"),
+        *rows,
         make_row("tick_changelog_bytes", engine, params, "bytes", [r["bytes"] for r in runs],
                  notes="changelog growth per tick micro-batch once every session closed (all tasks)"),
     ]

@@ -32,8 +32,14 @@ def test_ticks_suite_runs_quick(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert not [r for r in rows if r["error"]], [r["error"] for r in rows if r["error"]]
-    cells = {(r["workload"], r["unit"]): r for r in rows}
-    assert set(cells) == {("tick_batch", "ms"), ("tick_batch_addBatch", "ms"), ("tick_changelog_bytes", "bytes")}
+    cells = {(r["workload"], r["engine"]): r for r in rows}
+    ours, floor = "rocksdb + file changelog", "spark floor (no localstate)"
+    assert set(cells) == {("tick_batch", ours), ("tick_batch", floor), ("tick_batch_addBatch", ours),
+                          ("tick_batch_addBatch", floor), ("tick_changelog_bytes", ours)}
     for row in rows:
-        assert row["suite"] == "ticks" and row["median"] > 0 and len(row["runs"]) == 1, row
-    assert cells[("tick_batch_addBatch", "ms")]["median"] <= cells[("tick_batch", "ms")]["median"]
+        assert row["suite"] == "ticks" and len(row["runs"]) == 1, row
+    for name in ("tick_batch", "tick_batch_addBatch"):
+        assert cells[(name, floor)]["median"] > 0 and cells[(name, ours)]["baseline"] == floor
+        assert cells[(name, ours)]["ratio"] == cells[(name, ours)]["median"] / cells[(name, floor)]["median"]
+    assert cells[("tick_batch_addBatch", ours)]["median"] <= cells[("tick_batch", ours)]["median"]
+    assert abs(cells[("tick_changelog_bytes", ours)]["median"]) < 1000  # a commit without writes adds ~nothing
