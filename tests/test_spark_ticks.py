@@ -296,3 +296,24 @@ def test_ticks_with_a_trigger_is_an_error_before_anything_is_written(spark: Any,
     assert named in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["input"]
     assert not spark.streams.active
+
+
+def test_ticks_on_a_checkpoint_written_without_them_is_an_error_before_the_query_starts(
+        spark: Any, tmp_path: Path) -> None:
+    """Spark refuses a checkpoint whose source count changed only once the query runs; the
+    runner says so first, naming the checkpoint and the way out, and changes nothing."""
+    config = session_config(tmp_path, engine="memory")
+    job = StatefulJob(config, gap_sessions_task(), key="user", output_schema=OUTPUT_SCHEMA)
+    _write_events(tmp_path / "input", Counter({"u0": 1}))
+    checkpoint = tmp_path / "checkpoint"
+    query = job.run_stream(_stream(spark, tmp_path / "input"), checkpoint_location=str(checkpoint),
+                           trigger={"availableNow": True})
+    query.awaitTermination()
+    before = sorted((p.relative_to(checkpoint), p.stat().st_mtime_ns) for p in checkpoint.rglob("*"))
+    committed = committed_batches(config)
+    with pytest.raises(ConfigError, match="written by a query without ticks") as e:
+        job.run_stream(_stream(spark, tmp_path / "input"), checkpoint_location=str(checkpoint),
+                       timer_interval_ms=TICK_MS)
+    assert str(checkpoint) in str(e.value) and "new checkpoint location" in str(e.value)
+    assert sorted((p.relative_to(checkpoint), p.stat().st_mtime_ns) for p in checkpoint.rglob("*")) == before
+    assert committed_batches(config) == committed and not spark.streams.active

@@ -42,7 +42,7 @@ from localstate.copies import record_copy
 from .compat import RUNNER_PYSPARK, require_pyspark
 from .streaming import commit_version, next_version, open_version, stream_batch_id
 from .task import Emitter, StreamTask, TaskContext
-from .ticks import check_timer_interval, tick_trigger, with_ticks
+from .ticks import check_checkpoint_ticks, check_timer_interval, tick_trigger, with_ticks
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -633,14 +633,15 @@ class StatefulJob:
         gap with no further events). It sets the trigger to ``processingTime`` of that
         interval — give no ``trigger`` with it — and adds a tick source whose rows no task
         ever sees (:mod:`localstate.contrib.spark.ticks`); each tick micro-batch is a
-        commit version like any other. A bad interval, or ``trigger`` with it, is a
-        :class:`ConfigError` before the query starts.
+        commit version like any other. A bad interval, ``trigger`` with it, or a (local)
+        checkpoint written without ticks is a :class:`ConfigError` before the query starts.
         """
         from .metrics import StateMetricsParam, batch_progress, metrics_delta, observe_state
 
         interval = check_timer_interval(self.config.job_name, timer_interval_ms)
         if interval is not None:
             trigger = tick_trigger(self.config.job_name, interval, trigger)
+            check_checkpoint_ticks(self.config.job_name, checkpoint_location)
         self.check_input(stream_df)
         if interval is not None:
             stream_df = with_ticks(stream_df)

@@ -25,14 +25,17 @@ processing-time timer, as in Flink, where an idle source holds the watermark too
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from localstate import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["TICK_SOURCE", "check_timer_interval", "tick_trigger", "with_ticks"]
+__all__ = ["TICK_SOURCE", "check_timer_interval", "check_checkpoint_ticks", "tick_trigger", "with_ticks"]
 
 TICK_SOURCE = "rate-micro-batch"
 """The built-in source (Spark >= 3.3) whose offsets advance at every trigger."""
@@ -71,6 +74,44 @@ def tick_trigger(job: str, interval_ms: int, trigger: dict[str, Any] | None) -> 
             "timer_interval_ms for timers that fire on their own, or the trigger without it"
         )
     return {"processingTime": f"{interval_ms} milliseconds"}
+
+
+def _last_offsets(checkpoint_location: str) -> list[str] | None:
+    """The source offsets (one JSON line per source) of the newest batch in a local
+    checkpoint's offset log; None when there is none or the location is not local."""
+    url = urlparse(checkpoint_location)
+    if url.scheme not in ("", "file"):
+        return None
+    offsets = Path(url.path if url.scheme else checkpoint_location) / "offsets"
+    batches = [int(p.name) for p in offsets.glob("[0-9]*") if p.name.isdigit()] if offsets.is_dir() else []
+    if not batches:
+        return None
+    lines = (offsets / str(max(batches))).read_text().splitlines()
+    return lines[2:]  # the log's version, the batch metadata, then one line per source
+
+
+def check_checkpoint_ticks(job: str, checkpoint_location: str) -> None:
+    """Refuse to add ticks to a query whose (local) checkpoint was written without them:
+    the tick source would be a source the checkpoint does not have, which Spark refuses
+    only once the query runs ("There are [1] sources in the checkpoint offsets and now
+    there are [2]"). A tick source's offset, the last of a ticking query's, is
+    ``{"offset": n, "timestamp": ms}``."""
+    sources = _last_offsets(checkpoint_location)
+    if not sources:
+        return
+    try:
+        last = json.loads(sources[-1])
+    except ValueError:
+        last = None
+    if isinstance(last, dict) and set(last) == {"offset", "timestamp"}:
+        return
+    raise ConfigError(
+        f"job {job!r}: the checkpoint {checkpoint_location} was written by a query without ticks (its "
+        f"{len(sources)} source(s) end with the offset {sources[-1]}), and timer_interval_ms adds a tick "
+        "source, which Spark refuses for an existing checkpoint. Run it without timer_interval_ms, or "
+        "start the ticking query on a new checkpoint location with a new job state (job.state.dir and "
+        "changelog): the tasks' state is ahead of a new checkpoint's batch ids"
+    )
 
 
 def with_ticks(stream_df: DataFrame) -> DataFrame:
