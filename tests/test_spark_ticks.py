@@ -221,12 +221,17 @@ def _closes_by_batch(root: Path) -> dict[int, list[str]]:
             for p in (root / "output").glob("batch-*.json")}
 
 
-def _output_with_a_close(after: int) -> Any:
+def _output_of_this_run() -> Any:
+    """The moment a micro-batch of the run started now handed over its output (a file
+    written after this call): before or after Spark's commit log."""
+    start = time.time()
+
     def moment(root: Path) -> dict[str, Any] | None:
-        closes = _closes_by_batch(root)
-        if sum(map(len, closes.values())) <= after:
+        written = [(p.stat().st_mtime, p) for p in (root / "output").glob("batch-*.json")]
+        new = sorted(p for t, p in written if t > start)
+        if not new:
             return None
-        return {"closed": sum(map(len, closes.values())), "batch": max(closes)}
+        return {"batch": int(new[0].stem.split("-")[1]), "closed": sum(map(len, _closes_by_batch(root).values()))}
     return moment
 
 
@@ -235,13 +240,14 @@ def _output_with_a_close(after: int) -> Any:
 def test_driver_sigkilled_between_ticks_and_mid_task_closes_every_session_exactly_once(tmp_path: Path) -> None:
     """The driver (its JVM and Python workers: the whole process group) is SIGKILLed
     while a tick micro-batch's task sleeps in ``window`` after a session closed, then
-    right after a batch that closed a session handed its output over (before or after
-    Spark's commit log), and restarted from its checkpoint each time."""
+    right after the restarted driver's first micro-batch handed its output over (before
+    or after Spark's commit log), and restarted from its checkpoint each time."""
     events = Counter({f"u{i}": 2 * i + 1 for i in range(6)})
     _write_events(tmp_path / "input", events)
-    kills = [_mid_task_after_a_close, _output_with_a_close(2)]
+    kills = [lambda: _mid_task_after_a_close, _output_of_this_run]
     moments = []
-    for n, kill in enumerate([*kills, None]):
+    for n, make_kill in enumerate([*kills, None]):
+        kill = make_kill() if make_kill is not None else None
         code, moment, survivors = _run_driver(tmp_path, len(events), kill, n)
         log = (tmp_path / f"driver-{n}.log").read_text(errors="replace")[-3000:]
         assert not survivors, f"processes of driver run {n} survived: {survivors}"
