@@ -99,6 +99,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "keyed": ("localstate.benchmarks.keyed_state", "keyed state handles (value, map, reducing) vs the raw store "
               "calls they wrap, per record"),
     "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),
+    "ticks": ("localstate.benchmarks.ticks", "timers without input on Spark: ms per tick micro-batch (no input, every "
+              "task fires its timers and commits) and changelog bytes per tick, local[2]"),
     "windows": ("localstate.benchmarks.windows", "windowed page views on localstate.windows vs the hand-written "
                 "job (streaming shape, no Spark); the window operator per kind"),
     "rescale": ("localstate.benchmarks.rescale", "localstate rescale 4 -> 6 vs a full restore of the same state"),
