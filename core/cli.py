@@ -24,6 +24,7 @@ LAZY_COMMANDS = {
     "demo": ("localstate.contrib.spark.demo:demo", "The demo: example jobs on local Spark, machine loss, restore."),
     "new-engine": ("localstate.contrib.scaffold:new_engine", "Write a ready-to-fill engine plug-in package."),
     "run": ("localstate.contrib.spark.jobs:run_job", "Run one of the example jobs on local Spark."),
+    "serve": ("localstate.cli_serve:serve", "Serve point lookups of a running job's committed state over HTTP."),
 }
 """``name → ("module:command", short help)``: imported only when the command runs.
 Short helps are sentences, like the docstrings of the core commands."""

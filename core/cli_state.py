@@ -4,7 +4,6 @@ stopped job). Registered on the group of :mod:`localstate.cli`, with its shared 
 
 from __future__ import annotations
 
-import base64
 import json
 import sys
 from typing import Any
@@ -12,36 +11,29 @@ from typing import Any
 import click
 
 from .cli import _load_config, _partitions, cli, job_options
-from .errors import LocalStateError
+from .errors import InvalidValueError, LocalStateError
 
 __all__: list[str] = []
 
 
 def _parse_key(text: str, serde: str, store: str) -> Any:
     """A key typed on the command line, as the store's key serde wants it."""
-    if serde == "string":
-        return text
-    if serde == "bytes":
-        return text.encode()
+    from .serving import parse_key
+
     try:
-        if serde in ("int", "long"):
-            return int(text)
-        value = json.loads(text)
-    except ValueError as e:
-        raise click.BadParameter(
-            f"{text!r} is not a key of store {store!r} (key.serde {serde!r}): {e}", param_hint="KEY"
-        ) from e
-    return tuple(value) if serde == "tuple" and isinstance(value, list) else value
+        return parse_key(text, serde, store)
+    except InvalidValueError as e:
+        raise click.BadParameter(str(e), param_hint="KEY") from e
 
 
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, (bytes, bytearray)):
-        return {"base64": base64.b64encode(bytes(obj)).decode()}
-    return repr(obj)
+def json_default(obj: Any) -> Any:
+    from .serving import json_default
+
+    return json_default(obj)
 
 
 def _show(obj: Any) -> str:
-    return obj if isinstance(obj, str) else json.dumps(obj, default=_json_default, sort_keys=True)
+    return obj if isinstance(obj, str) else json.dumps(obj, default=json_default, sort_keys=True)
 
 
 def _check_store(config: Any, store: str) -> None:
@@ -78,7 +70,7 @@ def get(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[i
                 value = reader.get(store, wanted)
             if value is not None:
                 if as_json:
-                    click.echo(json.dumps({"partition": p, "key": wanted, "value": value}, default=_json_default))
+                    click.echo(json.dumps({"partition": p, "key": wanted, "value": value}, default=json_default))
                 else:
                     click.echo(_show(value))
                 return
@@ -114,7 +106,7 @@ def dump(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[
     try:
         for p, k, v in read_committed(config, store, parts, in_memory=not on_disk):
             if as_json:
-                click.echo(json.dumps({"partition": p, "key": k, "value": v}, default=_json_default))
+                click.echo(json.dumps({"partition": p, "key": k, "value": v}, default=json_default))
             else:
                 click.echo(f"{p}\t{_show(k)}\t{_show(v)}")
             n += 1

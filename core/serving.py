@@ -150,12 +150,10 @@ def parse_key(text: str, serde: str, store: str) -> Any:
 
 
 def json_default(obj: Any) -> Any:
-    """``json.dumps`` ``default`` for state values: bytes as ``{"base64": ...}``, sets and
-    tuples as lists, anything else as its ``repr``."""
+    """``json.dumps`` ``default`` for state values: bytes as ``{"base64": ...}``, anything
+    else JSON cannot say as its ``repr``."""
     if isinstance(obj, (bytes, bytearray)):
         return {"base64": base64.b64encode(bytes(obj)).decode()}
-    if isinstance(obj, (set, frozenset, tuple)):
-        return list(obj)
     return repr(obj)
 
 
@@ -497,6 +495,9 @@ class StateServer:
 
     def _check_local_partition(self, p: Any) -> int:
         p = task_partition(p)
+        if not 0 <= p < self.config.partitions:
+            raise InvalidValueError(f"job {self.job!r} has no task {p}: job.partitions = {self.config.partitions}, "
+                                    f"so 0..{self.config.partitions - 1}")
         if p not in self._copies:
             raise NotLocalError(f"task {p} of job {self.job!r} is not held by this server (it holds "
                                 f"{list(self.tasks)})", p, self.routes.get(p))
