@@ -60,7 +60,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 from .changelogger import NullChangeLogger
 from .checkpoint import Checkpoint
 from .config import Config
-from .engine import StorageEngine, StoreContext, StoreSpec
+from .engine import ChangeRecord, StorageEngine, StoreContext, StoreSpec
 from .errors import ConfigError, InvalidValueError, LocalStateError
 from .kv import KeyValueStore
 from .layers import build_store
@@ -78,7 +78,7 @@ from .layout import job_dir, store_dir, task_lock
 from .locking import io_error, remove_tree
 from .metrics import StoreMetrics
 from .partitioning import task_for
-from .reader import _creates_kv, read_checkpoint_readonly, still_exact
+from .reader import READ_ATTEMPTS, _creates_kv, read_checkpoint_readonly, still_exact
 from .registry import did_you_mean, resolve_factory
 from .rescale_copies import check_layout, claim_local_copy, log_identity
 from .rescale_routing import route_of
@@ -637,7 +637,7 @@ class StateServer:
 
     def _build(self, copy: _TaskCopy, ckpt: Checkpoint) -> None:
         """Build every store's copy at ``ckpt`` (from the local copy an earlier run left, if
-        the engine keeps it) and publish them if the read was exact."""
+        the engine keeps it), catch up until the read was exact, persist and publish."""
         p = copy.partition
         built: dict[str, _StoreCopy] = {}
         skipped: dict[str, str] = {}
@@ -648,12 +648,18 @@ class StateServer:
                     skipped[name] = reason
                     continue
                 built[name] = self._build_store(spec, p, ckpt)
-            latest = self._latest(p)
-            if latest is None or not all(still_exact(ckpt, latest, n) for n in built):
-                # a record of the range may have been compacted away while it was read: the
+
+            def apply(name: str) -> Callable[[list[ChangeRecord]], None]:
+                engine = built[name].engine
+                return lambda batch: engine.restore(batch)
+
+            settled = self._settle(p, ckpt, built, apply)
+            if settled is None:
+                # records of the range may have been compacted away while they were read: the
                 # copies are closed unpersisted (the engine drops what it applied) and built again
-                raise _Rebuild(f"the task committed more than once while its copy was built (version {ckpt.version})")
+                raise _Rebuild(f"the task committed faster than its copy could be built (version {ckpt.version})")
             for sc in built.values():
+                sc.offset = settled.offsets[sc.spec.name]
                 with engine_phase(sc.spec, "persist"):
                     sc.engine.persist(sc.offset)
         except BaseException:
@@ -664,7 +670,7 @@ class StateServer:
                     log.warning("store %r of task %d: close failed: %s", sc.spec.name, p, e)
             raise
         with copy.lock:
-            copy.stores, copy.skipped, copy.ckpt = built, skipped, ckpt
+            copy.stores, copy.skipped, copy.ckpt = built, skipped, settled
             copy.status, copy.error = SERVING, None
 
     def _build_store(self, spec: StoreSpec, p: int, ckpt: Checkpoint) -> _StoreCopy:
@@ -708,40 +714,62 @@ class StateServer:
         view = ReadOnlyStore(view, f"a served copy of task {self.job}/partition {p}")
         return _StoreCopy(spec, engine, view, committed, identity)
 
+    def _settle(self, p: int, ckpt: Checkpoint, stores: Mapping[str, _StoreCopy],
+                sink: Callable[[str], Callable[[list[ChangeRecord]], None]]) -> Checkpoint | None:
+        """Hand each store's records from its copy's offset up to ``ckpt``'s to ``sink(name)``,
+        then check the read was exact (:func:`~localstate.reader.still_exact`); if the task
+        committed more than once meanwhile, read on to its newest commit and check again.
+        The checkpoint the records now reach, or None when the task kept committing faster
+        than the records could be read (the next pass tries again)."""
+        at = {name: sc.offset for name, sc in stores.items()}
+        for _ in range(READ_ATTEMPTS):
+            for name, sc in stores.items():
+                if _skip_reason(sc.spec, ckpt) is not None:
+                    raise _Rebuild(f"store {name!r} changed its configuration at version {ckpt.version}")
+                target = ckpt.offsets[name]
+                if target < at[name]:
+                    raise _Rebuild(f"store {name!r}'s committed offset went back from {at[name]} to {target}")
+                if target > at[name]:
+                    self._read_records(sc, p, at[name], target, sink(name))
+                    at[name] = target
+            latest = self._latest(p)
+            if latest is None or latest.version < ckpt.version:
+                raise _Rebuild(f"the task went back from version {ckpt.version}")
+            if all(still_exact(ckpt, latest, n) for n in stores):
+                return ckpt
+            ckpt = latest
+        return None
+
+    def _read_records(self, sc: _StoreCopy, p: int, start: int, stop: int,
+                      sink: Callable[[list[ChangeRecord]], None]) -> None:
+        """Hand the store's change records ``[start, stop)`` to ``sink``, batch by batch,
+        from the log the copy was built from (another log: :class:`_Rebuild`)."""
+        name = sc.spec.name
+        part, identity = self._open_changelog(sc.spec, p)
+        try:
+            if identity != sc.identity:
+                raise _Rebuild(f"store {name!r}'s changelog is another log now ({identity}, was {sc.identity})")
+            if stop > part.end_offset():
+                raise part.missing_committed(stop)
+            for batch, _ in part.read_batches(start, stop):
+                sink(batch)
+            if start and part.min_valid_snapshot_offset() > start:
+                raise _Rebuild(f"store {name!r}'s changelog was compacted past the copy's offset {start}")
+        finally:
+            part.close()
+
     def _advance(self, copy: _TaskCopy, ckpt: Checkpoint) -> None:
-        """Read each store's records ``[C_old, C_new)`` (last one per key), check the read
-        was exact, then apply them all under the copy's lock: readers see the old commit or
-        the new one, never a mix."""
+        """Read each store's records ``[C_old, C_new)`` into memory (last one per key), until
+        the read was exact, then apply them all under the copy's lock: readers see the old
+        commit or the new one, never a mix."""
         old = copy.ckpt
         assert old is not None
         if ckpt.version < old.version:
             raise _Rebuild(f"the task went back from version {old.version} to {ckpt.version}")
-        deltas: dict[str, dict[bytes, bytes | None]] = {}
-        for name, sc in copy.stores.items():
-            if _skip_reason(sc.spec, ckpt) is not None:
-                raise _Rebuild(f"store {name!r} changed its configuration at version {ckpt.version}")
-            committed = ckpt.offsets[name]
-            if committed < sc.offset:
-                raise _Rebuild(f"store {name!r}'s committed offset went back from {sc.offset} to {committed}")
-            if committed == sc.offset:
-                continue
-            part, identity = self._open_changelog(sc.spec, copy.partition)
-            try:
-                if identity != sc.identity:
-                    raise _Rebuild(f"store {name!r}'s changelog is another log now ({identity}, was {sc.identity})")
-                if committed > part.end_offset():
-                    raise part.missing_committed(committed)
-                delta: dict[bytes, bytes | None] = {}
-                for batch, _ in part.read_batches(sc.offset, committed):
-                    delta.update(batch)
-                if sc.offset and part.min_valid_snapshot_offset() > sc.offset:
-                    raise _Rebuild(f"store {name!r}'s changelog was compacted past the copy's offset {sc.offset}")
-            finally:
-                part.close()
-            deltas[name] = delta
-        latest = self._latest(copy.partition)
-        if latest is None or not all(still_exact(ckpt, latest, n) for n in deltas):
-            return  # compaction may have removed a record of a range: the next pass reads the newer commit
+        deltas: dict[str, dict[bytes, bytes | None]] = {name: {} for name in copy.stores}
+        settled = self._settle(copy.partition, ckpt, copy.stores, lambda name: deltas[name].update)
+        if settled is None:
+            return
         with copy.lock:
             if copy.ckpt is not old:  # dropped meanwhile (a damaged read): the next pass rebuilds
                 return
@@ -756,14 +784,14 @@ class StateServer:
                             engine.put_all(puts)
                         if deletes:
                             engine.delete_all(deletes)
-                        engine.persist(ckpt.offsets[name])
+                        engine.persist(settled.offsets[name])
             except BaseException:
                 copy.damaged = True  # half applied: never served; deleted and rebuilt
                 copy.status = FAILED
                 raise
             for name, sc in copy.stores.items():
-                sc.offset = ckpt.offsets[name]
-            copy.ckpt = ckpt
+                sc.offset = settled.offsets[name]
+            copy.ckpt = settled
 
     # -- HTTP ------------------------------------------------------------------------------------
     def _forward(self, server: str, path: str) -> tuple[int, bytes]:
