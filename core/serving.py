@@ -729,9 +729,9 @@ class StateServer:
                 target = ckpt.offsets[name]
                 if target < at[name]:
                     raise _Rebuild(f"store {name!r}'s committed offset went back from {at[name]} to {target}")
-                if target > at[name]:
-                    self._read_records(sc, p, at[name], target, sink(name))
-                    at[name] = target
+                # even with no new record: a rolled-back commit re-done on a cut log reuses offsets
+                self._read_records(sc, p, at[name], target, sink(name))
+                at[name] = target
             latest = self._latest(p)
             if latest is None or latest.version < ckpt.version:
                 raise _Rebuild(f"the task went back from version {ckpt.version}")
@@ -751,8 +751,9 @@ class StateServer:
                 raise _Rebuild(f"store {name!r}'s changelog is another log now ({identity}, was {sc.identity})")
             if stop > part.end_offset():
                 raise part.missing_committed(stop)
-            for batch, _ in part.read_batches(start, stop):
-                sink(batch)
+            if start < stop:
+                for batch, _ in part.read_batches(start, stop):
+                    sink(batch)
             if start and part.min_valid_snapshot_offset() > start:
                 raise _Rebuild(f"store {name!r}'s changelog was compacted past the copy's offset {start}")
         finally:

@@ -46,6 +46,7 @@ from localstate.serving import (
     UnknownStoreError,
     free_port,
 )
+from localstate.store_open import Recovery
 from localstate.testing.s3 import QUICK_RETRIES, objectstore_options
 
 STORE = "balances"
@@ -241,6 +242,26 @@ def test_a_rolled_back_commit_on_a_cut_changelog_is_rebuilt_not_mixed(tmp_path: 
         got = {k: server.get(STORE, k) for k in "abcd"}
         assert {k: g.value for k, g in got.items() if g.found} == {"a": 1, "b": 20, "d": 40} == _committed(config, 0)
         assert {g.version for g in got.values()} == {2}
+
+
+def test_a_commit_undone_and_done_again_at_the_same_offsets_is_rebuilt(tmp_path: Path,
+                                                                        request: pytest.FixtureRequest) -> None:
+    """A task that goes back to its previous checkpoint (a re-run batch) cuts the log and
+    commits the same version again at the same offsets: the copy must notice the new log."""
+    config = Config.from_dict(_values(tmp_path, "file", "rocksdb", request, partitions=1))
+    with TaskStorage(config, 0) as s:
+        s.store(STORE).put_all({"a": 1, "b": 2})
+        s.commit()
+        s.store(STORE).put_all({"a": 10, "c": 30})
+        s.commit()
+    with StateServer(config, tmp_path / "serving", refresh_ms=10**6) as server:  # refreshed by hand
+        assert (server.get(STORE, "a").value, server.get(STORE, "a").version) == (10, 2)
+        with TaskStorage(config, 0, recovery=Recovery(use_previous_checkpoint=True)) as s:
+            s.store(STORE).put_all({"b": 20, "d": 40})
+            assert s.commit().version == 2 and s.committed_offset(STORE) == server.status()[0].stores[STORE]
+        server.refresh()
+        got = {k: server.get(STORE, k) for k in "abcd"}
+        assert {k: g.value for k, g in got.items() if g.found} == {"a": 1, "b": 20, "d": 40} == _committed(config, 0)
 
 
 # -- routing -------------------------------------------------------------------------------------
