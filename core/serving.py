@@ -100,6 +100,7 @@ __all__ = [
     "parse_key",
     "json_default",
     "free_port",
+    "partition_for",
 ]
 
 log = logging.getLogger("localstate")
@@ -490,8 +491,7 @@ class StateServer:
             raise describe_encode_error(spec.name, "key", serde, key, e) from e
 
     def _partition_of(self, spec: StoreSpec, encoded: bytes) -> int:
-        route = self._routers[spec.name]
-        return task_for(route(encoded), self.config.partitions, as_int32=getattr(route, "as_int32", False))
+        return _routed(self._routers[spec.name], encoded, self.config.partitions)
 
     def _check_local_partition(self, p: Any) -> int:
         p = task_partition(p)
@@ -805,6 +805,19 @@ class StateServer:
         except (urllib.error.URLError, OSError) as e:
             body = {"error": f"the server holding the key's task ({server}) did not answer: {e}"}
             return 502, json.dumps(body).encode()
+
+
+def partition_for(config: Config, store: str, key: Any) -> int:
+    """The task ``config``'s job routes ``key`` of key-value store ``store`` to (the
+    partition of the input rows it comes from), as :meth:`StateServer.partition_for`."""
+    spec = _serving_specs(config, [store])[store]
+    return _routed(route_of(spec), StateServer._encode(spec, key), config.partitions)
+
+
+def _routed(route: Callable[[bytes], Any], encoded: bytes, partitions: int) -> int:
+    """The task of a store key: its routing value (``stores.<s>.rescale.key``) hashed as
+    Spark's ``repartition(N, key)`` hashes the input key."""
+    return task_for(route(encoded), partitions, as_int32=getattr(route, "as_int32", False))
 
 
 def _not_served(spec: StoreSpec) -> str:
