@@ -8,12 +8,14 @@ server applies a commit per refresh), and reports the records it committed per s
 
 * ``serving http get``: a ``localstate serve`` process (refresh every 100 ms) beside the
   job; this process sends ``GET /v1/stores/<s>/keys/<key>`` for random keys over one
-  keep-alive connection, one request at a time: latency p50/p99 (ms) and requests/s;
+  keep-alive connection, 200 a second (a dashboard's pace, many times over) and then as
+  fast as the answers come (``busy``): latency p50/p99 (ms) and requests/s;
 * ``serving api get``: :meth:`StateServer.get` in this process beside the job: the same;
-* ``job beside serving``: the job's records/s while the HTTP server answers as fast as
-  one client asks, vs ``job alone`` (no server): rounds alternate (alone, serving) so load
-  that changes during the run hits both sides of a pair alike; ``ratio`` is the median of
-  the paired ratios (1.0 = free).
+* ``job beside serving (following | paced | busy)``: the job's records/s while a server
+  only follows its commits, answers 200 GETs/s, or answers one client as fast as it asks,
+  vs ``job alone`` (no server); each round runs them in turn, so load that changes during
+  the run hits both sides of a pair alike; ``ratio`` is the median of the paired ratios
+  (1.0 = free); ``server cpu`` is the server process's CPU seconds per second meanwhile.
 
 Every row is the median of the rounds (``repeats``, at least 3 for the full form).
 Wall-clock figures: on a shared machine they carry its load (the suite's processes take
@@ -163,6 +165,36 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _http_paced(port: int, keys: int, job: _Job, rng: random.Random, per_second: float) -> list[float]:
+    """GETs at a dashboard's pace (``per_second``) while the job runs."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    out: list[float] = []
+    start = time.perf_counter()
+    try:
+        while job.running():
+            key = f"user{rng.randrange(keys):08d}"
+            t0 = time.perf_counter()
+            conn.request("GET", f"/v1/stores/{STORE}/keys/{key}")
+            response = conn.getresponse()
+            response.read()
+            out.append(time.perf_counter() - t0)
+            time.sleep(max(0.0, start + len(out) / per_second - time.perf_counter()))
+    finally:
+        conn.close()
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
+PACED_PER_SECOND = 200.0
+"""The request rate of the paced phase (a dashboard's, many times over)."""
+
+
 def _engine_rows(engine: str, root: Path, keys: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
     values = _values(root, engine)
     config = Config.from_dict(values)
@@ -172,32 +204,40 @@ def _engine_rows(engine: str, root: Path, keys: int, seconds: float, rounds: int
         s.store(STORE).put_all({f"user{i:08d}": {"n": 0, "name": f"user {i}"} for i in range(keys)})
         s.commit()
     rng = random.Random(11)
-    alone: list[float] = []
-    beside: list[float] = []
-    http_p50: list[float] = []
-    http_p99: list[float] = []
-    http_rate: list[float] = []
-    api_p50: list[float] = []
-    api_p99: list[float] = []
-    api_rate: list[float] = []
-    for _ in range(rounds):
-        job = _Job(values, keys, seconds)  # the job alone
+    runs: dict[str, list[float]] = {}
+
+    def note(name: str, value: float) -> None:
+        runs.setdefault(name, []).append(value)
+
+    def job_run(phase: str, server: _Server | None, client: Any = None) -> list[float]:
+        """One job run of ``seconds`` beside ``server`` (None: alone), ``client`` asking meanwhile."""
+        job = _Job(values, keys, seconds)
+        cpu0 = _cpu_seconds(server.proc.pid) if server else 0.0
+        t0 = time.perf_counter()
         job.go()
+        latencies = client(job) if client else []
         job.proc.wait()
-        alone.append(job.result())
+        took = time.perf_counter() - t0
+        note(phase, job.result())
+        if server is not None:
+            note(f"{phase} server cpu", (_cpu_seconds(server.proc.pid) - cpu0) / took)
+        if latencies:
+            note(f"{phase} rate", len(latencies) / took)
+        return latencies
+
+    for _ in range(rounds):
+        job_run("alone", None)
         server = _Server(config_file, root / "serving-http")
         try:
-            job = _Job(values, keys, seconds)  # the job beside a server answering one client
-            job.go()
-            t0 = time.perf_counter()
-            latencies = _http_gets(server.port, keys, job, rng)
-            took = time.perf_counter() - t0
-            beside.append(job.result())
+            job_run("following", server)  # the server follows the commits; nobody asks
+            port = server.port
+            paced = job_run("paced", server, lambda job, port=port: _http_paced(port, keys, job, rng, PACED_PER_SECOND))
+            busy = job_run("busy", server, lambda job, port=port: _http_gets(port, keys, job, rng))
         finally:
             server.close()
-        http_p50.append(_pct(latencies, 0.5) * 1000)
-        http_p99.append(_pct(latencies, 0.99) * 1000)
-        http_rate.append(len(latencies) / took)
+        for name, latencies in (("paced", paced), ("busy", busy)):
+            note(f"{name} p50", _pct(latencies, 0.5) * 1000)
+            note(f"{name} p99", _pct(latencies, 0.99) * 1000)
         with StateServer(config, root / "serving-api", refresh_ms=100) as api:
             job = _Job(values, keys, seconds)
             job.go()
@@ -205,28 +245,38 @@ def _engine_rows(engine: str, root: Path, keys: int, seconds: float, rounds: int
             latencies = _api_gets(api, keys, job, rng)
             took = time.perf_counter() - t0
             job.result()
-        api_p50.append(_pct(latencies, 0.5) * 1000)
-        api_p99.append(_pct(latencies, 0.99) * 1000)
-        api_rate.append(len(latencies) / took)
+        note("api p50", _pct(latencies, 0.5) * 1000)
+        note("api p99", _pct(latencies, 0.99) * 1000)
+        note("api rate", len(latencies) / took)
     params = {"keys": keys, "seconds": seconds, "rounds": rounds, "updates_per_commit": UPDATES_PER_COMMIT,
               "refresh_ms": 100}
-    note = "beside the running job (a commit of 500 updates every few ms); median of rounds"
-    job_row = make_row("job beside serving", engine, params, "records/s", beside, baseline="job alone",
-                       notes="the job's committed records/s while the HTTP server answers one client as fast as "
-                             "it asks; ratio = median of paired (beside / alone) rounds, 1.0 = free")
-    job_row["ratio"] = statistics.median(b / a for a, b in zip(alone, beside))
-    return [
-        make_row("serving http get p50", engine, params, "ms", http_p50, notes=f"GET one key, keep-alive; {note}"),
-        make_row("serving http get p99", engine, params, "ms", http_p99, notes=f"GET one key, keep-alive; {note}"),
-        make_row("serving http get", engine, params, "requests/s", http_rate, notes=f"one client, one request at a "
-                 f"time; {note}"),
-        make_row("serving api get p50", engine, params, "ms", api_p50, notes=f"StateServer.get in process; {note}"),
-        make_row("serving api get p99", engine, params, "ms", api_p99, notes=f"StateServer.get in process; {note}"),
-        make_row("serving api get", engine, params, "ops/s", api_rate, notes=f"one thread; {note}"),
-        job_row,
-        make_row("job alone", engine, params, "records/s", alone, notes="the same job with no server (rounds "
-                 "alternate with the served ones)"),
+    beside = "beside the running job (a commit of 500 updates every few ms); median of rounds"
+    paced = f"{PACED_PER_SECOND:.0f} GETs/s over one keep-alive connection"
+    busy = "one client asking as fast as it gets answers (one request at a time, keep-alive)"
+    rows = [
+        make_row("serving http get p50", engine, params, "ms", runs["paced p50"], notes=f"{paced}; {beside}"),
+        make_row("serving http get p99", engine, params, "ms", runs["paced p99"], notes=f"{paced}; {beside}"),
+        make_row("serving http get p50, busy", engine, params, "ms", runs["busy p50"], notes=f"{busy}; {beside}"),
+        make_row("serving http get p99, busy", engine, params, "ms", runs["busy p99"], notes=f"{busy}; {beside}"),
+        make_row("serving http get", engine, params, "requests/s", runs["busy rate"], notes=f"{busy}; {beside}"),
+        make_row("serving api get p50", engine, params, "ms", runs["api p50"], notes=f"StateServer.get in process; "
+                 f"{beside}"),
+        make_row("serving api get p99", engine, params, "ms", runs["api p99"], notes=f"StateServer.get in process; "
+                 f"{beside}"),
+        make_row("serving api get", engine, params, "ops/s", runs["api rate"], notes=f"one thread; {beside}"),
     ]
+    for phase, what in (("following", "the server follows every commit, no queries"),
+                        ("paced", f"the server answers {paced}"), ("busy", f"the server answers {busy}")):
+        row = make_row(f"job beside serving ({phase})", engine, params, "records/s", runs[phase],
+                       baseline="job alone", notes=f"the job's committed records/s while {what}; ratio = median of "
+                                                   "paired rounds (beside / alone), 1.0 = free")
+        row["ratio"] = statistics.median(b / a for a, b in zip(runs["alone"], runs[phase]))
+        rows.append(row)
+        rows.append(make_row(f"server cpu ({phase})", engine, params, "cpu-s/s", runs[f"{phase} server cpu"],
+                             notes=f"the localstate serve process's CPU seconds per second while {what}"))
+    rows.append(make_row("job alone", engine, params, "records/s", runs["alone"],
+                         notes="the same job with no server (rounds alternate with the served ones)"))
+    return rows
 
 
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
