@@ -602,7 +602,10 @@ class StateServer:
         copy.failures += 1
         backoff = min(30.0, self.refresh_ms / 1000 * 2 ** min(copy.failures, 10))
         with copy.lock:
-            self._drop(copy, wipe=not isinstance(e, LocalStateError) or copy.damaged)
+            try:
+                self._drop(copy, wipe=not isinstance(e, LocalStateError) or copy.damaged)
+            except LocalStateError as drop_error:  # the copy stays unserved; the next pass tries again
+                log.warning("task %d of job %r: %s", copy.partition, self.job, drop_error)
             copy.status, copy.error = FAILED, f"{type(e).__name__}: {e}"
             copy.retry_at = time.monotonic() + backoff
         log.warning("task %d of job %r is not served (retrying in %.1fs): %s", copy.partition, self.job, backoff,
