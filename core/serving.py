@@ -725,42 +725,57 @@ class StateServer:
         The checkpoint the records now reach, or None when the task kept committing faster
         than the records could be read (the next pass tries again)."""
         at = {name: sc.offset for name, sc in stores.items()}
-        for _ in range(READ_ATTEMPTS):
-            for name, sc in stores.items():
-                if _skip_reason(sc.spec, ckpt) is not None:
-                    raise _Rebuild(f"store {name!r} changed its configuration at version {ckpt.version}")
-                target = ckpt.offsets[name]
-                if target < at[name]:
-                    raise _Rebuild(f"store {name!r}'s committed offset went back from {at[name]} to {target}")
-                # even with no new record: a rolled-back commit re-done on a cut log reuses offsets
-                self._read_records(sc, p, at[name], target, sink(name))
-                at[name] = target
-            latest = self._latest(p)
-            if latest is None or latest.version < ckpt.version:
-                raise _Rebuild(f"the task went back from version {ckpt.version}")
-            if all(still_exact(ckpt, latest, n) for n in stores):
-                return ckpt
-            ckpt = latest
-        return None
-
-    def _read_records(self, sc: _StoreCopy, p: int, start: int, stop: int,
-                      sink: Callable[[list[ChangeRecord]], None]) -> None:
-        """Hand the store's change records ``[start, stop)`` to ``sink``, batch by batch,
-        from the log the copy was built from (another log: :class:`_Rebuild`)."""
-        name = sc.spec.name
-        part, identity = self._open_changelog(sc.spec, p)
+        opened: dict[str, Any] = {}
+        """Per store, the changelog partition opened in this pass: opening one (a file log
+        reads its active segment) is most of a pass's cost, and a partition opened for one
+        commit often already holds the next ones (the task flushes before it commits)."""
         try:
-            if identity != sc.identity:
-                raise _Rebuild(f"store {name!r}'s changelog is another log now ({identity}, was {sc.identity})")
-            if stop > part.end_offset():
-                raise part.missing_committed(stop)
-            if start < stop:
-                for batch, _ in part.read_batches(start, stop):
-                    sink(batch)
-            if start and part.min_valid_snapshot_offset() > start:
-                raise _Rebuild(f"store {name!r}'s changelog was compacted past the copy's offset {start}")
+            for _ in range(READ_ATTEMPTS):
+                for name, sc in stores.items():
+                    if _skip_reason(sc.spec, ckpt) is not None:
+                        raise _Rebuild(f"store {name!r} changed its configuration at version {ckpt.version}")
+                    target = ckpt.offsets[name]
+                    if target < at[name]:
+                        raise _Rebuild(f"store {name!r}'s committed offset went back from {at[name]} to {target}")
+                    # even with no new record: a rolled-back commit re-done on a cut log reuses offsets
+                    part = opened.get(name)
+                    if part is None or target > part.end_offset():
+                        if part is not None:
+                            part.close()
+                        part = opened[name] = self._open_checked(sc, p)
+                    self._read_records(sc, part, at[name], target, sink(name))
+                    at[name] = target
+                latest = self._latest(p)
+                if latest is None or latest.version < ckpt.version:
+                    raise _Rebuild(f"the task went back from version {ckpt.version}")
+                if all(still_exact(ckpt, latest, n) for n in stores):
+                    return ckpt
+                ckpt = latest
+            return None
         finally:
+            for part in opened.values():
+                part.close()
+
+    def _open_checked(self, sc: _StoreCopy, p: int) -> Any:
+        """The store's changelog partition, read-only, if it is the log the copy was built
+        from (another log: :class:`_Rebuild`)."""
+        part, identity = self._open_changelog(sc.spec, p)
+        if identity != sc.identity:
             part.close()
+            raise _Rebuild(f"store {sc.spec.name!r}'s changelog is another log now ({identity}, was {sc.identity})")
+        return part
+
+    @staticmethod
+    def _read_records(sc: _StoreCopy, part: Any, start: int, stop: int,
+                      sink: Callable[[list[ChangeRecord]], None]) -> None:
+        """Hand the store's change records ``[start, stop)`` to ``sink``, batch by batch."""
+        if stop > part.end_offset():
+            raise part.missing_committed(stop)
+        if start < stop:
+            for batch, _ in part.read_batches(start, stop):
+                sink(batch)
+        if start and part.min_valid_snapshot_offset() > start:
+            raise _Rebuild(f"store {sc.spec.name!r}'s changelog was compacted past the copy's offset {start}")
 
     def _advance(self, copy: _TaskCopy, ckpt: Checkpoint) -> None:
         """Read each store's records ``[C_old, C_new)`` into memory (last one per key), until
