@@ -17,7 +17,9 @@ server applies a commit per refresh), and reports the records it committed per s
   the run hits both sides of a pair alike; ``ratio`` is the median of the paired ratios
   (1.0 = free); ``server cpu`` is the server process's CPU seconds per second meanwhile.
 
-Every row is the median of the rounds (``repeats``, at least 3 for the full form).
+The full form runs it all twice: with the file changelog's default segments (64 MiB) and
+with 4 MiB ones (the server opens the partition once per commit it follows, which reads
+the active segment). Every row is the median of the rounds (``repeats``, at least 3 for the full form).
 Wall-clock figures: on a shared machine they carry its load (the suite's processes take
 two of its cores: the job and the server, with this process as the client).
 """
@@ -46,6 +48,9 @@ ENGINES = ("rocksdb",)
 FULL_KEYS, QUICK_KEYS = 100_000, 5_000
 FULL_SECONDS, QUICK_SECONDS = 5.0, 1.0
 UPDATES_PER_COMMIT = 500
+SMALL_SEGMENTS = 4 << 20
+"""The full form runs again with the file changelog's segments at 4 MiB: opening a partition
+read-only (once per followed commit) reads its active segment (docs/serving.md)."""
 STORE = "profiles"
 
 JOB = textwrap.dedent("""
@@ -195,8 +200,11 @@ PACED_PER_SECOND = 200.0
 """The request rate of the paced phase (a dashboard's, many times over)."""
 
 
-def _engine_rows(engine: str, root: Path, keys: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
+def _engine_rows(engine: str, root: Path, keys: int, seconds: float, rounds: int,
+                 segment_bytes: int | None = None) -> list[dict[str, Any]]:
     values = _values(root, engine)
+    if segment_bytes is not None:
+        values["systems.file.segment.bytes"] = segment_bytes
     config = Config.from_dict(values)
     config_file = root / "job.properties"
     config_file.write_text("".join(f"{k} = {v}\n" for k, v in values.items()))
@@ -249,7 +257,9 @@ def _engine_rows(engine: str, root: Path, keys: int, seconds: float, rounds: int
         note("api p99", _pct(latencies, 0.99) * 1000)
         note("api rate", len(latencies) / took)
     params = {"keys": keys, "seconds": seconds, "rounds": rounds, "updates_per_commit": UPDATES_PER_COMMIT,
-              "refresh_ms": 100}
+              "refresh_ms": 100, "segment_bytes": segment_bytes or "default (64 MiB)"}
+    if segment_bytes is not None:
+        engine = f"{engine}, {segment_bytes >> 20} MiB segments"
     beside = "beside the running job (a commit of 500 updates every few ms); median of rounds"
     paced = f"{PACED_PER_SECOND:.0f} GETs/s over one keep-alive connection"
     busy = "one client asking as fast as it gets answers (one request at a time, keep-alive)"
@@ -285,6 +295,9 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     keys = QUICK_KEYS if quick else FULL_KEYS
     seconds = QUICK_SECONDS if quick else FULL_SECONDS
     rounds = repeats if quick else max(3, repeats)
-    return rows_per_engine(ENGINES, lambda engine, root: _engine_rows(engine, root, keys, seconds, rounds),
-                           workload="serving http get p99", params={"keys": keys}, unit="ms",
-                           prefix="localstate-serving-")
+    rows = []
+    for segment_bytes in (None,) if quick else (None, SMALL_SEGMENTS):
+        rows += rows_per_engine(
+            ENGINES, lambda engine, root, sb=segment_bytes: _engine_rows(engine, root, keys, seconds, rounds, sb),
+            workload="serving http get p99", params={"keys": keys}, unit="ms", prefix="localstate-serving-")
+    return rows
