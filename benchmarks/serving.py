@@ -13,7 +13,8 @@ server applies a commit per refresh), and reports the records it committed per s
 * ``serving api get``: :meth:`StateServer.get` in this process beside the job: the same;
 * ``job beside serving (following | paced | busy)``: the job's records/s while a server
   only follows its commits, answers 200 GETs/s, or answers one client as fast as it asks,
-  vs ``job alone`` (no server); each round runs them in turn, so load that changes during
+  vs ``job alone`` (no server); each round runs the four in turn, starting at another one
+  each round (the job's state and log grow from run to run), so load that changes during
   the run hits both sides of a pair alike; ``ratio`` is the median of the paired ratios
   (1.0 = free); ``server cpu`` is the server process's CPU seconds per second meanwhile.
 
@@ -233,19 +234,30 @@ def _engine_rows(engine: str, root: Path, keys: int, seconds: float, rounds: int
             note(f"{phase} rate", len(latencies) / took)
         return latencies
 
-    for _ in range(rounds):
-        job_run("alone", None)
-        server = _Server(config_file, root / "serving-http")
-        try:
-            job_run("following", server)  # the server follows the commits; nobody asks
-            port = server.port
-            paced = job_run("paced", server, lambda job, port=port: _http_paced(port, keys, job, rng, PACED_PER_SECOND))
-            busy = job_run("busy", server, lambda job, port=port: _http_gets(port, keys, job, rng))
-        finally:
-            server.close()
-        for name, latencies in (("paced", paced), ("busy", busy)):
-            note(f"{name} p50", _pct(latencies, 0.5) * 1000)
-            note(f"{name} p99", _pct(latencies, 0.99) * 1000)
+    clients: dict[str, Any] = {
+        "alone": None,
+        "following": None,  # the server follows the commits; nobody asks
+        "paced": lambda job, port: _http_paced(port, keys, job, rng, PACED_PER_SECOND),
+        "busy": lambda job, port: _http_gets(port, keys, job, rng),
+    }
+    phases = list(clients)
+    for r in range(rounds):
+        # each round runs the phases in another order: the job's own state and log grow from
+        # run to run, which would otherwise always favour the phase that comes first
+        for phase in phases[r % len(phases):] + phases[:r % len(phases)]:
+            if phase == "alone":
+                job_run(phase, None)
+                continue
+            server = _Server(config_file, root / "serving-http")  # caught up before it says it serves
+            try:
+                client = clients[phase]
+                latencies = job_run(phase, server, None if client is None else
+                                    lambda job, client=client, port=server.port: client(job, port))
+            finally:
+                server.close()
+            if latencies:
+                note(f"{phase} p50", _pct(latencies, 0.5) * 1000)
+                note(f"{phase} p99", _pct(latencies, 0.99) * 1000)
         with StateServer(config, root / "serving-api", refresh_ms=100) as api:
             job = _Job(values, keys, seconds)
             job.go()
