@@ -317,6 +317,32 @@ def test_a_commit_undone_and_done_again_at_the_same_offsets_is_rebuilt(tmp_path:
         assert {k: g.value for k, g in got.items() if g.found} == {"a": 1, "b": 20, "d": 40} == _committed(config, 0)
 
 
+def test_a_ttl_store_hides_what_the_task_hides_as_of_the_served_commit(tmp_path: Path,
+                                                                       request: pytest.FixtureRequest) -> None:
+    """Event-time TTL: "now" is the event time committed with the commit the copy serves, so
+    an expired, unswept entry is hidden as the task and StateReader hide it, and an entry
+    expires in the copy when (and only when) a commit moves the event time past it."""
+    values = _values(tmp_path, "file", "rocksdb", request, partitions=1)
+    values.update({f"stores.{STORE}.ttl.ms": "1000", f"stores.{STORE}.ttl.time": "event",
+                   f"stores.{STORE}.ttl.cleanup.batch": "0"})
+    config = Config.from_dict(values)
+    with TaskStorage(config, 0) as s:
+        s.advance_event_time(0)
+        s.store(STORE)["old"] = {"n": 1}
+        s.advance_event_time(600)
+        s.store(STORE)["new"] = {"n": 2}
+        s.advance_event_time(1000)  # "old" expired, not swept
+        s.commit()
+    with StateServer(config, tmp_path / "serving", refresh_ms=10) as server:
+        assert not server.get(STORE, "old").found and server.get(STORE, "new").value == {"n": 2}
+        assert [x.key for x in server.range(STORE)] == ["new"] == list(_committed(config, 0))
+        with TaskStorage(config, 0) as s:
+            s.advance_event_time(1700)  # "new" (written at 600) expires; no record changes
+            s.commit()
+        server.wait_for(2)
+        assert not server.get(STORE, "new").found and server.range(STORE) == [] == list(_committed(config, 0))
+
+
 # -- routing -------------------------------------------------------------------------------------
 
 def test_key_routing_follows_the_stores_routing_rule(tmp_path: Path, request: pytest.FixtureRequest) -> None:
