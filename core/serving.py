@@ -491,7 +491,7 @@ class StateServer:
             raise describe_encode_error(spec.name, "key", serde, key, e) from e
 
     def _partition_of(self, spec: StoreSpec, encoded: bytes) -> int:
-        return _routed(self._routers[spec.name], encoded, self.config.partitions)
+        return _routed(spec, self._routers[spec.name], encoded, self.config.partitions)
 
     def _check_local_partition(self, p: Any) -> int:
         p = task_partition(p)
@@ -829,13 +829,20 @@ def partition_for(config: Config, store: str, key: Any) -> int:
     """The task ``config``'s job routes ``key`` of key-value store ``store`` to (the
     partition of the input rows it comes from), as :meth:`StateServer.partition_for`."""
     spec = _serving_specs(config, [store])[store]
-    return _routed(route_of(spec), StateServer._encode(spec, key), config.partitions)
+    return _routed(spec, route_of(spec), StateServer._encode(spec, key), config.partitions)
 
 
-def _routed(route: Callable[[bytes], Any], encoded: bytes, partitions: int) -> int:
+def _routed(spec: StoreSpec, route: Callable[[bytes], Any], encoded: bytes, partitions: int) -> int:
     """The task of a store key: its routing value (``stores.<s>.rescale.key``) hashed as
     Spark's ``repartition(N, key)`` hashes the input key."""
-    return task_for(route(encoded), partitions, as_int32=getattr(route, "as_int32", False))
+    value = route(encoded)
+    try:
+        return task_for(value, partitions, as_int32=getattr(route, "as_int32", False))
+    except InvalidValueError as e:
+        raise InvalidValueError(
+            f"store {spec.name!r}: {e}. If the store's key carries the input key, say where: "
+            f"stores.{spec.name}.rescale.key = key[i] (element i of a tuple key)"
+        ) from e
 
 
 def _not_served(spec: StoreSpec) -> str:

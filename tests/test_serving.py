@@ -359,6 +359,9 @@ def test_key_routing_follows_the_stores_routing_rule(tmp_path: Path, request: py
             assert server.partition_for(STORE, user) == task_for(user, 5)
         for n in (0, 7, -3, 2**31 - 1):
             assert server.partition_for("ids", n) == task_for(n, 5, as_int32=True)
+        plain = Config.from_dict({**values, "stores.windows.rescale.key": "key"})
+        with pytest.raises(InvalidValueError, match=r"stores\.windows\.rescale\.key = key\[i\]"):
+            StateServer(plain, tmp_path / "plain").partition_for("windows", (3600, "u1"))
         meta = server.metadata("windows", (0, "u1"))
         assert (meta.partition, meta.local, meta.server) == (task_for("u1", 5), True, None)
 
