@@ -360,9 +360,7 @@ class StateServer:
             for copy in self._copies.values():
                 with copy.lock:
                     self._drop(copy)
-            for system in self._systems.values():
-                system.close()
-            self._systems.clear()
+            self._close_systems()
         for lock in self._locks:
             lock.release()
         self._locks.clear()
@@ -555,6 +553,7 @@ class StateServer:
                 except _Rebuild as why:  # nothing trusted was kept: the next pass builds again
                     with copy.lock:
                         copy.status, copy.error = BUILDING, str(why)
+                    self._close_systems()  # a new log (a rescale?) is checked against the config again
                 except Exception as e:
                     self._failed(copy, e)
             self.refreshes += 1
@@ -571,6 +570,16 @@ class StateServer:
             self._systems[name] = open_system(self.config, name)
             check_layout(self.config, self._systems[name])
         return self._systems[name]
+
+    def _close_systems(self) -> None:
+        """Forget the open changelog systems: the next use opens them again and checks the
+        job's layout (:func:`~localstate.rescale_copies.check_layout`) against the config."""
+        systems, self._systems = self._systems, {}
+        for system in systems.values():
+            try:
+                system.close()
+            except Exception as e:  # a system that fails to close is dropped all the same
+                log.warning("state server of job %r: closing %s failed: %s", self.job, system.name, e)
 
     def _latest(self, p: int) -> Checkpoint | None:
         return read_checkpoint_readonly(self._system(self.config.checkpoint_system).checkpoints(), self.job, p)
@@ -593,6 +602,7 @@ class StateServer:
                 return
             except _Rebuild as why:
                 log.info("task %d of job %r: its copy is rebuilt (%s)", copy.partition, self.job, why)
+                self._close_systems()
         with copy.lock:
             self._drop(copy)
             copy.status = BUILDING

@@ -343,6 +343,36 @@ def test_a_ttl_store_hides_what_the_task_hides_as_of_the_served_commit(tmp_path:
         assert not server.get(STORE, "new").found and server.range(STORE) == [] == list(_committed(config, 0))
 
 
+def test_a_rescaled_job_is_refused_by_a_server_of_the_old_layout(tmp_path: Path,
+                                                                 request: pytest.FixtureRequest) -> None:
+    """After `localstate rescale` the keys live in other tasks: a server still configured
+    for the old task count stops answering (naming the fix) instead of answering from the
+    old layout; one started with the new count answers exactly."""
+    from localstate.rescale import rescale
+
+    values = _values(tmp_path, "file", "rocksdb", request, partitions=2)
+    values = {k: v for k, v in values.items() if not k.startswith("stores.local.")}  # rescale refuses unlogged
+    config = Config.from_dict(values)
+    users = [f"user{i}" for i in range(60)]
+    for p in range(2):
+        with TaskStorage(config, p) as s:
+            s.store(STORE).put_all({u: {"u": u} for u in users if task_for(u, 2) == p})
+            s.commit()
+    with StateServer(config, tmp_path / "serving", refresh_ms=10**6) as server:
+        assert server.get(STORE, "user1").value == {"u": "user1"}
+        rescale(config, 3)
+        server.refresh()
+        server.refresh()
+        for status in server.status():
+            assert status.version is None and "job.partitions = 3" in (status.error or ""), status
+        with pytest.raises(LocalStateError, match="not served"):
+            server.get(STORE, "user1")
+    rescaled = Config.from_dict({**values, "job.partitions": 3})
+    with StateServer(rescaled, tmp_path / "serving") as server:
+        assert [server.get(STORE, u).value for u in users] == [{"u": u} for u in users]
+        assert all(server.get(STORE, u).partition == task_for(u, 3) for u in users)
+
+
 # -- routing -------------------------------------------------------------------------------------
 
 def test_key_routing_follows_the_stores_routing_rule(tmp_path: Path, request: pytest.FixtureRequest) -> None:
