@@ -40,7 +40,7 @@ from typing import Any
 import rocksdict
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from localstate import Config, TaskStorage
-from localstate.changelog.kafka_client import next_batch
+from localstate.changelog.kafka.client import next_batch
 from localstate.engines.rocksdb import RocksDBOptions
 from localstate.testing.kafka import TansuBroker
 

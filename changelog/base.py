@@ -13,11 +13,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from localstate.checkpoint import Checkpoint
-from localstate.errors import ChangelogError, CorruptionError
+from localstate.errors import ChangelogError, ConfigError, CorruptionError, LocalStateError
 from localstate.records import ChangeRecord
+
+if TYPE_CHECKING:
+    from localstate.rescale_job import RescaleStrategy
 
 __all__ = [
     "ChangelogPartition",
@@ -262,6 +265,11 @@ class CheckpointStore(ABC):
         """Release resources (idempotent)."""
 
 
+NOTHING_WRITTEN: dict[str, Any] = {"segments": 0, "end_offset": 0, "records": 0, "bytes": 0, "tombstone_horizon": 0,
+                                   "note": "nothing written yet"}
+"""The inspection row of a changelog partition that does not exist yet (its task never wrote)."""
+
+
 class ChangelogSystem(ABC):
     """A changelog backend, configured by ``systems.<name>.*`` keys.
 
@@ -313,9 +321,19 @@ class ChangelogSystem(ABC):
 
     rescales_in_generations: ClassVar[bool] = False
     """Whether ``localstate rescale`` can write the job at its new partition count as the
-    next :class:`Generation` beside the current one (the four methods below), and switch
-    to it in one write (:meth:`write_generation`). A system that says False (and is not
-    the file changelog, which rescales its directories) cannot be rescaled."""
+    next :class:`Generation` beside the current one (the methods below), and switch to it
+    in one write (:meth:`write_generation`): the default :meth:`rescale_strategy`."""
+
+    def rescale_strategy(self) -> RescaleStrategy | None:
+        """How ``localstate rescale`` writes a job kept in this system at a new partition
+        count (:class:`localstate.rescale_job.RescaleStrategy`), or None if it cannot be
+        rescaled. Default: by generations when :attr:`rescales_in_generations`; the file
+        changelog stages and swaps its directories instead."""
+        if not self.rescales_in_generations:
+            return None
+        from localstate.rescale_generations import GenerationRescale
+
+        return GenerationRescale()
 
     def pin_generation(self, generation: Generation) -> None:
         """Read and write ``generation`` from here on (rescale writes the next one with it)."""
@@ -350,6 +368,45 @@ class ChangelogSystem(ABC):
         """The partition count ``stream`` holds, read without writing anything; None when
         the stream does not exist yet or the system cannot tell (then opening a
         partition for writing is where a wrong count is refused)."""
+        return None
+
+    # -- read-only inspection (``localstate inspect``, the restore progress bar) -----------------
+    def inspect_partition(self, stream: str, physical: str, partition: int, partitions: int) -> dict[str, Any]:
+        """One row of ``localstate inspect``'s partitions table for ``stream`` (stored as
+        ``physical``), read-only: ``stream, partition, root, path, locked_by, segments,
+        end_offset, records, bytes, tombstone_horizon, shipped_snapshots`` (and ``error``
+        when it cannot be read). Default: through this interface, reading the records back."""
+        row: dict[str, Any] = {"stream": physical, "partition": partition, "root": self.describe(), "locked_by": None}
+        if not self.stream_exists(stream):  # a system where reading a stream would create it
+            return {**row, **NOTHING_WRITTEN}
+        try:
+            part = self.open_partition(stream, partition, partitions, readonly=True)
+            try:
+                end = part.end_offset()
+                records = nbytes = 0
+                for batch, size in part.read_batches(0, end):
+                    records += len(batch)
+                    nbytes += size
+                row.update(segments="", end_offset=end, records=records, bytes=nbytes, path=part.describe(),
+                           tombstone_horizon=part.min_valid_snapshot_offset(),
+                           shipped_snapshots=part.shipped_snapshots())
+            finally:
+                part.close()
+        except LocalStateError as e:
+            row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
+        return row
+
+    @classmethod
+    def inspect_location(cls, name: str, options: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Every job's ``checkpoints``, ``partitions`` (and ``generations``) found at the
+        location ``options`` name (``path``: a directory, a bucket URL), read-only, for
+        ``localstate inspect DIR`` / ``--url``. Default: not supported (inspect a job
+        through its config instead)."""
+        raise ConfigError(f"a {cls.__name__} cannot be inspected by location: inspect the job with its config (-c)")
+
+    def count_records(self, stream: str, partition: int, partitions: int, start: int, stop: int) -> int | None:
+        """How many records ``[start, stop)`` of the partition holds (after compaction fewer
+        than the offsets), or None when it cannot tell without reading them. Default: None."""
         return None
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from .cli_options import job_options, load_config, partitions_of
 from .errors import LocalStateError
 
 __all__ = ["main", "cli"]
@@ -24,9 +25,13 @@ LAZY_COMMANDS = {
     "demo": ("localstate.contrib.spark.demo:demo", "The demo: example jobs on local Spark, machine loss, restore."),
     "new-engine": ("localstate.contrib.scaffold:new_engine", "Write a ready-to-fill engine plug-in package."),
     "run": ("localstate.contrib.spark.jobs:run_job", "Run one of the example jobs on local Spark."),
+    "get": ("localstate.cli_state:get", "Read keys from a job's committed state (read-only, beside the running job)."),
+    "dump": ("localstate.cli_state:dump", "Print a store's committed state (read-only, beside the running job)."),
+    "rescale": ("localstate.cli_state:rescale_command", "Re-partition a stopped job's state to a new partition count."),
     "serve": ("localstate.cli_serve:serve", "Serve point lookups of a running job's committed state over HTTP."),
 }
-"""``name → ("module:command", short help)``: imported only when the command runs.
+"""``name → ("module:command", short help)``: the commands defined outside this module,
+each imported only when it runs (every other command is defined below).
 Short helps are sentences, like the docstrings of the core commands."""
 
 
@@ -110,24 +115,6 @@ def cli() -> None:
     """localstate: local, fault-tolerant state for stream tasks."""
 
 
-PARTITION = click.IntRange(min=0)
-"""Task partition numbers (``-p``): counted from 0."""
-
-
-def job_options(command: Any) -> Any:
-    """``-c/--config``, ``--set`` and ``-p/--partition``: one spelling and one meaning on
-    every command that reads a job (checked by :func:`_load_config` and :func:`_partitions`)."""
-    for option in reversed((
-        click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False),
-                     help="the job config, a .toml or .properties file"),
-        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key"),
-        click.option("--partition", "-p", "partitions", type=PARTITION, multiple=True, metavar="N",
-                     help="task partition, counted from 0 (repeatable) [default: all]"),
-    )):
-        command = option(command)
-    return command
-
-
 system_option = click.option("--system", "system_name", metavar="NAME",
                              help="only the stores whose changelog is on systems.NAME [default: all]")
 """``--system``: the same filter on ``inspect`` and ``verify``, checked by :func:`_system`."""
@@ -144,31 +131,6 @@ def _system(config: Any, name: str | None) -> str | None:
         raise click.BadParameter(f"job {config.job_name!r} keeps nothing on a system named {name!r}."
                                  f"{did_you_mean(name, used)}", param_hint="--system")
     return name
-
-
-def _load_config(path: str | None, overrides: tuple[str, ...]) -> Any:
-    from .config import Config
-
-    values: dict[str, Any] = {}
-    if path:
-        values = Config.load(path).to_dict()
-    for item in overrides:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--set")
-        values[key.strip()] = value.strip()
-    if not path and "job.name" not in values:
-        raise click.UsageError("no job config: pass -c job.toml (or a .properties file)")
-    return Config.from_dict(values)
-
-
-def _partitions(config: Any, chosen: tuple[int, ...]) -> tuple[int, ...]:
-    """``-p`` values checked against ``job.partitions`` before anything is touched (all when none)."""
-    bad = sorted(p for p in chosen if p >= config.partitions)
-    if bad:
-        raise click.BadParameter(f"{bad} out of range: job.partitions = {config.partitions}, so 0..{config.partitions - 1}",
-                                 param_hint="--partition")
-    return tuple(dict.fromkeys(chosen)) or tuple(range(config.partitions))
 
 
 def _console() -> Any:
@@ -288,8 +250,8 @@ def inspect(path: str | None, config_path: str | None, overrides: tuple[str, ...
     if path is None and not given:
         raise click.UsageError("give -c job.toml, a directory, or an object-store URL")
     if path is None:
-        config = _load_config(config_path, overrides)
-        report = inspect_job(config, _partitions(config, partitions), _system(config, system_name))
+        config = load_config(config_path, overrides)
+        report = inspect_job(config, partitions_of(config, partitions), _system(config, system_name))
     elif "://" in path:
         report = inspect_remote(path, options=options)
         report["where"] = dict.fromkeys(report, path)
@@ -409,30 +371,21 @@ def _check_wipe(config: Any, partition: int, console: Any, recovering: bool) -> 
 
 
 def _restore_total(config: Any, store: str, partition: int, start: int, stop: int) -> int:
-    """Records a restore of ``store`` replays from ``[start, stop)``: counted in a file
-    changelog (after compaction far fewer than the offsets); other systems cannot count
-    without a second read, so their bar is sized by offsets and completes when done."""
-    from localstate.changelog.file import FileChangelogSystem
-
-    from .inspect import count_records
-    from .registry import SYSTEMS
+    """Records a restore of ``store`` replays from ``[start, stop)``: counted where the
+    changelog can count them cheaply (the file log: after compaction far fewer than the
+    offsets); elsewhere the bar is sized by offsets and completes when done."""
     from .store_open import open_system
 
     spec = config.stores[store]
     if spec.changelog is None:
         return stop - start
     system_name, stream = spec.changelog
-    if SYSTEMS.get(str(config.systems[system_name].get("type", system_name))) is not FileChangelogSystem:
-        return stop - start
     system = open_system(config, system_name)
     try:
-        part = system.open_partition(stream, partition, config.partitions, readonly=True)
-        try:
-            return count_records(part, start, stop)
-        finally:
-            part.close()
+        counted = system.count_records(stream, partition, config.partitions, start, stop)
     finally:
         system.close()
+    return stop - start if counted is None else counted
 
 
 @cli.command()
@@ -472,7 +425,7 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
     recovery = Recovery(accept_log_end=frozenset(accept_log_end), reset=frozenset(reset),
                         use_previous_checkpoint=use_previous_checkpoint,
                         accept_config_change=frozenset(accept_config_change))
-    config = _load_config(config_path, overrides)
+    config = load_config(config_path, overrides)
     if stores:
         unknown = set(stores) - set(config.stores)
         if unknown:
@@ -480,7 +433,7 @@ def restore(config_path: str | None, overrides: tuple[str, ...], partitions: tup
                                      param_hint="--store")
         config = config.__class__({k: v for k, v in config.to_dict().items()
                                    if not k.startswith("stores.") or k.split(".")[1] in stores})
-    parts = _partitions(config, partitions)
+    parts = partitions_of(config, partitions)
     console = _console()
     # quiet_stderr outside the display: its lines are shown once the bars have stopped
     with quiet_stderr(console.is_terminal, "restore", show_after=True), \
@@ -523,10 +476,10 @@ def compact(config_path: str | None, overrides: tuple[str, ...], partitions: tup
     """
     from .storage import TaskStorage
 
-    config = _load_config(config_path, overrides)
+    config = load_config(config_path, overrides)
     rows: list[tuple[Any, ...]] = []
     idle: list[str] = []
-    for p in _partitions(config, partitions):
+    for p in partitions_of(config, partitions):
         with TaskStorage(config, p) as storage:
             for store, stats in storage.compact().items():
                 if not stats.get("segments"):
@@ -561,8 +514,8 @@ def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tupl
     """
     from .verify import verify_job
 
-    config = _load_config(config_path, overrides)
-    checks = verify_job(config, list(_partitions(config, partitions)), deep=not quick,
+    config = load_config(config_path, overrides)
+    checks = verify_job(config, list(partitions_of(config, partitions)), deep=not quick,
                         system=_system(config, system_name))
     bad = [c for c in checks if not c.ok]
     if as_json:
@@ -581,9 +534,6 @@ def verify(config_path: str | None, overrides: tuple[str, ...], partitions: tupl
                        "directory; localstate inspect -c shows where each system is)")
     if bad:
         sys.exit(1)
-
-
-from . import cli_state  # noqa: E402,F401  (registers get, dump and rescale on the group)
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .cli import _load_config, _partitions, job_options
+from .cli_options import job_options, load_config, partitions_of
 from .errors import LocalStateError
 
 __all__ = ["serve"]
@@ -59,8 +59,8 @@ def serve(config_path: str | None, overrides: tuple[str, ...], partitions: tuple
     """
     from .serving import StateServer
 
-    config = _load_config(config_path, overrides)
-    tasks = _partitions(config, partitions)
+    config = load_config(config_path, overrides)
+    tasks = partitions_of(config, partitions)
     where = Path(directory) if directory else Path(f"{config.state_dir}-serving") / str(port)
     try:
         server = StateServer(config, where, tasks=tasks, stores=stores or None, routes=_routes(config, routes),

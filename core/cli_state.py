@@ -1,6 +1,6 @@
 """The state commands of the ``localstate`` CLI: ``get`` and ``dump`` (read a job's
 committed state, read-only, beside a running job) and ``rescale`` (re-partition a
-stopped job). Registered on the group of :mod:`localstate.cli`, with its shared job options."""
+stopped job). Listed in :data:`localstate.cli.LAZY_COMMANDS`, imported when one of them runs."""
 
 from __future__ import annotations
 
@@ -10,26 +10,19 @@ from typing import Any
 
 import click
 
-from .cli import _load_config, _partitions, cli, job_options
+from .cli_options import job_options, load_config, partitions_of
 from .errors import InvalidValueError, LocalStateError
+from .serving import json_default, parse_key
 
-__all__: list[str] = []
+__all__ = ["dump", "get", "rescale_command"]
 
 
 def _parse_key(text: str, serde: str, store: str) -> Any:
     """A key typed on the command line, as the store's key serde wants it."""
-    from .serving import parse_key
-
     try:
         return parse_key(text, serde, store)
     except InvalidValueError as e:
         raise click.BadParameter(str(e), param_hint="KEY") from e
-
-
-def json_default(obj: Any) -> Any:
-    from .serving import json_default
-
-    return json_default(obj)
 
 
 def _show(obj: Any) -> str:
@@ -43,7 +36,7 @@ def _check_store(config: Any, store: str) -> None:
         raise click.ClickException(f"no store named {store!r} in job {config.job_name!r}.{did_you_mean(store, config.stores)}")
 
 
-@cli.command()
+@click.command()
 @job_options
 @click.option("--json", "as_json", is_flag=True, help="print {partition, key, value} as JSON")
 @click.argument("store")
@@ -59,10 +52,10 @@ def get(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[i
     """
     from .reader import StateReader
 
-    config = _load_config(config_path, overrides)
+    config = load_config(config_path, overrides)
     _check_store(config, store)
     spec = config.stores[store]
-    parts = _partitions(config, partitions)
+    parts = partitions_of(config, partitions)
     wanted = _parse_key(key, spec.key_serde, store)
     try:
         for p in parts:
@@ -81,7 +74,7 @@ def get(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[i
     sys.exit(1)
 
 
-@cli.command()
+@click.command()
 @job_options
 @click.option("--limit", "-n", type=click.IntRange(min=0), default=None, help="stop after N records")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line: {partition, key, value}")
@@ -97,9 +90,9 @@ def dump(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[
     """
     from .reader import read_committed
 
-    config = _load_config(config_path, overrides)
+    config = load_config(config_path, overrides)
     _check_store(config, store)
-    parts = _partitions(config, partitions)
+    parts = partitions_of(config, partitions)
     if limit == 0:
         return
     n = 0
@@ -116,7 +109,7 @@ def dump(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[
         raise click.ClickException(str(e)) from e
 
 
-@cli.command("rescale")
+@click.command("rescale")
 @click.option("-c", "--config", "config_path", type=click.Path(exists=True, dir_okay=False), required=True,
               help="the job config, a .toml or .properties file (its job.partitions is updated when done)")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a config key")
@@ -151,7 +144,7 @@ def rescale_command(config_path: str, overrides: tuple[str, ...], to: int, input
         from localstate.contrib.spark.streaming import rescaled_position
 
         position = rescaled_position
-    config = _load_config(config_path, overrides)
+    config = load_config(config_path, overrides)
     if config.partitions == to:  # a re-run after a finished rescale (and config update)
         try:
             check_state_count(config)

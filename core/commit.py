@@ -1,4 +1,4 @@
-"""Committing one task's stores (DESIGN §4), in this order:
+"""Committing one task's stores (docs/design/protocol.md, "Commit"), in this order:
 
 1. flush caches into engines; ``engine.prepare_commit()``;
 2. flush change loggers → changelog appends → durable changelog ``flush()`` → end offsets

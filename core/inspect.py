@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import Checkpoint
 from .config import Config
 from .copies import COPIES, read_copy_record
 from .errors import ConfigError, LocalStateError
@@ -18,7 +16,7 @@ from .layout import LOCKS
 SECTIONS = ("checkpoints", "partitions", "stores", "generations")
 """The tables of an inspection report, in the order they are shown."""
 
-__all__ = ["inspect_path", "inspect_remote", "inspect_job", "lock_holder", "count_records"]
+__all__ = ["inspect_path", "inspect_remote", "inspect_job", "lock_holder"]
 
 
 def lock_holder(lock: Path) -> str | None:
@@ -37,17 +35,12 @@ def lock_holder(lock: Path) -> str | None:
         os.close(fd)
 
 
-def _read_live(path: Path, attempts: int = 20) -> bytes:
-    """Read a file a live task replaces by rename: a checkpoint is absent for a moment
-    between its two renames (``current -> prev``, ``tmp -> current``), so retry briefly."""
-    for attempt in range(attempts):
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.005)
-    raise AssertionError("unreachable")
+def relative_root(path: Path, holder: Path) -> str:
+    """``holder`` relative to the inspected ``path`` ("." for the path itself)."""
+    try:
+        return str(holder.relative_to(path)) or "."
+    except ValueError:
+        return str(holder)
 
 
 def dir_size(path: Path) -> tuple[int, int]:
@@ -67,43 +60,6 @@ def dir_size(path: Path) -> tuple[int, int]:
     return files, size
 
 
-def count_records(part: Any, start: int = 0, stop: int | None = None) -> int:
-    """Records a file changelog partition holds at offsets ``[start, stop)``.
-
-    After compaction this is far fewer than ``stop - start`` (compacted batches keep
-    their offset span but only the surviving records), which is why a progress bar
-    sized by offsets stalls. Reads batch headers only, decoding just the compacted
-    batches, whose offsets are sparse; stops at a torn tail, past which nothing is read.
-    """
-    from localstate.changelog.format import FLAG_COMPACTED, decode_payload, walk
-
-    stop = part.end_offset() if stop is None else stop
-    total = 0
-    for base, next_offset, seg in part.segments():
-        if next_offset <= start or base >= stop:
-            continue
-        data = seg.read_bytes()
-        for h, _pos in walk(data):
-            if h is None:
-                break
-            if h.next_offset <= start or h.base_offset >= stop:
-                continue
-            if h.flags & FLAG_COMPACTED:
-                _records, offsets = decode_payload(data, h, str(seg))
-                total += sum(1 for o in offsets or () if start <= o < stop)
-            else:
-                total += min(h.next_offset, stop) - max(h.base_offset, start)
-    return total
-
-
-def _root(path: Path, holder: Path) -> str:
-    """``holder`` relative to the inspected ``path`` ("." for the path itself)."""
-    try:
-        return str(holder.relative_to(path)) or "."
-    except ValueError:
-        return str(holder)
-
-
 def inspect_path(path: Path) -> dict[str, Any]:
     """``{"checkpoints": [...], "partitions": [...], "stores": [...]}`` found under ``path``.
 
@@ -112,25 +68,11 @@ def inspect_path(path: Path) -> dict[str, Any]:
     several jobs' roots under one directory can be told apart.
     """
 
-    report: dict[str, list[dict[str, Any]]] = {"checkpoints": [], "partitions": [], "stores": []}
+    from .registry import SYSTEMS
+
     path = Path(path)
-    for ck in sorted(path.glob("**/_checkpoints/*/partition-*.ckpt")):
-        row: dict[str, Any] = {"job": ck.parent.name, "partition": int(ck.stem.split("-")[1]), "path": str(ck),
-                               "root": _root(path, ck.parents[2])}
-        try:
-            c = Checkpoint.from_bytes(_read_live(ck), where=str(ck))
-            row.update(version=c.version, input_position=c.input_position, offsets=dict(c.offsets),
-                       epoch=c.epoch, written_at=c.written_at)
-        except LocalStateError as e:
-            row["error"] = str(e)
-        except FileNotFoundError:
-            continue  # removed since the glob (a store wiped by its task): nothing to report
-        report["checkpoints"].append(row)
-    for meta in sorted(path.glob("**/stream.json")):
-        sdir = meta.parent
-        for pdir in sorted((d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()), key=lambda d: int(d.name)):
-            row = _file_partition_row(pdir, _root(path, sdir.parent))
-            report["partitions"].append(row)
+    report: dict[str, list[dict[str, Any]]] = {"checkpoints": [], "partitions": [], "stores": []}
+    report.update(SYSTEMS.get("file").inspect_location("file", {"path": str(path)}))
     committed = {(c["job"], c["partition"]): c.get("version") for c in report["checkpoints"]}
     for lockdir in sorted(path.glob(f"**/{LOCKS}")):
         jobdir = lockdir.parent
@@ -138,7 +80,7 @@ def inspect_path(path: Path) -> dict[str, Any]:
             for pdir in sorted(d for d in sdir.iterdir() if d.is_dir() and d.name.isdigit()):
                 files, size = dir_size(pdir)
                 row = {"job": jobdir.name, "store": sdir.name, "partition": int(pdir.name),
-                       "files": files, "bytes": size, "path": str(pdir), "root": _root(path, jobdir.parent)}
+                       "files": files, "bytes": size, "path": str(pdir), "root": relative_root(path, jobdir.parent)}
                 row.update(_copy_status(jobdir, int(pdir.name), committed.get((jobdir.name, int(pdir.name)))))
                 report["stores"].append(row)
     return report
@@ -170,9 +112,9 @@ def inspect_remote(url: str, options: Sequence[str] = ()) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"inspect -o {item!r}: expected KEY=VALUE (e.g. config.endpoint=http://host:9000)")
         opts[key.strip()] = value.strip()
-    from localstate.changelog.objectstore_inspect import inspect_objectstore
+    from .registry import SYSTEMS
 
-    return inspect_objectstore("objectstore", opts)
+    return SYSTEMS.get("objectstore").inspect_location("objectstore", opts)
 
 
 def inspect_job(config: Config, partitions: Sequence[int] | None = None, system: str | None = None
@@ -188,8 +130,6 @@ def inspect_job(config: Config, partitions: Sequence[int] | None = None, system:
     way). Refuses a config whose partition count disagrees with the stored state, as
     opening a task does. Raises :class:`LocalStateError` naming the system when it cannot
     be read (an unreachable broker or bucket)."""
-    from localstate.changelog.file import FileChangelogSystem
-
     from .rescale_copies import check_layout
     from .store_open import open_system
 
@@ -221,10 +161,7 @@ def inspect_job(config: Config, partitions: Sequence[int] | None = None, system:
             for stream in streams:
                 physical = source.generation().stream(stream)
                 for p in wanted:
-                    if isinstance(source, FileChangelogSystem):  # as `inspect DIR` shows it: segments, writer pid
-                        row = _file_partition_row(source.partition_dir(physical, p), str(source.root))
-                    else:
-                        row = _partition_row(source, stream, physical, p, config.partitions)
+                    row = source.inspect_partition(stream, physical, p, config.partitions)
                     report["partitions"].append({**row, "system": name})
     finally:
         for opened_system in opened.values():
@@ -261,53 +198,3 @@ def _job_checkpoints(config: Config, system: Any, stored_as: str, partitions: Se
                            epoch=c.epoch, written_at=c.written_at)
         rows.append(row)
     return rows
-
-
-def _file_partition_row(pdir: Path, root: str) -> dict[str, Any]:
-    """One file changelog partition: segments, end offset, the records it holds (after
-    compaction fewer than the offsets), bytes, horizon, and the pid of a live writer."""
-    from localstate.changelog.file import FileChangelogPartition
-
-    row: dict[str, Any] = {"stream": pdir.parent.name, "partition": int(pdir.name), "path": str(pdir),
-                           "root": root, "locked_by": lock_holder(pdir / ".lock")}
-    if not pdir.is_dir():
-        return {**row, **_NOTHING}
-    try:
-        part = FileChangelogPartition(pdir, readonly=True)
-        try:
-            row.update(segments=len(part.segments()), end_offset=part.end_offset(), records=count_records(part),
-                       bytes=part.size_bytes(), tombstone_horizon=part.min_valid_snapshot_offset(),
-                       shipped_snapshots=part.shipped_snapshots())
-        finally:
-            part.close()
-    except LocalStateError as e:
-        row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
-    return row
-
-
-_NOTHING = {"segments": 0, "end_offset": 0, "records": 0, "bytes": 0, "tombstone_horizon": 0,
-            "note": "nothing written yet"}
-"""A job's changelog partition that does not exist yet (its task never wrote)."""
-
-
-def _partition_row(system: Any, stream: str, physical: str, p: int, partitions: int) -> dict[str, Any]:
-    """One changelog partition read through the :class:`ChangelogSystem` interface (any
-    system): end offset, and the records and bytes read back up to it."""
-    row: dict[str, Any] = {"stream": physical, "partition": p, "root": system.describe(), "locked_by": None}
-    if not system.stream_exists(stream):  # a system where reading a stream would create it
-        return {**row, **_NOTHING}
-    try:
-        part = system.open_partition(stream, p, partitions, readonly=True)
-        try:
-            end = part.end_offset()
-            records = nbytes = 0
-            for batch, size in part.read_batches(0, end):
-                records += len(batch)
-                nbytes += size
-            row.update(segments="", end_offset=end, records=records, bytes=nbytes, path=part.describe(),
-                       tombstone_horizon=part.min_valid_snapshot_offset(), shipped_snapshots=part.shipped_snapshots())
-        finally:
-            part.close()
-    except LocalStateError as e:
-        row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
-    return row

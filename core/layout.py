@@ -13,12 +13,11 @@ touch the task at once.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from .config import Config
-from .errors import LocalStateError, StoreLockedError
-from .locking import FileLock, io_error
+from .errors import LocalStateError
+from .locking import FileLock, io_error, retry_while_locked
 
 __all__ = [
     "job_dir",
@@ -66,11 +65,4 @@ def task_lock(config: Config, partition: int, wait_s: float = 0.0) -> FileLock:
     except OSError as e:
         raise io_error(e, "create state directory", path.parent, LocalStateError) from e
     what = f"task {config.job_name}/partition {partition} (state dir {config.state_dir})"
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            return FileLock(path, what)
-        except StoreLockedError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(LOCK_RETRY_S)
+    return retry_while_locked(lambda: FileLock(path, what), wait_s, LOCK_RETRY_S)

@@ -2,7 +2,7 @@
 process may import only on its way to one submodule — Spark's streaming-source runner,
 a fresh interpreter at every query start, imports ``localstate``,
 ``localstate.contrib.spark`` and ``localstate.contrib.spark.sources`` to unpickle one
-source (benchmarks/RESULTS.md, "Kafka end to end fixed cost, session 5")."""
+source, and every eager import there is paid at each query start."""
 
 from __future__ import annotations
 

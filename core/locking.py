@@ -7,12 +7,31 @@ import errno
 import fcntl
 import os
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import ChangelogError, StoreLockedError
 from .faults import fault_point
 
-__all__ = ["FileLock", "io_error", "fsync_dir", "remove_tree", "atomic_write"]
+T = TypeVar("T")
+
+
+def retry_while_locked(take: Callable[[], T], wait_s: float, every_s: float) -> T:
+    """``take()``, tried again every ``every_s`` seconds for up to ``wait_s`` while it raises
+    :class:`StoreLockedError` (another process holds a lock it needs: a dying attempt's
+    worker may for a moment); then that error, naming the holder."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return take()
+        except StoreLockedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(every_s)
+
+__all__ = ["FileLock", "io_error", "fsync_dir", "remove_tree", "atomic_write", "retry_while_locked"]
 
 
 def io_error(e: OSError, what: str, path: Path, error: type[Exception] = ChangelogError) -> Exception:

@@ -133,7 +133,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def parse_options(cls: type, raw: Mapping[str, Any], prefix: str, pass_through: Collection[str] = ()) -> Any:
-    """Build ``cls`` from ``raw`` (keys relative to ``prefix``); unknown keys are errors.
+    """Build ``cls`` from ``raw`` (keys relative to ``prefix``); unknown keys and bad values
+    are errors, all of them reported in one :class:`ConfigError`.
 
     ``prefix`` is the full config prefix for messages, e.g. ``"stores.counts.rocksdb"``.
     Keys under a ``pass_through`` prefix are collected as string dicts into the field of
@@ -144,6 +145,7 @@ def parse_options(cls: type, raw: Mapping[str, Any], prefix: str, pass_through: 
     fields = option_keys(cls)
     hints = typing.get_type_hints(cls)
     kwargs: dict[str, Any] = {name: {} for name in pass_through}
+    errors: list[str] = []
     for key, value in raw.items():
         head, dot, rest = key.partition(".")
         if dot and head in pass_through:
@@ -156,11 +158,15 @@ def parse_options(cls: type, raw: Mapping[str, Any], prefix: str, pass_through: 
             # that only parses options (Spark's streaming-source runner) never needs
             from .registry import did_you_mean
 
-            raise ConfigError(
-                f"unknown option {prefix}.{key}.{did_you_mean(key, fields)}"
-                .replace(" Valid names:", " Valid options:")
-            )
-        kwargs[f.name] = coerce(value, hints[f.name], f"{prefix}.{key}")
+            errors.append(f"unknown option {prefix}.{key}.{did_you_mean(key, fields)}"
+                          .replace(" Valid names:", " Valid options:"))
+            continue
+        try:
+            kwargs[f.name] = coerce(value, hints[f.name], f"{prefix}.{key}")
+        except ConfigError as e:
+            errors.append(str(e))
+    if errors:  # every problem at once, not one per attempt
+        raise ConfigError("; ".join(errors))
     opts = cls(**kwargs)
     validate = getattr(opts, "validate", None)
     if validate is not None:

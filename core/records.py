@@ -1,4 +1,5 @@
-"""The change record: the unit of localstate's one fault-tolerance path (DESIGN §2).
+"""The change record: the unit of localstate's one fault-tolerance path
+(docs/design/protocol.md, "Words").
 
 Every engine's durable state is expressed as change records: key-value engines log
 ``(key, value)``, a top-N heap ``(member, score)``, a HyperLogLog ``(register index,

@@ -39,7 +39,7 @@ re-partitioned by the same key to the new count first: see docs/rescale.md.
 
 Supported: one changelog system holding the checkpoints and every logged store:
 
-* ``file``: steps 3–4 as above (:mod:`localstate.rescale_files`);
+* ``file``: steps 3–4 as above (``localstate.changelog.file.rescale``);
 * ``kafka`` and ``objectstore``, which cannot swap streams in place (a Kafka topic's
   partitions cannot shrink; an object store has no rename): the new job is written as
   the next *generation* — streams ``<stream>.gen<n>``, checkpoints of ``<job>.gen<n>``
@@ -56,7 +56,6 @@ from __future__ import annotations
 import json
 import logging
 import numbers
-import shutil
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -66,22 +65,12 @@ from .checkpoint import Checkpoint
 from .commit import check_input_position
 from .config import Config
 from .engine import StoreSpec
-from .errors import ChangelogError, ConfigError, CorruptionError, InvalidValueError, LocalStateError
+from .errors import ConfigError, CorruptionError, InvalidValueError, LocalStateError
 from .layout import task_lock
 from .locking import FileLock, io_error
 from .records import apply_records
 from .rescale_config import update_config_file
-from .rescale_files import (
-    JobFiles,
-    drop_local_copies,
-    manifest_still_valid,
-    pending,
-    stream_count,
-    streams,
-    swap,
-    write_new_partition,
-    write_staging,
-)
+from .rescale_job import RescaleJob, RescalePlan, Stage
 from .rescale_routing import RecordLayout, layout_for, merge_records, route_of, route_store
 from .store_open import open_system, store_meta
 
@@ -129,12 +118,10 @@ def _check_target(to: Any) -> int:
     return to
 
 
-def _job(config: Config, to: Any) -> JobFiles:
+def _job(config: Config, to: Any) -> RescaleJob:
     if not isinstance(config, Config):
         raise TypeError(f"rescale needs a localstate.Config, got {type(config).__name__}")
     to = _check_target(to)
-    from localstate.changelog.file import FileChangelogSystem
-
     unlogged = sorted(n for n, s in config.stores.items() if s.changelog is None)
     if unlogged:
         raise ConfigError(
@@ -151,34 +138,30 @@ def _job(config: Config, to: Any) -> JobFiles:
         )
     (name,) = names
     system = open_system(config, name)
-    if isinstance(system, FileChangelogSystem):
-        return JobFiles(config, config.partitions, to, system, system.root, stores)
-    if not system.rescales_in_generations:
+    strategy = system.rescale_strategy()
+    if strategy is None:
         system.close()
         raise ConfigError(
             f"job {config.job_name!r}: rescale supports the file, kafka and objectstore changelogs; "
             f"systems.{name} is {type(system).__name__} ({system.describe()}). Nothing was changed."
         )
-    return JobFiles(config, config.partitions, to, system, None, stores)
+    return RescaleJob(config, config.partitions, to, system, stores, strategy)
 
 
 class _Locks:
     """Every old task's state-dir lock and changelog-partition locks, held together."""
 
-    def __init__(self, job: JobFiles) -> None:
+    def __init__(self, job: RescaleJob) -> None:
         self._held: list[FileLock] = []
         config = job.config
         try:
             if "{executor}" not in str(config.state_dir):
                 for p in range(job.old):
                     self._held.append(task_lock(config, p))
-            for stream in streams(job) if job.root is not None else ():
-                for p in range(job.old):
-                    d = job.root / stream / str(p)
-                    if d.is_dir():
-                        self._held.append(FileLock(d / ".lock", f"changelog partition {d}"))
-            # kafka, objectstore: reading each old task's checkpoint fences its instances
-            # (a new transactional producer; a claim in its checkpoint sequence)
+            # the system's own locks (file: each changelog partition's); kafka and the
+            # object store instead fence each old task's instances when its checkpoint is
+            # read (a new transactional producer; a claim in its checkpoint sequence)
+            self._held.extend(job.strategy.locks(job))
         except OSError as e:
             self.release()
             raise io_error(e, "take the task locks under", config.state_dir, LocalStateError) from e
@@ -192,7 +175,7 @@ class _Locks:
         self._held.clear()
 
 
-def _read_checkpoints(job: JobFiles) -> dict[int, Checkpoint]:
+def _read_checkpoints(job: RescaleJob) -> dict[int, Checkpoint]:
     """Every old task's checkpoint, all committed at one version (else a refusal)."""
     store = job.system.checkpoints()
     ckpts = {p: store.read(job.config.job_name, p) for p in range(job.old)}
@@ -212,7 +195,7 @@ def _read_checkpoints(job: JobFiles) -> dict[int, Checkpoint]:
     return committed
 
 
-def _check_stores(job: JobFiles, ckpts: Mapping[int, Checkpoint]) -> None:
+def _check_stores(job: RescaleJob, ckpts: Mapping[int, Checkpoint]) -> None:
     for p, ckpt in ckpts.items():
         dropped = set(ckpt.offsets) - set(job.config.stores)
         if dropped:
@@ -231,7 +214,7 @@ def _check_stores(job: JobFiles, ckpts: Mapping[int, Checkpoint]) -> None:
                 )
 
 
-def _positions(job: JobFiles, ckpts: Mapping[int, Checkpoint], input_position: Any, version: int) -> Any:
+def _positions(job: RescaleJob, ckpts: Mapping[int, Checkpoint], input_position: Any, version: int) -> Any:
     old = {p: c.input_position for p, c in ckpts.items()}
     if input_position is SAME_POSITION:
         distinct = {json.dumps(v, sort_keys=True) for v in old.values()}
@@ -250,7 +233,7 @@ def _positions(job: JobFiles, ckpts: Mapping[int, Checkpoint], input_position: A
     return value
 
 
-def _committed_records(job: JobFiles, spec: StoreSpec, p: int, ckpt: Checkpoint) -> dict[bytes, bytes]:
+def _committed_records(job: RescaleJob, spec: StoreSpec, p: int, ckpt: Checkpoint) -> dict[bytes, bytes]:
     """The store's state in old task ``p``: records ``[0, C)`` below the checkpoint's
     offset, folded (tombstones remove). Opened read-only: the locks are already held."""
     stream = spec.changelog[1]  # type: ignore[index]
@@ -322,72 +305,52 @@ def rescale(
         job.system.close()
 
 
-def _run(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleResult:
-    if job.root is None:
-        return _run_generation(job, input_position, spark, t0)
-    config = job.config
-    new_config = config.with_overrides({"job.partitions": job.new})
-    manifest = pending(job)
-    if manifest is not None:
-        if manifest["to"] != job.new or manifest["from"] not in (job.old, job.new):
-            raise LocalStateError(
-                f"job {config.job_name!r}: an earlier rescale from {manifest['from']} to {manifest['to']} partitions "
-                f"was committed but not finished ({job.staging}); finish it first with --to {manifest['to']}"
-            )
-        if manifest_still_valid(job, manifest):
-            log.warning("job %r: finishing the rescale to %d partitions that a crash interrupted",
-                        config.job_name, job.new)
-            swap(job, manifest)
-            return RescaleResult(new_config, manifest["from"], job.new, manifest["version"],
-                                 dict(manifest["records"]), time.perf_counter() - t0)
-        log.warning("job %r committed again after an unfinished rescale was staged: restaging", config.job_name)
-        shutil.rmtree(job.staging)
-    counts = {s: stream_count(job, s) for s in streams(job)}
-    if counts and all(c == job.new for c in counts.values()) and job.old != job.new:
-        return _already_done(job, job.system.checkpoints().read(config.job_name, 0), t0)
-    if job.old == job.new:
-        raise InvalidValueError(f"job {config.job_name!r} already has {job.new} partitions: nothing to rescale")
-    for stream, count in counts.items():
-        if count is not None and count != job.old:
-            raise ChangelogError(
-                f"changelog stream {stream!r} at {job.root / stream} has {count} partitions but the job has "
-                f"job.partitions = {job.old}: rescale from the count the state is at. Nothing was changed."
-            )
-    ckpts, version, position = _prepare(job, input_position)
-    if job.staging.exists():
-        shutil.rmtree(job.staging)
-    ends: dict[str, list[int]] = {}
-    records: dict[str, int] = {}
-    try:
-        if spark is not None:
+def _run(job: RescaleJob, input_position: Any, spark: Any, t0: float) -> RescaleResult:
+    result = job.strategy.run(job, _Plan(job, input_position, spark, t0))
+    if not result.already_done:
+        log.info("job %r rescaled from %d to %d partitions at version %d: %s", job.config.job_name,
+                 result.from_partitions, job.new, result.version, result.records)
+    return result
+
+
+class _Plan(RescalePlan):
+    """The shared steps, for the system's strategy."""
+
+    def __init__(self, job: RescaleJob, input_position: Any, spark: Any, t0: float) -> None:
+        self.job, self._input_position, self._spark, self._t0 = job, input_position, spark, t0
+
+    def prepare(self) -> tuple[dict[int, Checkpoint], int, Any]:
+        return _prepare(self.job, self._input_position)
+
+    def stage(self, ckpts: Mapping[int, Checkpoint]) -> Stage:
+        job = self.job
+        if self._spark is not None:
             from localstate.contrib.spark.rescale import stage_with_spark
 
-            ends, records = stage_with_spark(spark, job, ckpts)
-        else:
+            spark = self._spark
+            return lambda target: stage_with_spark(spark, job, ckpts, target)
+
+        def stage(target: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
+            ends: dict[str, list[int]] = {}
+            records: dict[str, int] = {}
             for name, spec in job.stores.items():
                 parts = _new_parts(job, spec, ckpts)
-                ends[name] = [write_new_partition(job, name, q, part) for q, part in enumerate(parts)]
+                ends[name] = [job.strategy.write_partition(job, target, name, q, part) for q, part in enumerate(parts)]
                 records[name] = sum(len(part) for part in parts)
-        write_staging(job, ends, records, version, position, ckpts)
-    except Exception:
-        # A refusal found while staging (a later store's keys): the old job was never
-        # touched; remove what was staged so a refusal changes nothing on disk.
-        if not (job.staging / "manifest.json").exists():
-            shutil.rmtree(job.staging, ignore_errors=True)
-            try:
-                job.staging.parent.rmdir()
-            except OSError:
-                pass
-        raise
-    manifest = pending(job)
-    assert manifest is not None
-    swap(job, manifest)
-    log.info("job %r rescaled from %d to %d partitions at version %d: %s", config.job_name, job.old, job.new,
-             version, records)
-    return RescaleResult(new_config, job.old, job.new, version, records, time.perf_counter() - t0)
+            return ends, records
+        return stage
+
+    def done(self, version: int, records: Mapping[str, int], from_partitions: int | None = None) -> RescaleResult:
+        job = self.job
+        return RescaleResult(job.config.with_overrides({"job.partitions": job.new}),
+                             job.old if from_partitions is None else from_partitions, job.new, version,
+                             dict(records), time.perf_counter() - self._t0)
+
+    def already_done(self, ckpt: Checkpoint | None) -> RescaleResult:
+        return _already_done(self.job, ckpt, self._t0)
 
 
-def _already_done(job: JobFiles, ckpt: Checkpoint | None, t0: float) -> RescaleResult:
+def _already_done(job: RescaleJob, ckpt: Checkpoint | None, t0: float) -> RescaleResult:
     """The result of a re-run that finds the state already at the new count."""
     log.warning("job %r: its state is already at %d partitions (an earlier rescale finished)",
                 job.config.job_name, job.new)
@@ -395,7 +358,7 @@ def _already_done(job: JobFiles, ckpt: Checkpoint | None, t0: float) -> RescaleR
                          ckpt.version if ckpt else -1, {}, time.perf_counter() - t0, already_done=True)
 
 
-def _prepare(job: JobFiles, input_position: Any) -> tuple[dict[int, Checkpoint], int, Any]:
+def _prepare(job: RescaleJob, input_position: Any) -> tuple[dict[int, Checkpoint], int, Any]:
     """The refusals every changelog shares, before anything is written: the old tasks'
     checkpoints (at one commit), the stores, and the new tasks' input position."""
     ckpts = _read_checkpoints(job)
@@ -407,37 +370,10 @@ def _prepare(job: JobFiles, input_position: Any) -> tuple[dict[int, Checkpoint],
     return ckpts, version, _positions(job, ckpts, input_position, version)
 
 
-def _new_parts(job: JobFiles, spec: StoreSpec, ckpts: Mapping[int, Checkpoint]) -> list[dict[bytes, bytes]]:
+def _new_parts(job: RescaleJob, spec: StoreSpec, ckpts: Mapping[int, Checkpoint]) -> list[dict[bytes, bytes]]:
     """Store ``spec``'s committed state, re-partitioned: one dict per new task."""
     states = {p: _committed_records(job, spec, p, c) for p, c in ckpts.items()}
     return route_store(spec, job.old, job.new, states)
-
-
-def _run_generation(job: JobFiles, input_position: Any, spark: Any, t0: float) -> RescaleResult:
-    """Kafka, objectstore: write the next generation and switch the job over to it."""
-    from .rescale_generations import already_done, check_generation, stage_locally, write_generation
-
-    config = job.config
-    new_config = config.with_overrides({"job.partitions": job.new})
-    if already_done(job):
-        drop_local_copies(job.config)  # a crash after the switch may have left some
-        return _already_done(job, job.system.checkpoints().read(config.job_name, 0, fence=False), t0)
-    if job.old == job.new:
-        raise InvalidValueError(f"job {config.job_name!r} already has {job.new} partitions: nothing to rescale")
-    check_generation(job)
-    ckpts, version, position = _prepare(job, input_position)
-    if spark is not None:
-        from localstate.contrib.spark.rescale import stage_with_spark
-
-        def stage(generation: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
-            return stage_with_spark(spark, job, ckpts, generation)
-    else:
-        stage = stage_locally(job, lambda spec: _new_parts(job, spec, ckpts))
-    records = write_generation(job, stage, version, position, ckpts)
-    drop_local_copies(job.config)
-    log.info("job %r rescaled from %d to %d partitions at version %d: %s", config.job_name, job.old, job.new,
-             version, records)
-    return RescaleResult(new_config, job.old, job.new, version, records, time.perf_counter() - t0)
 
 
 def route_old_task(config: Config, to: int, name: str, p: int, ckpt: Checkpoint) -> list[dict[bytes, bytes]]:
@@ -459,11 +395,7 @@ def write_task_partition(config: Config, to: int, name: str, q: int,
     job = _job(config, to)
     try:
         records = merge_records(job.stores[name], pieces)
-        if generation is not None:
-            from .rescale_generations import write_generation_partition
-
-            return write_generation_partition(job, generation, name, q, records), len(records)
-        return write_new_partition(job, name, q, records), len(records)
+        return job.strategy.write_partition(job, generation, name, q, records), len(records)
     finally:
         job.system.close()
 

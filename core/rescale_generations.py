@@ -24,30 +24,60 @@ when satisfied; objectstore: deleted here after the switch, best effort).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from .checkpoint import Checkpoint
-from .engine import StoreSpec
-from .errors import ChangelogError
+from .errors import ChangelogError, InvalidValueError
 from .faults import fault_point
-from .rescale_files import JobFiles, carried_event_time, streams
+from .rescale_job import (
+    RescaleJob,
+    RescalePlan,
+    RescaleStrategy,
+    Stage,
+    carried_event_time,
+    drop_local_copies,
+    streams,
+)
 from .store_open import open_system, store_meta
 
-__all__ = ["already_done", "check_generation", "stage_locally", "write_generation", "write_generation_partition"]
+if TYPE_CHECKING:
+    from .rescale import RescaleResult
+
+__all__ = ["GenerationRescale"]
 
 log = logging.getLogger("localstate.rescale")
 
 _WRITE_CHUNK = 10_000
 
 
-def already_done(job: JobFiles) -> bool:
+class GenerationRescale(RescaleStrategy):
+    """Write the next generation beside the current one; one record switches the job."""
+
+    def run(self, job: RescaleJob, plan: RescalePlan) -> RescaleResult:
+        config = job.config
+        if _already_done(job):
+            drop_local_copies(config)  # a crash after the switch may have left some
+            return plan.already_done(job.system.checkpoints().read(config.job_name, 0, fence=False))
+        if job.old == job.new:
+            raise InvalidValueError(f"job {config.job_name!r} already has {job.new} partitions: nothing to rescale")
+        _check_generation(job)
+        ckpts, version, position = plan.prepare()
+        records = _write_generation(job, plan.stage(ckpts), version, position, ckpts)
+        drop_local_copies(config)
+        return plan.done(version, records)
+
+    def write_partition(self, job: RescaleJob, target: Any, name: str, q: int, records: Mapping[bytes, bytes]) -> int:
+        return _write_generation_partition(job, target, name, q, records)
+
+
+def _already_done(job: RescaleJob) -> bool:
     """Whether the job's current generation is a finished rescale from ``old`` to ``new``."""
     g = job.system.generation()
     return g.number > 0 and g.partitions == job.new and g.previous_partitions == job.old
 
 
-def check_generation(job: JobFiles) -> None:
+def _check_generation(job: RescaleJob) -> None:
     """Refuse a job whose current generation is at another count than ``job.partitions``."""
     g = job.system.generation()
     if g.number > 0 and g.partitions != job.old:
@@ -58,27 +88,7 @@ def check_generation(job: JobFiles) -> None:
         )
 
 
-Stage = Callable[[Any], tuple[dict[str, list[int]], dict[str, int]]]
-"""Writes every new changelog partition of a generation; returns ``(end offsets per
-store per new task, records per store)``: :func:`stage_locally` or, on Spark,
-:func:`localstate.contrib.spark.rescale.stage_with_spark`."""
-
-
-def stage_locally(job: JobFiles, new_parts: Callable[[StoreSpec], list[dict[bytes, bytes]]]) -> Stage:
-    """A :data:`Stage` writing ``new_parts(spec)`` (each store's records per new task)
-    from this process, one store at a time."""
-    def stage(generation: Any) -> tuple[dict[str, list[int]], dict[str, int]]:
-        ends: dict[str, list[int]] = {}
-        records: dict[str, int] = {}
-        for name, spec in job.stores.items():
-            parts = new_parts(spec)
-            ends[name] = [write_generation_partition(job, generation, name, q, part) for q, part in enumerate(parts)]
-            records[name] = sum(len(part) for part in parts)
-        return ends, records
-    return stage
-
-
-def write_generation(job: JobFiles, stage: Stage, version: int, position: Any,
+def _write_generation(job: RescaleJob, stage: Stage, version: int, position: Any,
                      ckpts: Mapping[int, Checkpoint]) -> dict[str, int]:
     """Write the job's next generation with ``stage`` and switch the job over to it;
     returns the records written per store."""
@@ -115,7 +125,7 @@ def write_generation(job: JobFiles, stage: Stage, version: int, position: Any,
     return records
 
 
-def write_generation_partition(job: JobFiles, generation: Any, name: str, q: int,
+def _write_generation_partition(job: RescaleJob, generation: Any, name: str, q: int,
                                records: Mapping[bytes, bytes]) -> int:
     """Write new task ``q``'s records of store ``name`` (sorted by key) into ``generation``;
     returns the committed end offset. Runs in the driver or on a Spark executor, through
@@ -137,7 +147,7 @@ def write_generation_partition(job: JobFiles, generation: Any, name: str, q: int
     return end
 
 
-def _drop_old_generation(job: JobFiles, old: Any) -> None:
+def _drop_old_generation(job: RescaleJob, old: Any) -> None:
     """Delete the old generation's data where its system does (objectstore; best effort:
     what is left is only garbage); Kafka topics stay: deleting topics is the operator's call."""
     if not job.system.drop_generation(old, streams(job)):

@@ -2,7 +2,7 @@
 
 The facade a task uses: it takes the task lock, reads the checkpoint, opens every
 store (:mod:`localstate.store_open`: checks, committed offset, restore), hands out the
-stores, commits (:mod:`localstate.commit`: the four steps of DESIGN §4) and closes.
+stores, commits (:mod:`localstate.commit`: the four steps of docs/design/protocol.md) and closes.
 The names of those modules are re-exported here, so ``from localstate.storage import
 TaskStorage, Recovery, open_system, ...`` keeps working.
 """

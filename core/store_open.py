@@ -1,5 +1,6 @@
 """Opening one task's stores: changelog systems, recovery decisions, the checks of a
-store against its last commit, the committed offset, and the restore (DESIGN §4).
+store against its last commit, the committed offset, and the restore
+(docs/design/protocol.md, "Restore").
 
 Restore of a store reads the committed offset ``C`` from the checkpoint, lets the
 engine pick local state at ``L <= C``, replays ``[L, C)`` straight into the engine

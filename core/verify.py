@@ -1,6 +1,6 @@
 """``localstate verify``: check a job's changelogs against its checkpoints, read-only.
 
-Opening a task already refuses damage it meets (DESIGN §4); but a damaged *closed*
+Opening a task already refuses damage it meets (docs/design/protocol.md); but a damaged *closed*
 segment is only read when a store is rebuilt, so while a valid local copy (RocksDB,
 LevelDB) serves the task, damage can sit unnoticed until the moment the log is needed.
 ``verify`` finds it on a schedule instead:

@@ -245,7 +245,7 @@ class NativeKVEngine(KeyValueEngine):
         Sorted, because RocksDB's memtable (a skip list) inserts a run of ascending keys
         from where the previous one went instead of searching from the top each time:
         a batch of 10,000 random keys measured 2-2.5x cheaper to apply sorted, more than
-        the sort costs (benchmarks/RESULTS.md, "Per-record path, session 3"). On a
+        the sort costs. On a
         failed write the buffer is kept, so nothing acknowledged is lost silently.
         """
         pending, deletes = self._pending, self._pending_deletes

@@ -74,8 +74,8 @@ class LevelDBOptions:
     * ``paranoid.checks`` — LevelDB stops at damage instead of skipping it: a damaged
       log or table makes the open fail (then a logged store is rebuilt from its
       changelog) rather than silently dropping the records in the damaged block
-      (default **true**; it used to be false, and one flipped byte in the log lost 500
-      of 610 committed keys while the stored offset survived).
+      (default **true**: without it one flipped byte in the log can drop hundreds of
+      committed keys while the stored offset survives).
     * ``verify.checksums`` — every read (get, multi-get, scans) checks the block CRC, so
       a damaged table block is an error, never a wrong value (default **true**).
     """

@@ -12,54 +12,12 @@ Modules: this one (the engine: open, reads, writes, restore), ``rocksdb_options`
 ``stores.<name>.rocksdb.*`` options), ``rocksdb_snapshots`` (snapshots, the deferred
 snapshot, the clean-close claim).
 
-Fault tolerance (host affinity, incremental restore):
-
-* at a commit, once ``snapshot.interval.records`` records were written since the last
-  snapshot, ``checkpoint(offset)`` flushes the memtable and takes a RocksDB
-  hard-link checkpoint into ``snapshots/.tmp-<offset>``, then renames it to
-  ``snapshots/<offset>`` (the rename is the commit point of the snapshot; the last
-  ``snapshots.keep`` are kept). Commits in between leave the memtable alone: a
-  snapshot per commit flushed one small L0 file per commit, and with random keys
-  every L0→L1 compaction rewrote all of L1, so writes slowed with the state size
-  (benchmarks/RESULTS.md, issue 17). A reopen after a crash replays at most that many
-  records past the newest snapshot;
-* the live database is **trusted on open only after a clean close that left it equal to a
-  changelog prefix** ``[0, X)``: nothing written since the commit at ``X`` (or since its
-  newest snapshot, at ``X``). The close flushes the memtable (not a snapshot: a task
-  opened once per micro-batch would take one per micro-batch), then writes ``db.clean``
-  = ``{offset: X, records: R}``, ``R`` the records written since the newest snapshot (the
-  next open counts on from there, so the interval still bounds a crash's replay), and the
-  next open consumes (deletes, durably) that file before anything can write, so a crash,
-  a write or any other open in between leaves no claim behind. If ``X`` is the committed
-  offset ``C`` (or, for ``R`` = 0, the newest usable snapshot), and not below
-  ``min_valid``, ``prepare_restore`` keeps ``db/`` as it is: a task opened once per
-  micro-batch pays no rebuild. Otherwise — a close after uncommitted writes, a crash —
-  the live database may hold writes past the committed offset ``C``. ``prepare_restore(C, min_valid)``
-  deletes snapshots past ``C`` (from commit attempts that never completed) and those
-  older than the changelog's compaction horizon ``min_valid`` (they could resurrect
-  deleted keys), rebuilds ``db/`` from the newest remaining snapshot (SST files are
-  hard-linked, the small metadata files copied) and returns its offset ``L``; only
-  ``[L, C)`` is replayed. With no usable snapshot it starts empty (full restore);
-* because the snapshots carry durability, a logged store writes without a WAL.
-
-Bulk writes (``put_all``/``delete_all`` of bytes: the object cache's batches) wait in the
-write-behind buffer of :class:`~localstate.engines._persistent.NativeKVEngine` and reach
-RocksDB as one batch sorted by key (``write_behind_records`` = 65,536 here, or 8 MiB of
-values): the skip-list memtable inserts ascending keys about twice as cheaply. Anything
-that reads or snapshots the database writes the buffer first.
-
-A restore applies the change records in order as ``WriteBatch`` chunks (no WAL; the
-restore ends with a snapshot). One longer than a write batch reopens the database with
-*vector* memtables for its duration (appends, sorted when flushed off the Python thread,
-instead of a skip-list insert per record holding the GIL: the largest cost of a restore),
-flushes, and reopens it with the normal memtable; while it replays, compactions wait for 16 L0
-files instead of 4 (random keys make every L0 file span the whole key range, so each L0->L1
-compaction rewrites all of L1), and what is left is compacted once after the reopen. With
-``restore.mode = sst`` a restore into an empty
-store instead deduplicates them (last write wins, tombstones dropped), writes them
-sorted into SST files with ``SstFileWriter`` and ingests them — it was the default
-until measured slower (the sort and the per-key SST writer cost more than memtable
-inserts; benchmarks/RESULTS.md).
+The live database is reused on open only after a clean close that left it equal to a
+changelog prefix (``db.clean``); otherwise it is rebuilt from the newest usable snapshot
+plus a replay up to the committed offset. Snapshots carry durability, so a logged store
+writes without a WAL; bulk writes reach RocksDB as one batch sorted by key; a long
+restore runs on vector memtables. The reasons and the exact rules are in
+docs/design/rocksdb-engine.md.
 """
 
 from __future__ import annotations
@@ -106,7 +64,7 @@ at 1M and 3M records, with 25-85 MiB less peak memory; benchmarks/RESULTS.md).""
 _RESTORE_L0_COMPACTION_TRIGGER = 16
 """A restore's L0 files before a compaction starts (normally 4): with random keys every L0 file
 spans the whole key range, so each L0->L1 compaction rewrites all of L1, and at 4 a 1M-record
-replay paid one mid-way (0.1-0.2 s of RocksDB CPU; benchmarks/RESULTS.md, session 4). Left
+replay pays one mid-way. Left
 below the normal options' slow-down trigger (20), so the reopened store does not normally slow
 its writes; the leftover L0 files are compacted once, in the background, after the restore."""
 _UNREAD = object()

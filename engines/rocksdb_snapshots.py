@@ -7,7 +7,6 @@ it. The rules are in the module docstring of :mod:`localstate.engines.rocksdb`;
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -15,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import rocksdict
+from localstate.claims import ClaimDamaged, leave_claim, take_claim
 from localstate.errors import CorruptionError, EngineError, LocalStateError
 from localstate.faults import fault_point
-from localstate.locking import atomic_write, fsync_dir, io_error, remove_tree
+from localstate.locking import fsync_dir, io_error, remove_tree
 
 __all__ = ["RocksDBSnapshots", "CLEAN_MARKER"]
 
@@ -63,26 +63,15 @@ class RocksDBSnapshots:
         ``(offset, records since the newest snapshot)``."""
         marker = self.directory / CLEAN_MARKER
         try:
-            text = marker.read_bytes()
-        except FileNotFoundError:
+            claim = take_claim(marker, {"offset": (int,), "records": (int,)})
+        except ClaimDamaged as e:
+            log.warning("rocksdb store %r: %s; the live database is rebuilt", self.name, e)
             return None
-        except OSError as e:
-            raise io_error(e, "read", marker, EngineError) from e
-        try:
-            marker.unlink()
-            fsync_dir(self.directory)
-        except OSError as e:
-            raise io_error(e, "delete", marker, EngineError) from e
-        try:
-            claim = json.loads(text)
-            offset, records = claim["offset"], claim.get("records", 0)
-            for what, n in (("offset", offset), ("records", records)):
-                if type(n) is not int or n < 0:
-                    raise ValueError(f"{what} {n!r}")
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            log.warning("rocksdb store %r: %s is unreadable (%s); the live database is rebuilt", self.name,
-                        marker, e)
+        except OSError as e:  # a claim left on disk could outlive this open: stop
+            raise io_error(e, "take the clean-close claim", marker, EngineError) from e
+        if claim is None:
             return None
+        offset, records = claim["offset"], claim["records"]
         return offset, records
 
     def _clean_claim(self) -> tuple[int, int] | None:
@@ -112,8 +101,7 @@ class RocksDBSnapshots:
         if claim is None:
             return
         try:
-            atomic_write(self.directory / CLEAN_MARKER,
-                         json.dumps({"offset": claim[0], "records": claim[1]}).encode())
+            leave_claim(self.directory / CLEAN_MARKER, {"offset": claim[0], "records": claim[1]})
         except OSError as e:  # only an optimization of the next open
             log.warning("rocksdb store %r: could not write %s (%s); the next open rebuilds the live "
                         "database from its snapshot", self.name, CLEAN_MARKER, e)

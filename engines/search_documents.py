@@ -3,19 +3,19 @@ change-record values (JSON or msgpack) and to tantivy documents, one at a time o
 bulk, with the checks that make a bad document fail before anything is indexed or logged.
 
 The bulk methods exist because building documents in Python cost as much as tantivy's
-whole indexing loop (benchmarks/RESULTS.md, "Restore and indexing (issue 17)"): they
+whole indexing loop: they
 run the encoders over a whole batch with ``map``. With the JSON document format a batch
 whose schema fields hold only plain values (:meth:`DocumentBuilder.json_docs`) becomes
 tantivy JSON text built by byte concatenation from the change-record values themselves,
 which ``IndexWriter.add_json`` parses in Rust: no Python dict or ``Document`` per
 document (``from_dict`` cost ~1 µs more per document, and its dicts kept the garbage
-collector busy; "Search indexing, session 3"). Every other batch builds one
+collector busy). Every other batch builds one
 ``Document.from_dict`` per document. A batch that fails any check is rebuilt one
 document at a time, so the error names the first bad document exactly as the single
 path does. ``index()`` checks its one document the same way (:meth:`DocumentBuilder.plain_doc`)
 and keeps a plain one as its change record only; the engine makes the JSON text of all
-of them in one pass (:meth:`DocumentBuilder.json_texts`) when its write buffer is sent
-("Search indexing, session 4": -30% of the process CPU of per-call indexing).
+of them in one pass (:meth:`DocumentBuilder.json_texts`) when its write buffer is sent,
+which costs less process CPU than per-call indexing.
 
 The stored ``_doc`` field of every tantivy document is ``packed``: a 4-byte big-endian
 key length, the key, the encoded document (one stored field instead of two: ~10%
@@ -161,7 +161,7 @@ class DocumentBuilder:
         InvalidValueError names the first item that is not a pair. Two itemgetter passes,
         not ``zip(*pairs)``: that made one iterator object per pair, and such
         garbage-collected allocations cost more than the pass (a full collection scans
-        every object the task holds; "Search indexing, session 4" in benchmarks/RESULTS.md)."""
+        every object the task holds)."""
         if set(map(type, pairs)) <= _PAIR_TYPES and set(map(len, pairs)) == {2}:
             return list(map(_first, pairs)), list(map(_second, pairs))
         for item in pairs:
@@ -226,7 +226,7 @@ class DocumentBuilder:
             return list(map(bytes.decode, map(_TANTIVY_JSON, parts)))
         # every key is printable ASCII without '"' or '\\' (e.g. any string id of that kind):
         # it goes between the quotes as it is, without a str and an orjson call per document
-        # (-20% of this method's time, "Search indexing, session 4")
+        # (a fifth of this method's time)
         return list(map(bytes.decode, map(_TANTIVY_JSON_PLAIN_ID, zip(map(_without_last, encoded), keys, packed))))
 
     def _plain_values(self, docs: Sequence[dict[str, Any]]) -> bool:

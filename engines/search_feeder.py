@@ -4,7 +4,7 @@ change records and the next batch.
 
 Why: tantivy parses a document's JSON (``add_json``) and waits for room in its indexing
 queue without holding the GIL, so on the task's thread those ~1.4 µs per document were
-time in which no Python ran ("Search indexing, session 3" in benchmarks/RESULTS.md).
+time in which no Python ran.
 
 The rules that keep it exact:
 

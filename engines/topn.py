@@ -6,7 +6,7 @@ member is rejected, one that does evicts the worst. With ``order = min`` and no
 capacity it is a reorder buffer: :meth:`TopNEngine.pop_until` drains everything up to
 a watermark in order ("bounded sort" of a nearly-sorted stream).
 
-Change records (DESIGN §2): ``member`` (the member encoded with ``key.serde``) →
+Change records (docs/design/protocol.md): ``member`` (the member encoded with ``key.serde``) →
 encoded score (+ payload encoded with ``msg.serde``); evictions, removals and pops
 are tombstones. The value layout is one tag byte then 8 bytes big-endian then the
 payload: ``b"i"``/``b"I"`` + signed 64-bit int, ``b"d"``/``b"D"`` + IEEE double

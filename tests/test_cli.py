@@ -157,7 +157,7 @@ def test_restore_wipe_refuses_while_a_task_has_the_partition_open(tmp_path):
 
 def test_restore_progress_counts_records_not_offsets_after_compaction(tmp_path):
     from localstate.changelog.file import FileChangelogSystem
-    from localstate.inspect import count_records
+    from localstate.changelog.file.inspect import count_records
 
     props = _rocks_props(tmp_path, segment_bytes=4096)
     config = _fill_rounds(props, 30)
@@ -386,7 +386,7 @@ def test_extra_for_module_reads_the_package_requirements():
 
 def test_inspect_reports_a_damaged_checkpoint_and_counts_up_to_a_torn_tail(tmp_path):
     from localstate.changelog.file import FileChangelogPartition
-    from localstate.inspect import count_records
+    from localstate.changelog.file.inspect import count_records
 
     _fill(_props(tmp_path))
     ckpt = next((tmp_path / "changelog").glob("_checkpoints/*/partition-0.ckpt"))

@@ -53,3 +53,17 @@ def test_the_probe_pattern_finds_a_probe() -> None:
     line = 'exists = getattr(system, "topic_exists", None)'
     assert [m.group(3) for m in PROBE.finditer(line)] == ["topic_exists"]
     assert [m.group(3) for m in PROBE.finditer('hasattr(part, "append_columns")')] == ["append_columns"]
+
+
+def test_core_imports_no_concrete_changelog_system() -> None:
+    """Each changelog system owns its layout, rescale strategy and inspection; core reaches
+    them through the declared hooks (``rescale_strategy``, ``inspect_partition``,
+    ``inspect_location``, ``count_records``) or the registry (which names the built-ins
+    as strings, imported on first use), so a new system is additive."""
+    concrete = re.compile(r"^\s*(from|import) (localstate\.changelog|\.\.changelog)\.(file|kafka|objectstore|format|snapshots)\b"
+                          r"|isinstance\(.*\b(File|Kafka|ObjectStore)Changelog(System|Partition)\b")
+    found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
+             for path in _core_files()
+             for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if concrete.search(line)]
+    assert not found, "core names a concrete changelog system:\n" + "\n".join(found)

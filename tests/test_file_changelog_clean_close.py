@@ -1,5 +1,5 @@
 """What a file changelog open reads: the active segment is skipped after a clean close
-(the claim, changelog/file_clean.py) and verified in full after anything else, so torn
+(the claim, changelog/file/clean.py) and verified in full after anything else, so torn
 tails are still found; older segments are walked from their headers and CRC-checked
 when read."""
 
@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 from localstate.changelog.file import FileChangelogPartition
-from localstate.changelog.file_clean import CLAIM_NAME
+from localstate.changelog.file.clean import CLAIM_NAME
 from localstate.errors import CorruptionError
 from localstate.testing.changelog_conformance import records as recs
 

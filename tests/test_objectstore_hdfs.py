@@ -26,8 +26,8 @@ import requests
 from click.testing import CliRunner
 from localstate import Config, TaskStorage
 from localstate.changelog.objectstore import ObjectStoreChangelogSystem
-from localstate.changelog.objectstore_client import EXISTS, ObjectStoreSettings, connect
-from localstate.changelog.objectstore_inspect import inspect_objectstore
+from localstate.changelog.objectstore.client import EXISTS, ObjectStoreSettings, connect
+from localstate.changelog.objectstore.inspect import inspect_objectstore
 from localstate.cli import cli
 from localstate.errors import ChangelogError, ConfigError
 from localstate.registry import ENGINES

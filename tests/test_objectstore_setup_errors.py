@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from localstate import Config, TaskStorage
-from localstate.changelog.objectstore_client import setup_problem
+from localstate.changelog.objectstore.client import setup_problem
 from localstate.cli import cli
 from localstate.errors import ChangelogError
 from localstate.reader import StateReader

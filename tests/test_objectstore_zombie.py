@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from localstate import Config, TaskStorage
 from localstate.changelog.objectstore import ObjectName, ObjectStoreChangelogSystem
-from localstate.changelog.objectstore_chain import chain_of
+from localstate.changelog.objectstore.chain import chain_of
 from localstate.checkpoint import Checkpoint
 from localstate.cli import cli
 from localstate.errors import CorruptionError, FencedError

@@ -60,7 +60,7 @@ print(json.dumps({{"added": added, "name": KafkaSource.name()}}))
     out = _fresh_import(code)
     added = set(out["added"])  # type: ignore[arg-type]
     assert out["name"] == "localstate-kafka"
-    assert "localstate.changelog.kafka_client" in added and "confluent_kafka" in added
+    assert "localstate.changelog.kafka.client" in added and "confluent_kafka" in added
     assert sorted(added & set(NOT_FOR_THE_SOURCE)) == []
 
 
@@ -110,7 +110,7 @@ def test_an_unknown_option_of_a_localstate_settings_class_still_says_did_you_mea
     code = """
 import json, sys
 from localstate.options import parse_options
-from localstate.changelog.kafka_client import KafkaSettings
+from localstate.changelog.kafka.client import KafkaSettings
 from localstate.errors import ConfigError
 before = "localstate.registry" in sys.modules
 try:

@@ -5,10 +5,9 @@ State: one store, ``hourly``, keyed by the order-preserving ``tuple`` serde
 and the boundary below which windows were already emitted are kept in the same store
 under the keys ``(CLOCK_WINDOW, "watermark")`` and ``(CLOCK_WINDOW, "emitted_before")``:
 ``CLOCK_WINDOW`` is negative, so they sort before every window and no window scan sees
-them. (They had a store of their own, ``clock``, until issue 17: a second store costs a
-second engine open and a second snapshot per task per micro-batch — about 40% of a
-streaming task's fixed cost. State written with the ``clock`` store is refused on open
-with a message saying so.)
+them. (Not a store of their own: a second store costs a second engine open and a second
+snapshot per task per micro-batch. State written with a separate ``clock`` store is
+refused on open with a message saying so.)
 
 Counting is vectorised: events are counted per ``(window_start, user_id)`` in Arrow
 across batches (up to :attr:`PageViewsPerHour.PENDING_ROWS` events, and always before

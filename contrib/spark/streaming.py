@@ -36,7 +36,6 @@ rebuild from the changelog).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,10 +44,10 @@ from localstate import (
     Config,
     ConfigError,
     LocalStateError,
-    StoreLockedError,
     TaskStorage,
 )
 from localstate.layout import LOCK_RETRY_S, task_lock
+from localstate.locking import retry_while_locked
 from localstate.reader import read_checkpoint_readonly
 from localstate.store_open import open_system
 
@@ -190,14 +189,7 @@ def _open_task(config: Config, partition: int, lock_wait_s: float) -> TaskStorag
     """``TaskStorage(config, partition)``, retrying for up to ``lock_wait_s`` while another
     attempt of the task holds one of its locks: the state-dir task lock, or — an attempt
     on another executor, with its own state dir — a changelog partition's."""
-    deadline = time.monotonic() + lock_wait_s
-    while True:
-        try:
-            return TaskStorage(config, partition)
-        except StoreLockedError:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(LOCK_RETRY_S)
+    return retry_while_locked(lambda: TaskStorage(config, partition), lock_wait_s, LOCK_RETRY_S)
 
 
 def commit_version(storage: TaskStorage, version: int | None, rows: int) -> None:

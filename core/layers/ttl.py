@@ -1,44 +1,11 @@
 """The ``ttl`` layer: entries that expire a fixed time after they were written.
 
 Configured per key-value store with ``stores.<s>.ttl.ms`` (see :class:`TtlPolicy`).
-The semantics follow Flink's ``StateTtlConfig``:
-
-* **update type** ``OnCreateAndWrite`` (default, ``ttl.update = on-create-and-write``):
-  a ``put`` sets the expiry to ``now + ttl``; reads leave it. ``OnReadAndWrite``
-  (``on-read-and-write``) also moves it on a ``get``/``get_all`` hit, which writes the
-  entry again (one changelog record per read key, as Flink's backend write); scans
-  do not refresh.
-* **visibility** ``NeverReturnExpired``: an entry is invisible to every read
-  (``get``, ``get_all``, ``range``, ``prefix``, ``all``, ``in``) from the moment
-  ``now >= expiry`` — a lazy check on read, so nothing depends on the sweep having run.
-  Flink's ``ReturnExpiredIfNotCleanedUp`` is not offered: it makes a result depend on
-  when a sweep happened to run.
-* **cleanup**: expired entries are deleted by a bounded *incremental* sweep at each
-  commit (Flink's ``cleanupIncrementally``): up to ``ttl.cleanup.batch`` entries are
-  examined from a cursor that walks the key space and wraps around, plus every entry
-  a read found expired since the last commit. Deletes go down the same stack as a
-  user's ``delete``, so they are **logged as tombstones**: a restore never brings an
-  expired entry back and the changelog compacts it away.
-* **time**: processing time (the wall clock) by default; with
-  ``ttl.time = event`` the task's event-time clock (its watermark, committed with the
-  checkpoint — Kafka Streams' "stream time" for window retention).
-
-The expiry is part of the stored and logged value: the value bytes are the expiry
-(8 bytes, signed big-endian, **nanoseconds** since the epoch — so the wall clock is
-``time.time_ns``, read without a Python call in between) followed by the value's own
-serde encoding (:func:`ttl_serde`).
-So a store restored after its entries expired while the task was down hides them at
-once, and adding or removing TTL changes the stored format: :class:`TaskStorage`
-records it in the checkpoint and refuses to open a store whose format changed.
-
-Layer placement: the expiry is *encoded* below the serialized layer (a wrapping
-serde), and *checked* in this layer, above the object cache — the cache holds
-``(expiry, value)`` pairs, so a cache hit is checked like an engine read. Over an
-object cache, the per-record ``put`` and ``get`` are the cache's own, with the stamp
-and the check fused in (:meth:`CachedStore.expire_with`): one Python call per record,
-as without TTL, so TTL costs a clock read, a pair and the 8 bytes (issue 16's target
-is ≤ 1.2× the cost without TTL; figures in benchmarks/RESULTS.md). Bulk calls, scans
-and the sweep stay here.
+The semantics follow Flink's ``StateTtlConfig`` (update on create and write, or also on
+read; expired entries never returned; an incremental sweep at each commit that deletes
+them with logged tombstones; processing or event time). The expiry is encoded below the
+serialized layer as an 8-byte prefix of the value and checked here, above the object
+cache. The rules and the reasons are in docs/design/ttl.md.
 """
 
 from __future__ import annotations
@@ -106,42 +73,27 @@ class TtlPolicy:
 
     @classmethod
     def parse(cls, store: str, raw: Mapping[str, Any]) -> TtlPolicy | None:
-        """From the store's ``ttl.*`` keys (relative names); ``None`` when ``ttl.ms`` is unset.
+        """From the store's ``ttl.*`` keys (relative names) through the one options route
+        (:func:`~localstate.options.parse_options`); ``None`` when no ``ttl.*`` key is set."""
+        from ..options import parse_options
 
-        Every problem is reported (a list of messages in one :class:`ConfigError`).
-        """
-        from ..options import coerce
-
-        pre = f"stores.{store}.ttl"
-        known = {"ms", "time", "update", "cleanup.batch"}
-        errors = [f"unknown config key {pre}.{k} (valid: {', '.join(f'{pre}.{n}' for n in sorted(known))})"
-                  for k in raw if k not in known]
+        prefix = f"stores.{store}.ttl"
         if "ms" not in raw:
-            if raw and not errors:
-                errors.append(f"{pre}.* is set but {pre}.ms is not: set {pre}.ms (e.g. {pre}.ms = 24h)")
-            if errors:
-                raise ConfigError("; ".join(errors))
-            return None
-        values: dict[str, Any] = {}
-        for key, field, tp in (("ms", "ms", int), ("time", "time", Literal["processing", "event"]),
-                               ("update", "update", Literal["on-create-and-write", "on-read-and-write"]),
-                               ("cleanup.batch", "cleanup_batch", int)):
-            if key in raw:
-                try:
-                    values[field] = coerce(raw[key], tp, f"{pre}.{key}")
-                except ConfigError as e:
-                    errors.append(str(e))
-        ms = values.get("ms")
-        if ms is not None and ms <= 0:
-            errors.append(f"{pre}.ms = {raw['ms']!r}: must be > 0 (leave it unset for entries that never expire)")
-        elif ms is not None and ms > MAX_TTL_MS:
-            errors.append(f"{pre}.ms = {raw['ms']!r}: must be <= {MAX_TTL_MS} (leave it unset for no expiry)")
-        batch = values.get("cleanup_batch")
-        if batch is not None and batch < 0:
-            errors.append(f"{pre}.cleanup.batch = {batch}: must be >= 0 (0: only entries a read found expired)")
-        if errors:
-            raise ConfigError("; ".join(errors))
-        return cls(**values)
+            if not raw:
+                return None
+            parse_options(cls, {**raw, "ms": 1}, prefix)  # an unknown key or a bad value is the first error
+            raise ConfigError(f"{prefix}.* is set but {prefix}.ms is not: set {prefix}.ms (e.g. {prefix}.ms = 24h)")
+        return parse_options(cls, raw, prefix)
+
+    def validate(self, prefix: str) -> None:
+        """The bounds no type says (called by ``parse_options``)."""
+        if self.ms <= 0:
+            raise ConfigError(f"{prefix}.ms = {self.ms!r}: must be > 0 (leave it unset for entries that never expire)")
+        if self.ms > MAX_TTL_MS:
+            raise ConfigError(f"{prefix}.ms = {self.ms!r}: must be <= {MAX_TTL_MS} (leave it unset for no expiry)")
+        if self.cleanup_batch < 0:
+            raise ConfigError(f"{prefix}.cleanup.batch = {self.cleanup_batch}: must be >= 0 "
+                              "(0: only entries a read found expired)")
 
 
 def ttl_serde(inner: Serde) -> Serde:

@@ -55,7 +55,7 @@ class _ChangelogReader(DataSourceReader):
 
     def ends(self) -> dict[str, int]:
         if self.job is not None:
-            from localstate.changelog.file_checkpoints import FileCheckpointStore
+            from localstate.changelog.file.checkpoints import FileCheckpointStore
 
             store = FileCheckpointStore(self.root / "_checkpoints")
             out = {}

@@ -1,5 +1,5 @@
 """``localstate-kafka``: a Kafka topic read through localstate's Kafka client
-(:mod:`localstate.changelog.kafka_client`: the same end detection, retries and settings
+(:mod:`localstate.changelog.kafka.client`: the same end detection, retries and settings
 as the Kafka changelog; the JVM Kafka connector is not needed). Columns ``key binary,
 value binary, topic string, partition int, offset long, timestamp long`` (ms); with
 ``format=json`` and a schema, the JSON values are parsed (vectorised, pyarrow) into that
@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Message
-from localstate.changelog.kafka_client import KafkaClient, KafkaSettings
+from localstate.changelog.kafka.client import KafkaClient, KafkaSettings
 from localstate.contrib.spark.json_policy import JsonPolicy, read_json_records
 from localstate.contrib.spark.sources._base import (
     BatchReader,

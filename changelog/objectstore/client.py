@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from localstate.errors import ChangelogError, ConfigError
 from localstate.options import coerce
 
-from .directory_store import first_line, link_file
+from ..directory_store import first_line, link_file
 
 try:
     import obstore
@@ -83,7 +83,7 @@ class ObjectStoreSettings:
             )
         scheme = url.split("://", 1)[0].lower()
         if scheme in _HDFS_SCHEMES:  # served over WebHDFS (objectstore_webhdfs.py)
-            from .objectstore_webhdfs import check_hdfs_settings
+            from .webhdfs import check_hdfs_settings
             check_hdfs_settings(self, prefix)
         if url.startswith("file://") and not url[len("file://"):].startswith("/"):
             raise ConfigError(f"{prefix}.path = {url!r}: a file:// URL needs an absolute path (file:///dir)")
@@ -286,6 +286,6 @@ class ObjectStoreClient:
 def connect(settings: ObjectStoreSettings, system: str = "objectstore") -> ObjectStoreClient:
     """The client for ``settings.path``: WebHDFS for an HDFS URL, obstore for the others."""
     if settings.url.split("://", 1)[0].lower() in _HDFS_SCHEMES:
-        from .objectstore_webhdfs import WebHdfsClient
+        from .webhdfs import WebHdfsClient
         return WebHdfsClient(settings, system)
     return ObjectStoreClient(settings, system)

@@ -126,7 +126,7 @@ class KafkaSettings:
             if given is not None and given.lower() != fixed:
                 raise ConfigError(f"{prefix}.consumer.{key} = {given!r}: must be {fixed} (restore needs it); remove the key")
         if self.snapshots:
-            from .objectstore_snapshots import snapshot_store
+            from ..snapshots import snapshot_store
 
             snapshot_store(self.snapshots, f"{prefix}.snapshots", connect=False)
         policy = self.topic.get("cleanup.policy")

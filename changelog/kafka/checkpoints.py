@@ -15,7 +15,7 @@ from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, CorruptionError
 from localstate.faults import fault_point
 
-from .base import CheckpointStore, Generation
+from ..base import CheckpointStore, Generation
 
 try:
     from confluent_kafka import KafkaException
@@ -23,7 +23,7 @@ except ImportError as _e:  # pragma: no cover - exercised only without the extra
     raise ImportError("the kafka changelog needs confluent-kafka: pip install 'localstate[kafka]'") from _e
 
 if TYPE_CHECKING:
-    from .kafka import KafkaChangelogSystem
+    from .system import KafkaChangelogSystem
 
 __all__ = ["KafkaCheckpointStore"]
 

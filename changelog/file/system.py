@@ -45,18 +45,18 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from localstate.errors import ChangelogError, ConfigError, CorruptionError
 from localstate.faults import fault_point
 from localstate.locking import FileLock, atomic_write, fsync_dir, io_error
 from localstate.records import ChangeRecord
 
-from .base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
-from .directory_store import DirectoryStore
-from .file_checkpoints import FileCheckpointStore
-from .file_clean import TailClaim, claim_holds, leave_claim, take_claim
-from .format import (
+from ..base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
+from ..directory_store import DirectoryStore
+from .checkpoints import FileCheckpointStore
+from .clean import TailClaim, claim_holds, leave_claim, take_claim
+from ..format import (
     FLAG_COMPACTED,
     HEADER_SIZE,
     BatchEncoder,
@@ -68,7 +68,10 @@ from .format import (
     parse_header,
     walk,
 )
-from .objectstore_snapshots import RemoteSnapshots, instance_epoch
+from ..snapshots import RemoteSnapshots, instance_epoch
+
+if TYPE_CHECKING:
+    from localstate.rescale_job import RescaleStrategy
 
 __all__ = ["FileChangelogSystem", "FileChangelogPartition", "FileCheckpointStore", "FileChangelogOptions"]
 
@@ -795,6 +798,34 @@ class FileChangelogSystem(ChangelogSystem):
 
     def describe(self) -> str:
         return f"file changelog at {self.root}"
+
+    def inspect_partition(self, stream: str, physical: str, partition: int, partitions: int) -> dict[str, Any]:
+        """As ``localstate inspect DIR`` shows it: segments and the writer's pid too."""
+        from .inspect import partition_row
+
+        return partition_row(self.partition_dir(physical, partition), str(self.root))
+
+    @classmethod
+    def inspect_location(cls, name: str, options: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Every file changelog under the directory ``options["path"]``."""
+        from .inspect import inspect_directory
+
+        return inspect_directory(Path(options["path"]))
+
+    def count_records(self, stream: str, partition: int, partitions: int, start: int, stop: int) -> int | None:
+        from .inspect import count_records
+
+        part = self.open_partition(stream, partition, partitions, readonly=True)
+        try:
+            return count_records(part, start, stop)
+        finally:
+            part.close()
+
+    def rescale_strategy(self) -> RescaleStrategy:
+        """Stage the new job beside the old one and swap directories (a file system renames)."""
+        from .rescale import FileRescale
+
+        return FileRescale()
 
     def partition_dir(self, stream: str, partition: int) -> Path:
         return self.root / stream / str(partition)

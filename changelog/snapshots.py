@@ -52,7 +52,7 @@ from localstate.faults import fault_point
 from .directory_store import DirectoryStore, first_line
 
 if TYPE_CHECKING:
-    from .objectstore_client import ObjectStoreClient
+    from .objectstore.client import ObjectStoreClient
 
 __all__ = ["RemoteSnapshots", "has_snapshots"]
 
@@ -102,8 +102,8 @@ def snapshot_store(raw: Mapping[str, str], prefix: str, *, connect: bool = True)
     try:
         from localstate.options import parse_options
 
-        from .objectstore_client import ObjectStoreSettings
-        from .objectstore_client import connect as connect_store
+        from .objectstore.client import ObjectStoreSettings
+        from .objectstore.client import connect as connect_store
     except ImportError as e:
         raise ConfigError(f"{prefix}.path = {url!r}: {e}") from e
     settings = parse_options(ObjectStoreSettings, {"path": url, **rest}, prefix, ("config", "client"))

@@ -15,8 +15,8 @@ from typing import Any
 
 from localstate.errors import LocalStateError
 
-from .base import Generation
-from .objectstore import ObjectStoreChangelogPartition, ObjectStoreChangelogSystem
+from ..base import Generation
+from .system import ObjectStoreChangelogPartition, ObjectStoreChangelogSystem
 
 __all__ = ["inspect_objectstore"]
 

@@ -1,7 +1,7 @@
 """``kafka``: the changelog and the task checkpoints in Kafka topics (confluent-kafka).
 
 Configuration: ``systems.<name>.*`` keys, see
-:class:`~localstate.changelog.kafka_client.KafkaSettings`; ``stores.<s>.changelog =
+:class:`~localstate.changelog.kafka.client.KafkaSettings`; ``stores.<s>.changelog =
 kafka.<topic>`` puts a store's changelog in the topic ``<topic>``.
 
 How it maps onto Kafka:
@@ -53,9 +53,9 @@ from localstate.errors import (
 from localstate.faults import fault_point
 from localstate.records import ChangeRecord
 
-from .base import ChangelogPartition, ChangelogSystem, CurrentFn, Generation
-from .kafka_checkpoints import KafkaCheckpointStore
-from .kafka_client import (
+from ..base import ChangelogPartition, ChangelogSystem, CurrentFn, Generation
+from .checkpoints import KafkaCheckpointStore
+from .client import (
     CONNECT_FAST,
     KafkaClient,
     KafkaSettings,
@@ -63,7 +63,7 @@ from .kafka_client import (
     connect_timeout_ms,
     is_fenced,
 )
-from .objectstore_snapshots import RemoteSnapshots, instance_epoch, snapshot_store
+from ..snapshots import RemoteSnapshots, instance_epoch, snapshot_store
 
 try:
     from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition

@@ -13,7 +13,7 @@ from typing import Any
 
 from localstate.engine import ChangeRecord
 
-from .format import HEADER_SIZE, BatchHeader
+from ..format import HEADER_SIZE, BatchHeader
 
 __all__ = ["ObjectName", "chain_of", "foreign_objects", "offsets_of", "slice_batches"]
 

@@ -12,22 +12,21 @@ that still matches the file and the last batch parses, ends exactly at the claim
 size with the claimed end offset and passes its CRC; anything else (no claim, a
 damaged one, a file changed since) takes the full verification as before.
 
-The claim is written without fsync on purpose: a claim lost in a machine crash only
-costs the next open a full scan, and a half-written one does not parse. A claim that
-survived a crash which undid its removal describes a file that was appended to (or cut)
-since, so size, mtime and the last batch no longer match. Read-only opens (``inspect``)
-neither use nor remove it.
+Written, taken and removed by the one claim mechanism of :mod:`localstate.claims`
+(durably, as rocksdb's ``db.clean``). A claim that survived a crash which undid its
+removal would still describe a file that was appended to (or cut) since, so size, mtime
+and the last batch would not match. Read-only opens (``inspect``) neither use nor remove it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .format import check_crc, parse_header
+from localstate import claims
+
+from ..format import check_crc, parse_header
 
 __all__ = ["CLAIM_NAME", "TailClaim", "take_claim", "leave_claim", "claim_holds"]
 
@@ -51,38 +50,22 @@ class TailClaim:
     """The partition's end offset of the last segment holding a compacted batch."""
 
 
+_FIELDS: dict[str, tuple[type, ...]] = {f: (int,) for f in ("size", "mtime_ns", "inode", "next_offset", "compacted_to")}
+_FIELDS.update(segment=(str,), last_batch=(int, type(None)))
+
+
 def take_claim(directory: Path) -> TailClaim | None:
     """The claim a clean close left in ``directory``, removed now; None when there is none
-    or it cannot be read or removed (then the open verifies the segment as before)."""
-    for leftover in directory.glob(f"{CLAIM_NAME}.*.tmp"):  # a close that died before its rename
-        leftover.unlink(missing_ok=True)
-    path = directory / CLAIM_NAME
+    or it cannot be read, removed or parsed (then the open verifies the segment as before)."""
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+        data = claims.take_claim(directory / CLAIM_NAME, _FIELDS)
+    except claims.ClaimDamaged as e:
+        log.warning("changelog %s: %s; verifying the active segment", directory, e)
         return None
-    except OSError as e:
-        log.warning("changelog %s: clean-close claim unreadable (%s); verifying the active segment", directory, e)
-        return None
-    try:
-        path.unlink()
     except OSError as e:  # kept on disk, it could outlive this open: do not rely on it
-        log.warning("changelog %s: clean-close claim not removable (%s); verifying the active segment",
-                    directory, e)
+        log.warning("changelog %s: clean-close claim unusable (%s); verifying the active segment", directory, e)
         return None
-    try:
-        data = json.loads(raw)
-        claim = TailClaim(**{f.name: data[f.name] for f in fields(TailClaim)})
-        ints = [claim.size, claim.mtime_ns, claim.inode, claim.next_offset, claim.compacted_to]
-        if claim.last_batch is not None:
-            ints.append(claim.last_batch)
-        if type(claim.segment) is not str or any(type(n) is not int or n < 0 for n in ints):
-            raise ValueError("wrong field types")
-    except (ValueError, KeyError, TypeError) as e:
-        log.warning("changelog %s: clean-close claim %s is damaged (%s); verifying the active segment",
-                    directory, raw[:80], e)
-        return None
-    return claim
+    return None if data is None else TailClaim(**data)
 
 
 def claim_holds(path: Path, base: int, claim: TailClaim) -> bool:
@@ -124,9 +107,7 @@ def leave_claim(directory: Path, segment: Path, next_offset: int, last_batch: in
                         directory, segment.name, st.st_size, expected_size)
             return
         claim = TailClaim(segment.name, st.st_size, st.st_mtime_ns, st.st_ino, next_offset, last_batch, compacted_to)
-        tmp = directory / f"{CLAIM_NAME}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(asdict(claim)))
-        os.replace(tmp, directory / CLAIM_NAME)
+        claims.leave_claim(directory / CLAIM_NAME, asdict(claim))
     except OSError as e:
         log.warning("changelog %s: clean-close claim not written (%s); the next open verifies the "
                     "active segment", directory, e)

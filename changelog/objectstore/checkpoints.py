@@ -25,11 +25,11 @@ from localstate.errors import (
 )
 from localstate.faults import fault_point
 
-from .base import CheckpointStore
-from .objectstore_client import EXISTS, MISSING
+from ..base import CheckpointStore
+from .client import EXISTS, MISSING
 
 if TYPE_CHECKING:
-    from .objectstore import ObjectStoreChangelogSystem
+    from .system import ObjectStoreChangelogSystem
 
 __all__ = ["ObjectStoreCheckpointStore"]
 

@@ -120,18 +120,18 @@ from localstate.errors import (
 )
 from localstate.faults import fault_point
 
-from .base import (
+from ..base import (
     ChangelogPartition,
     ChangelogSystem,
     CurrentFn,
     Generation,
     check_stream_partitions,
 )
-from .format import BatchEncoder, BatchHeader, check_crc, decode_payload, encode_batch, walk
-from .objectstore_chain import ObjectName, chain_of, foreign_objects, offsets_of, slice_batches
-from .objectstore_checkpoints import ObjectStoreCheckpointStore
-from .objectstore_client import EXISTS, MISSING, ObjectStoreSettings, connect
-from .objectstore_snapshots import RemoteSnapshots
+from ..format import BatchEncoder, BatchHeader, check_crc, decode_payload, encode_batch, walk
+from .chain import ObjectName, chain_of, foreign_objects, offsets_of, slice_batches
+from .checkpoints import ObjectStoreCheckpointStore
+from .client import EXISTS, MISSING, ObjectStoreSettings, connect
+from ..snapshots import RemoteSnapshots
 
 __all__ = [
     "ObjectStoreChangelogSystem",
@@ -657,6 +657,14 @@ class ObjectStoreChangelogSystem(ChangelogSystem):
 
     options_type = ObjectStoreSettings
     pass_through = ("config", "client")
+
+    @classmethod
+    def inspect_location(cls, name: str, options: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+        """Every job under the bucket prefix ``options["path"]`` names (with the system's
+        other ``systems.<name>.*`` options)."""
+        from .inspect import inspect_objectstore
+
+        return inspect_objectstore(name, options)
 
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         super().__init__(name, options, job)

@@ -61,7 +61,7 @@ from urllib.parse import quote, urlsplit
 
 from localstate.errors import ChangelogError, ConfigError
 
-from .objectstore_client import ObjectStoreClient, ObjectStoreSettings
+from .client import ObjectStoreClient, ObjectStoreSettings
 
 try:
     import requests

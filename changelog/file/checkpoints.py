@@ -1,6 +1,6 @@
 """Task checkpoints of the file changelog: small checksummed files under
 ``<systems.file.path>/_checkpoints/<job>/partition-<p>.ckpt``, replaced atomically, the
-previous one kept beside as ``.ckpt.prev`` (the commit point of DESIGN §4 step 4)."""
+previous one kept beside as ``.ckpt.prev`` (the commit point: step 4 of the commit in docs/design/protocol.md)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from localstate.errors import CorruptionError
 from localstate.faults import fault_point
 from localstate.locking import fsync_dir, io_error
 
-from .base import CheckpointStore
+from ..base import CheckpointStore
 
 __all__ = ["FileCheckpointStore"]
 
