@@ -82,9 +82,9 @@ def read_checkpoint_readonly(store: CheckpointStore, job: str, partition: int) -
 
 def still_exact(read: Checkpoint, latest: Checkpoint, name: str) -> bool:
     """Whether store ``name``'s changelog records up to ``read``'s offset, read while the
-    task went on to ``latest``, were all still there: the task's compaction keeps the
-    latest commit and the one before it reconstructible (DESIGN §4), so the read was
-    exact if the task committed at most once more meanwhile and did not roll back."""
+    task went on to ``latest``, were all still there: the task's compaction keeps the latest
+    commit and the one before it reconstructible (docs/design/protocol.md), so the read
+    was exact if the task committed at most once more meanwhile and did not roll back."""
     return (read.version <= latest.version <= read.version + 1
             and latest.offsets.get(name, -1) >= read.offsets[name])
 
