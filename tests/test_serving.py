@@ -538,6 +538,43 @@ def test_a_sigkilled_server_comes_back_exact(tmp_path: Path, engine: str, reques
         proc.communicate()
 
 
+def test_two_serve_processes_with_routes_answer_every_key(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """`localstate serve -p ... --route TASKS=URL` twice: each answers every key, its own
+    tasks' from its copy and the other's forwarded (or redirected with --redirect)."""
+    values = _values(tmp_path, "file", "rocksdb", request, partitions=3)
+    config = Config.from_dict(values)
+    state: dict[str, Any] = {}
+    for p in range(3):
+        with TaskStorage(config, p) as s:
+            mine = {k: {"k": k} for k in _keys_of(p, 3, 4)}
+            s.store(STORE).put_all(mine)
+            state.update(mine)
+            s.commit()
+    config_file = _write_config(values, tmp_path / "job.properties")
+    port_a, port_b = free_port(), free_port()
+    url_a, url_b = f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"
+    a = _serve(config_file, port_a, tmp_path / "a", "-p", "0", "--route", f"1,2={url_b}")
+    try:
+        b = _serve(config_file, port_b, tmp_path / "b", "-p", "1", "-p", "2", "--route", f"0={url_a}", "--redirect")
+        try:
+            for key, value in state.items():
+                status, body, _ = _http(f"{url_a}/v1/stores/{STORE}/keys/{key}")
+                assert (status, body["value"], body["partition"]) == (200, value, task_for(key, 3))
+                status, body, headers = _http(f"{url_b}/v1/stores/{STORE}/keys/{key}")
+                if task_for(key, 3) == 0:
+                    assert status == 307 and headers["Location"].startswith(url_a)
+                else:
+                    assert (status, body["value"]) == (200, value)
+            tasks = _http(f"{url_b}/v1/tasks")[1]
+            assert [t["partition"] for t in tasks["tasks"]] == [1, 2] and tasks["routes"] == {"0": url_a}
+        finally:
+            b.terminate()
+            b.communicate(timeout=30)
+    finally:
+        a.terminate()
+        a.communicate(timeout=30)
+
+
 DAMAGE = ["delete the copy", "foreign tag", "garbage in every file"]
 
 
