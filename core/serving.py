@@ -34,7 +34,8 @@ Keys are routed to tasks by the job's own rule: the store key's routing value
 ``repartition(N, key)`` does (:func:`localstate.partitioning.task_for`). A server
 holds some tasks; ``routes`` names the servers of the others, so a lookup of any key
 can be sent to any server: it answers from its copy, or forwards the request to the
-server that holds the key's task. HTTP (standard library ``ThreadingHTTPServer``)::
+server that holds the key's task. HTTP (standard library ``ThreadingHTTPServer``,
+:mod:`localstate.serving_http`)::
 
     GET /v1/stores/<store>/keys/<key>       the value, its task and commit version
     GET /v1/stores/<store>/keys?key=a&key=b several keys; each task's keys at one commit
@@ -57,9 +58,7 @@ import logging
 import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,9 +105,9 @@ __all__ = [
 log = logging.getLogger("localstate")
 
 HOP_HEADER = "X-Localstate-Forwarded"
-"""Set on a request one server forwards to another: the receiver answers it itself or refuses
-(421), so a request never travels on (two servers whose routes disagree cannot loop)."""
-FORWARD_TIMEOUT_S = 10.0
+"""Set on a request one server forwards to another (:mod:`localstate.serving_http`): the
+receiver answers it itself or refuses (421), so a request never travels on (two servers
+whose routes disagree cannot loop)."""
 MAX_RANGE_LIMIT = 10_000
 """The most keys a range request returns (a range is for dashboards, not for dumps)."""
 
@@ -319,7 +318,9 @@ class StateServer:
         self._started = True
         try:
             if self.port is not None:
-                self._http = _bind(self, self.host, self.port)
+                from .serving_http import bind
+
+                self._http = bind(self, self.host, self.port)
             for p in self.tasks:
                 self._locks.append(task_lock(self.copies_config, p))
             self.refresh()
@@ -822,18 +823,6 @@ class StateServer:
                 sc.offset = settled.offsets[name]
             copy.ckpt = settled
 
-    # -- HTTP ------------------------------------------------------------------------------------
-    def _forward(self, server: str, path: str) -> tuple[int, bytes]:
-        request = urllib.request.Request(server.rstrip("/") + path, headers={HOP_HEADER: "1"})
-        try:
-            with urllib.request.urlopen(request, timeout=FORWARD_TIMEOUT_S) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
-        except (urllib.error.URLError, OSError) as e:
-            body = {"error": f"the server holding the key's task ({server}) did not answer: {e}"}
-            return 502, json.dumps(body).encode()
-
 
 def partition_for(config: Config, store: str, key: Any) -> int:
     """The task ``config``'s job routes ``key`` of key-value store ``store`` to (the
@@ -916,149 +905,6 @@ def _check_directory(config: Config, directory: Path) -> None:
             f"the state server's directory {directory} is (or holds, or lies in) the job's state "
             f"{job}: the server keeps copies of its own and never touches the writer's; give another directory"
         )
-
-
-def _bind(server: StateServer, host: str, port: int) -> http.server.ThreadingHTTPServer:
-    handler = type("Handler", (_Handler,), {"state_server": server})
-    try:
-        httpd = http.server.ThreadingHTTPServer((host, port), handler)
-    except OSError as e:
-        what = "is in use" if e.errno in (98, 48) else f"cannot be bound ({e.strerror or e})"
-        raise LocalStateError(f"state server of job {server.job!r}: port {port} on {host} {what}; "
-                              "choose another --port (0: any free port). Nothing was changed.") from e
-    httpd.daemon_threads = True
-    return httpd
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    state_server: StateServer
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK wait
-    server_version = "localstate-serving"
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("serving: " + format, *args)
-
-    def _send(self, status: int, body: Any, extra: Mapping[str, str] | None = None) -> None:
-        data = body if isinstance(body, bytes) else json.dumps(body, default=json_default).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Access-Control-Allow-Origin", "*")  # a dashboard on another origin may ask
-        for k, v in (extra or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        server = self.state_server
-        url = urllib.parse.urlsplit(self.path)
-        parts = [urllib.parse.unquote(p) for p in url.path.split("/")[1:]]
-        query = urllib.parse.parse_qs(url.query, keep_blank_values=True)
-        try:
-            status, body = self._route(server, parts, query)
-        except NotLocalError as e:
-            if self.headers.get(HOP_HEADER):
-                status, body = 421, {"error": f"{e} (a forwarded request is not forwarded again)",
-                                     "partition": e.partition}
-            elif e.server is None:
-                status, body = 503, {"error": str(e), "partition": e.partition}
-            elif server.forward:
-                status, body = server._forward(e.server, self.path)
-            else:
-                self._send(307, {"partition": e.partition, "server": e.server},
-                           {"Location": e.server + self.path})
-                return
-        except UnavailableError as e:
-            self._send(503, {"error": str(e)}, {"Retry-After": "1"})
-            return
-        except UnknownStoreError as e:
-            status, body = 404, {"error": str(e)}
-        except LocalStateError as e:
-            status, body = 400, {"error": str(e)}
-        except Exception as e:  # never a dropped connection: say what failed
-            log.exception("serving %s", self.path)
-            status, body = 500, {"error": f"{type(e).__name__}: {e}"}
-        self._send(status, body)
-
-    def _route(self, server: StateServer, parts: list[str], query: dict[str, list[str]]) -> tuple[int, Any]:
-        match parts:
-            case ["v1", "health"]:
-                tasks = [s.to_dict() for s in server.status()]
-                ok = all(t["status"] == SERVING for t in tasks)
-                return (200 if ok else 503), {"job": server.job, "serving": ok, "tasks": tasks}
-            case ["v1", "tasks"]:
-                return 200, {"job": server.job, "partitions": server.config.partitions, "url": server.url,
-                             "tasks": [s.to_dict() for s in server.status()],
-                             "routes": {str(p): u for p, u in server.routes.items()},
-                             "stores": list(server.specs)}
-            case ["v1", "metadata", store, key]:
-                return 200, server.metadata(store, self._key(server, store, key)).to_dict()
-            case ["v1", "stores", store, "keys", key]:
-                found = server.get(store, self._key(server, store, key))
-                return (200 if found.found else 404), found.to_dict()
-            case ["v1", "stores", store, "keys"]:
-                return self._get_many(server, store, query.get("key", []))
-            case ["v1", "stores", store, "range"]:
-                return 200, self._range(server, store, query)
-        return 404, {"error": f"no such endpoint {self.path!r}; see GET /v1/tasks, /v1/stores/<store>/keys/<key>, "
-                              "/v1/stores/<store>/keys?key=..., /v1/stores/<store>/range, /v1/metadata/<store>/<key>"}
-
-    @staticmethod
-    def _key(server: StateServer, store: str, text: str) -> Any:
-        spec = server._spec(store)
-        return parse_key(text, spec.key_serde, store)
-
-    def _get_many(self, server: StateServer, store: str, texts: list[str]) -> tuple[int, Any]:
-        if not texts:
-            raise InvalidValueError("give the keys as ?key=a&key=b")
-        keys = [self._key(server, store, t) for t in texts]
-        spec = server._spec(store)
-        local: list[int] = []
-        remote: dict[str, list[int]] = {}
-        for i, key in enumerate(keys):
-            p = server._partition_of(spec, server._encode(spec, key))
-            if p in server._copies:
-                local.append(i)
-            elif self.headers.get(HOP_HEADER) or p not in server.routes or not server.forward:
-                server._local(p, store)  # raises NotLocalError naming the task
-            else:
-                remote.setdefault(server.routes[p], []).append(i)
-        results: list[Any] = [None] * len(keys)
-        for i, found in zip(local, server.get_all(store, [keys[i] for i in local])):
-            results[i] = found.to_dict()
-        for peer, idx in remote.items():
-            qs = urllib.parse.urlencode([("key", texts[i]) for i in idx])
-            status, body = server._forward(peer, f"/v1/stores/{urllib.parse.quote(store, safe='')}/keys?{qs}")
-            if status != 200:
-                return status, body
-            for i, r in zip(idx, json.loads(body)["results"]):
-                results[i] = r
-        return 200, {"store": store, "results": results}
-
-    @staticmethod
-    def _range(server: StateServer, store: str, query: dict[str, list[str]]) -> dict[str, Any]:
-        spec = server._spec(store)
-
-        def bound(name: str) -> Any:
-            values = query.get(name)
-            return None if not values else parse_key(values[-1], spec.key_serde, store)
-
-        try:
-            limit = int(query.get("limit", ["100"])[-1])
-        except ValueError as e:
-            raise InvalidValueError(f"limit must be an int: {e}") from e
-        parts = [task_partition(_int(p, "partition")) for p in query.get("partition", [])] or None
-        items = server.range(store, bound("from"), bound("to"), limit=limit, partitions=parts)
-        return {"store": store, "partitions": list(parts or server.tasks),
-                "results": [x.to_dict() for x in items]}
-
-
-def _int(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError as e:
-        raise InvalidValueError(f"{what} must be an int, got {text!r}") from e
 
 
 def free_port(host: str = "127.0.0.1") -> int:
