@@ -420,9 +420,9 @@ class StateServer:
 
     def range(self, store: str, start: Any = None, stop: Any = None, *, limit: int = 100,
               partitions: Iterable[int] | None = None) -> list[Lookup]:
-        """Up to ``limit`` entries with keys in ``[start, stop)`` (encoded-byte order, as
-        :meth:`KeyValueStore.range`; None: unbounded) from this server's tasks
-        (``partitions``: some of them), task by task, each task at one commit."""
+        """The first ``limit`` entries with keys in ``[start, stop)`` over this server's tasks
+        (``partitions``: some of them), in encoded-key order as :meth:`KeyValueStore.range`
+        (None: unbounded); each task's entries are of one commit (its ``version``)."""
         spec = self._spec(store)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_RANGE_LIMIT:
             raise InvalidValueError(f"limit must be an int in 0..{MAX_RANGE_LIMIT}, got {limit!r}")
@@ -430,21 +430,20 @@ class StateServer:
             if bound is not None:
                 self._encode(spec, bound)
         parts = self.tasks if partitions is None else [self._check_local_partition(p) for p in partitions]
-        out: list[Lookup] = []
+        out: list[tuple[bytes, Lookup]] = []
         for p in parts:
-            if len(out) >= limit:
-                break
             copy = self._local(p, store)
             with copy.lock:
                 view, version = self._served(copy, store)
 
-                def scan(view: Any = view, room: int = limit - len(out)) -> list[tuple[Any, Any]]:
+                def scan(view: Any = view) -> list[tuple[Any, Any]]:
                     with view.range(start, stop) as it:
-                        return [kv for kv, _ in zip(it, range(room))]
+                        return [kv for kv, _ in zip(it, range(limit))]
 
                 items = self._read(copy, scan)
-            out += [Lookup(store, k, v, True, p, version) for k, v in items]
-        return out
+            out += [(self._encode(spec, k), Lookup(store, k, v, True, p, version)) for k, v in items]
+        out.sort(key=lambda pair: pair[0])
+        return [lookup for _, lookup in out[:limit]]
 
     def status(self) -> list[TaskStatus]:
         """Each task copy's state: what it serves, or why not."""

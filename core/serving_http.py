@@ -5,6 +5,7 @@ server that holds its task. Imported by :meth:`StateServer.start` when it serves
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import logging
@@ -133,7 +134,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             case ["v1", "stores", store, "keys"]:
                 return self._get_many(server, store, query.get("key", []))
             case ["v1", "stores", store, "range"]:
-                return 200, self._range(server, store, query)
+                return self._range(server, store, query)
         return 404, {"error": f"no such endpoint {self.path!r}; see GET /v1/tasks, /v1/stores/<store>/keys/<key>, "
                               "/v1/stores/<store>/keys?key=..., /v1/stores/<store>/range, /v1/metadata/<store>/<key>"}
 
@@ -169,22 +170,47 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 results[i] = r
         return 200, {"store": store, "results": results}
 
-    @staticmethod
-    def _range(server: StateServer, store: str, query: dict[str, list[str]]) -> dict[str, Any]:
+    def _range(self, server: StateServer, store: str, query: dict[str, list[str]]) -> tuple[int, Any]:
         spec = server._spec(store)
 
         def bound(name: str) -> Any:
             values = query.get(name)
             return None if not values else parse_key(values[-1], spec.key_serde, store)
 
-        try:
-            limit = int(query.get("limit", ["100"])[-1])
-        except ValueError as e:
-            raise InvalidValueError(f"limit must be an int: {e}") from e
+        limit = _int(query.get("limit", ["100"])[-1], "limit")
         parts = [task_partition(_int(p, "partition")) for p in query.get("partition", [])] or None
+        everywhere = query.get("all", ["0"])[-1] not in ("", "0", "false")
+        if everywhere and parts is not None:
+            raise InvalidValueError("give all=1 or partition=P, not both")
         items = server.range(store, bound("from"), bound("to"), limit=limit, partitions=parts)
-        return {"store": store, "partitions": list(parts or server.tasks),
-                "results": [x.to_dict() for x in items]}
+        results = [(server._encode(spec, x.key), x.to_dict()) for x in items]
+        covered = list(parts or server.tasks)
+        if everywhere and not self.headers.get(HOP_HEADER):
+            # every other server answers for its own tasks; the first `limit` keys of the union
+            # are the first `limit` of the servers' own first `limit`s
+            mine = [(k, v) for k, vs in query.items() if k != "all" for v in vs]
+            path = f"/v1/stores/{urllib.parse.quote(store, safe='')}/range?{urllib.parse.urlencode(mine)}"
+            for peer in sorted(set(server.routes.values())):
+                status, body = forward(peer, path)
+                if status != 200:
+                    return status, body
+                answer = json.loads(body)
+                covered += answer["partitions"]
+                results += [(server._encode(spec, _key_from_json(r["key"], spec.key_serde)), r)
+                            for r in answer["results"]]
+            results.sort(key=lambda pair: pair[0])
+        missing = sorted(set(range(server.config.partitions)) - set(covered)) if everywhere else []
+        return 200, {"store": store, "partitions": sorted(covered), "missing_partitions": missing,
+                     "results": [r for _, r in results[:limit]]}
+
+
+def _key_from_json(value: Any, serde: str) -> Any:
+    """A key as a JSON answer carried it, back in the type its serde encodes."""
+    if serde == "tuple" and isinstance(value, list):
+        return tuple(value)
+    if serde == "bytes" and isinstance(value, dict) and "base64" in value:
+        return base64.b64decode(value["base64"])
+    return value
 
 
 def _int(text: str, what: str) -> int:

@@ -452,13 +452,24 @@ def test_servers_holding_task_subsets_route_forward_and_redirect(tmp_path: Path,
         keys = [key0, key2, "nobody-has-this"]
         status, body, _ = _http(f"{url_a}/v1/stores/{STORE}/keys?" + urllib.parse.urlencode([("key", k) for k in keys]))
         assert status == 200 and [r["value"] for r in body["results"]] == [state[key0], state[key2], None]
+        # a range over every task: each server answers for its own, merged in key order
+        for url in (url_a, url_b):
+            status, body, _ = _http(f"{url}/v1/stores/{STORE}/range?all=1&limit=1000")
+            assert (status, body["partitions"], body["missing_partitions"]) == (200, [0, 1, 2, 3], [])
+            assert [(r["key"], r["value"]) for r in body["results"]] == sorted(state.items())
+        status, body, _ = _http(f"{url_a}/v1/stores/{STORE}/range?all=1&limit=3&from=acct1")
+        assert [r["key"] for r in body["results"]] == sorted(k for k in state if k >= "acct1")[:3]
+        mine = [r["key"] for r in _http(f"{url_a}/v1/stores/{STORE}/range?limit=1000")[1]["results"]]
+        assert mine == sorted(k for k in state if task_for(k, 4) < 2)
         with pytest.raises(NotLocalError) as info:
             a.get(STORE, key2)
         assert (info.value.partition, info.value.server) == (2, url_b)
         assert b.get(STORE, key2).value == state[key2]
-    with StateServer(config, tmp_path / "c", tasks=[0]) as alone:  # no route to task 2: say so
+    with StateServer(config, tmp_path / "c", tasks=[0], port=0) as alone:  # no route to task 2: say so
         with pytest.raises(NotLocalError, match="no server known"):
             alone.get(STORE, key2)
+        body = _http(f"{alone.url}/v1/stores/{STORE}/range?all=1")[1]
+        assert body["missing_partitions"] == [1, 2, 3] and {r["partition"] for r in body["results"]} == {0}
 
 
 # -- restart, SIGKILL, damage ------------------------------------------------------------------
