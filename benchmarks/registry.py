@@ -106,6 +106,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "rescale": ("localstate.benchmarks.rescale", "localstate rescale 4 -> 6 vs a full restore of the same state"),
     "remote": ("localstate.benchmarks.remote_stores", "a stream-table join: profile lookups in local state vs Redis "
                "and PostgreSQL on 127.0.0.1 (started by the suite), per request and batched"),
+    "serving": ("localstate.benchmarks.serving", "point lookups over HTTP and the Python API beside a running job "
+                "(p50/p99, requests/s) and the job's throughput with and without the server"),
     "statesize": ("localstate.benchmarks.state_size", "write and read rates as the state grows (0.1M -> 3M keys, "
                   "10M with LOCALSTATE_FULL=1), rocksdb + file changelog vs raw rocksdict"),
 }
