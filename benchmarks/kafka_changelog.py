@@ -20,7 +20,7 @@ Records are 116 bytes (16-byte key, 100-byte value), as in the issue.
   ``put`` per record and ``commit()`` per 10,000 (the exactly-once transaction), then
   ``get`` per record; against raw rocksdict (``WriteBatch`` per 10,000 keys, ``get``; no
   changelog) and Quix Streams' ``RocksDBStore`` with its changelog on the same broker
-  (:mod:`localstate.benchmarks.quix_store_peer`, run in ``LOCALSTATE_QUIX_PYTHON``; an
+  (:mod:`localstate.benchmarks.peers.quix_store_peer`, run in ``LOCALSTATE_QUIX_PYTHON``; an
   error row when quixstreams is not installed). The three alternate per repeat.
 
 Each cell: one warm-up run, then ``repeats`` timed runs; rows in records/s and MB/s.
@@ -376,7 +376,7 @@ def store_rows(bootstrap: str, n: int, repeats: int, *, report_missing_peer: boo
     Without quixstreams the Quix rows are error cells (``report_missing_peer``) or left out
     (the quick CI form, which must not fail for an optional peer). ``no_write_behind``
     adds ours with rocksdb's write-behind buffer off to the same run."""
-    from .quix_store_peer import keys_of, value_of
+    from .peers.quix_store_peer import keys_of, value_of
 
     seed = 1
     keys, value = keys_of(n, seed), value_of(seed)

@@ -18,7 +18,7 @@ markers. Each repeat runs, interleaved:
   (``last_restore[...].seconds``: reading and applying the changelog, then the snapshot);
 * ``quixstreams 3.28 replay`` — where a Quix interpreter is found
   (:func:`localstate.benchmarks.peers.quix_python`: ``LOCALSTATE_QUIX_PYTHON``), Quix's own recovery path replays the same records, with the headers its
-  changelog carries, into its ``RocksDBStorePartition`` (``benchmarks/quix_replay.py``).
+  changelog carries, into its ``RocksDBStorePartition`` (``benchmarks/peers/quix_replay.py``).
 
 Besides records/s (wall), every row reports records per second of the main thread's CPU
 time: on a shared machine wall time measures the neighbours too, while the Python-side

@@ -99,6 +99,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "keyed": ("localstate.benchmarks.keyed_state", "keyed state handles (value, map, reducing) vs the raw store "
               "calls they wrap, per record"),
     "ttl": ("localstate.benchmarks.ttl_timers", "TTL put/get vs no TTL; timers registered and fired per second"),
+    "ticks": ("localstate.benchmarks.ticks", "timers without input on Spark: ms per tick micro-batch (no input, every "
+              "task fires its timers and commits) and changelog bytes per tick, local[2]"),
     "windows": ("localstate.benchmarks.windows", "windowed page views on localstate.windows vs the hand-written "
                 "job (streaming shape, no Spark); the window operator per kind"),
     "sinks": ("localstate.benchmarks.sinks", "exactly-once output (FileSink, KafkaSink on Apache Kafka) vs a plain "
@@ -106,6 +108,8 @@ SUITES: dict[str, tuple[str, str]] = {
     "rescale": ("localstate.benchmarks.rescale", "localstate rescale 4 -> 6 vs a full restore of the same state"),
     "remote": ("localstate.benchmarks.remote_stores", "a stream-table join: profile lookups in local state vs Redis "
                "and PostgreSQL on 127.0.0.1 (started by the suite), per request and batched"),
+    "serving": ("localstate.benchmarks.serving", "point lookups over HTTP and the Python API beside a running job "
+                "(p50/p99, requests/s) and the job's throughput with and without the server"),
     "statesize": ("localstate.benchmarks.state_size", "write and read rates as the state grows (0.1M -> 3M keys, "
                   "10M with LOCALSTATE_FULL=1), rocksdb + file changelog vs raw rocksdict"),
 }

@@ -14,7 +14,7 @@ and one topic of 1 partition is filled with ``events`` JSON page views
   ``start()`` to the end of the query.
 * ``quix``: Quix Streams 3.28 ``Application(processing_guarantee="exactly-once")``
   counting per key in its RocksDB state with its changelog topic
-  (:mod:`localstate.benchmarks.quix_peer`), in a subprocess; timed from its first
+  (:mod:`localstate.benchmarks.peers.quix_peer`), in a subprocess; timed from its first
   message to ``run()`` returning (the consumer-group join is excluded).
 
 quixstreams 3.28 pins ``confluent-kafka<2.13`` while localstate is tested with 2.16, so
@@ -118,9 +118,9 @@ def localstate_kafka_stream(spark: Any, bootstrap: str, topic: str, root: Path, 
 
 
 def quix_run(python: str, bootstrap: str, topic: str, n: int, root: Path) -> dict[str, Any]:
-    """One run of :mod:`localstate.benchmarks.quix_peer` with state under ``root``."""
+    """One run of :mod:`localstate.benchmarks.peers.quix_peer` with state under ``root``."""
     result = root / "quix.json"
-    script = Path(__file__).with_name("quix_peer.py")
+    script = Path(__file__).parent / "peers" / "quix_peer.py"
     proc = subprocess.run([python, str(script), bootstrap, topic, str(n), str(root / "state"), str(result)],
                           capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not result.is_file():

@@ -28,6 +28,7 @@ LAZY_COMMANDS = {
     "get": ("localstate.cli_state:get", "Read keys from a job's committed state (read-only, beside the running job)."),
     "dump": ("localstate.cli_state:dump", "Print a store's committed state (read-only, beside the running job)."),
     "rescale": ("localstate.cli_state:rescale_command", "Re-partition a stopped job's state to a new partition count."),
+    "serve": ("localstate.cli_serve:serve", "Serve point lookups of a running job's committed state over HTTP."),
 }
 """``name → ("module:command", short help)``: the commands defined outside this module,
 each imported only when it runs (every other command is defined below).

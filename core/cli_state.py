@@ -4,7 +4,6 @@ stopped job). Listed in :data:`localstate.cli.LAZY_COMMANDS`, imported when one 
 
 from __future__ import annotations
 
-import base64
 import json
 import sys
 from typing import Any
@@ -12,36 +11,22 @@ from typing import Any
 import click
 
 from .cli_options import job_options, load_config, partitions_of
-from .errors import LocalStateError
+from .errors import InvalidValueError, LocalStateError
+from .serving import json_default, parse_key
 
 __all__ = ["dump", "get", "rescale_command"]
 
 
 def _parse_key(text: str, serde: str, store: str) -> Any:
     """A key typed on the command line, as the store's key serde wants it."""
-    if serde == "string":
-        return text
-    if serde == "bytes":
-        return text.encode()
     try:
-        if serde in ("int", "long"):
-            return int(text)
-        value = json.loads(text)
-    except ValueError as e:
-        raise click.BadParameter(
-            f"{text!r} is not a key of store {store!r} (key.serde {serde!r}): {e}", param_hint="KEY"
-        ) from e
-    return tuple(value) if serde == "tuple" and isinstance(value, list) else value
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, (bytes, bytearray)):
-        return {"base64": base64.b64encode(bytes(obj)).decode()}
-    return repr(obj)
+        return parse_key(text, serde, store)
+    except InvalidValueError as e:
+        raise click.BadParameter(str(e), param_hint="KEY") from e
 
 
 def _show(obj: Any) -> str:
-    return obj if isinstance(obj, str) else json.dumps(obj, default=_json_default, sort_keys=True)
+    return obj if isinstance(obj, str) else json.dumps(obj, default=json_default, sort_keys=True)
 
 
 def _check_store(config: Any, store: str) -> None:
@@ -78,7 +63,7 @@ def get(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[i
                 value = reader.get(store, wanted)
             if value is not None:
                 if as_json:
-                    click.echo(json.dumps({"partition": p, "key": wanted, "value": value}, default=_json_default))
+                    click.echo(json.dumps({"partition": p, "key": wanted, "value": value}, default=json_default))
                 else:
                     click.echo(_show(value))
                 return
@@ -114,7 +99,7 @@ def dump(config_path: str | None, overrides: tuple[str, ...], partitions: tuple[
     try:
         for p, k, v in read_committed(config, store, parts, in_memory=not on_disk):
             if as_json:
-                click.echo(json.dumps({"partition": p, "key": k, "value": v}, default=_json_default))
+                click.echo(json.dumps({"partition": p, "key": k, "value": v}, default=json_default))
             else:
                 click.echo(f"{p}\t{_show(k)}\t{_show(v)}")
             n += 1

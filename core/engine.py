@@ -86,7 +86,16 @@ class StorageEngine(ABC):
 
     @abstractmethod
     def flush(self) -> None:
-        """Make local writes durable (a no-op for in-memory engines)."""
+        """Push buffered writes into the engine's local state, as ``KeyValueStore.flush``
+        means: what the store's layers call when they hand their writes down. It promises
+        no durability; :meth:`sync` (through :meth:`persist`) does."""
+
+    def sync(self) -> None:
+        """Make local writes durable (a no-op for in-memory engines): the durability half
+        of :meth:`persist`, run once per commit. Default: :meth:`flush`, for an engine
+        whose flush already makes its writes durable; an engine with a cheaper
+        ``flush`` overrides both, so a commit syncs once."""
+        self.flush()
 
     @abstractmethod
     def close(self) -> None:
@@ -119,11 +128,11 @@ class StorageEngine(ABC):
         changelog prefix ``[0, offset)``: commit step 3, and the step after a restore
         (both run by :class:`~localstate.TaskStorage`, never by the engine itself).
 
-        Default: ``flush()`` then ``checkpoint(offset)``. An engine that can do both in
+        Default: :meth:`sync` then ``checkpoint(offset)``. An engine that can do both in
         one durable write (an offset stored in the same synced batch as the data)
         overrides this to avoid a second sync.
         """
-        self.flush()
+        self.sync()
         if offset is not None:
             self.checkpoint(offset)
 

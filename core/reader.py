@@ -62,7 +62,7 @@ from .typed import check_store_types
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogSystem, CheckpointStore
 
-__all__ = ["StateReader", "read_committed", "sample_committed", "read_checkpoint_readonly"]
+__all__ = ["StateReader", "read_committed", "sample_committed", "read_checkpoint_readonly", "still_exact"]
 
 log = logging.getLogger("localstate")
 
@@ -78,6 +78,15 @@ def read_checkpoint_readonly(store: CheckpointStore, job: str, partition: int) -
     task and without creating anything
     (:meth:`~localstate.changelog.base.CheckpointStore.read_readonly`)."""
     return store.read_readonly(job, partition)
+
+
+def still_exact(read: Checkpoint, latest: Checkpoint, name: str) -> bool:
+    """Whether store ``name``'s changelog records up to ``read``'s offset, read while the
+    task went on to ``latest``, were all still there: the task's compaction keeps the latest
+    commit and the one before it reconstructible (docs/design/protocol.md), so the read
+    was exact if the task committed at most once more meanwhile and did not roll back."""
+    return (read.version <= latest.version <= read.version + 1
+            and latest.offsets.get(name, -1) >= read.offsets[name])
 
 
 class StateReader:
@@ -205,9 +214,7 @@ class StateReader:
     def _stable(self, name: str, read: Checkpoint) -> Checkpoint | None:
         """None if the state read for ``read`` is exact, else the newer checkpoint to read."""
         latest = self.checkpoint
-        if read.version <= latest.version <= read.version + 1 and latest.offsets.get(name, -1) >= read.offsets[name]:
-            return None
-        return latest
+        return None if still_exact(read, latest, name) else latest
 
     # -- building stores ---------------------------------------------------------------------
     def _new_engine(self, spec: StoreSpec) -> StorageEngine:

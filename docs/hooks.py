@@ -29,6 +29,7 @@ PUBLISHED = {
     "RELIABILITY.md": "reliability.md",
     "CHANGELOG.md": "changelog.md",
     "benchmarks/RESULTS.md": "benchmarks/index.md",
+    "benchmarks/HISTORY.md": "benchmarks/history.md",
 }
 CHART_DIR = "benchmarks/results"  # images RESULTS.md shows, as results/<name>.png
 

@@ -271,6 +271,10 @@ class LevelDBEngine(NativeKVEngine):
         return self._iterators.open(self._scan(native), f"store {self.name!r} iterator")
 
     def flush(self) -> None:
+        """Nothing to push down: every write went straight into LevelDB."""
+        self._require_open()
+
+    def sync(self) -> None:
         """Sync LevelDB's log: every write so far survives a machine crash."""
         self._require_open()
         assert self._raw is not None
@@ -313,9 +317,9 @@ class LevelDBEngine(NativeKVEngine):
     def persist(self, offset: int | None) -> None:
         """One synced write per commit: LevelDB's log is sequential, so syncing the offset
         key (or, for a store without a changelog, the sync marker) makes every earlier
-        write durable too — ``flush()`` + ``checkpoint()`` would sync twice."""
+        write durable too — ``sync()`` + ``checkpoint()`` would sync twice."""
         if offset is None:
-            self.flush()
+            self.sync()
         else:
             self.checkpoint(offset)
 

@@ -365,6 +365,11 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
         return self.range(prefix, prefix_upper_bound(prefix))
 
     def flush(self) -> None:
+        """Nothing to push down that a read would miss: the write-behind buffer is written
+        before anything reads or snapshots the database."""
+        self._require_open()
+
+    def sync(self) -> None:
         """Make every write so far durable by syncing the WAL.
 
         Without a WAL (a logged store) this is a no-op: the durable local copies are the

@@ -56,6 +56,7 @@ class RocksDBSnapshots:
         def _open(self, native: Any = None) -> None: ...
         def _translate(self, e: BaseException, action: str) -> LocalStateError: ...
         def flush(self) -> None: ...
+        def sync(self) -> None: ...
         def _never_written(self, db: Any) -> bool: ...
 
     def _take_clean_marker(self) -> tuple[int, int] | None:
@@ -209,7 +210,7 @@ class RocksDBSnapshots:
         """Commit step 3: a snapshot at ``offset`` once ``snapshot.interval.records``
         records were written since the last one; otherwise the snapshot is deferred (the
         changelog holds everything past the newest snapshot, and a reopen replays it)."""
-        self.flush()
+        self.sync()
         if offset is None:
             return
         self._written_at_persist = self.records_written

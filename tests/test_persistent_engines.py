@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -571,3 +572,26 @@ def test_options_reach_the_native_libraries(tmp_path):
     engine = LevelDBEngine(StoreContext.local(tmp_path / "lvl", "lvl"), LevelDBOptions(compression="none", block_size_bytes=1024))
     engine.put(b"k", b"v")
     engine.close()
+
+
+@pytest.mark.parametrize("factory, logged, syncs", [("leveldb", True, 0), ("leveldb", False, 1),
+                                                    ("rocksdb", False, 1), ("rocksdb", True, 1)])
+def test_a_commit_makes_local_writes_durable_once(make_config: Any, factory: str, logged: bool,
+                                                  syncs: int) -> None:
+    """The layers' flush only pushes writes down; durability is one sync (or, for a logged
+    leveldb store, the one synced offset write) per commit, never a second one."""
+    from localstate import TaskStorage
+
+    extra = {} if logged else {"changelog": "none"}
+    with TaskStorage(make_config(s={"factory": factory, **extra}), 0) as storage:
+        store = storage.store("s")
+        engine = storage.engine("s")
+        calls: list[str] = []
+        sync, checkpoint = engine.sync, engine.checkpoint
+        engine.sync = lambda: (calls.append("sync"), sync())[1]  # type: ignore[method-assign]
+        engine.checkpoint = lambda offset: (calls.append("checkpoint"), checkpoint(offset))[1]  # type: ignore[method-assign]
+        store[b"k"] = b"v"
+        storage.commit()
+        assert calls.count("sync") == syncs
+        if factory == "leveldb":
+            assert len(calls) == 1  # the offset write is the sync of a logged store

@@ -54,8 +54,6 @@ from localstate.records import ChangeRecord
 
 from ..base import ChangelogPartition, ChangelogSystem, CurrentFn, check_stream_partitions
 from ..directory_store import DirectoryStore
-from .checkpoints import FileCheckpointStore
-from .clean import TailClaim, claim_holds, leave_claim, take_claim
 from ..format import (
     FLAG_COMPACTED,
     HEADER_SIZE,
@@ -69,6 +67,8 @@ from ..format import (
     walk,
 )
 from ..snapshots import RemoteSnapshots, instance_epoch
+from .checkpoints import FileCheckpointStore
+from .clean import TailClaim, claim_holds, leave_claim, take_claim
 
 if TYPE_CHECKING:
     from localstate.rescale_job import RescaleStrategy

@@ -54,6 +54,7 @@ from localstate.faults import fault_point
 from localstate.records import ChangeRecord
 
 from ..base import ChangelogPartition, ChangelogSystem, CurrentFn, Generation
+from ..snapshots import RemoteSnapshots, instance_epoch, snapshot_store
 from .checkpoints import KafkaCheckpointStore
 from .client import (
     CONNECT_FAST,
@@ -63,7 +64,6 @@ from .client import (
     connect_timeout_ms,
     is_fenced,
 )
-from ..snapshots import RemoteSnapshots, instance_epoch, snapshot_store
 
 try:
     from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition

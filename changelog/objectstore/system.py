@@ -128,10 +128,10 @@ from ..base import (
     check_stream_partitions,
 )
 from ..format import BatchEncoder, BatchHeader, check_crc, decode_payload, encode_batch, walk
+from ..snapshots import RemoteSnapshots
 from .chain import ObjectName, chain_of, foreign_objects, offsets_of, slice_batches
 from .checkpoints import ObjectStoreCheckpointStore
 from .client import EXISTS, MISSING, ObjectStoreSettings, connect
-from ..snapshots import RemoteSnapshots
 
 __all__ = [
     "ObjectStoreChangelogSystem",

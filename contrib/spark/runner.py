@@ -42,6 +42,7 @@ from localstate.copies import record_copy
 from .compat import RUNNER_PYSPARK, require_pyspark
 from .streaming import commit_version, next_version, open_version, stream_batch_id
 from .task import Emitter, StreamTask, TaskContext
+from .ticks import check_checkpoint_ticks, check_timer_interval, tick_trigger, with_ticks
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -625,6 +626,7 @@ class StatefulJob:
         checkpoint_location: str,
         trigger: dict[str, Any] | None = None,
         output: Callable[[DataFrame, int], None] | None = None,
+        timer_interval_ms: int | None = None,
     ) -> StreamingQuery:
         """Start the job over ``stream_df`` with ``foreachBatch``; returns the running query.
 
@@ -639,10 +641,24 @@ class StatefulJob:
         or ``affinity=False``), in ``query.lastProgress["observedMetrics"]["localstate.<store>"]``;
         on a cluster with affinity they run inside ``foreachBatch``, each run placed
         (:mod:`localstate.contrib.spark.placement`).
+
+        ``timer_interval_ms`` (an int >= 1): run a micro-batch every that many ms even
+        without new input, so due timers fire on their own (a session closes after its
+        gap with no further events). It sets the trigger to ``processingTime`` of that
+        interval — give no ``trigger`` with it — and adds a tick source whose rows no task
+        ever sees (:mod:`localstate.contrib.spark.ticks`); each tick micro-batch is a
+        commit version like any other. A bad interval, ``trigger`` with it, or a (local)
+        checkpoint written without ticks is a :class:`ConfigError` before the query starts.
         """
         from .metrics import StateMetricsParam, batch_progress, metrics_delta, observe_state
 
+        interval = check_timer_interval(self.config.job_name, timer_interval_ms)
+        if interval is not None:
+            trigger = tick_trigger(self.config.job_name, interval, trigger)
+            check_checkpoint_ticks(self.config.job_name, checkpoint_location)
         self.check_input(stream_df)
+        if interval is not None:
+            stream_df = with_ticks(stream_df)
         accumulator = stream_df.sparkSession.sparkContext.accumulator({}, StateMetricsParam())
         self.metrics_accumulator = accumulator
         from .placement import live_executors

@@ -506,9 +506,16 @@ def register_adapter(engine: str, adapter: Callable[[], WorkloadAdapter]) -> Non
     _ADAPTERS[engine] = adapter
 
 
+def _ticks_workload() -> WorkloadAdapter:
+    from .torture_ticks import TickSessionsWorkload  # its own module: it imports this one
+
+    return TickSessionsWorkload()
+
+
 _WORKLOADS: dict[str, Callable[[], WorkloadAdapter]] = {"ttl-timers": TtlTimersWorkload,
                                                        "keyed-state": KeyedStateWorkload,
-                                                       "windows": WindowsWorkload}
+                                                       "windows": WindowsWorkload,
+                                                       "ticks": _ticks_workload}
 
 
 def register_workload(name: str, adapter: Callable[[], WorkloadAdapter]) -> None:

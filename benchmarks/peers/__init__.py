@@ -59,7 +59,7 @@ def quix_python() -> tuple[str | None, str]:
 
 
 def run_peer(python: str, script: str, args: list[str], timeout_s: float) -> dict[str, Any]:
-    """Run ``benchmarks/<script>`` under ``python`` and return the JSON object on the last
+    """Run ``benchmarks/peers/<script>`` under ``python`` and return the JSON object on the last
     line of its output; a failure raises naming the script and the end of its stderr."""
     path = Path(__file__).with_name(script)
     try:
