@@ -121,6 +121,9 @@ def test_bad_settings_are_refused_before_anything_is_written(spark: Any, apache_
     with pytest.raises(ConfigError, match=r"\['enable.idempotence', 'transactional.id'\]: the sink sets these"):
         KafkaSink(apache_kafka_broker, topic, transactional_id="x",
                   producer={"transactional.id": "y", "enable.idempotence": False})
+    three = create_topic(apache_kafka_broker)
+    with pytest.raises(ConfigError, match=rf"marker topic '{three}' has 3 partitions; it must have one"):
+        KafkaSink(apache_kafka_broker, topic, transactional_id="bad-3", marker_topic=three).write(df, 0)
     no_column = _sink(apache_kafka_broker, topic, "bad-2")
     no_column.key = "user"
     try:

@@ -355,6 +355,12 @@ class KafkaSink:
                 f"{self!r}: kafka topic {self.topic!r} does not exist on brokers {self.bootstrap_servers}: "
                 "create it first (the sink never creates its output topic)"
             )
+        if client.topic_exists(self.marker_topic) and len(client.partitions(self.marker_topic)) != 1:
+            raise ConfigError(
+                f"{self!r}: marker topic {self.marker_topic!r} has {len(client.partitions(self.marker_topic))} "
+                "partitions; it must have one (the sink reads its last marker from partition 0): "
+                "pass a new marker_topic"
+            )
         try:
             client.ensure_topic(self.marker_topic, 1, checkpoint=True)
         except LocalStateError as e:
