@@ -269,6 +269,9 @@ NOTHING_WRITTEN: dict[str, Any] = {"segments": 0, "end_offset": 0, "records": 0,
                                    "note": "nothing written yet"}
 """The inspection row of a changelog partition that does not exist yet (its task never wrote)."""
 
+UNREADABLE: dict[str, Any] = {"segments": "?", "end_offset": "?", "records": "?", "bytes": 0, "tombstone_horizon": "?"}
+"""The inspection row of a changelog partition that could not be read (with its ``error``)."""
+
 
 class ChangelogSystem(ABC):
     """A changelog backend, configured by ``systems.<name>.*`` keys.
@@ -393,7 +396,7 @@ class ChangelogSystem(ABC):
             finally:
                 part.close()
         except LocalStateError as e:
-            row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
+            row.update(UNREADABLE, error=str(e))
         return row
 
     @classmethod

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,19 +22,27 @@ pytest.importorskip("pyspark")
 pytest.importorskip("rocksdict")
 
 
-@pytest.mark.spark
-@pytest.mark.slow
-def test_spark_suite_runs_quick_and_reports_every_figure(tmp_path: Path) -> None:
+def run_quick_suite(tmp_path: Path, suite: str) -> list[dict[str, Any]]:
+    """The rows of ``localstate bench --quick --repeats 1 --suite SUITE --strict``, run in a
+    subprocess (a suite's own Spark session cannot share this process with the ``spark``
+    fixture); fails on a non-zero exit or any error cell."""
     out = tmp_path / "out"
     env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
     proc = subprocess.run(
         [sys.executable, "-c", "from localstate.cli import main; main()", "bench", "--quick", "--repeats", "1",
-         "--suite", "spark", "--out", str(out), "--strict"],
+         "--suite", suite, "--out", str(out), "--strict"],
         env=env, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads((out / "results.json").read_text())["rows"]
+    rows: list[dict[str, Any]] = json.loads((out / "results.json").read_text())["rows"]
     assert not [r for r in rows if r["error"]], [r["error"] for r in rows if r["error"]]
+    return rows
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_suite_runs_quick_and_reports_every_figure(tmp_path: Path) -> None:
+    rows = run_quick_suite(tmp_path, "spark")
     cells = {(r["workload"], r["engine"], r["unit"]): r for r in rows}
     for row in rows:
         assert row["suite"] == "spark" and row["median"] > 0 and len(row["runs"]) >= 1, row
@@ -66,4 +75,4 @@ def test_spark_suite_runs_quick_and_reports_every_figure(tmp_path: Path) -> None
     assert kafka and "localstate-kafka" in kafka[0]["engine"] and "users" in kafka[0]["notes"]
     # the Quix peer runs only where quixstreams is installed (LOCALSTATE_QUIX_PYTHON or this venv)
     assert len(kafka) == 2 or "Quix not run" in kafka[0]["notes"]
-    assert "windowed_e2e" in (out / "results.md").read_text()
+    assert "windowed_e2e" in (tmp_path / "out" / "results.md").read_text()

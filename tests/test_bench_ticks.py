@@ -7,10 +7,6 @@ coexist with the session-scoped ``spark`` fixture of other tests in this process
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,20 +14,13 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("rocksdict")
 
+from tests.test_bench_spark import run_quick_suite  # noqa: E402
+
 
 @pytest.mark.spark
 @pytest.mark.slow
 def test_ticks_suite_runs_quick(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    env = os.environ | {"SPARK_LOCAL_IP": "127.0.0.1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", "from localstate.cli import main; main()", "bench", "--quick", "--repeats", "1",
-         "--suite", "ticks", "--out", str(out), "--strict"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads((out / "results.json").read_text())["rows"]
-    assert not [r for r in rows if r["error"]], [r["error"] for r in rows if r["error"]]
+    rows = run_quick_suite(tmp_path, "ticks")
     cells = {(r["workload"], r["engine"]): r for r in rows}
     ours, floor = "rocksdb + file changelog", "spark floor (no localstate)"
     assert set(cells) == {("tick_batch", ours), ("tick_batch", floor), ("tick_batch_addBatch", ours),

@@ -9,7 +9,6 @@ checked against a real Spark job's partitioning.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -48,6 +47,8 @@ from localstate.serving import (
 )
 from localstate.store_open import Recovery
 from localstate.testing.s3 import QUICK_RETRIES, objectstore_options
+
+from tests.test_state_reader import _tree_digest
 
 STORE = "balances"
 
@@ -110,18 +111,6 @@ def _http(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any, di
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, *args: Any, **kwargs: Any) -> None:
         return None
-
-
-def _tree_digest(*roots: Path) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for root in roots:
-        for dirpath, dirnames, filenames in os.walk(root):
-            for d in dirnames:
-                out[os.path.join(dirpath, d)] = "dir"
-            for f in filenames:
-                p = os.path.join(dirpath, f)
-                out[p] = hashlib.sha256(Path(p).read_bytes()).hexdigest()
-    return out
 
 
 # -- one commit per answer, beside a running writer ---------------------------------------------

@@ -28,14 +28,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from localstate.testing.processes import alive, descendants, kill_all
+from localstate.testing.processes import run_process_group
 from localstate.testing.spark_cluster_driver import write_input
 
 pytestmark = [
@@ -70,27 +68,10 @@ def run_driver(root: Path, sink: str, faults: str | None, n: int, *extra: str) -
         env["LOCALSTATE_FAULTS"] = faults
     cmd = [sys.executable, "-m", "localstate.testing.sink_driver", "--root", str(root), "--input",
            str(root / "input"), "--sink", sink, *extra]
-    seen: dict[int, int] = {}
-    t0 = time.monotonic()
-    with (root / f"driver-{n}.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            while proc.poll() is None:
-                if time.monotonic() - t0 > RUN_TIMEOUT_S:
-                    pytest.fail(f"driver run {n} did not finish within {RUN_TIMEOUT_S:.0f}s; log: {log.name}")
-                seen.update(descendants(proc.pid))
-                time.sleep(0.2)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-    deadline = time.monotonic() + 10.0
-    while alive(seen) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    kill_all(seen)
-    return proc.returncode
+    run = run_process_group(cmd, env, root / f"driver-{n}.log", timeout_s=RUN_TIMEOUT_S, poll_s=0.2)
+    if run.timed_out:
+        pytest.fail(f"driver run {n} did not finish within {RUN_TIMEOUT_S:.0f}s; log: {root / f'driver-{n}.log'}")
+    return run.returncode
 
 
 def _log(root: Path, n: int) -> str:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -37,7 +36,7 @@ from typing import Any
 import pytest
 from localstate.contrib.spark.streaming import committed_batches
 from localstate.testing import FULL
-from localstate.testing.processes import alive, descendants, kill_all
+from localstate.testing.processes import run_process_group
 from localstate.testing.spark import read_counts
 from localstate.testing.spark_cluster_driver import (
     cluster_config,
@@ -119,39 +118,11 @@ def _run_driver(root: Path, input_dir: Path, kill: Kill | None, n: int, spark_ta
         "--task-sleep", str(TASK_SLEEP_S), "--commit-sleep", str(COMMIT_SLEEP_S), "--master", "local[2]",
         *(["--spark-tasks", str(spark_tasks)] if spark_tasks is not None else []),
     ]
-    t0 = time.monotonic()
-    seen: dict[int, int] = {}
-    moment = None
-    with (root / f"driver-{n}.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            last_scan = 0.0
-            while proc.poll() is None:
-                if time.monotonic() - t0 > RUN_TIMEOUT_S:
-                    pytest.fail(f"driver run {n} did not finish within {RUN_TIMEOUT_S:.0f}s; log: {log.name}")
-                if time.monotonic() - last_scan >= 0.5:
-                    seen.update(descendants(proc.pid))
-                    last_scan = time.monotonic()
-                if kill is not None and (moment := _moment(kill, root / "stream")) is not None:
-                    seen.update(descendants(proc.pid))
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    break
-                time.sleep(0.02)
-        finally:
-            if proc.poll() is None:
-                seen.update(descendants(proc.pid))
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    # Everything the driver started was in its process group: give the kernel a moment
-    # to reap, then whatever is left is an orphan (killed here so it cannot disturb
-    # later tests, and reported by the test).
-    deadline = time.monotonic() + 10.0
-    while alive(seen) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    survivors = alive(seen)
-    kill_all(survivors)
-    return DriverRun(kill, moment, proc.returncode, time.monotonic() - t0, survivors)
+    run = run_process_group(cmd, env, root / f"driver-{n}.log", timeout_s=RUN_TIMEOUT_S, poll_s=0.02, scan_s=0.5,
+                            kill_when=None if kill is None else lambda: _moment(kill, root / "stream"))
+    if run.timed_out:
+        pytest.fail(f"driver run {n} did not finish within {RUN_TIMEOUT_S:.0f}s; log: {root / f'driver-{n}.log'}")
+    return DriverRun(kill, run.moment, run.returncode, run.seconds, run.survivors)
 
 
 SPARK_TASKS = [2, None] if FULL else [2]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -26,7 +25,7 @@ import pytest
 from localstate import ConfigError, TaskStorage
 from localstate.contrib.spark import StatefulJob
 from localstate.contrib.spark.streaming import committed_batches
-from localstate.testing.processes import alive, descendants, kill_all
+from localstate.testing.processes import run_process_group
 from localstate.testing.spark_ticks import (
     OUTPUT_SCHEMA,
     closed_sessions,
@@ -174,33 +173,11 @@ def _run_driver(root: Path, users: int, kill: Any, n: int) -> tuple[int | None, 
            str(root / "input"), "--users", str(users), "--interval-ms", str(TICK_MS), "--partitions", "3",
            "--spark-tasks", "2", "--window-sleep", "0.3", "--gap-step-ms", str(GAP_STEP_MS)]
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    seen: dict[int, int] = {}
-    moment = None
-    t0 = time.monotonic()
-    with (root / f"driver-{n}.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            while proc.poll() is None:
-                if time.monotonic() - t0 > RUN_TIMEOUT_S:
-                    pytest.fail(f"driver run {n} did not finish within {RUN_TIMEOUT_S:.0f}s; log: {log.name}")
-                seen.update(descendants(proc.pid))
-                if kill is not None and (moment := kill(root)) is not None:
-                    seen.update(descendants(proc.pid))
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    break
-                time.sleep(0.05)
-        finally:
-            if proc.poll() is None:
-                seen.update(descendants(proc.pid))
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    deadline = time.monotonic() + 10.0
-    while alive(seen) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    survivors = alive(seen)
-    kill_all(survivors)
-    return proc.returncode, moment, survivors
+    run = run_process_group(cmd, env, root / f"driver-{n}.log", timeout_s=RUN_TIMEOUT_S,
+                            kill_when=None if kill is None else lambda: kill(root))
+    if run.timed_out:
+        pytest.fail(f"driver run {n} did not finish within {RUN_TIMEOUT_S:.0f}s; log: {root / f'driver-{n}.log'}")
+    return run.returncode, run.moment, run.survivors
 
 
 def _mid_task_after_a_close(root: Path) -> dict[str, Any] | None:

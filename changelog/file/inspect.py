@@ -15,7 +15,7 @@ from typing import Any
 from localstate.checkpoint import Checkpoint
 from localstate.errors import LocalStateError
 
-from ..base import NOTHING_WRITTEN
+from ..base import NOTHING_WRITTEN, UNREADABLE
 from ..format import FLAG_COMPACTED, decode_payload, walk
 
 __all__ = ["count_records", "inspect_directory", "partition_row"]
@@ -68,7 +68,7 @@ def partition_row(pdir: Path, root: str) -> dict[str, Any]:
         finally:
             part.close()
     except LocalStateError as e:
-        row.update(segments="?", end_offset="?", records="?", bytes=0, tombstone_horizon="?", error=str(e))
+        row.update(UNREADABLE, error=str(e))
     return row
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from localstate.errors import LocalStateError
 
-from ..base import Generation
+from ..base import UNREADABLE, Generation
 from .system import ObjectStoreChangelogPartition, ObjectStoreChangelogSystem
 
 __all__ = ["inspect_objectstore"]
@@ -71,7 +71,7 @@ def inspect_objectstore(name: str, options: Mapping[str, Any]) -> dict[str, list
             except (LocalStateError, ValueError, KeyError, TypeError) as e:
                 report["partitions"].append({"stream": stream, "partition": "?", "root": store.url,
                                              "path": store.where(f"{stream}/stream.json"), "error": f"corrupt: {e}",
-                                             **_unknown()})
+                                             **UNREADABLE})
                 continue
             for p in range(partitions):
                 row = _partition_row(system, stream, p)
@@ -82,10 +82,6 @@ def inspect_objectstore(name: str, options: Mapping[str, Any]) -> dict[str, list
     finally:
         system.close()
     return report
-
-
-def _unknown() -> dict[str, Any]:
-    return {"segments": "?", "end_offset": "?", "records": "?", "bytes": 0, "tombstone_horizon": "?"}
 
 
 def _partition_row(system: ObjectStoreChangelogSystem, stream: str, p: int) -> dict[str, Any]:
@@ -102,5 +98,5 @@ def _partition_row(system: ObjectStoreChangelogSystem, stream: str, p: int) -> d
         finally:
             part.close()
     except LocalStateError as e:
-        row.update(_unknown(), error=str(e))
+        row.update(UNREADABLE, error=str(e))
     return row

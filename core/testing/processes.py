@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["process_stat", "cmdline", "descendants", "alive", "kill_all", "executor_jvms", "EXECUTOR_MAIN"]
+__all__ = ["process_stat", "cmdline", "descendants", "alive", "kill_all", "executor_jvms", "EXECUTOR_MAIN",
+           "GroupRun", "run_process_group"]
 
 EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 """The main class of a Spark executor JVM (how one is told from the other processes)."""
@@ -81,3 +87,60 @@ def executor_jvms(root: int) -> dict[str, int]:
         if EXECUTOR_MAIN in args and "--executor-id" in args:
             out[args[args.index("--executor-id") + 1]] = pid
     return out
+
+
+@dataclass
+class GroupRun:
+    """How a :func:`run_process_group` run ended."""
+
+    returncode: int | None
+    moment: Any
+    """What ``kill_when`` returned when it named the moment of the SIGKILL (None: not killed)."""
+    seconds: float
+    survivors: dict[int, int]
+    """Processes of the group still alive 10 s after it ended (then SIGKILLed): orphans."""
+    timed_out: bool
+
+
+def run_process_group(cmd: Sequence[str], env: Mapping[str, str], log: Path, *, timeout_s: float,
+                      kill_when: Callable[[], Any] | None = None, poll_s: float = 0.05,
+                      scan_s: float = 0.0) -> GroupRun:
+    """Run ``cmd`` in a process group of its own, output to ``log``; SIGKILL the whole group
+    as soon as ``kill_when()`` returns something other than None, or at ``timeout_s``. Every
+    process the group started is tracked (``/proc``, every ``scan_s`` seconds) so that what
+    outlives the group is found, killed and reported, never left to disturb later tests."""
+    seen: dict[int, int] = {}
+    moment: Any = None
+    timed_out = False
+    t0 = time.monotonic()
+    with log.open("wb") as out:
+        proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=dict(env),
+                                start_new_session=True)
+        try:
+            last_scan = 0.0
+            while proc.poll() is None:
+                if time.monotonic() - t0 > timeout_s:
+                    timed_out = True
+                    break
+                if time.monotonic() - last_scan >= scan_s:
+                    seen.update(descendants(proc.pid))
+                    last_scan = time.monotonic()
+                if kill_when is not None and (moment := kill_when()) is not None:
+                    break
+                time.sleep(poll_s)
+        finally:
+            if proc.poll() is None:
+                seen.update(descendants(proc.pid))
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+    # Everything the command started was in its group: give the kernel a moment to reap,
+    # then whatever is left is an orphan.
+    deadline = time.monotonic() + 10.0
+    while alive(seen) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = alive(seen)
+    kill_all(survivors)
+    return GroupRun(proc.returncode, moment, time.monotonic() - t0, survivors, timed_out)
