@@ -8,9 +8,10 @@
    with the offset once enough was written since the last one);
 4. write the task checkpoint ``{version, input_position, offsets}`` atomically.
 
-Nothing counts as committed before step 4. :class:`TaskCommit` is the part of
-:class:`~localstate.TaskStorage` that does it, with the changelog compaction that
-depends on the kept checkpoints.
+Nothing counts as committed before step 4. :class:`TaskCommitter` does it for
+:class:`~localstate.TaskStorage`, over the task's open stores
+(:class:`~localstate.store_open.TaskState`), with the changelog compaction that depends
+on the kept checkpoints.
 """
 
 from __future__ import annotations
@@ -22,11 +23,16 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .checkpoint import Checkpoint
-from .errors import CorruptionError, InvalidValueError, LocalStateError, StoreClosedError
+from .errors import CorruptionError, InvalidValueError, LocalStateError
 from .faults import fault_point
-from .store_open import _OpenStore, engine_phase
+from .store_open import TaskState, _OpenStore, engine_phase
 
-__all__ = ["check_input_position", "TaskCommit"]
+if TYPE_CHECKING:
+    from localstate.changelog.base import CheckpointStore
+
+    from .metrics import TaskMetrics
+
+__all__ = ["check_input_position", "TaskCommitter"]
 
 log = logging.getLogger("localstate")
 
@@ -62,68 +68,55 @@ def check_input_position(value: Any, path: str = "input_position") -> None:
     )
 
 
-class TaskCommit:
-    """The commit half of :class:`~localstate.TaskStorage`."""
+class TaskCommitter:
+    """Commits the open stores of ``state`` into ``checkpoints`` (counted in
+    ``task_metrics``), starting from the task's last committed checkpoint ``checkpoint``.
 
-    job: str
-    partition: int
-    epoch: int
-    event_time: int | None
-    _closed: bool
-    _failed: BaseException | None
-    _stores: dict[str, _OpenStore]
-    _offsets: dict[str, int]
-    _meta: dict[str, dict[str, str]]
-    _checkpoint: Checkpoint | None
-    _committed: Checkpoint | None
-    _checkpoints: Any
-    task_metrics: Any
+    A failed commit is remembered (``failed``) and refuses every later one."""
 
-    if TYPE_CHECKING:  # provided by TaskStorage
-        def _entry(self, name: str) -> _OpenStore: ...
+    def __init__(self, state: TaskState, checkpoints: CheckpointStore, task_metrics: TaskMetrics,
+                 checkpoint: Checkpoint | None) -> None:
+        self._state = state
+        self._checkpoints = checkpoints
+        self._task_metrics = task_metrics
+        self.checkpoint = checkpoint
+        """The last committed checkpoint, or None before the first commit."""
+        self.failed: BaseException | None = None
 
-    def _write_checkpoint(self, version: int, input_position: Any) -> Checkpoint:
+    def write_checkpoint(self, version: int, input_position: Any) -> Checkpoint:
+        """Write the task checkpoint of the state as it stands (step 4, or a registration at open)."""
+        state = self._state
         ckpt = Checkpoint(
             version=version,
             input_position=input_position,
-            offsets=dict(self._offsets),
-            epoch=self.epoch,
-            stores={k: dict(v) for k, v in self._meta.items()},
-            event_time=self.event_time,
+            offsets=dict(state.offsets),
+            epoch=state.epoch,
+            stores={k: dict(v) for k, v in state.meta.items()},
+            event_time=state.event_time,
         )
-        self._checkpoints.write(self.job, self.partition, ckpt)
-        self._committed = ckpt
+        self._checkpoints.write(state.job, state.partition, ckpt)
         if ckpt.committed:
-            self._checkpoint = ckpt
+            self.checkpoint = ckpt
         return ckpt
 
     # -- commit -----------------------------------------------------------------------------------
     def commit(self, input_position: Any = None, *, version: int | None = None) -> Checkpoint:
-        """Run the commit protocol and return the new :class:`Checkpoint`.
-
-        ``input_position`` (any JSON value) is stored with the state offsets, so after a
-        crash the input resumes exactly where the state stands. ``version`` defaults to
-        the previous version + 1 (Spark passes its batch id). If a commit fails, the
-        error is raised and this TaskStorage refuses further commits: close it and open
-        it again, which restores the last successful commit.
-        """
-        if self._closed:
-            raise StoreClosedError(f"TaskStorage of {self.job}/partition {self.partition} is closed")
-        if self._failed is not None:
+        """Run the four steps for :meth:`localstate.TaskStorage.commit`; after a failure, refuse."""
+        if self.failed is not None:
             raise LocalStateError(
-                f"a previous commit of {self.job}/partition {self.partition} failed ({self._failed}); "
+                f"a previous commit of {self._state.job}/partition {self._state.partition} failed ({self.failed}); "
                 "close this TaskStorage and open it again to restore the last commit"
-            ) from self._failed
+            ) from self.failed
         version = self._next_version(version)
         check_input_position(input_position)
         try:
             return self._commit(input_position, version)
         except BaseException as e:
-            self._failed = e
+            self.failed = e
             raise
 
     def _next_version(self, version: Any) -> int:
-        prev = self._checkpoint
+        prev = self.checkpoint
         if version is None:
             return prev.version + 1 if prev is not None else 1
         if not isinstance(version, numbers.Integral) or isinstance(version, bool):
@@ -133,7 +126,7 @@ class TaskCommit:
             raise InvalidValueError(f"commit version must be >= 0, got {version}")
         if prev is not None and version <= prev.version:
             raise InvalidValueError(
-                f"commit version {version} of {self.job}/partition {self.partition} does not follow the "
+                f"commit version {version} of {self._state.job}/partition {self._state.partition} does not follow the "
                 f"committed version {prev.version}: versions only go up (a re-run of a version is rolled "
                 "back first, see localstate.contrib.spark.streaming.prepare_version)"
             )
@@ -142,7 +135,8 @@ class TaskCommit:
     def _commit(self, input_position: Any, version: int) -> Checkpoint:
         clock = time.perf_counter
         started = clock()
-        entries = list(self._stores.values())
+        state = self._state
+        entries = list(state.stores.values())
         flush_seconds = {}
         for e in entries:
             t0 = clock()
@@ -155,7 +149,7 @@ class TaskCommit:
         offsets: dict[str, int] = {}
         # One span from the flushes to the checkpoint: a checkpoint store that can commit
         # the changelog records with the checkpoint (Kafka: one transaction) does so.
-        with self._checkpoints.committing(self.job, self.partition):
+        with self._checkpoints.committing(state.job, state.partition):
             for e in entries:
                 if e.changelog is not None:
                     t0 = clock()
@@ -171,11 +165,11 @@ class TaskCommit:
                 e.metrics.commits += 1
             fault_point("commit.after_engine_checkpoint")
             # Stores not opened this time (dropped from the config for a deploy) keep their
-            # offsets: self._offsets carries them forward.
-            self._offsets.update(offsets)
-            checkpoint = self._write_checkpoint(version, input_position)
-        self.task_metrics.commits += 1
-        self.task_metrics.commit_latency.observe(clock() - started)
+            # offsets: the state's offsets carry them forward.
+            state.offsets.update(offsets)
+            checkpoint = self.write_checkpoint(version, input_position)
+        self._task_metrics.commits += 1
+        self._task_metrics.commit_latency.observe(clock() - started)
         self._upload_snapshots(entries, offsets)
         return checkpoint
 
@@ -190,32 +184,22 @@ class TaskCommit:
                 e.changelog.upload_snapshot(e.engine, offsets[e.spec.name])
             except (LocalStateError, OSError) as err:
                 log.warning("store %r partition %d: snapshot upload failed (%s); restores replay more of "
-                            "the changelog until the next one", e.spec.name, self.partition, err)
-
-    def pending_records(self, name: str) -> int:
-        """Change records of store ``name`` buffered in its change logger (not yet in
-        the changelog)."""
-        return self._entry(name).logger.pending_count()
-
-    def committed_offset(self, name: str) -> int | None:
-        """The changelog offset store ``name``'s last commit covers (None: not logged
-        or never committed)."""
-        self._entry(name)
-        return self._offsets.get(name)
+                            "the changelog until the next one", e.spec.name, self._state.partition, err)
 
     def compact(self) -> dict[str, dict[str, int]]:
         """Compact every store's changelog below the oldest offset any kept checkpoint
         names (the latest and the one before it), so going back to the previous
         checkpoint still rebuilds exactly the state it committed."""
+        state = self._state
         out = {}
         try:
-            previous = self._checkpoints.previous(self.job, self.partition)
+            previous = self._checkpoints.previous(state.job, state.partition)
         except CorruptionError:
             previous = None
-        for name, e in self._stores.items():
-            if e.changelog is None or name not in self._offsets:
+        for name, e in state.stores.items():
+            if e.changelog is None or name not in state.offsets:
                 continue
-            up_to = self._offsets[name]
+            up_to = state.offsets[name]
             # a snapshot deferred at the last commit is taken now: older ones may fall
             # below the compaction horizon and could no longer be used
             e.engine.ensure_snapshot(up_to)

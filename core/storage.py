@@ -1,8 +1,11 @@
 """TaskStorage: the stores of one task partition, with commit and exact restore.
 
-The facade a task uses: it takes the task lock, reads the checkpoint, opens every
-store (:mod:`localstate.store_open`: checks, committed offset, restore), hands out the
-stores, commits (:mod:`localstate.commit`: the four steps of docs/design/protocol.md) and closes.
+The facade a task uses: it takes the task lock, reads the checkpoint, has every store
+opened into the task's :class:`~localstate.store_open.TaskState` (a
+:class:`~localstate.store_open.StoreOpener`: checks, committed offset, restore), hands
+out the stores, has them committed (a :class:`~localstate.commit.TaskCommitter`: the four
+steps of docs/design/protocol.md) and closes them. The opener and the committer share
+only that state, passed to each explicitly.
 The names of those modules are re-exported here, so ``from localstate.storage import
 TaskStorage, Recovery, open_system, ...`` keeps working.
 """
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .checkpoint import Checkpoint
-from .commit import TaskCommit, check_input_position
+from .commit import TaskCommitter, check_input_position
 from .config import Config
 from .engine import StorageEngine
 from .errors import (
@@ -33,9 +36,11 @@ from .metrics import RestoreProgress, StoreMetrics, TaskMetrics, track, untrack
 from .registry import did_you_mean
 from .serdes import checked_serde, get_serde
 from .store_open import (
+    ChangelogSystems,
     Recovery,
     RestoreListener,
-    StoreOpening,
+    StoreOpener,
+    TaskState,
     _OpenStore,
     engine_phase,
     open_system,
@@ -58,7 +63,7 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
-class TaskStorage(StoreOpening, TaskCommit):
+class TaskStorage:
     """Opens every store of ``config`` for task ``partition``, restoring each first.
 
     A context manager; ``close()`` is idempotent and does **not** commit.
@@ -93,20 +98,15 @@ class TaskStorage(StoreOpening, TaskCommit):
         self.config = config
         self.partition = partition
         self.job = config.job_name
-        self._listener = restore_listener
         self._stores: dict[str, _OpenStore] = {}
         self._columnar: dict[str, ColumnarStore] = {}
-        self._systems: dict[str, ChangelogSystem] = {}
+        self._changelog_systems = ChangelogSystems(config)
+        self._systems = self._changelog_systems.opened
         self._closed = False
-        self._failed: BaseException | None = None
-        self.last_restore: dict[str, RestoreProgress] = {}
-        """Per store: how the restore at open went (records, bytes, seconds)."""
         self.task_metrics = TaskMetrics()
         self._lock = task_lock(config, partition)
         if discard_local:
             self._discard_local_copies()
-        self._recovery = recovery
-        self._register = bool(recovery)  # write a checkpoint at open (new stores, recovery)
         try:
             self._checkpoints = self._system(config.checkpoint_system).checkpoints()
             if recovery.use_previous_checkpoint:
@@ -121,23 +121,28 @@ class TaskStorage(StoreOpening, TaskCommit):
             else:
                 ckpt = self._read_checkpoint(recovery)
             home = self._system(config.checkpoint_system).describe()
-            self._evidence: list[str] = []
+            evidence: list[str] = []
             if ckpt is None and not recovery:
                 self._check_home(home)
-                self._evidence = self._commit_evidence(home)
-            self._committed: Checkpoint | None = ckpt
-            self._checkpoint = ckpt if ckpt is not None and ckpt.committed else None
-            self.epoch = (ckpt.epoch if ckpt else 0) + 1
-            self.event_time: int | None = ckpt.event_time if ckpt else None
-            """The task's event-time clock (watermark, ms): advanced by :meth:`advance_event_time`,
-            committed with the checkpoint, used by ``ttl.time = event`` stores and event-time timers."""
-            self._offsets: dict[str, int] = dict(ckpt.offsets) if ckpt else {}
-            self._meta: dict[str, dict[str, str]] = {k: dict(v) for k, v in ckpt.stores.items()} if ckpt else {}
+                evidence = self._commit_evidence(home)
+            self._state = TaskState(
+                config, partition, self._stores,
+                offsets=dict(ckpt.offsets) if ckpt else {},
+                meta={k: dict(v) for k, v in ckpt.stores.items()} if ckpt else {},
+                epoch=(ckpt.epoch if ckpt else 0) + 1,
+                event_time=ckpt.event_time if ckpt else None,
+            )
+            self._committer = TaskCommitter(self._state, self._checkpoints, self.task_metrics,
+                                            ckpt if ckpt is not None and ckpt.committed else None)
+            opener = StoreOpener(self._state, self._changelog_systems, recovery, restore_listener, evidence)
+            self.last_restore: dict[str, RestoreProgress] = opener.last_restore
+            """Per store: how the restore at open went (records, bytes, seconds)."""
             for spec in config.stores.values():
-                self._open_store(spec)
-            if self._register:
+                opener.open(spec)
+            if opener.register:  # write a checkpoint at open (new stores, recovery, accepted changes)
                 with paused():
-                    self._write_checkpoint(ckpt.version if ckpt else -1, ckpt.input_position if ckpt else None)
+                    self._committer.write_checkpoint(ckpt.version if ckpt else -1,
+                                                     ckpt.input_position if ckpt else None)
             self._write_home(home)
         except BaseException:
             self._close_all(raise_errors=False)
@@ -189,20 +194,6 @@ class TaskStorage(StoreOpening, TaskCommit):
             return [f"{path} (an earlier open wrote a checkpoint there)"]
         return []
 
-    def _lost_error(self, store: str) -> CorruptionError:
-        """No checkpoint, the changelog of ``store`` empty, and :meth:`_commit_evidence` found."""
-        home = self._system(self.config.checkpoint_system).describe()
-        stores = " ".join(f"--reset {n}" for n in self.config.stores)
-        return CorruptionError(
-            f"task {self.job}/partition {self.partition}: no checkpoint in {home} and store {store!r} has an "
-            f"empty changelog, but this machine holds evidence that the task committed there: "
-            f"{'; '.join(self._evidence)}. Its checkpoints and changelogs are gone (topics deleted, the cluster "
-            "wiped or replaced, bootstrap servers pointing at an empty cluster, the log directory or bucket "
-            "prefix deleted), or the config points at the wrong place. Nothing was changed, local files "
-            "included. Point the config at the place that holds them, or restore them from a backup; to start "
-            f"the task over, empty, on purpose: `localstate restore -c CONFIG -p {self.partition} {stores}`."
-        )
-
     def _write_home(self, home: str) -> None:
         """Remember (at open, not per commit; written only when it changes) where the
         task's checkpoints live."""
@@ -229,16 +220,13 @@ class TaskStorage(StoreOpening, TaskCommit):
             return None
 
     def _system(self, name: str) -> ChangelogSystem:
-        system = self._systems.get(name)
-        if system is None:
-            system = self._systems[name] = open_system(self.config, name)
-        return system
+        return self._changelog_systems.get(name)
 
     def store_dir(self, name: str) -> Path:
         """``job.state.dir/<job>/<store>/<partition>`` (:func:`localstate.layout.store_dir`)."""
         return store_dir(self.config, name, self.partition)
 
-    # -- time -----------------------------------------------------------------------------------------
+    # -- the task's clock and epoch ------------------------------------------------------------------------------------------
     def advance_event_time(self, timestamp_ms: int) -> int:
         """Move the task's event-time clock forward to ``timestamp_ms`` (never back) and
         return it. Committed with the checkpoint, so a restore resumes at the committed time."""
@@ -247,9 +235,25 @@ class TaskStorage(StoreOpening, TaskCommit):
                 f"event time must be an int (ms since the epoch), got {timestamp_ms!r} ({type(timestamp_ms).__name__})"
             )
         ts = int(timestamp_ms)
-        if self.event_time is None or ts > self.event_time:
-            self.event_time = ts
-        return self.event_time
+        state = self._state
+        if state.event_time is None or ts > state.event_time:
+            state.event_time = ts
+        return state.event_time
+
+    @property
+    def event_time(self) -> int | None:
+        """The task's event-time clock (watermark, ms): advanced by :meth:`advance_event_time`,
+        committed with the checkpoint, used by ``ttl.time = event`` stores and event-time timers."""
+        return self._state.event_time
+
+    @event_time.setter
+    def event_time(self, value: int | None) -> None:
+        self._state.event_time = value
+
+    @property
+    def epoch(self) -> int:
+        """This open's epoch: the committed checkpoint's epoch + 1."""
+        return self._state.epoch
 
     # -- the task's view ---------------------------------------------------------------------------
     def _entry(self, name: str) -> _OpenStore:
@@ -326,7 +330,38 @@ class TaskStorage(StoreOpening, TaskCommit):
     def checkpoint(self) -> Checkpoint | None:
         """The last committed checkpoint (``input_position``, per-store ``offsets``), or
         None before the first commit."""
-        return self._checkpoint
+        return self._committer.checkpoint
+
+    def pending_records(self, name: str) -> int:
+        """Change records of store ``name`` buffered in its change logger (not yet in
+        the changelog)."""
+        return self._entry(name).logger.pending_count()
+
+    def committed_offset(self, name: str) -> int | None:
+        """The changelog offset store ``name``'s last commit covers (None: not logged
+        or never committed)."""
+        self._entry(name)
+        return self._state.offsets.get(name)
+
+    # -- committing (core/commit.py) -----------------------------------------------------------------
+    def commit(self, input_position: Any = None, *, version: int | None = None) -> Checkpoint:
+        """Run the commit protocol and return the new :class:`Checkpoint`.
+
+        ``input_position`` (any JSON value) is stored with the state offsets, so after a
+        crash the input resumes exactly where the state stands. ``version`` defaults to
+        the previous version + 1 (Spark passes its batch id). If a commit fails, the
+        error is raised and this TaskStorage refuses further commits: close it and open
+        it again, which restores the last successful commit.
+        """
+        if self._closed:
+            raise StoreClosedError(f"TaskStorage of {self.job}/partition {self.partition} is closed")
+        return self._committer.commit(input_position, version=version)
+
+    def compact(self) -> dict[str, dict[str, int]]:
+        """Compact every store's changelog below the oldest offset any kept checkpoint
+        names (the latest and the one before it), so going back to the previous
+        checkpoint still rebuilds exactly the state it committed."""
+        return self._committer.compact()
 
     # -- closing --------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -358,11 +393,7 @@ class TaskStorage(StoreOpening, TaskCommit):
                     e.changelog.close()
                 except Exception as err:
                     errors.append(err)
-        for system in self._systems.values():
-            try:
-                system.close()
-            except Exception as err:
-                errors.append(err)
+        errors.extend(self._changelog_systems.close())
         lock = getattr(self, "_lock", None)
         if lock is not None:
             lock.release()

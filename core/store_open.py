@@ -5,9 +5,9 @@ store against its last commit, the committed offset, and the restore
 Restore of a store reads the committed offset ``C`` from the checkpoint, lets the
 engine pick local state at ``L <= C``, replays ``[L, C)`` straight into the engine
 (never logged, never cached) and then removes the uncommitted tail ``[C, end)`` before
-the task writes again. :class:`StoreOpening` is the part of
-:class:`~localstate.TaskStorage` that does it (``localstate.storage`` re-exports the
-names here).
+the task writes again. :class:`StoreOpener` does it for
+:class:`~localstate.TaskStorage`, into the task's :class:`TaskState` (the open stores
+the committer then commits); ``localstate.storage`` re-exports the names here.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from .faults import fault_point
 from .kv import KeyValueStore
 from .layers import build_store
 from .layers.ttl import ttl_clock
+from .layout import store_dir
 from .locking import io_error
 from .metrics import RestoreProgress, StoreMetrics
 from .records import ChangeRecord
@@ -49,7 +50,8 @@ from .serdes import checked_serde, get_serde
 if TYPE_CHECKING:
     from localstate.changelog.base import ChangelogPartition, ChangelogSystem
 
-__all__ = ["open_system", "Recovery", "engine_phase", "task_partition", "StoreOpening", "RestoreListener"]
+__all__ = ["open_system", "Recovery", "engine_phase", "task_partition", "RestoreListener", "TaskState",
+           "ChangelogSystems", "StoreOpener"]
 
 log = logging.getLogger("localstate")
 
@@ -175,41 +177,98 @@ class _OpenStore:
     directory: Path
 
 
-class StoreOpening:
-    """The opening half of :class:`~localstate.TaskStorage`: each store's checks, its
-    committed offset, its restore and the layered view the task sees."""
+@dataclass
+class TaskState:
+    """One task's open stores and what its checkpoint records about them: filled by the
+    :class:`StoreOpener`, committed by the :class:`~localstate.commit.TaskCommitter`,
+    handed out by :class:`~localstate.TaskStorage`."""
 
-    job: str
-    partition: int
     config: Config
-    _stores: dict[str, _OpenStore]
-    _meta: dict[str, dict[str, str]]
-    _offsets: dict[str, int]
-    _recovery: Recovery
-    _register: bool
-    _listener: RestoreListener | None
-    last_restore: dict[str, RestoreProgress]
-    _evidence: list[str]
-    """No checkpoint was found, but this machine shows that the task committed: what it shows."""
+    partition: int
+    stores: dict[str, _OpenStore]
+    offsets: dict[str, int]
+    """Per logged store, the changelog offset its state is committed at (or restored to)."""
+    meta: dict[str, dict[str, str]]
+    """Per store, the engine and serdes it was committed with (:func:`store_meta`)."""
+    epoch: int
     event_time: int | None
+    """The task's event-time clock (watermark, ms), committed with the checkpoint."""
 
-    if TYPE_CHECKING:  # provided by TaskStorage
-        def store_dir(self, name: str) -> Path: ...
-        def _system(self, name: str) -> ChangelogSystem: ...
-        def _lost_error(self, store: str) -> CorruptionError: ...
+    @property
+    def job(self) -> str:
+        return self.config.job_name
+
+
+class ChangelogSystems:
+    """The changelog systems of one task, each opened on first use and closed together."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self.opened: dict[str, ChangelogSystem] = {}
+
+    def get(self, name: str) -> ChangelogSystem:
+        system = self.opened.get(name)
+        if system is None:
+            system = self.opened[name] = open_system(self._config, name)
+        return system
+
+    def close(self) -> list[BaseException]:
+        """Close every opened system; the errors, not raised."""
+        errors: list[BaseException] = []
+        for system in self.opened.values():
+            try:
+                system.close()
+            except Exception as err:
+                errors.append(err)
+        return errors
+
+
+class StoreOpener:
+    """Opens the stores of one task into ``state``: each store's checks, its committed
+    offset, its restore and the layered view the task sees.
+
+    ``evidence``: no checkpoint was found, but this machine shows that the task committed:
+    what it shows (a store with an empty changelog is then an error, :meth:`_lost_error`).
+    ``register`` tells after opening whether a checkpoint must be written at open (new
+    stores, a recovery, a changed config); ``last_restore`` how each restore went."""
+
+    def __init__(self, state: TaskState, systems: ChangelogSystems, recovery: Recovery,
+                 listener: RestoreListener | None, evidence: list[str]) -> None:
+        self._state = state
+        self._systems = systems
+        self._recovery = recovery
+        self._listener = listener
+        self._evidence = evidence
+        self.register = bool(recovery)
+        self.last_restore: dict[str, RestoreProgress] = {}
+
+    def _lost_error(self, store: str) -> CorruptionError:
+        """No checkpoint, the changelog of ``store`` empty, and evidence of a commit found."""
+        config, partition = self._state.config, self._state.partition
+        home = self._systems.get(config.checkpoint_system).describe()
+        stores = " ".join(f"--reset {n}" for n in config.stores)
+        return CorruptionError(
+            f"task {self._state.job}/partition {partition}: no checkpoint in {home} and store {store!r} has an "
+            f"empty changelog, but this machine holds evidence that the task committed there: "
+            f"{'; '.join(self._evidence)}. Its checkpoints and changelogs are gone (topics deleted, the cluster "
+            "wiped or replaced, bootstrap servers pointing at an empty cluster, the log directory or bucket "
+            "prefix deleted), or the config points at the wrong place. Nothing was changed, local files "
+            "included. Point the config at the place that holds them, or restore them from a backup; to start "
+            f"the task over, empty, on purpose: `localstate restore -c CONFIG -p {partition} {stores}`."
+        )
 
     def _check_meta(self, spec: StoreSpec, directory: Path) -> None:
         """A store whose engine or serdes changed since its last commit is an error
         (its records would be misread), unless the operator accepted the change."""
         meta = store_meta(spec)
-        before = self._meta.get(spec.name)
+        before = self._state.meta.get(spec.name)
         if before == meta:
             return
         format_change = _value_format_change(spec, before, meta)
         if format_change is not None and spec.name not in self._recovery.reset:
             raise ConfigError(format_change)  # --accept-config-change cannot help: records differ
-        self._register = True
-        self._meta[spec.name] = meta
+        self.register = True
+        self._state.meta[spec.name] = meta
         changed = {k: (before[k], v) for k, v in meta.items() if before is not None and k in before and before[k] != v}
         if not changed:
             return  # new store, or a checkpoint from before a key was recorded
@@ -219,7 +278,7 @@ class StoreOpening:
             shutil.rmtree(directory, ignore_errors=True)
             return
         raise ConfigError(
-            f"store {spec.name!r} of task {self.job}/partition {self.partition} was committed with "
+            f"store {spec.name!r} of task {self._state.job}/partition {self._state.partition} was committed with "
             + ", ".join(f"stores.{spec.name}.{k} = {a!r}" for k, (a, _) in changed.items())
             + " but the config now says "
             + ", ".join(f"{b!r}" for _, b in changed.values())
@@ -231,39 +290,42 @@ class StoreOpening:
     def _committed_offset(self, spec: StoreSpec, changelog: ChangelogPartition) -> int:
         """The offset the store's state is restored to, checked against the changelog
         *before* anything is read, cut or written."""
-        name, rec = spec.name, self._recovery
-        committed = self._offsets.get(name)
+        name, rec, offsets, partition = spec.name, self._recovery, self._state.offsets, self._state.partition
+        committed = offsets.get(name)
         if name in rec.reset:
             end = changelog.reset()
             log.warning("store %r partition %d: state reset as asked (changelog emptied up to offset %d)",
-                        name, self.partition, end)
-            self._offsets[name] = end
+                        name, partition, end)
+            offsets[name] = end
             return end
         end = changelog.end_offset()
         if name in rec.accept_log_end:
             log.warning("store %r partition %d: the changelog's readable end (offset %d) taken as committed "
-                        "as asked (checkpoint said %s)", name, self.partition, end, committed)
-            self._offsets[name] = end
+                        "as asked (checkpoint said %s)", name, partition, end, committed)
+            offsets[name] = end
             return end
         if committed is None:
             if end:
                 raise CorruptionError(
-                    f"store {name!r} of task {self.job}/partition {self.partition}: its changelog "
+                    f"store {name!r} of task {self._state.job}/partition {partition}: its changelog "
                     f"({changelog.describe()}) holds records up to offset {end}, but no checkpoint names the "
                     "store (the checkpoint was deleted, or the store's changelog stream is shared with "
                     "another store or job). Nothing was changed. If these records are the store's committed "
                     f"state, run `localstate restore --accept-log-end {name}`; to start the store empty, "
                     f"`localstate restore --reset {name}`."
                 )
-            self._offsets[name] = 0
-            self._register = True
+            offsets[name] = 0
+            self.register = True
             return 0
         if committed > end:
             raise changelog.missing_committed(committed)
         return committed
 
-    def _open_store(self, spec: StoreSpec) -> None:
-        directory = self.store_dir(spec.name)
+    def open(self, spec: StoreSpec) -> None:
+        """Check, restore and open store ``spec`` into the task's state."""
+        state = self._state
+        config, partition = state.config, state.partition
+        directory = store_dir(config, spec.name, partition)
         self._check_meta(spec, directory)
         if spec.name in self._recovery.reset:
             shutil.rmtree(directory, ignore_errors=True)
@@ -275,7 +337,7 @@ class StoreOpening:
         changelog: ChangelogPartition | None = None
         if spec.changelog is not None:
             system, stream = spec.changelog
-            changelog = self._system(system).open_partition(stream, self.partition, self.config.partitions)
+            changelog = self._systems.get(system).open_partition(stream, partition, config.partitions)
             if self._evidence and changelog.end_offset() == 0:  # before the engine touches its local copy
                 changelog.close()
                 raise self._lost_error(spec.name)
@@ -285,10 +347,10 @@ class StoreOpening:
         key_serde = checked_serde(get_serde(spec.key_serde, store=spec.name))
         msg_serde = checked_serde(get_serde(spec.msg_serde, store=spec.name))
         context = StoreContext(
-            job=self.job,
+            job=state.job,
             store=spec.name,
-            partition=self.partition,
-            partitions=self.config.partitions,
+            partition=partition,
+            partitions=config.partitions,
             directory=directory,
             change_logger=logger,
             metrics=metrics,
@@ -301,7 +363,7 @@ class StoreOpening:
         try:
             if changelog is not None:
                 committed = self._committed_offset(spec, changelog)
-                identity = log_identity(self._system(spec.changelog[0]), changelog)  # type: ignore[index]
+                identity = log_identity(self._systems.get(spec.changelog[0]), changelog)  # type: ignore[index]
                 claim_local_copy(directory, identity, spec.name)
             with engine_phase(spec, "create"):
                 engine = factory.create(spec, context)
@@ -325,13 +387,13 @@ class StoreOpening:
                 "remove the ttl.* keys or use a key-value engine"
             )
         entry = _OpenStore(spec, engine, engine, logger, changelog, metrics, directory)
-        self._stores[spec.name] = entry
+        state.stores[spec.name] = entry
         if changelog is not None:
             assert committed is not None and identity is not None
             self._restore(entry, committed)
             with engine_phase(spec, "current"):
                 changelog.discard_tail(committed, engine.current)
-            after = log_identity(self._system(spec.changelog[0]), changelog)  # type: ignore[index]
+            after = log_identity(self._systems.get(spec.changelog[0]), changelog)  # type: ignore[index]
             if after != identity:  # a cut tail: the copy restored to C is a prefix of the new log
                 tag_local_copy(directory, after, spec.name)
         if isinstance(engine, KeyValueStore):
@@ -345,7 +407,7 @@ class StoreOpening:
                 batch_size=spec.write_batch_size,
                 metrics=metrics,
                 ttl=spec.ttl,
-                clock=ttl_clock(spec.ttl, lambda: self.event_time),
+                clock=ttl_clock(spec.ttl, lambda: state.event_time),
             )
 
     def _restore(self, entry: _OpenStore, committed: int) -> RestoreProgress:
@@ -353,13 +415,13 @@ class StoreOpening:
         assert changelog is not None
         name = entry.spec.name
         start, _ = restore_start(entry.spec, entry.engine, changelog, committed)
-        listener = self._listener
+        listener, partition = self._listener, self._state.partition
         t0 = time.perf_counter()
         state = {"records": 0, "bytes": 0, "last": t0}
 
         def progress(done: bool) -> RestoreProgress:
             return RestoreProgress(
-                name, self.partition, state["records"], state["bytes"],
+                name, partition, state["records"], state["bytes"],
                 time.perf_counter() - t0, start, committed, done,
             )
 
@@ -405,6 +467,6 @@ class StoreOpening:
         if final.records:
             log.info(
                 "restored store %r partition %d: %d records (%d bytes) from offsets [%d, %d) in %.3fs",
-                name, self.partition, final.records, final.bytes, start, committed, final.seconds,
+                name, partition, final.records, final.bytes, start, committed, final.seconds,
             )
         return final
