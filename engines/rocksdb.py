@@ -9,7 +9,8 @@ Layout under the store directory (``job.state.dir/<job>/<store>/<partition>``)::
     ingest/                     SST files of a bulk restore (transient)
 
 Modules: this one (the engine: open, reads, writes, restore), ``rocksdb_options`` (the
-``stores.<name>.rocksdb.*`` options), ``rocksdb_snapshots`` (snapshots, the deferred
+``stores.<name>.rocksdb.*`` options), ``rocksdb_snapshots`` (the engine's
+:class:`~localstate.engines.rocksdb_snapshots.RocksDBSnapshots`: snapshots, the deferred
 snapshot, the clean-close claim).
 
 The live database is reused on open only after a clean close that left it equal to a
@@ -67,10 +68,9 @@ spans the whole key range, so each L0->L1 compaction rewrites all of L1, and at 
 replay pays one mid-way. Left
 below the normal options' slow-down trigger (20), so the reopened store does not normally slow
 its writes; the leftover L0 files are compacted once, in the background, after the restore."""
-_UNREAD = object()
 _NOT_PENDING = object()
 
-class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
+class RocksDBEngine(NativeKVEngine):
     """``KeyValueStore[bytes, bytes]`` over one RocksDB directory, with local snapshots.
 
     A logged (``rebuildable``) store skips the write-ahead log: its durable local copy
@@ -87,27 +87,19 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
         does not open is set aside and rebuilt."""
         options = options or RocksDBOptions()
         self.use_wal = not context.rebuildable
-        self.snapshot_dir = Path(context.directory) / "snapshots"
         self._native = options.to_native()
         self._write_opts = rocksdict.WriteOptions()
         self._write_opts.disable_wal = not self.use_wal
-        self._deferred_snapshot: int | None = None
-        """The offset of the last ``persist`` that left its snapshot for later."""
-        self._written_at_persist = 0
-        self._clean_offset: Any = _UNREAD
-        """``(offset, records)`` of the ``db.clean`` claim found when this engine opened
-        (consumed by the first open)."""
-        self._closing_claim: tuple[int, int] | None = None
-        self._live_snapshot: tuple[int, int] | None = None
-        """``(offset, records_written)`` when the live database last equaled the snapshot at
-        ``offset``: it still does while ``records_written`` has not moved."""
+        self._snapshots = RocksDBSnapshots(context.store, Path(context.directory), options, context.rebuildable,
+                                           self)
+        self.snapshot_dir = self._snapshots.snapshot_dir
         super().__init__(context, options)
 
     def _damaged(self, e: LocalStateError) -> bool:
         # a kill while a directory was being deleted can leave CURRENT naming a lost MANIFEST
         damaged = isinstance(e, CorruptionError) or "No such file" in str(e)
         if damaged:
-            self._clean_offset = None  # the live copy is discarded: the claim is void
+            self._snapshots.void_claim()  # the live copy is discarded
         return damaged
 
     # -- plumbing -------------------------------------------------------------------------
@@ -172,8 +164,7 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
             )
 
     def _open(self, native: rocksdict.Options | None = None) -> None:
-        if self._clean_offset is _UNREAD:
-            self._clean_offset = self._take_clean_marker()
+        self._snapshots.take_claim_once()
         self._check_raw_mode()
         native = native or self._native
         try:
@@ -444,8 +435,44 @@ class RocksDBEngine(RocksDBSnapshots, NativeKVEngine):
             remove_tree(self.snapshot_dir)
         except OSError as e:
             raise io_error(e, "wipe", self.directory, EngineError) from e
-        self._live_snapshot = None
+        self._snapshots.forget_live()
         self._open()
+
+    # -- snapshots and the clean-close claim (RocksDBSnapshots) ---------------------------------
+    def prepare_restore(self, committed_offset: int, min_valid_offset: int) -> int:
+        """Rebuild ``db/`` from the newest usable snapshot (:meth:`RocksDBSnapshots.prepare_restore`)."""
+        return self._snapshots.prepare_restore(committed_offset, min_valid_offset)
+
+    def persist(self, offset: int | None) -> None:
+        """Commit step 3 (:meth:`RocksDBSnapshots.persist`)."""
+        self._snapshots.persist(offset)
+
+    def ensure_snapshot(self, offset: int) -> bool:
+        """Take a deferred snapshot (:meth:`RocksDBSnapshots.ensure_snapshot`)."""
+        return self._snapshots.ensure_snapshot(offset)
+
+    def checkpoint(self, offset: int) -> None:
+        """Take a snapshot tagged with ``offset`` (:meth:`RocksDBSnapshots.checkpoint`)."""
+        self._snapshots.checkpoint(offset)
+
+    def snapshots(self) -> list[tuple[int, Path]]:
+        """Completed local snapshots as ``(offset, directory)``, oldest first."""
+        return self._snapshots.snapshots()
+
+    def snapshot_path(self, offset: int) -> Path:
+        """The directory of the snapshot at ``offset``."""
+        return self._snapshots.snapshot_path(offset)
+
+    def close(self) -> None:
+        """Close as the base does, leaving the clean-close claim
+        (:meth:`RocksDBSnapshots.before_close`) for the next open."""
+        if self._db is None:
+            return
+        self._snapshots.before_close()
+        super().close()  # writes the claim (_after_close) before it releases the lock
+
+    def _after_close(self) -> None:
+        self._snapshots.write_clean_marker()
 
 
 class RocksDBEngineFactory(StorageEngineFactory):

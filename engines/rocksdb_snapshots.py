@@ -2,7 +2,8 @@
 changelog offset, the deferred snapshot of ``snapshot.interval.records``, and the clean-close
 claim (``db.clean``: the changelog prefix the live database equals) that lets an open keep
 it. The rules are in the module docstring of :mod:`localstate.engines.rocksdb`;
-:class:`RocksDBSnapshots` is mixed into :class:`~localstate.engines.rocksdb.RocksDBEngine`.
+:class:`~localstate.engines.rocksdb.RocksDBEngine` owns one :class:`RocksDBSnapshots`,
+built with the store directory, the options and a :class:`LiveDatabase` handle.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import rocksdict
 from localstate.claims import ClaimDamaged, leave_claim, take_claim
@@ -19,7 +20,10 @@ from localstate.errors import CorruptionError, EngineError, LocalStateError
 from localstate.faults import fault_point
 from localstate.locking import fsync_dir, io_error, remove_tree
 
-__all__ = ["RocksDBSnapshots", "CLEAN_MARKER"]
+__all__ = ["RocksDBSnapshots", "LiveDatabase", "CLEAN_MARKER"]
+
+if TYPE_CHECKING:
+    from .rocksdb_options import RocksDBOptions
 
 log = logging.getLogger("localstate")
 
@@ -31,33 +35,63 @@ database equals the changelog prefix ``[0, X)`` and holds ``R`` records written 
 newest snapshot (``R`` = 0, or absent as before: it equals the snapshot at ``X``)."""
 
 
-class RocksDBSnapshots:
-    """Snapshot management of :class:`~localstate.engines.rocksdb.RocksDBEngine` (which
-    provides the database handle, the options, the counters and the open/close)."""
+_UNREAD = object()
 
-    name: str
-    directory: Path
-    live_dir: Path
-    snapshot_dir: Path
-    rebuildable: bool
+
+class LiveDatabase(Protocol):
+    """What the snapshots use of the engine's live database (``<directory>/db``)."""
+
     records_written: int
-    options: Any
+    """Puts and deletes since the live database last equaled a snapshot; the snapshots
+    reset it when they take one or keep a claimed live database."""
     _db: Any
-    _deferred_snapshot: int | None
-    _written_at_persist: int
-    _clean_offset: Any
-    _live_snapshot: tuple[int, int] | None
-    _closing_claim: tuple[int, int] | None
+    """The open native database, or None while it is closed."""
 
-    if TYPE_CHECKING:  # provided by the engine (declared for type checkers only: a method
-        # defined here would come before the engine's own in the method order)
-        def _require_open(self) -> Any: ...
-        def _close_db(self) -> None: ...
-        def _open(self, native: Any = None) -> None: ...
-        def _translate(self, e: BaseException, action: str) -> LocalStateError: ...
-        def flush(self) -> None: ...
-        def sync(self) -> None: ...
-        def _never_written(self, db: Any) -> bool: ...
+    def _require_open(self) -> Any: ...
+    def _close_db(self) -> None: ...
+    def _open(self) -> None: ...
+    def _translate(self, e: BaseException, action: str) -> LocalStateError: ...
+    def _never_written(self, db: Any) -> bool: ...
+    def sync(self) -> None: ...
+
+
+class RocksDBSnapshots:
+    """The snapshots of one rocksdb store directory and the claim on its live database:
+    what a restore starts from, what a commit persists, what a clean close leaves."""
+
+    def __init__(self, name: str, directory: Path, options: RocksDBOptions, rebuildable: bool,
+                 live: LiveDatabase) -> None:
+        self.name = name
+        self.directory = directory
+        self.live_dir = directory / "db"
+        self.snapshot_dir = directory / "snapshots"
+        self.options = options
+        self.rebuildable = rebuildable
+        self._live = live
+        self._deferred_snapshot: int | None = None
+        """The offset of the last ``persist`` that left its snapshot for later."""
+        self._written_at_persist = 0
+        self._clean_offset: Any = _UNREAD
+        """``(offset, records)`` of the ``db.clean`` claim found when the engine opened
+        (consumed by the first open)."""
+        self._closing_claim: tuple[int, int] | None = None
+        self._live_snapshot: tuple[int, int] | None = None
+        """``(offset, records_written)`` when the live database last equaled the snapshot at
+        ``offset``: it still does while ``records_written`` has not moved."""
+
+    def take_claim_once(self) -> None:
+        """At the engine's first open, before the live database can be written: take the
+        clean-close claim (later opens are the engine's own reopens)."""
+        if self._clean_offset is _UNREAD:
+            self._clean_offset = self._take_clean_marker()
+
+    def void_claim(self) -> None:
+        """The live database is discarded: a claim on it means nothing."""
+        self._clean_offset = None
+
+    def forget_live(self) -> None:
+        """The live database was wiped: it equals no snapshot."""
+        self._live_snapshot = None
 
     def _take_clean_marker(self) -> tuple[int, int] | None:
         """Read and durably delete ``db.clean`` (before the live database can be written):
@@ -81,23 +115,21 @@ class RocksDBSnapshots:
         whose ``persist(X)`` deferred the snapshot (``R`` records since the newest one)."""
         if not self.rebuildable:
             return None
+        written = self._live.records_written
         live = self._live_snapshot
-        if live is not None and live[1] == self.records_written:
+        if live is not None and live[1] == written:
             snapshots = self._snapshots()
             if snapshots and snapshots[-1][0] == live[0]:
                 return live[0], 0
         deferred = self._deferred_snapshot
-        if deferred is not None and self.records_written == self._written_at_persist:
-            return deferred, self.records_written
+        if deferred is not None and written == self._written_at_persist:
+            return deferred, written
         return None
 
-    def _after_close(self) -> None:
-        self._write_clean_marker()
-
-    def _write_clean_marker(self) -> None:
+    def write_clean_marker(self) -> None:
         """At close, under the engine lock (an opener waiting for it must find the claim
-        complete or absent): claim what the live database equals (:meth:`close` computed
-        it, and flushed the memtable for it, before the database closed)."""
+        complete or absent): claim what the live database equals (:meth:`before_close`
+        computed it, and flushed the memtable for it, before the database closed)."""
         claim, self._closing_claim = self._closing_claim, None
         if claim is None:
             return
@@ -144,7 +176,8 @@ class RocksDBSnapshots:
         and the next older one is tried. Without a usable snapshot the store is wiped
         and ``0`` returned (a full restore from the changelog follows).
         """
-        self._require_open()
+        live = self._live
+        live._require_open()
         clean, self._clean_offset = self._clean_offset, None
         usable: list[tuple[int, Path]] = []
         for offset, path in self._snapshots():
@@ -152,7 +185,7 @@ class RocksDBSnapshots:
                 remove_tree(path)
             else:
                 usable.append((offset, path))
-        if clean is not None and self.records_written == 0:
+        if clean is not None and live.records_written == 0:
             at, since = clean
             # closed cleanly equal to the changelog prefix [0, at), and no open since: db/ is
             # kept if that is the commit, or (the claim of a close at a snapshot) the newest
@@ -160,38 +193,38 @@ class RocksDBSnapshots:
             # snapshot, never below the compaction horizon (TaskStorage's rule for a start)
             current = at == committed_offset or (since == 0 and usable and usable[-1][0] == at)
             if current and (at >= min_valid_offset or at == 0):
-                self.records_written = self._written_at_persist = since
+                live.records_written = self._written_at_persist = since
                 newest = usable[-1][0] if usable else None
                 self._live_snapshot = (at, since) if since == 0 and newest == at else None
                 # the deferred snapshot of the commit db/ equals (ensure_snapshot may take it)
                 self._deferred_snapshot = at if at == committed_offset and usable else None
                 return at
-        if not usable and self._never_written(self._require_open()):
+        if not usable and live._never_written(live._require_open()):
             # a full restore into a database that never held a write (a first open on this
             # machine): rebuilding it empty would only cost a close, a delete and a reopen
             self._live_snapshot = None
             return 0
-        self._close_db()
+        live._close_db()
         start = 0
         for offset, path in reversed(usable):
             try:
                 remove_tree(self.live_dir)
                 self._copy_snapshot(path, self.live_dir)
-                self._open()
+                live._open()
             except (OSError, CorruptionError, EngineError) as e:
                 log.warning("rocksdb store %r: snapshot %s cannot be used (%s); trying an older one "
                             "or a full restore from the changelog", self.name, path, e)
                 remove_tree(path)
                 continue
             start = offset
-            self._live_snapshot = (offset, self.records_written)
+            self._live_snapshot = (offset, live.records_written)
             break
-        if self._db is None:
+        if live._db is None:
             try:
                 remove_tree(self.live_dir)
             except OSError as e:
                 raise io_error(e, "rebuild the live database in", self.live_dir, EngineError) from e
-            self._open()
+            live._open()
         return start
 
     @staticmethod
@@ -210,11 +243,12 @@ class RocksDBSnapshots:
         """Commit step 3: a snapshot at ``offset`` once ``snapshot.interval.records``
         records were written since the last one; otherwise the snapshot is deferred (the
         changelog holds everything past the newest snapshot, and a reopen replays it)."""
-        self.sync()
+        live = self._live
+        live.sync()
         if offset is None:
             return
-        self._written_at_persist = self.records_written
-        if self.records_written < self.options.snapshot_interval_records and self._snapshots():
+        self._written_at_persist = live.records_written
+        if live.records_written < self.options.snapshot_interval_records and self._snapshots():
             self._deferred_snapshot = offset
             return
         self.checkpoint(offset)
@@ -226,37 +260,37 @@ class RocksDBSnapshots:
         snapshot upload and a close."""
         if (self.snapshot_dir / f"{offset:020d}" / "CURRENT").is_file():
             return True
-        if self._deferred_snapshot != offset or self.records_written != self._written_at_persist:
+        if self._deferred_snapshot != offset or self._live.records_written != self._written_at_persist:
             return False
         self.checkpoint(offset)
         return True
 
-    def close(self) -> None:
-        """Close as the base does, leaving the claim of what the live database equals
-        (:meth:`_clean_claim`): the next open keeps it and replays nothing. A deferred
+    def before_close(self) -> None:
+        """Before the engine closes the live database: compute the claim of what it
+        equals (:meth:`_clean_claim`), which :meth:`write_clean_marker` leaves once it
+        closed, so the next open keeps it and replays nothing. A deferred
         snapshot is not taken here (a task opened once per micro-batch would take one
         per micro-batch, ~30 ms of each close): the memtable is flushed instead, and the
         claim carries the records written since the newest snapshot, so
         ``snapshot.interval.records`` still bounds what a reopen after a crash replays."""
-        if self._db is None:
-            return
         claim = self._clean_claim()
         if claim is not None and claim[1]:
             try:  # RocksDB's own flush at close would not report a failure (no WAL here)
-                self._require_open().flush(True)  # (the write-behind buffer first)
+                self._live._require_open().flush(True)  # (the write-behind buffer first)
             except Exception as e:
                 claim = None
                 log.warning("rocksdb store %r: the flush at close failed (%s); the next open rebuilds "
-                            "the live database from its newest snapshot", self.name, self._translate(e, "flush"))
+                            "the live database from its newest snapshot", self.name,
+                            self._live._translate(e, "flush"))
         self._closing_claim = claim
-        super().close()  # writes the claim (_after_close) before it releases the lock
 
     def checkpoint(self, offset: int) -> None:
         """Take a hard-link snapshot tagged with ``offset``; keep the newest ``snapshots.keep``."""
-        db = self._require_open()
+        live = self._live
+        db = live._require_open()
         target = self.snapshot_dir / f"{offset:020d}"
         if (target / "CURRENT").is_file():
-            self._live_snapshot = (offset, self.records_written)
+            self._live_snapshot = (offset, live.records_written)
             return  # same offset, same changelog prefix, same content
         remove_tree(target)
         tmp = self.snapshot_dir / f"{SNAPSHOT_PREFIX_TMP}{offset:020d}"
@@ -273,7 +307,7 @@ class RocksDBSnapshots:
             snapshots = self._snapshots()
             for _offset, path in snapshots[: -self.options.snapshots_keep]:
                 remove_tree(path)
-            self.records_written = self._written_at_persist = 0
+            live.records_written = self._written_at_persist = 0
             self._deferred_snapshot = None
             self._live_snapshot = (offset, 0)
         except OSError as e:
@@ -281,4 +315,4 @@ class RocksDBSnapshots:
         except LocalStateError:
             raise
         except Exception as e:
-            raise self._translate(e, "take a snapshot") from e
+            raise live._translate(e, "take a snapshot") from e

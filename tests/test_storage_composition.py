@@ -1,5 +1,6 @@
 """TaskStorage is a composition: an opener and a committer over one explicit TaskState,
-neither mixed into TaskStorage nor holding a reference back to it."""
+neither mixed into TaskStorage nor holding a reference back to it. The rocksdb engine
+owns its snapshots the same way."""
 
 from __future__ import annotations
 
@@ -81,3 +82,18 @@ def test_opener_and_committer_work_from_their_explicit_state_alone(make_config):
         assert systems.close() == []
     with TaskStorage(config) as s:
         assert s.store("counts")["k"] == 7 and s.checkpoint.input_position == "in-7"
+
+
+def test_rocksdb_engine_owns_its_snapshots_instead_of_mixing_them_in(make_config):
+    from localstate.engines._persistent import NativeKVEngine
+    from localstate.engines.rocksdb import RocksDBEngine
+    from localstate.engines.rocksdb_snapshots import RocksDBSnapshots
+
+    assert RocksDBEngine.__bases__ == (NativeKVEngine,)
+    config = make_config(kv={"factory": "rocksdb", "key.serde": "string", "msg.serde": "json"})
+    with TaskStorage(config) as s:
+        s.store("kv")["a"] = 1
+        s.commit()
+        engine = s.engine("kv")
+        assert isinstance(engine._snapshots, RocksDBSnapshots)
+        assert [offset for offset, _ in engine.snapshots()] == [1]
