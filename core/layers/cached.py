@@ -45,13 +45,15 @@ from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from itertools import chain, compress, islice, repeat
 from operator import is_, is_not, itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidValueError, SerializationError, StoreClosedError
 from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore, reject_none
 from ..metrics import StoreMetrics
-from ..serdes import Serde
 from .forwarding import ForwardingStore
+
+if TYPE_CHECKING:
+    from .ttl import Expiry
 
 __all__ = ["CachedStore"]
 
@@ -105,11 +107,6 @@ def _plain(k: Any) -> Any:
     return k.key if type(k) is _Encoded else k
 
 
-def _no_clock(*_: Any) -> None:
-    """The clock of a cache under no ``ttl`` layer (never called: ``_ttl_ns`` is 0)."""
-    raise TypeError("this cache is under no ttl layer (see CachedStore.expire_with)")
-
-
 def _exact_type(serde: Any) -> type | None:
     """The type every object of which ``serde`` encodes as it is (so needs no check)."""
     from ..serdes import get_serde
@@ -128,22 +125,37 @@ class CachedStore(ForwardingStore):
         name: str,
         metrics: StoreMetrics | None = None,
         codec: Any = None,
+        *,
+        metered: bool = False,
+        expiry: Expiry | None = None,
     ) -> None:
         """``codec`` (the serialized layer below: ``encode_key``, ``decode_key``,
         ``encode_values``) validates keys and values at the call that passes them and
-        gives each key its identity (see the module docstring)."""
+        gives each key its identity (see the module docstring).
+
+        ``metrics``: the store's counters. Reads always count a hit or a miss there; with
+        ``metered`` this layer is the task-facing one and also counts puts, deletes and
+        scans (so no metered layer sits above it: one Python call per record).
+
+        ``expiry``: the ttl rules (:class:`~.ttl.Expiry`) when this cache is a ttl
+        store's (:class:`~.ttl.ExpiringCachedStore`): its entries are ``(expiry, value)``
+        pairs, :meth:`put` takes a plain value, checks it with the value's own serde and
+        caches it with its expiry stamped (``expiry.stamp()``), and :meth:`get` gives the
+        value of a live pair and hands the key of an expired one to
+        ``expiry.note_expired``: the ttl stamp and check fused into the per-record path."""
         super().__init__(inner, name)
         self._codec = codec
         self._key_check: Callable[[Any], bytes] | None = codec.encode_key if codec is not None else None
         self._values_check: Callable[[list[Any]], object] | None = (
             codec.encode_values if codec is not None else None
         )
+        value_serde = expiry.value_serde if expiry is not None else (codec.msg_serde if codec is not None else None)
         # the serdes' own single-item encoders: the fast path of put's validation
         self._key_encode: Callable[[Any], bytes] | None = codec.key_serde.encode if codec is not None else None
-        self._value_encode: Callable[[Any], bytes] | None = codec.msg_serde.encode if codec is not None else None
+        self._value_encode: Callable[[Any], bytes] | None = value_serde.encode if value_serde is not None else None
         # a value (key) of this exact type is valid without calling its encoder: the
         # built-in bytes serde stores every bytes object as it is
-        self._value_exact: type | None = _exact_type(codec.msg_serde) if codec is not None else None
+        self._value_exact: type | None = _exact_type(value_serde) if value_serde is not None else None
         self._key_exact: type | None = _exact_type(codec.key_serde) if codec is not None else None
         passthrough = codec.passthrough_get() if codec is not None else None
         self._miss_get: Callable[[Any], Any] = passthrough or inner.get
@@ -151,9 +163,10 @@ class CachedStore(ForwardingStore):
         self.cache_size = max(1, cache_size)
         self.batch_size = max(1, min(batch_size, self.cache_size))
         self.metrics = metrics or StoreMetrics()
-        self.counts_writes = False
-        """Set by the metered layer above: single puts and deletes are counted here, so
-        they need no call through that layer."""
+        self._metered = metered
+        if metered:
+            # every point read counts here as a hit or a miss, which is the read count
+            self.metrics.cache_counts_gets = True
         # OrderedDict: O(1) popitem(last=False); a plain dict degrades to O(holes) when
         # its front is popped repeatedly (next(iter(d)) skips deleted slots).
         self._cache: OrderedDict[Any, Any] = OrderedDict()
@@ -164,13 +177,14 @@ class CachedStore(ForwardingStore):
         """Whether dirty entries keep their encodings: a codec below that encodes (bytes
         keys and values of the built-in bytes serde go down as they are anyway)."""
         self._closed = False
-        # set by expire_with (a ttl layer above): 0 = plain values
-        self._ttl_ns = 0
-        self._max_expiry = 0
-        self._clock: Callable[[], int | None] = _no_clock
-        self._on_expired: Callable[[Any], None] = _no_clock
-        self._no_time: Callable[[], Exception] = _no_clock
-        self._pack_expiry: Callable[[int], bytes] = _no_clock
+        self._expiry = expiry
+        # the ttl rules the per-record paths use inline (0 = plain values, no ttl)
+        self._ttl_ns = expiry.ttl_ns if expiry is not None else 0
+        self._refresh = expiry is not None and expiry.refresh
+        if expiry is not None:
+            self._clock = expiry.clock
+            self._max_expiry = expiry.max_expiry
+            self._pack_expiry = expiry.pack
 
     def _check_open(self) -> None:
         if self._closed:
@@ -369,8 +383,8 @@ class CachedStore(ForwardingStore):
 
     # -- KeyValueStore -----------------------------------------------------------------------
     def get(self, key: Any, default: Any = None, _stored: bool = False) -> Any:
-        """The value under ``key``, else ``default``. Under a ttl layer (:meth:`expire_with`)
-        the value of a live ``(expiry, value)`` pair; with ``_stored`` (``get_all``) the pair."""
+        """The value under ``key``, else ``default``. With an ``expiry`` the value of a live
+        ``(expiry, value)`` pair; with ``_stored`` (``get_all``) the pair."""
         if self._closed:
             self._check_open()
         t = type(key)
@@ -390,11 +404,13 @@ class CachedStore(ForwardingStore):
             cache.move_to_end(ck)
             if v is _ABSENT:
                 return default
-        if self._ttl_ns and not _stored:  # under a ttl layer (expire_with): v is an (expiry, value) pair
+        if self._ttl_ns and not _stored:  # with an expiry: v is an (expiry, value) pair
             now = self._clock()
             if now is not None and v[0] <= now:
-                self._on_expired(key)
+                self._expiry.note_expired(key)  # type: ignore[union-attr]
                 return default
+            if self._refresh:  # a new expiry: a write of the pair, not a put the metrics count
+                self._put_all([(key, (self._expiry.stamp(), v[1]))])  # type: ignore[union-attr]
             return v[1]
         return v
 
@@ -405,7 +421,7 @@ class CachedStore(ForwardingStore):
         if not _all_simple(keys):
             out = {}
             for k in keys:  # per key: each gets its own identity (see the module docstring)
-                v = self.get(k, None, True)  # as stored: a ttl layer above wants its pairs
+                v = CachedStore.get(self, k, None, True)  # as stored: with an expiry, the pairs
                 if v is not None:
                     out[k] = v
             return out
@@ -435,25 +451,6 @@ class CachedStore(ForwardingStore):
                     self._evict()
         return out
 
-    def expire_with(self, clock: Callable[[], int | None], ttl_ns: int, max_expiry: int, value_serde: Serde,
-                    on_expired: Callable[[Any], None], no_time: Callable[[], Exception],
-                    pack_expiry: Callable[[int], bytes]) -> None:
-        """Fuse the ``ttl`` layer above into this cache's per-record paths (its entries are
-        ``(expiry, value)`` pairs, expiry in ns): from now on :meth:`put` takes a plain
-        value, checks it with ``value_serde`` (the serde of the value inside the pair) and
-        caches it as ``(min(now + ttl_ns, max_expiry), value)``, raising ``no_time()`` while
-        ``clock()`` is ``None``; and :meth:`get` gives the value of a live pair and hides an
-        expired one, handing its key to ``on_expired``. So the ttl layer's per-record put
-        and get are this layer's: one Python call each, as without TTL. Bulk calls
-        (``put_all``, ``get_all``, scans) still take and give pairs: the ttl layer stamps
-        and checks those itself. ``pack_expiry`` gives the bytes an expiry is stored as in
-        front of the value's bytes (the pair serde's layout), so a put's kept bytes are the
-        stored pair's."""
-        self._clock, self._ttl_ns, self._max_expiry = clock, ttl_ns, max_expiry
-        self._value_encode, self._value_exact = value_serde.encode, _exact_type(value_serde)
-        self._pack_expiry = pack_expiry
-        self._on_expired, self._no_time = on_expired, no_time
-
     def put(self, key: Any, value: Any) -> None:
         """One put (or, with the ``_ABSENT`` marker from :meth:`delete`, one delete).
 
@@ -462,7 +459,7 @@ class CachedStore(ForwardingStore):
         store and key), then the entry goes into the cache and the dirty set; a full dirty
         set goes down; the LRU end is evicted inline (a dirty one calls out: it is written
         first). A ``bytes`` value or key of the built-in bytes serde needs no encoder call.
-        Under a ttl layer (:meth:`expire_with`) the value is also paired with its expiry.
+        With an ``expiry`` the value is also paired with its expiry.
         """
         if value is None:
             reject_none(self.name, key, value)
@@ -482,7 +479,7 @@ class CachedStore(ForwardingStore):
             if ttl:
                 now = self._clock()
                 if now is None:
-                    raise self._no_time()
+                    raise self._expiry.no_time()  # type: ignore[union-attr]
                 expiry = now + ttl
                 value = (expiry if expiry < self._max_expiry else self._max_expiry, value)
                 if ev is not None:
@@ -515,13 +512,21 @@ class CachedStore(ForwardingStore):
                 cache[oldest] = old
                 cache.move_to_end(oldest, last=False)
                 self._evict()
-        if self.counts_writes:
+        if self._metered:
             if value is _ABSENT:
                 self.metrics.deletes += 1
             else:
                 self.metrics.puts += 1
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
+        if not isinstance(entries, (list, Mapping)):
+            entries = list(entries)
+        self._put_all(entries)
+        if self._metered:
+            self.metrics.puts += len(entries)
+
+    def _put_all(self, entries: list[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
+        """:meth:`put_all` without counting (the ttl layer's own writes use it too)."""
         if self._closed:
             self._check_open()
         # two columns, not a list of pairs: a mapping's items() would be one GC-tracked
@@ -529,8 +534,6 @@ class CachedStore(ForwardingStore):
         if isinstance(entries, Mapping):
             keys, values = list(entries), list(entries.values())
         else:
-            if not isinstance(entries, list):
-                entries = list(entries)
             keys, values = list(map(itemgetter(0), entries)), list(map(itemgetter(1), entries))
         if not keys:
             return
@@ -577,9 +580,15 @@ class CachedStore(ForwardingStore):
         CachedStore.put(self, key, _ABSENT)
 
     def delete_all(self, keys: Iterable[Any]) -> None:
+        keys = keys if isinstance(keys, list) else list(keys)
+        self._delete_all(keys)
+        if self._metered:
+            self.metrics.deletes += len(keys)
+
+    def _delete_all(self, keys: list[Any]) -> None:
+        """:meth:`delete_all` without counting (the ttl layer's sweep uses it too)."""
         if self._closed:
             self._check_open()
-        keys = keys if isinstance(keys, list) else list(keys)
         if self._keeps_bytes and keys:
             ckeys, enc_keys = self._ckeys_enc(keys)
             batch = dict.fromkeys(ckeys, _ABSENT)
@@ -589,25 +598,36 @@ class CachedStore(ForwardingStore):
         if batch:
             self._write_batch(batch, deletes=True)
 
+    # Scans first push the dirty entries down, then read the layer below.
     def range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
-        self._check_open()
-        self._flush_dirty()
-        return self.inner.range(start, stop)
+        self._count_scan()
+        return self._range(start, stop)
 
     def prefix(self, prefix: Any) -> KeyValueIterator[Any, Any]:
+        self._count_scan()
         self._check_open()
         self._flush_dirty()
         return self.inner.prefix(prefix)
 
     def all(self) -> KeyValueIterator[Any, Any]:
-        self._check_open()
-        self._flush_dirty()
-        return self.inner.all()
+        self._count_scan()
+        return self._range(None, None)
 
     def range_keys(self, start: Any, stop: Any) -> CloseableIterator[Any]:
+        self._count_scan()
         self._check_open()
         self._flush_dirty()
         return self.inner.range_keys(start, stop)
+
+    def _count_scan(self) -> None:
+        if self._metered:
+            self.metrics.range_scans += 1
+
+    def _range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
+        """:meth:`range` (``all`` with two ``None``) without counting."""
+        self._check_open()
+        self._flush_dirty()
+        return self.inner.all() if start is None and stop is None else self.inner.range(start, stop)
 
     def flush(self) -> None:
         self._check_open()
