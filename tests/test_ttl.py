@@ -6,7 +6,7 @@ import time
 
 import pytest
 from localstate import ConfigError, InvalidValueError, TaskStorage
-from localstate.layers import ExpiringCachedStore, TtlStore
+from localstate.layers import ExpiringCachedStore
 from localstate.storage import Recovery
 
 ENGINES = ["memory", "rocksdb", "leveldb"]

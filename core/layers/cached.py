@@ -34,8 +34,8 @@ write, commit or close.
 are the bytes that go down (below the serialized layer) at the flush, so a value is
 encoded exactly once per put and a serde with a cost or a side effect runs once. The
 stored value is therefore the value as it was at its ``put``, as in Kafka Streams'
-cache of serialized bytes. Under a ttl layer the kept bytes are the pair's: the packed
-expiry followed by the value's bytes.
+cache of serialized bytes. In a ttl store's cache the kept bytes are the pair's: the
+packed expiry followed by the value's bytes.
 """
 
 from __future__ import annotations
