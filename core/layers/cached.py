@@ -16,14 +16,8 @@ calls per key. Smaller batches join the dirty set like single writes.
 Values are cached as the objects you put: mutating a returned object without a
 ``put`` changes the cache but not the store.
 
-**Key identity.** Two keys are one key exactly when their encodings are equal, with
-the cache on or off. A Python dict would merge ``1``, ``1.0`` and ``True`` (and
-``(1, "u")``, ``(1.0, "u")``...), which the serdes keep apart, so only keys of exact
-type ``str``, ``bytes`` or ``int`` — and tuples of those — are cached as they are.
-Any other key is cached under its encoding (:class:`_Encoded`), or under the plain
-key its encoding decodes back to (a ``str`` subclass such as a ``StrEnum`` member
-is the same key as the plain string). ``get_all`` returns a dict, so keys that are
-equal in Python but encode differently cannot both appear in one result: use ``get``.
+**Key identity** (which Python keys are one key, a serde concern) is
+:class:`~.keys.KeyIdentity`'s: keys equal in Python but encoded differently stay apart.
 
 **Validation at the call.** A key or value its serde cannot encode (``None`` keys
 included) is rejected by the ``put``/``put_all``/``delete`` that passed it, naming
@@ -43,14 +37,15 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
-from itertools import chain, compress, islice, repeat
+from itertools import compress, islice, repeat
 from operator import is_, is_not, itemgetter
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidValueError, SerializationError, StoreClosedError
+from ..errors import SerializationError, StoreClosedError
 from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore, reject_none
 from ..metrics import StoreMetrics
 from .forwarding import ForwardingStore
+from .keys import Encoded, KeyIdentity, all_simple, plain
 
 if TYPE_CHECKING:
     from .ttl import Expiry
@@ -64,49 +59,6 @@ class _Marker(Enum):
 
 _ABSENT = _Marker.ABSENT
 _MISSING = object()
-_SIMPLE = frozenset((str, bytes, int))
-
-
-class _Encoded:
-    """The cache key of a key whose Python equality is looser than its encoding."""
-
-    __slots__ = ("enc", "key", "_hash")
-
-    def __init__(self, enc: bytes, key: Any) -> None:
-        self.enc = enc
-        self.key = key
-        self._hash = hash(enc)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Encoded and other.enc == self.enc  # type: ignore[attr-defined]
-
-    def __repr__(self) -> str:
-        return repr(self.key)
-
-
-def _is_simple(key: Any) -> bool:
-    t = type(key)
-    if t in _SIMPLE:
-        return True
-    return t is tuple and set(map(type, key)) <= _SIMPLE
-
-
-def _all_simple(keys: list[Any]) -> bool:
-    types = set(map(type, keys))
-    if types <= _SIMPLE:
-        return True
-    if types == {tuple}:
-        return set(map(type, chain.from_iterable(keys))) <= _SIMPLE
-    return False
-
-
-def _plain(k: Any) -> Any:
-    return k.key if type(k) is _Encoded else k
-
-
 def _exact_type(serde: Any) -> type | None:
     """The type every object of which ``serde`` encodes as it is (so needs no check)."""
     from ..serdes import get_serde
@@ -145,7 +97,7 @@ class CachedStore(ForwardingStore):
         ``expiry.note_expired``: the ttl stamp and check fused into the per-record path."""
         super().__init__(inner, name)
         self._codec = codec
-        self._key_check: Callable[[Any], bytes] | None = codec.encode_key if codec is not None else None
+        self._keys = KeyIdentity(codec, name)
         self._values_check: Callable[[list[Any]], object] | None = (
             codec.encode_values if codec is not None else None
         )
@@ -190,48 +142,7 @@ class CachedStore(ForwardingStore):
         if self._closed:
             raise StoreClosedError(f"store {self.name!r} is closed; open the task's TaskStorage again")
 
-    # -- key identity and validation ---------------------------------------------------------
-    def _ckey(self, key: Any) -> Any:
-        """The cache key of ``key`` (validated: an unencodable key raises here)."""
-        return self._ckey_enc(key)[0]
-
-    def _ckey_enc(self, key: Any) -> tuple[Any, bytes | None]:
-        """The cache key of ``key`` and its encoding (``None`` without a codec)."""
-        check = self._key_check
-        if check is None:
-            if key is None:
-                raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
-            return key, None
-        enc = check(key)
-        if _is_simple(key):
-            return key, enc
-        codec = self._codec
-        try:
-            plain = codec.decode_key(enc)
-        except Exception:
-            plain = _MISSING
-        if type(plain) is list:
-            plain = tuple(plain)  # json/msgpack arrays: a tuple of simple items is cached as itself
-        if _is_simple(plain) and check(plain) == enc:
-            return plain, enc  # e.g. a StrEnum member: the same key as its plain string
-        return _Encoded(enc, key), enc
-
-    def _ckeys_enc(self, keys: list[Any]) -> tuple[list[Any], list[bytes]]:
-        """The cache keys of ``keys`` and their encodings (a codec is below)."""
-        if _all_simple(keys):
-            return keys, self._codec.encode_keys(keys)
-        pairs = list(map(self._ckey_enc, keys))
-        return list(map(itemgetter(0), pairs)), list(map(itemgetter(1), pairs))
-
-    def _ckeys(self, keys: list[Any]) -> list[Any]:
-        if self._key_check is None or _all_simple(keys):
-            if self._key_check is not None:
-                self._codec.encode_keys(keys)  # validation in one pass
-            elif any(map(is_, keys, repeat(None))):
-                raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
-            return keys
-        return list(map(self._ckey, keys))
-
+    # -- validation -------------------------------------------------------------------------
     def _check_value(self, key: Any, value: Any) -> None:
         check = self._values_check
         if check is None:
@@ -290,7 +201,7 @@ class CachedStore(ForwardingStore):
                 puts[k] = v
         if new_puts and (enc_puts or enc_deletes):
             # a newer batch of values wins over kept encodings of its keys
-            for ek in self._codec.encode_keys(list(map(_plain, new_puts))):
+            for ek in self._codec.encode_keys(list(map(plain, new_puts))):
                 enc_puts.pop(ek, None)
                 if ek in enc_deletes:
                     enc_deletes.remove(ek)
@@ -315,18 +226,18 @@ class CachedStore(ForwardingStore):
             items = iter(enc_puts.items())
             while chunk := dict(islice(items, size)):
                 self._codec.put_encoded(chunk)
-        encoded = _Encoded in set(map(type, puts)) if puts else False
+        encoded = Encoded in set(map(type, puts)) if puts else False
         if len(puts) <= size and not encoded:
             if puts:
                 self.inner.put_all(puts)
         else:
             items = iter(puts.items())
             while chunk := dict(islice(items, size)):
-                # pairs, not a dict, when keys are _Encoded: plain keys equal in Python
+                # pairs, not a dict, when keys are Encoded: plain keys equal in Python
                 # (1 and True) must not merge on the way down
-                self.inner.put_all([(_plain(k), v) for k, v in chunk.items()] if encoded else chunk)
-        if deletes and _Encoded in set(map(type, deletes)):
-            deletes = list(map(_plain, deletes))
+                self.inner.put_all([(plain(k), v) for k, v in chunk.items()] if encoded else chunk)
+        if deletes and Encoded in set(map(type, deletes)):
+            deletes = list(map(plain, deletes))
         # deletes after every put: a newer delete of a key put earlier wins
         for start in range(0, len(enc_deletes), size):
             self._codec.delete_encoded(enc_deletes[start : start + size])
@@ -388,7 +299,7 @@ class CachedStore(ForwardingStore):
         if self._closed:
             self._check_open()
         t = type(key)
-        ck = key if t is str or t is bytes or t is int else self._ckey(key)
+        ck = key if t is str or t is bytes or t is int else self._keys.of(key)
         cache = self._cache
         v = cache.get(ck, _MISSING)
         if v is _MISSING:
@@ -418,7 +329,7 @@ class CachedStore(ForwardingStore):
         if self._closed:
             self._check_open()
         keys = keys if isinstance(keys, list) else list(keys)
-        if not _all_simple(keys):
+        if not all_simple(keys):
             out = {}
             for k in keys:  # per key: each gets its own identity (see the module docstring)
                 v = CachedStore.get(self, k, None, True)  # as stored: with an expiry, the pairs
@@ -493,9 +404,9 @@ class CachedStore(ForwardingStore):
             try:
                 ek = self._key_encode(key)  # a simple key is its own cache key
             except Exception:
-                ek = self._ckey(key)  # raises the standard error
+                ek = self._keys.of(key)  # raises the standard error
         else:
-            key, ek = self._ckey_enc(key)
+            key, ek = self._keys.of_enc(key)
         cache = self._cache
         if key in cache:
             cache[key] = value
@@ -544,7 +455,7 @@ class CachedStore(ForwardingStore):
             self._put_encoded(keys, values)
             return
         if self._keeps_bytes:
-            ckeys, enc_keys = self._ckeys_enc(keys)
+            ckeys, enc_keys = self._keys.of_all_enc(keys)
             try:
                 enc_values = codec.encode_values(values)
             except SerializationError as e:
@@ -552,7 +463,7 @@ class CachedStore(ForwardingStore):
             batch = dict(zip(ckeys, values))  # later pairs for one key win
             self._write_batch(batch, deletes=False, encoded=dict(zip(ckeys, zip(enc_keys, enc_values))))
             return
-        batch = dict(zip(self._ckeys(keys), values))  # later pairs for one key win
+        batch = dict(zip(self._keys.of_all(keys), values))  # later pairs for one key win
         self._check_values(batch)
         self._write_batch(batch, deletes=False)
 
@@ -570,7 +481,7 @@ class CachedStore(ForwardingStore):
                 chunks.append((codec.encode_keys(keys[i : i + size]), codec.encode_values(values[i : i + size])))
         except SerializationError as e:
             raise SerializationError(f"{e} (put_all)") from e
-        ckeys = keys if _all_simple(keys) else list(map(self._ckey, keys))
+        ckeys = keys if all_simple(keys) else list(map(self._keys.of, keys))
         self._flush_dirty()
         for enc_keys, enc_values in chunks:
             codec.put_encoded(dict(zip(enc_keys, enc_values)))  # later pairs for one key win
@@ -590,11 +501,11 @@ class CachedStore(ForwardingStore):
         if self._closed:
             self._check_open()
         if self._keeps_bytes and keys:
-            ckeys, enc_keys = self._ckeys_enc(keys)
+            ckeys, enc_keys = self._keys.of_all_enc(keys)
             batch = dict.fromkeys(ckeys, _ABSENT)
             self._write_batch(batch, deletes=True, encoded=dict(zip(ckeys, zip(enc_keys, repeat(None)))))
             return
-        batch = dict.fromkeys(self._ckeys(keys), _ABSENT)
+        batch = dict.fromkeys(self._keys.of_all(keys), _ABSENT)
         if batch:
             self._write_batch(batch, deletes=True)
 
