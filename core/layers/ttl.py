@@ -291,6 +291,8 @@ class TtlStore(ForwardingStore):
     def __init__(self, inner: KeyValueStore[Any, Any], expiry: Expiry) -> None:
         super().__init__(inner, expiry.name)
         self.expiry = expiry
+        self._clock = expiry.clock  # the per-record read path's own reference
+        self._refresh = expiry.refresh
 
     @property
     def expired_deleted(self) -> int:
@@ -302,15 +304,13 @@ class TtlStore(ForwardingStore):
         pair = self.inner.get(key)
         if pair is None:
             return default
-        expiry = self.expiry
-        t = expiry.clock()
+        t = self._clock()
         if t is not None and pair[0] <= t:
-            expiry.note_expired(key)
+            self.expiry.note_expired(key)
             return default
-        value = pair[1]
-        if expiry.refresh:  # a new expiry: a write of the layers below, not a put the metrics count
-            self.inner.put_all([(key, (expiry.stamp(), value))])
-        return value
+        if self._refresh:  # a new expiry: a write of the layers below, not a put the metrics count
+            self.inner.put_all([(key, (self.expiry.stamp(), pair[1]))])
+        return pair[1]
 
     def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
         out = self.expiry.live_found(self.inner.get_all(keys))
