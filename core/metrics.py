@@ -78,9 +78,8 @@ class StoreMetrics:
     """One observation per restore at open (0 records included)."""
 
     cache_counts_gets: bool = False
-    """Set when an object cache counts every point read as a hit or a miss: then the
-    ``metered`` layer does not wrap ``get`` at all (no extra call per read) and
-    :attr:`gets` is ``hits + misses``."""
+    """Set when an object cache is the task-facing layer and counts every point read as a
+    hit or a miss: then :attr:`gets` is ``hits + misses``."""
 
     @property
     def gets(self) -> int:

@@ -84,7 +84,7 @@ def _engine_state(engine: MemoryEngine) -> dict[bytes, bytes]:
 def test_small_put_all_stays_dirty_until_the_batch_size() -> None:
     store, engine, _, _ = _stack()
     store.put_all([("a", 1), ("b", 2), ("a", 3)])
-    assert store.inner.dirty_count() == 2  # build_store: metered(cached(...))
+    assert store.dirty_count() == 2  # build_store: the cache is the task-facing layer
     assert _engine_state(engine) == {}
     assert store.get_all(["a", "b", "c"]) == {"a": 3, "b": 2}
     store.put_all([("c", 4), ("d", 5)])  # 4 distinct dirty keys: the batch size is reached

@@ -6,7 +6,7 @@ import time
 
 import pytest
 from localstate import ConfigError, InvalidValueError, TaskStorage
-from localstate.layers import TtlStore
+from localstate.layers import ExpiringCachedStore
 from localstate.storage import Recovery
 
 ENGINES = ["memory", "rocksdb", "leveldb"]
@@ -74,8 +74,8 @@ def test_sweep_logs_tombstones_so_restore_never_resurrects(make_config):
         st.commit()  # the commit-time sweep deletes all 30
         records = changelog_records(st, "s")
         assert sorted(k for k, v in records if v is None) == sorted(f"k{i}".encode() for i in range(30))
-        assert isinstance(st.store("s").inner, TtlStore)
-        assert st.store("s").inner.expired_deleted == 30
+        assert isinstance(st.store("s"), ExpiringCachedStore)  # with an object cache, the task-facing layer
+        assert st.store("s").expired_deleted == 30
     # a restore into a fresh state dir replays the tombstones: nothing comes back, even
     # before the event-time clock is known (it is committed with the checkpoint)
     with TaskStorage(config) as st:

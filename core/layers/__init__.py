@@ -1,6 +1,18 @@
-"""Forwarding layers over a key-value engine, built in one function.
+"""Forwarding layers over a key-value engine, built in one function (:func:`build_store`).
 
-    engine (bytes) → logged (changelog) → serialized (serdes) → cached (objects) → metered → task
+The path of a put or a get, top to bottom; each layer calls only the one below it, and
+no layer changes another's methods:
+
+    without an object cache:   task → metered → ttl → serialized → logged → engine
+    with an object cache:      task → cached → serialized → logged → engine
+                                        ├─ counts into the store's metrics (metered)
+                                        └─ stamps and checks expiries (ttl: Expiry)
+
+Each layer is there only when asked for (no logger: no logged layer; ...). With an object
+cache, the cache is the task-facing layer and is built with its collaborators: the
+store's :class:`~localstate.metrics.StoreMetrics` (it counts what the metered layer
+would) and, for a ttl store, the store's :class:`~.ttl.Expiry` (it is then an
+:class:`~.ttl.ExpiringCachedStore`): so a put or a cache hit is one Python call.
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ from .logged import LoggedStore
 from .metered import MeteredStore
 from .readonly import ReadOnlyStore
 from .serialized import SerializedStore
-from .ttl import TtlPolicy, TtlSerializedStore, TtlStore, wall_clock_ns
+from .ttl import ExpiringCachedStore, Expiry, TtlPolicy, TtlSerializedStore, TtlStore, wall_clock_ns
 
 __all__ = [
     "build_store",
@@ -32,6 +44,8 @@ __all__ = [
     "MeteredStore",
     "ReadOnlyStore",
     "TtlStore",
+    "ExpiringCachedStore",
+    "Expiry",
     "TtlPolicy",
 ]
 
@@ -58,10 +72,18 @@ def maybe_caching(
     name: str,
     metrics: StoreMetrics,
     codec: Any = None,
+    *,
+    metered: bool = False,
+    expiry: Expiry | None = None,
 ) -> KeyValueStore[Any, Any]:
+    """The object cache over ``store`` (none when ``cache_size <= 0``): with ``expiry`` the
+    cache of a ttl store; with ``metered`` it counts into ``metrics`` as the metered layer would."""
     if cache_size <= 0:
         return store
-    return CachedStore(store, cache_size, batch_size, name, metrics, codec)
+    if expiry is not None:
+        return ExpiringCachedStore(store, cache_size, batch_size, name, metrics, codec, metered=metered,
+                                   expiry=expiry)
+    return CachedStore(store, cache_size, batch_size, name, metrics, codec, metered=metered)
 
 
 def build_store(
@@ -78,7 +100,8 @@ def build_store(
     ttl: TtlPolicy | None = None,
     clock: Callable[[], int | None] = wall_clock_ns,
 ) -> KeyValueStore[Any, Any]:
-    """The store a task sees: ``metered(ttl(cached(serialized(logged(engine)))))``.
+    """The store a task sees, as drawn in this module's docstring: ``metered(ttl(serialized(logged(engine))))``
+    without an object cache, ``cached(serialized(logged(engine)))`` with one.
 
     Each layer is present only when asked for: no logger → no logging layer, no serdes
     → bytes in and out, ``cache_size == 0`` → no cache, ``metered=False`` → no counters,
@@ -89,20 +112,21 @@ def build_store(
     metrics = metrics or StoreMetrics()
     engine.name = name
     key_serde = checked_serde(key_serde) if key_serde is not None else None
-    msg_serde = value_serde = checked_serde(msg_serde) if msg_serde is not None else None
+    msg_serde = checked_serde(msg_serde) if msg_serde is not None else None
+    logged = maybe_logging(engine, logger)
     serialized: KeyValueStore[Any, Any]
+    expiry: Expiry | None = None
     if ttl is not None:
         from ..serdes import get_serde
 
         value_serde = msg_serde or get_serde("bytes")
-        serialized = TtlSerializedStore(maybe_logging(engine, logger), key_serde or get_serde("bytes"),
-                                        value_serde, name)
+        expiry = Expiry(ttl, clock, name, value_serde)
+        serialized = TtlSerializedStore(logged, key_serde or get_serde("bytes"), value_serde, name)
     else:
-        serialized = maybe_serializing(maybe_logging(engine, logger), key_serde, msg_serde, name)
-    codec = serialized if isinstance(serialized, SerializedStore) else None
-    store = maybe_caching(serialized, cache_size, batch_size, name, metrics, codec)
-    if ttl is not None:
-        # over an object cache, the ttl layer fuses its per-record paths into the cache's,
-        # which checks each value with the value's own serde (not the (expiry, value) pair)
-        store = TtlStore(store, ttl, clock, name, value_serde if cache_size > 0 else None)
-    return MeteredStore(store, metrics, count_hits=cache_size <= 0) if metered else store
+        serialized = maybe_serializing(logged, key_serde, msg_serde, name)
+    if cache_size > 0:
+        codec = serialized if isinstance(serialized, SerializedStore) else None
+        return maybe_caching(serialized, cache_size, batch_size, name, metrics, codec, metered=metered,
+                             expiry=expiry)
+    store = serialized if expiry is None else TtlStore(serialized, expiry)
+    return MeteredStore(store, metrics) if metered else store

@@ -16,14 +16,8 @@ calls per key. Smaller batches join the dirty set like single writes.
 Values are cached as the objects you put: mutating a returned object without a
 ``put`` changes the cache but not the store.
 
-**Key identity.** Two keys are one key exactly when their encodings are equal, with
-the cache on or off. A Python dict would merge ``1``, ``1.0`` and ``True`` (and
-``(1, "u")``, ``(1.0, "u")``...), which the serdes keep apart, so only keys of exact
-type ``str``, ``bytes`` or ``int`` — and tuples of those — are cached as they are.
-Any other key is cached under its encoding (:class:`_Encoded`), or under the plain
-key its encoding decodes back to (a ``str`` subclass such as a ``StrEnum`` member
-is the same key as the plain string). ``get_all`` returns a dict, so keys that are
-equal in Python but encode differently cannot both appear in one result: use ``get``.
+**Key identity** (which Python keys are one key, a serde concern) is
+:class:`~.keys.KeyIdentity`'s: keys equal in Python but encoded differently stay apart.
 
 **Validation at the call.** A key or value its serde cannot encode (``None`` keys
 included) is rejected by the ``put``/``put_all``/``delete`` that passed it, naming
@@ -34,8 +28,8 @@ write, commit or close.
 are the bytes that go down (below the serialized layer) at the flush, so a value is
 encoded exactly once per put and a serde with a cost or a side effect runs once. The
 stored value is therefore the value as it was at its ``put``, as in Kafka Streams'
-cache of serialized bytes. Under a ttl layer the kept bytes are the pair's: the packed
-expiry followed by the value's bytes.
+cache of serialized bytes. In a ttl store's cache the kept bytes are the pair's: the
+packed expiry followed by the value's bytes.
 """
 
 from __future__ import annotations
@@ -43,15 +37,18 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
-from itertools import chain, compress, islice, repeat
+from itertools import compress, islice, repeat
 from operator import is_, is_not, itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidValueError, SerializationError, StoreClosedError
+from ..errors import SerializationError, StoreClosedError
 from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore, reject_none
 from ..metrics import StoreMetrics
-from ..serdes import Serde
 from .forwarding import ForwardingStore
+from .keys import Encoded, KeyIdentity, all_simple, plain
+
+if TYPE_CHECKING:
+    from .ttl import Expiry
 
 __all__ = ["CachedStore"]
 
@@ -62,54 +59,6 @@ class _Marker(Enum):
 
 _ABSENT = _Marker.ABSENT
 _MISSING = object()
-_SIMPLE = frozenset((str, bytes, int))
-
-
-class _Encoded:
-    """The cache key of a key whose Python equality is looser than its encoding."""
-
-    __slots__ = ("enc", "key", "_hash")
-
-    def __init__(self, enc: bytes, key: Any) -> None:
-        self.enc = enc
-        self.key = key
-        self._hash = hash(enc)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Encoded and other.enc == self.enc  # type: ignore[attr-defined]
-
-    def __repr__(self) -> str:
-        return repr(self.key)
-
-
-def _is_simple(key: Any) -> bool:
-    t = type(key)
-    if t in _SIMPLE:
-        return True
-    return t is tuple and set(map(type, key)) <= _SIMPLE
-
-
-def _all_simple(keys: list[Any]) -> bool:
-    types = set(map(type, keys))
-    if types <= _SIMPLE:
-        return True
-    if types == {tuple}:
-        return set(map(type, chain.from_iterable(keys))) <= _SIMPLE
-    return False
-
-
-def _plain(k: Any) -> Any:
-    return k.key if type(k) is _Encoded else k
-
-
-def _no_clock(*_: Any) -> None:
-    """The clock of a cache under no ``ttl`` layer (never called: ``_ttl_ns`` is 0)."""
-    raise TypeError("this cache is under no ttl layer (see CachedStore.expire_with)")
-
-
 def _exact_type(serde: Any) -> type | None:
     """The type every object of which ``serde`` encodes as it is (so needs no check)."""
     from ..serdes import get_serde
@@ -128,22 +77,37 @@ class CachedStore(ForwardingStore):
         name: str,
         metrics: StoreMetrics | None = None,
         codec: Any = None,
+        *,
+        metered: bool = False,
+        expiry: Expiry | None = None,
     ) -> None:
         """``codec`` (the serialized layer below: ``encode_key``, ``decode_key``,
         ``encode_values``) validates keys and values at the call that passes them and
-        gives each key its identity (see the module docstring)."""
+        gives each key its identity (see the module docstring).
+
+        ``metrics``: the store's counters. Reads always count a hit or a miss there; with
+        ``metered`` this layer is the task-facing one and also counts puts, deletes and
+        scans (so no metered layer sits above it: one Python call per record).
+
+        ``expiry``: the ttl rules (:class:`~.ttl.Expiry`) when this cache is a ttl
+        store's (:class:`~.ttl.ExpiringCachedStore`): its entries are ``(expiry, value)``
+        pairs, :meth:`put` takes a plain value, checks it with the value's own serde and
+        caches it with its expiry stamped (``expiry.stamp()``), and :meth:`get` gives the
+        value of a live pair and hands the key of an expired one to
+        ``expiry.note_expired``: the ttl stamp and check fused into the per-record path."""
         super().__init__(inner, name)
         self._codec = codec
-        self._key_check: Callable[[Any], bytes] | None = codec.encode_key if codec is not None else None
+        self._keys = KeyIdentity(codec, name)
         self._values_check: Callable[[list[Any]], object] | None = (
             codec.encode_values if codec is not None else None
         )
+        value_serde = expiry.value_serde if expiry is not None else (codec.msg_serde if codec is not None else None)
         # the serdes' own single-item encoders: the fast path of put's validation
         self._key_encode: Callable[[Any], bytes] | None = codec.key_serde.encode if codec is not None else None
-        self._value_encode: Callable[[Any], bytes] | None = codec.msg_serde.encode if codec is not None else None
+        self._value_encode: Callable[[Any], bytes] | None = value_serde.encode if value_serde is not None else None
         # a value (key) of this exact type is valid without calling its encoder: the
         # built-in bytes serde stores every bytes object as it is
-        self._value_exact: type | None = _exact_type(codec.msg_serde) if codec is not None else None
+        self._value_exact: type | None = _exact_type(value_serde) if value_serde is not None else None
         self._key_exact: type | None = _exact_type(codec.key_serde) if codec is not None else None
         passthrough = codec.passthrough_get() if codec is not None else None
         self._miss_get: Callable[[Any], Any] = passthrough or inner.get
@@ -151,9 +115,10 @@ class CachedStore(ForwardingStore):
         self.cache_size = max(1, cache_size)
         self.batch_size = max(1, min(batch_size, self.cache_size))
         self.metrics = metrics or StoreMetrics()
-        self.counts_writes = False
-        """Set by the metered layer above: single puts and deletes are counted here, so
-        they need no call through that layer."""
+        self._metered = metered
+        if metered:
+            # every point read counts here as a hit or a miss, which is the read count
+            self.metrics.cache_counts_gets = True
         # OrderedDict: O(1) popitem(last=False); a plain dict degrades to O(holes) when
         # its front is popped repeatedly (next(iter(d)) skips deleted slots).
         self._cache: OrderedDict[Any, Any] = OrderedDict()
@@ -164,60 +129,20 @@ class CachedStore(ForwardingStore):
         """Whether dirty entries keep their encodings: a codec below that encodes (bytes
         keys and values of the built-in bytes serde go down as they are anyway)."""
         self._closed = False
-        # set by expire_with (a ttl layer above): 0 = plain values
-        self._ttl_ns = 0
-        self._max_expiry = 0
-        self._clock: Callable[[], int | None] = _no_clock
-        self._on_expired: Callable[[Any], None] = _no_clock
-        self._no_time: Callable[[], Exception] = _no_clock
-        self._pack_expiry: Callable[[int], bytes] = _no_clock
+        self._expiry = expiry
+        # the ttl rules the per-record paths use inline (0 = plain values, no ttl)
+        self._ttl_ns = expiry.ttl_ns if expiry is not None else 0
+        self._refresh = expiry is not None and expiry.refresh
+        if expiry is not None:
+            self._clock = expiry.clock
+            self._max_expiry = expiry.max_expiry
+            self._pack_expiry = expiry.pack
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"store {self.name!r} is closed; open the task's TaskStorage again")
 
-    # -- key identity and validation ---------------------------------------------------------
-    def _ckey(self, key: Any) -> Any:
-        """The cache key of ``key`` (validated: an unencodable key raises here)."""
-        return self._ckey_enc(key)[0]
-
-    def _ckey_enc(self, key: Any) -> tuple[Any, bytes | None]:
-        """The cache key of ``key`` and its encoding (``None`` without a codec)."""
-        check = self._key_check
-        if check is None:
-            if key is None:
-                raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
-            return key, None
-        enc = check(key)
-        if _is_simple(key):
-            return key, enc
-        codec = self._codec
-        try:
-            plain = codec.decode_key(enc)
-        except Exception:
-            plain = _MISSING
-        if type(plain) is list:
-            plain = tuple(plain)  # json/msgpack arrays: a tuple of simple items is cached as itself
-        if _is_simple(plain) and check(plain) == enc:
-            return plain, enc  # e.g. a StrEnum member: the same key as its plain string
-        return _Encoded(enc, key), enc
-
-    def _ckeys_enc(self, keys: list[Any]) -> tuple[list[Any], list[bytes]]:
-        """The cache keys of ``keys`` and their encodings (a codec is below)."""
-        if _all_simple(keys):
-            return keys, self._codec.encode_keys(keys)
-        pairs = list(map(self._ckey_enc, keys))
-        return list(map(itemgetter(0), pairs)), list(map(itemgetter(1), pairs))
-
-    def _ckeys(self, keys: list[Any]) -> list[Any]:
-        if self._key_check is None or _all_simple(keys):
-            if self._key_check is not None:
-                self._codec.encode_keys(keys)  # validation in one pass
-            elif any(map(is_, keys, repeat(None))):
-                raise InvalidValueError(f"store {self.name!r}: None is not a valid key")
-            return keys
-        return list(map(self._ckey, keys))
-
+    # -- validation -------------------------------------------------------------------------
     def _check_value(self, key: Any, value: Any) -> None:
         check = self._values_check
         if check is None:
@@ -276,7 +201,7 @@ class CachedStore(ForwardingStore):
                 puts[k] = v
         if new_puts and (enc_puts or enc_deletes):
             # a newer batch of values wins over kept encodings of its keys
-            for ek in self._codec.encode_keys(list(map(_plain, new_puts))):
+            for ek in self._codec.encode_keys(list(map(plain, new_puts))):
                 enc_puts.pop(ek, None)
                 if ek in enc_deletes:
                     enc_deletes.remove(ek)
@@ -301,18 +226,18 @@ class CachedStore(ForwardingStore):
             items = iter(enc_puts.items())
             while chunk := dict(islice(items, size)):
                 self._codec.put_encoded(chunk)
-        encoded = _Encoded in set(map(type, puts)) if puts else False
+        encoded = Encoded in set(map(type, puts)) if puts else False
         if len(puts) <= size and not encoded:
             if puts:
                 self.inner.put_all(puts)
         else:
             items = iter(puts.items())
             while chunk := dict(islice(items, size)):
-                # pairs, not a dict, when keys are _Encoded: plain keys equal in Python
+                # pairs, not a dict, when keys are Encoded: plain keys equal in Python
                 # (1 and True) must not merge on the way down
-                self.inner.put_all([(_plain(k), v) for k, v in chunk.items()] if encoded else chunk)
-        if deletes and _Encoded in set(map(type, deletes)):
-            deletes = list(map(_plain, deletes))
+                self.inner.put_all([(plain(k), v) for k, v in chunk.items()] if encoded else chunk)
+        if deletes and Encoded in set(map(type, deletes)):
+            deletes = list(map(plain, deletes))
         # deletes after every put: a newer delete of a key put earlier wins
         for start in range(0, len(enc_deletes), size):
             self._codec.delete_encoded(enc_deletes[start : start + size])
@@ -369,12 +294,12 @@ class CachedStore(ForwardingStore):
 
     # -- KeyValueStore -----------------------------------------------------------------------
     def get(self, key: Any, default: Any = None, _stored: bool = False) -> Any:
-        """The value under ``key``, else ``default``. Under a ttl layer (:meth:`expire_with`)
-        the value of a live ``(expiry, value)`` pair; with ``_stored`` (``get_all``) the pair."""
+        """The value under ``key``, else ``default``. With an ``expiry`` the value of a live
+        ``(expiry, value)`` pair; with ``_stored`` (``get_all``) the pair."""
         if self._closed:
             self._check_open()
         t = type(key)
-        ck = key if t is str or t is bytes or t is int else self._ckey(key)
+        ck = key if t is str or t is bytes or t is int else self._keys.of(key)
         cache = self._cache
         v = cache.get(ck, _MISSING)
         if v is _MISSING:
@@ -390,11 +315,13 @@ class CachedStore(ForwardingStore):
             cache.move_to_end(ck)
             if v is _ABSENT:
                 return default
-        if self._ttl_ns and not _stored:  # under a ttl layer (expire_with): v is an (expiry, value) pair
+        if self._ttl_ns and not _stored:  # with an expiry: v is an (expiry, value) pair
             now = self._clock()
             if now is not None and v[0] <= now:
-                self._on_expired(key)
+                self._expiry.note_expired(key)  # type: ignore[union-attr]
                 return default
+            if self._refresh:  # a new expiry: a write of the pair, not a put the metrics count
+                self._put_all([(key, (self._expiry.stamp(), v[1]))])  # type: ignore[union-attr]
             return v[1]
         return v
 
@@ -402,10 +329,10 @@ class CachedStore(ForwardingStore):
         if self._closed:
             self._check_open()
         keys = keys if isinstance(keys, list) else list(keys)
-        if not _all_simple(keys):
+        if not all_simple(keys):
             out = {}
             for k in keys:  # per key: each gets its own identity (see the module docstring)
-                v = self.get(k, None, True)  # as stored: a ttl layer above wants its pairs
+                v = CachedStore.get(self, k, None, True)  # as stored: with an expiry, the pairs
                 if v is not None:
                     out[k] = v
             return out
@@ -435,25 +362,6 @@ class CachedStore(ForwardingStore):
                     self._evict()
         return out
 
-    def expire_with(self, clock: Callable[[], int | None], ttl_ns: int, max_expiry: int, value_serde: Serde,
-                    on_expired: Callable[[Any], None], no_time: Callable[[], Exception],
-                    pack_expiry: Callable[[int], bytes]) -> None:
-        """Fuse the ``ttl`` layer above into this cache's per-record paths (its entries are
-        ``(expiry, value)`` pairs, expiry in ns): from now on :meth:`put` takes a plain
-        value, checks it with ``value_serde`` (the serde of the value inside the pair) and
-        caches it as ``(min(now + ttl_ns, max_expiry), value)``, raising ``no_time()`` while
-        ``clock()`` is ``None``; and :meth:`get` gives the value of a live pair and hides an
-        expired one, handing its key to ``on_expired``. So the ttl layer's per-record put
-        and get are this layer's: one Python call each, as without TTL. Bulk calls
-        (``put_all``, ``get_all``, scans) still take and give pairs: the ttl layer stamps
-        and checks those itself. ``pack_expiry`` gives the bytes an expiry is stored as in
-        front of the value's bytes (the pair serde's layout), so a put's kept bytes are the
-        stored pair's."""
-        self._clock, self._ttl_ns, self._max_expiry = clock, ttl_ns, max_expiry
-        self._value_encode, self._value_exact = value_serde.encode, _exact_type(value_serde)
-        self._pack_expiry = pack_expiry
-        self._on_expired, self._no_time = on_expired, no_time
-
     def put(self, key: Any, value: Any) -> None:
         """One put (or, with the ``_ABSENT`` marker from :meth:`delete`, one delete).
 
@@ -462,7 +370,7 @@ class CachedStore(ForwardingStore):
         store and key), then the entry goes into the cache and the dirty set; a full dirty
         set goes down; the LRU end is evicted inline (a dirty one calls out: it is written
         first). A ``bytes`` value or key of the built-in bytes serde needs no encoder call.
-        Under a ttl layer (:meth:`expire_with`) the value is also paired with its expiry.
+        With an ``expiry`` the value is also paired with its expiry.
         """
         if value is None:
             reject_none(self.name, key, value)
@@ -482,7 +390,7 @@ class CachedStore(ForwardingStore):
             if ttl:
                 now = self._clock()
                 if now is None:
-                    raise self._no_time()
+                    raise self._expiry.no_time()  # type: ignore[union-attr]
                 expiry = now + ttl
                 value = (expiry if expiry < self._max_expiry else self._max_expiry, value)
                 if ev is not None:
@@ -496,9 +404,9 @@ class CachedStore(ForwardingStore):
             try:
                 ek = self._key_encode(key)  # a simple key is its own cache key
             except Exception:
-                ek = self._ckey(key)  # raises the standard error
+                ek = self._keys.of(key)  # raises the standard error
         else:
-            key, ek = self._ckey_enc(key)
+            key, ek = self._keys.of_enc(key)
         cache = self._cache
         if key in cache:
             cache[key] = value
@@ -515,13 +423,21 @@ class CachedStore(ForwardingStore):
                 cache[oldest] = old
                 cache.move_to_end(oldest, last=False)
                 self._evict()
-        if self.counts_writes:
+        if self._metered:
             if value is _ABSENT:
                 self.metrics.deletes += 1
             else:
                 self.metrics.puts += 1
 
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
+        if not isinstance(entries, (list, Mapping)):
+            entries = list(entries)
+        self._put_all(entries)
+        if self._metered:
+            self.metrics.puts += len(entries)
+
+    def _put_all(self, entries: list[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
+        """:meth:`put_all` without counting (the ttl layer's own writes use it too)."""
         if self._closed:
             self._check_open()
         # two columns, not a list of pairs: a mapping's items() would be one GC-tracked
@@ -529,8 +445,6 @@ class CachedStore(ForwardingStore):
         if isinstance(entries, Mapping):
             keys, values = list(entries), list(entries.values())
         else:
-            if not isinstance(entries, list):
-                entries = list(entries)
             keys, values = list(map(itemgetter(0), entries)), list(map(itemgetter(1), entries))
         if not keys:
             return
@@ -541,7 +455,7 @@ class CachedStore(ForwardingStore):
             self._put_encoded(keys, values)
             return
         if self._keeps_bytes:
-            ckeys, enc_keys = self._ckeys_enc(keys)
+            ckeys, enc_keys = self._keys.of_all_enc(keys)
             try:
                 enc_values = codec.encode_values(values)
             except SerializationError as e:
@@ -549,7 +463,7 @@ class CachedStore(ForwardingStore):
             batch = dict(zip(ckeys, values))  # later pairs for one key win
             self._write_batch(batch, deletes=False, encoded=dict(zip(ckeys, zip(enc_keys, enc_values))))
             return
-        batch = dict(zip(self._ckeys(keys), values))  # later pairs for one key win
+        batch = dict(zip(self._keys.of_all(keys), values))  # later pairs for one key win
         self._check_values(batch)
         self._write_batch(batch, deletes=False)
 
@@ -567,7 +481,7 @@ class CachedStore(ForwardingStore):
                 chunks.append((codec.encode_keys(keys[i : i + size]), codec.encode_values(values[i : i + size])))
         except SerializationError as e:
             raise SerializationError(f"{e} (put_all)") from e
-        ckeys = keys if _all_simple(keys) else list(map(self._ckey, keys))
+        ckeys = keys if all_simple(keys) else list(map(self._keys.of, keys))
         self._flush_dirty()
         for enc_keys, enc_values in chunks:
             codec.put_encoded(dict(zip(enc_keys, enc_values)))  # later pairs for one key win
@@ -577,37 +491,54 @@ class CachedStore(ForwardingStore):
         CachedStore.put(self, key, _ABSENT)
 
     def delete_all(self, keys: Iterable[Any]) -> None:
+        keys = keys if isinstance(keys, list) else list(keys)
+        self._delete_all(keys)
+        if self._metered:
+            self.metrics.deletes += len(keys)
+
+    def _delete_all(self, keys: list[Any]) -> None:
+        """:meth:`delete_all` without counting (the ttl layer's sweep uses it too)."""
         if self._closed:
             self._check_open()
-        keys = keys if isinstance(keys, list) else list(keys)
         if self._keeps_bytes and keys:
-            ckeys, enc_keys = self._ckeys_enc(keys)
+            ckeys, enc_keys = self._keys.of_all_enc(keys)
             batch = dict.fromkeys(ckeys, _ABSENT)
             self._write_batch(batch, deletes=True, encoded=dict(zip(ckeys, zip(enc_keys, repeat(None)))))
             return
-        batch = dict.fromkeys(self._ckeys(keys), _ABSENT)
+        batch = dict.fromkeys(self._keys.of_all(keys), _ABSENT)
         if batch:
             self._write_batch(batch, deletes=True)
 
+    # Scans first push the dirty entries down, then read the layer below.
     def range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
-        self._check_open()
-        self._flush_dirty()
-        return self.inner.range(start, stop)
+        self._count_scan()
+        return self._range(start, stop)
 
     def prefix(self, prefix: Any) -> KeyValueIterator[Any, Any]:
+        self._count_scan()
         self._check_open()
         self._flush_dirty()
         return self.inner.prefix(prefix)
 
     def all(self) -> KeyValueIterator[Any, Any]:
-        self._check_open()
-        self._flush_dirty()
-        return self.inner.all()
+        self._count_scan()
+        return self._range(None, None)
 
     def range_keys(self, start: Any, stop: Any) -> CloseableIterator[Any]:
+        self._count_scan()
         self._check_open()
         self._flush_dirty()
         return self.inner.range_keys(start, stop)
+
+    def _count_scan(self) -> None:
+        if self._metered:
+            self.metrics.range_scans += 1
+
+    def _range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
+        """:meth:`range` (``all`` with two ``None``) without counting."""
+        self._check_open()
+        self._flush_dirty()
+        return self.inner.all() if start is None and stop is None else self.inner.range(start, stop)
 
     def flush(self) -> None:
         self._check_open()

@@ -13,25 +13,12 @@ from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore
 __all__ = ["ForwardingStore"]
 
 
-_FORWARDED = ("get", "get_all", "put", "put_all", "delete", "delete_all", "range", "prefix", "all", "range_keys",
-              "flush", "close")
-
-
 class ForwardingStore(KeyValueStore[Any, Any]):
-    """Forwards everything to ``inner``; ``close()`` closes the whole stack.
-
-    A method a layer does not override is bound straight to ``inner``'s at
-    construction, so a call through a layer that has no concern in it (a ``get``
-    through the ``logged`` layer) costs no extra Python call.
-    """
+    """Forwards everything to ``inner``; ``close()`` closes the whole stack."""
 
     def __init__(self, inner: KeyValueStore[Any, Any], name: str | None = None) -> None:
         self.inner = inner
         self.name = name or getattr(inner, "name", "store")
-        cls = type(self)
-        for method in _FORWARDED:
-            if getattr(cls, method) is getattr(ForwardingStore, method):
-                setattr(self, method, getattr(inner, method))
 
     def get(self, key: Any, default: Any = None) -> Any:
         v = self.inner.get(key)

@@ -13,26 +13,13 @@ __all__ = ["MeteredStore"]
 
 
 class MeteredStore(ForwardingStore):
-    """Counts puts, deletes, scans and — when no object cache below counts them — gets
-    with their hits and misses (with a cache, reads bypass this layer: see
-    :attr:`StoreMetrics.cache_counts_gets`)."""
+    """Counts gets with their hits and misses, puts, deletes and scans. Built over a
+    store without an object cache: with one, the cache is the task-facing layer and
+    counts into the same :class:`StoreMetrics` itself (see ``build_store``)."""
 
-    def __init__(self, inner: KeyValueStore[Any, Any], metrics: StoreMetrics, count_hits: bool) -> None:
+    def __init__(self, inner: KeyValueStore[Any, Any], metrics: StoreMetrics) -> None:
         super().__init__(inner)
         self.metrics = metrics
-        self._count_hits = count_hits
-        if not count_hits:
-            # The cache below counts every read as a hit or a miss, which is the read
-            # count: reads go straight to it, without a call through this layer.
-            metrics.cache_counts_gets = True
-            self.get = inner.get  # type: ignore[method-assign]
-            self.get_all = inner.get_all  # type: ignore[method-assign]
-        if getattr(inner, "metrics", None) is metrics and hasattr(inner, "counts_writes"):
-            # the cache below counts single puts and deletes into the same metrics, so
-            # they too go straight to it (the per-record path: one call, not two)
-            inner.counts_writes = True
-            self.put = inner.put  # type: ignore[method-assign]
-            self.delete = inner.delete  # type: ignore[method-assign]
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value under ``key``, else ``default`` (like ``dict.get``)."""

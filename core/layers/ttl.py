@@ -21,13 +21,14 @@ from typing import Any, Literal
 from ..errors import ConfigError, InvalidValueError
 from ..faults import fault_point
 from ..kv import CloseableIterator, KeyValueIterator, KeyValueStore, keys_of, reject_none
+from ..metrics import StoreMetrics
 from ..serdes import Serde, decoder_of_many, prefixed_encoder_of_many
 from .cached import CachedStore
 from .forwarding import ForwardingStore
 from .serialized import SerializedStore
 
 __all__ = [
-    "TtlPolicy", "TtlStore", "TtlSerializedStore", "ttl_serde", "ttl_clock", "wall_clock_ms", "wall_clock_ns",
+    "TtlPolicy", "Expiry", "TtlStore", "ExpiringCachedStore", "TtlSerializedStore", "ttl_serde", "ttl_clock", "wall_clock_ms", "wall_clock_ns",
     "EXPIRY_BYTES",
 ]
 
@@ -157,40 +158,31 @@ def _key_id(key: Any) -> str:
     return repr(tuple(key)) if type(key) is list else repr(key)
 
 
-class TtlStore(ForwardingStore):
-    """Wraps a store of ``(expiry_ms, value)`` pairs; the task sees plain values.
+class Expiry:
+    """The ttl rules of one store, shared by its ttl layer and, with an object cache, the
+    cache's per-record paths (:class:`CachedStore` is built with it).
 
-    ``now`` is the clock (processing or event time, **ns**); it returns ``None`` while the
+    ``clock`` is "now" (processing or event time, **ns**); it returns ``None`` while the
     time is unknown (event time before the task's first event): then nothing has
     expired, and a write is an error (its expiry would be meaningless). Complexity: one
-    clock read and one comparison per read entry; ``flush()`` examines at most
+    clock read and one comparison per read entry; a sweep examines at most
     ``cleanup_batch`` entries plus those reads found expired.
     """
 
-    def __init__(self, inner: KeyValueStore[Any, Any], policy: TtlPolicy, now: Callable[[], int | None],
-                 name: str | None = None, value_serde: Serde | None = None) -> None:
-        """``value_serde``: the serde of the values (inside the pairs), given when ``inner``
-        is an object cache (:class:`CachedStore`). The per-record paths are then the cache's, with the expiry
-        stamp and check fused in (:meth:`CachedStore.expire_with`): ``put`` *is* the cache's
-        put, ``get`` (update type on-create-and-write) its
-        :meth:`~CachedStore.get`, and a metered layer above counts single puts and
-        deletes through the cache (:attr:`counts_writes`), so they make no call there
-        either: one Python call per put or get, as without TTL."""
-        super().__init__(inner, name)
+    def __init__(self, policy: TtlPolicy, clock: Callable[[], int | None], name: str,
+                 value_serde: Serde | None = None) -> None:
+        """``value_serde``: the serde of the values inside the pairs (an object cache
+        checks each put value with it)."""
         self.policy = policy
-        self.clock = now
-        self._get, self._put = inner.get, inner.put
-        self._ttl = policy.ms * 1_000_000
-        self._refresh = policy.update == "on-read-and-write"
-        self._fused = value_serde is not None and isinstance(inner, CachedStore)
-        if self._fused:
-            assert isinstance(inner, CachedStore) and value_serde is not None
-            inner.expire_with(now, self._ttl, _MAX_EXPIRY_NS, value_serde, self._note_expired, self._no_event_time,
-                              _EXPIRY.pack)
-            self.metrics = inner.metrics
-            self.put = inner.put  # type: ignore[method-assign]
-            if not self._refresh:
-                self.get = inner.get  # type: ignore[method-assign]
+        self.clock = clock
+        self.name = name
+        self.value_serde = value_serde
+        self.ttl_ns = policy.ms * 1_000_000
+        self.max_expiry = _MAX_EXPIRY_NS
+        self.refresh = policy.update == "on-read-and-write"
+        """Whether a read gives a live entry a new expiry."""
+        self.pack = _EXPIRY.pack
+        """The bytes an expiry is stored as, in front of the value's bytes."""
         self._seen_expired: set[Any] = set()
         self._cursor: Any = None
         """Where the next incremental sweep starts (a key; ``None``: from the first key)."""
@@ -202,65 +194,54 @@ class TtlStore(ForwardingStore):
         t = self.clock()
         return _NOTHING_EXPIRED if t is None else t
 
-    def _expiry(self) -> int:
+    def stamp(self) -> int:
+        """The expiry of an entry written now."""
         t = self.clock()
         if t is None:
-            raise self._no_event_time()
-        return min(t + self._ttl, _MAX_EXPIRY_NS)
+            raise self.no_time()
+        return min(t + self.ttl_ns, _MAX_EXPIRY_NS)
 
-    def _no_event_time(self) -> InvalidValueError:
+    def no_time(self) -> InvalidValueError:
         return InvalidValueError(
             f"store {self.name!r} has stores.{self.name}.ttl.time = event, but the task has no event time yet: "
             "advance it first (TaskStorage.advance_event_time(ts); the Spark runner does it from "
             "StreamTask.event_time_column before each input batch)"
         )
 
-    def _note_expired(self, key: Any) -> None:
-        # Found expired by a read: the next sweep deletes it (unhashable keys, possible
-        # with a json key serde, are left to the incremental sweep).
+    def note_expired(self, key: Any) -> None:
+        """Found expired by a read: the next sweep deletes it (unhashable keys, possible
+        with a json key serde, are left to the incremental sweep)."""
         try:
             self._seen_expired.add(key)
         except TypeError:
             pass
 
-    # -- reads: never return an expired entry --------------------------------------------------
-    def get(self, key: Any, default: Any = None) -> Any:
-        # (over an object cache with update type on-create-and-write, the cache's get
-        # replaces this one: see __init__)
-        if self._fused:
-            value = self._get(key)  # the cache's get has checked the expiry
-            if value is None:
-                return default
-        else:
-            pair = self._get(key)
-            if pair is None:
-                return default
-            t = self.clock()
-            if t is not None and pair[0] <= t:
-                self._note_expired(key)
-                return default
-            value = pair[1]
-        if self._refresh:  # a new expiry: a write of the layers below, not a put the metrics count
-            self.inner.put_all([(key, (self._expiry(), value))])
-        return value
+    def stamped(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> list[tuple[Any, Any]]:
+        """``entries`` as ``(key, (expiry, value))`` pairs; a ``None`` value is refused."""
+        items = entries.items() if isinstance(entries, Mapping) else entries
+        expiry = self.stamp()
+        pairs = []
+        for k, v in items:
+            if v is None:
+                reject_none(self.name, k, v)
+            pairs.append((k, (expiry, v)))
+        return pairs
 
-    def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
-        found = self.inner.get_all(keys)
+    def live_found(self, found: Mapping[Any, tuple[int, Any]]) -> dict[Any, Any]:
+        """The values of the live pairs of a ``get_all`` result."""
         now = self.now()
         out = {}
         for k, (expiry, v) in found.items():
             if expiry <= now:
-                self._note_expired(k)
+                self.note_expired(k)
             else:
                 out[k] = v
-        if self._refresh and out:
-            expiry = self._expiry()
-            self.inner.put_all([(k, (expiry, v)) for k, v in out.items()])
         return out
 
-    def _live(self, it: KeyValueIterator[Any, Any]) -> KeyValueIterator[Any, Any]:
+    def live(self, it: KeyValueIterator[Any, Any]) -> KeyValueIterator[Any, Any]:
+        """The live pairs of a scan, as ``(key, value)``."""
         now = self.now()
-        note = self._note_expired
+        note = self.note_expired
 
         def live() -> Iterator[tuple[Any, Any]]:
             for k, (expiry, v) in it:
@@ -271,70 +252,23 @@ class TtlStore(ForwardingStore):
 
         return KeyValueIterator(live(), on_close=it.close, what=f"store {self.name!r} iterator")
 
-    def __len__(self) -> int:
-        """Live entries only (one scan): expired entries stay in the layers below until
-        a sweep deletes them, so the inner count would include them.
-        ``approximate_len()`` is the inner estimate, expired entries included."""
-        with self.all() as it:
-            return sum(1 for _ in it)
-
-    def range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
-        return self._live(self.inner.range(start, stop))
-
-    def prefix(self, prefix: Any) -> KeyValueIterator[Any, Any]:
-        return self._live(self.inner.prefix(prefix))
-
-    def all(self) -> KeyValueIterator[Any, Any]:
-        return self._live(self.inner.all())
-
-    def range_keys(self, start: Any, stop: Any) -> CloseableIterator[Any]:
-        # the expiry is inside each value: a keys-only scan reads the pairs all the same
-        return keys_of(self.all() if start is None and stop is None else self.range(start, stop))
-
-    # -- writes: stamp the expiry -----------------------------------------------------------------
-    def put(self, key: Any, value: Any) -> None:
-        # (over an object cache, the cache's own put replaces this one: see __init__)
-        if value is None:
-            reject_none(self.name, key, value)
-        self._put(key, (self._expiry(), value))
-
-    @property
-    def counts_writes(self) -> bool:
-        """Whether the object cache below counts single puts and deletes (set by a metered
-        layer above; see :attr:`CachedStore.counts_writes`). Only over a cache."""
-        if not self._fused:
-            raise AttributeError("counts_writes: no object cache below the ttl layer")
-        return bool(self.inner.counts_writes)  # type: ignore[attr-defined]
-
-    @counts_writes.setter
-    def counts_writes(self, on: bool) -> None:
-        self.inner.counts_writes = on  # type: ignore[attr-defined]
-
-    def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
-        items = entries.items() if isinstance(entries, Mapping) else entries
-        expiry = self._expiry()
-        pairs = []
-        for k, v in items:
-            if v is None:
-                reject_none(self.name, k, v)
-            pairs.append((k, (expiry, v)))
-        self.inner.put_all(pairs)
-
-    # -- cleanup -----------------------------------------------------------------------------------
-    def sweep(self, limit: int | None = None) -> int:
-        """Delete (and so log tombstones for) expired entries: those reads found since the
-        last sweep, and up to ``limit`` (default ``ttl.cleanup.batch``) more examined from
-        the cursor. Returns how many were deleted."""
+    def sweep(self, get_all: Callable[[list[Any]], Mapping[Any, tuple[int, Any]]],
+              scan: Callable[[Any, Any], KeyValueIterator[Any, Any]],
+              delete_all: Callable[[list[Any]], None], limit: int | None = None) -> int:
+        """Delete (and so log tombstones for) expired entries, through the pair-level
+        ``get_all``/``scan``/``delete_all`` of the store below the ttl rules: those reads
+        found since the last sweep, and up to ``limit`` (default ``ttl.cleanup.batch``)
+        more examined from the cursor. Returns how many were deleted."""
         limit = self.policy.cleanup_batch if limit is None else limit
         now = self.now()
         doomed: list[Any] = []
         if self._seen_expired:
             seen, self._seen_expired = list(self._seen_expired), set()
-            found = self.inner.get_all(seen)
+            found = get_all(seen)
             doomed.extend(k for k, (expiry, _) in found.items() if expiry <= now)
         if limit > 0:
             cursor = self._cursor
-            with self.inner.range(cursor, None) as it:
+            with scan(cursor, None) as it:
                 examined = list(islice(it, limit + (cursor is not None)))
             if cursor is not None and examined and examined[0][0] == cursor:
                 examined = examined[1:]  # range() is inclusive of its start: the last key seen before
@@ -344,12 +278,135 @@ class TtlStore(ForwardingStore):
             self._cursor = examined[-1][0] if len(examined) >= limit else None  # None: wrap around
         if doomed:
             doomed = _unique(doomed)
-            self.inner.delete_all(doomed)
+            delete_all(doomed)
             fault_point("ttl.after_sweep")
             self.expired_deleted += len(doomed)
         return len(doomed)
+
+
+class TtlStore(ForwardingStore):
+    """The ttl layer over a store of ``(expiry, value)`` pairs (no object cache): the
+    task sees plain values; the rules are ``expiry``'s (:class:`Expiry`)."""
+
+    def __init__(self, inner: KeyValueStore[Any, Any], expiry: Expiry) -> None:
+        super().__init__(inner, expiry.name)
+        self.expiry = expiry
+        self._clock = expiry.clock  # the per-record read path's own reference
+        self._refresh = expiry.refresh
+
+    @property
+    def expired_deleted(self) -> int:
+        """Entries the sweeps have deleted (tombstones logged) since open."""
+        return self.expiry.expired_deleted
+
+    # -- reads: never return an expired entry --------------------------------------------------
+    def get(self, key: Any, default: Any = None) -> Any:
+        pair = self.inner.get(key)
+        if pair is None:
+            return default
+        t = self._clock()
+        if t is not None and pair[0] <= t:
+            self.expiry.note_expired(key)
+            return default
+        if self._refresh:  # a new expiry: a write of the layers below, not a put the metrics count
+            self.inner.put_all([(key, (self.expiry.stamp(), pair[1]))])
+        return pair[1]
+
+    def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
+        out = self.expiry.live_found(self.inner.get_all(keys))
+        if self.expiry.refresh and out:
+            self.inner.put_all(self.expiry.stamped(out))
+        return out
+
+    def __len__(self) -> int:
+        """Live entries only (one scan): expired entries stay in the layers below until
+        a sweep deletes them, so the inner count would include them.
+        ``approximate_len()`` is the inner estimate, expired entries included."""
+        with self.all() as it:
+            return sum(1 for _ in it)
+
+    def range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
+        return self.expiry.live(self.inner.range(start, stop))
+
+    def prefix(self, prefix: Any) -> KeyValueIterator[Any, Any]:
+        return self.expiry.live(self.inner.prefix(prefix))
+
+    def all(self) -> KeyValueIterator[Any, Any]:
+        return self.expiry.live(self.inner.all())
+
+    def range_keys(self, start: Any, stop: Any) -> CloseableIterator[Any]:
+        # the expiry is inside each value: a keys-only scan reads the pairs all the same
+        return keys_of(self.all() if start is None and stop is None else self.range(start, stop))
+
+    # -- writes: stamp the expiry -----------------------------------------------------------------
+    def put(self, key: Any, value: Any) -> None:
+        if value is None:
+            reject_none(self.name, key, value)
+        self.inner.put(key, (self.expiry.stamp(), value))
+
+    def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
+        self.inner.put_all(self.expiry.stamped(entries))
+
+    # -- cleanup -----------------------------------------------------------------------------------
+    def sweep(self, limit: int | None = None) -> int:
+        """Delete expired entries now (see :meth:`Expiry.sweep`)."""
+        inner = self.inner
+        return self.expiry.sweep(inner.get_all, inner.range, inner.delete_all, limit)
 
     def flush(self) -> None:
         """Sweep (commit-time cleanup), then push buffered writes down."""
         self.sweep()
         self.inner.flush()
+
+
+class ExpiringCachedStore(CachedStore):
+    """The object cache of a ttl store: the task-facing layer, built with the store's
+    :class:`Expiry`. Its per-record ``put``/``get``/``delete`` are the cache's own, with
+    the expiry stamp and check inline (one Python call per record); here the bulk calls
+    and scans stamp and check as :class:`TtlStore` does, and a flush sweeps first."""
+
+    def __init__(self, inner: KeyValueStore[Any, Any], cache_size: int, batch_size: int, name: str,
+                 metrics: StoreMetrics | None, codec: Any, *, metered: bool, expiry: Expiry) -> None:
+        super().__init__(inner, cache_size, batch_size, name, metrics, codec, metered=metered, expiry=expiry)
+        self.expiry = expiry
+
+    @property
+    def expired_deleted(self) -> int:
+        """Entries the sweeps have deleted (tombstones logged) since open."""
+        return self.expiry.expired_deleted
+
+    def get_all(self, keys: Iterable[Any]) -> dict[Any, Any]:
+        out = self.expiry.live_found(super().get_all(keys))
+        if self.expiry.refresh and out:
+            self._put_all(self.expiry.stamped(out))
+        return out
+
+    def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
+        super().put_all(self.expiry.stamped(entries))
+
+    def __len__(self) -> int:
+        """Live entries only (one scan; see :meth:`TtlStore.__len__`)."""
+        with self.expiry.live(self._range(None, None)) as it:
+            return sum(1 for _ in it)
+
+    def range(self, start: Any, stop: Any) -> KeyValueIterator[Any, Any]:
+        return self.expiry.live(super().range(start, stop))
+
+    def prefix(self, prefix: Any) -> KeyValueIterator[Any, Any]:
+        return self.expiry.live(super().prefix(prefix))
+
+    def all(self) -> KeyValueIterator[Any, Any]:
+        return self.expiry.live(super().all())
+
+    def range_keys(self, start: Any, stop: Any) -> CloseableIterator[Any]:
+        # the expiry is inside each value: a keys-only scan reads the pairs all the same
+        return keys_of(self.all() if start is None and stop is None else self.range(start, stop))
+
+    def sweep(self, limit: int | None = None) -> int:
+        """Delete expired entries now (see :meth:`Expiry.sweep`), through this cache, uncounted."""
+        return self.expiry.sweep(super().get_all, self._range, self._delete_all, limit)
+
+    def flush(self) -> None:
+        """Sweep (commit-time cleanup), then push the dirty entries down."""
+        self.sweep()
+        super().flush()
