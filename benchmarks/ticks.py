@@ -130,7 +130,14 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
 
     ticks = QUICK_TICKS if quick else FULL_TICKS
     repeats = max(1, repeats)
-    spark = spark_session("local[2]", app_name="localstate-bench-ticks", **{"spark.sql.shuffle.partitions": "2"})
+    from pyspark.sql import SparkSession
+
+    # An active session in this process (a test's) is reused and left running: a second one
+    # cannot start beside it, and stopping it would stop the test session's context.
+    spark = SparkSession.getActiveSession()
+    owned = spark is None
+    if spark is None:
+        spark = spark_session("local[2]", app_name="localstate-bench-ticks", **{"spark.sql.shuffle.partitions": "2"})
     scratch = Path(tempfile.mkdtemp(prefix="localstate-bench-ticks-"))
     try:
         tick_run(spark, scratch / "warm-up", min(ticks, 4))
@@ -140,7 +147,8 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
             runs.append(tick_run(spark, scratch / f"run-{i}", ticks))
             floors.append(floor_run(spark, scratch / f"floor-{i}", ticks))
     finally:
-        spark.stop()
+        if owned:
+            spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)
     params = {"tasks": TASKS, "spark_tasks": 2, "interval_ms": INTERVAL_MS, "ticks": ticks, "master": "local[2]"}
     engine, floor = "rocksdb + file changelog", "spark floor (no localstate)"
