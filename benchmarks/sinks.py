@@ -75,7 +75,7 @@ def _pair_rows(workload: str, pair: list[tuple[str, Callable[[int], float]]], n:
 
 def file_rows(spark: Any, df: Any, n: int, repeats: int, work: Path) -> list[dict[str, Any]]:
 
-    from localstate.contrib.spark.sinks import FileSink, _fsync_dir, _fsync_tree
+    from localstate.contrib.spark.sinks import FileSink, publish_dir
 
     sink = FileSink(work / "sink", format="parquet")
     plain = work / "plain"
@@ -101,9 +101,7 @@ def file_rows(spark: Any, df: Any, n: int, repeats: int, work: Path) -> list[dic
         final.parent.mkdir(exist_ok=True)
         df.write.parquet(temp.as_uri())
         t0 = time.perf_counter()
-        _fsync_tree(temp)
-        os.rename(temp, final)
-        _fsync_dir(final.parent)
+        publish_dir(temp, final)
         publish.append((time.perf_counter() - t0) * 1000)
     rows.append(make_row("sink_file_publish", "FileSink fsync + rename of one batch", {"rows": n, "files": 2},
                          "ms", publish, notes="per batch, after Spark's write; no baseline (a plain write has none)"))
@@ -186,7 +184,6 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> None:
     """``python -m localstate.benchmarks.sinks [--quick] [--repeats N]``."""
     import argparse
-    import os
 
     parser = argparse.ArgumentParser(prog="python -m localstate.benchmarks.sinks")
     parser.add_argument("--quick", action="store_true")

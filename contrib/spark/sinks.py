@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from localstate import ConfigError, LocalStateError
 from localstate.errors import FencedError
 from localstate.faults import fault_point
+from localstate.locking import fsync_dir
 
 if TYPE_CHECKING:
     from localstate import Config
@@ -123,15 +124,16 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def publish_dir(temp: Path, final: Path) -> None:
+    """Make the written directory ``temp`` durable, then publish it as ``final`` with one
+    rename, itself made durable: a reader sees the whole batch or none of it."""
+    _fsync_tree(temp)
+    fault_point("sink.file.before_rename")
+    os.rename(temp, final)
+    fsync_dir(final.parent)
 
 
 def _older_than_delivered(sink: str, batch_id: int, last: int) -> LocalStateError:
@@ -222,13 +224,10 @@ class FileSink:
         temp = self.path / f"{TEMP_PREFIX}{batch_id}-{uuid.uuid4().hex}"
         try:
             df.write.format(self.format).options(**self.options).mode("errorifexists").save(temp.as_uri())
-            _fsync_tree(temp)
-            fault_point("sink.file.before_rename")
-            os.rename(temp, final)
+            publish_dir(temp, final)
         except BaseException:
             shutil.rmtree(temp, ignore_errors=True)
             raise
-        _fsync_dir(self.path)
         fault_point("sink.file.after_rename")
         return True
 
