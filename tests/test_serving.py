@@ -46,8 +46,8 @@ from localstate.serving import (
     free_port,
 )
 from localstate.store_open import Recovery
-from localstate.testing.s3 import QUICK_RETRIES, objectstore_options
 
+from tests.test_standby import changelog_values
 from tests.test_state_reader import _tree_digest
 
 STORE = "balances"
@@ -67,18 +67,7 @@ def _values(tmp_path: Path, where: str, engine: str, request: pytest.FixtureRequ
         "stores.local.factory": "memory",
         "stores.local.changelog": "none",
     }
-    if where == "kafka":
-        values.update({"job.changelog.system": "kafka",
-                       "systems.kafka.bootstrap.servers": request.getfixturevalue("kafka_broker"),
-                       "systems.kafka.timeout.ms": 5000})
-        values[f"stores.{STORE}.changelog"] = f"kafka.{name}-balances"
-    elif where == "objectstore":
-        server = request.getfixturevalue("s3_server")
-        values.update(objectstore_options(server.endpoint, server.create_bucket(), **QUICK_RETRIES))
-        values.update({"job.changelog.system": "s3"})
-        values[f"stores.{STORE}.changelog"] = f"s3.{name}-balances"
-    else:
-        values[f"stores.{STORE}.changelog"] = f"file.{name}-balances"
+    values.update(changelog_values(where, STORE, f"{name}-balances", request))
     return values
 
 

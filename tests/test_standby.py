@@ -43,19 +43,22 @@ def _values(tmp_path: Path, where: str, engine: str, request: pytest.FixtureRequ
         f"stores.{STORE}.msg.serde": "long",
         f"stores.{STORE}.object.cache.size": 0,
     }
-    if where == "kafka":
-        values.update({"job.changelog.system": "kafka",
-                       "systems.kafka.bootstrap.servers": request.getfixturevalue("kafka_broker"),
-                       "systems.kafka.timeout.ms": 5000})
-        values[f"stores.{STORE}.changelog"] = f"kafka.{name}-counts"
-    elif where == "objectstore":
-        server = request.getfixturevalue("s3_server")
-        values.update(objectstore_options(server.endpoint, server.create_bucket(), **QUICK_RETRIES))
-        values.update({"job.changelog.system": "s3"})
-        values[f"stores.{STORE}.changelog"] = f"s3.{name}-counts"
-    else:
-        values[f"stores.{STORE}.changelog"] = f"file.{name}-counts"
+    values.update(changelog_values(where, STORE, f"{name}-counts", request))
     return values
+
+
+def changelog_values(where: str, store: str, stream: str, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The config keys that put ``store``'s changelog (stream ``stream``) and the job's
+    checkpoints on ``where``: the file log, the test Kafka broker, or a fresh moto bucket."""
+    if where == "kafka":
+        return {"job.changelog.system": "kafka",
+                "systems.kafka.bootstrap.servers": request.getfixturevalue("kafka_broker"),
+                "systems.kafka.timeout.ms": 5000, f"stores.{store}.changelog": f"kafka.{stream}"}
+    if where == "objectstore":
+        server = request.getfixturevalue("s3_server")
+        return {**objectstore_options(server.endpoint, server.create_bucket(), **QUICK_RETRIES),
+                "job.changelog.system": "s3", f"stores.{store}.changelog": f"s3.{stream}"}
+    return {f"stores.{store}.changelog": f"file.{stream}"}
 
 
 def _on(values: dict[str, Any], state: Path) -> Config:
