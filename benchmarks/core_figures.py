@@ -1,4 +1,4 @@
-"""Issue 2's figure: the core write and restore path, memory engine + file changelog.
+"""The core figure: the core write and restore path, memory engine + file changelog.
 
 1,000,000 puts of 16-byte string keys and 100-byte JSON values through
 ``TaskStorage(...).store()`` (object cache, json serde, logged layer), a commit
@@ -171,7 +171,7 @@ def _figure(key_order: str, quick: bool, repeats: int) -> list[dict[str, Any]]:
 
 
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
-    """Issue 2's figure (warm-up, then ``repeats`` trials) with the dict baseline.
+    """The core figure (warm-up, then ``repeats`` trials) with the dict baseline.
 
     Keys arrive in random order (``core_*``: the sorted map must sort them on
     restore) and in key order (``core_*_seq``: e.g. time-ordered ids).

@@ -1,4 +1,4 @@
-"""Cold restore of a rocksdb store from its Kafka changelog (issue 17 §4), against the
+"""Cold restore of a rocksdb store from its Kafka changelog, against the
 raw client in the same run, on a tansu broker started here.
 
 The store: N random 16-byte keys with 100-byte values written through ``TaskStorage``

@@ -1,4 +1,4 @@
-"""Issue 3's figures: the ``rocksdb`` and ``leveldb`` engines against rocksdict/plyvel.
+"""The key-value engine figures: the ``rocksdb`` and ``leveldb`` engines against rocksdict/plyvel.
 
 1M records (``quick``: a few thousand), 16-byte keys, 100-byte values:
 
@@ -493,7 +493,7 @@ def _incremental_rows(n: int, repeats: int) -> list[dict[str, Any]]:
 
 
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
-    """Issue 3's figures (warm-up, then ``repeats`` timed runs each), raw libraries alongside."""
+    """The engine figures (warm-up, then ``repeats`` timed runs each), raw libraries alongside."""
     n = 2_000 if quick else 1_000_000
     n_1k = 1_000 if quick else 250_000
     rows = _put_rows(n, repeats)

@@ -1,4 +1,4 @@
-"""Issue 8's figure: how long a task takes to come back after a SIGKILL.
+"""The recovery figure: how long a task takes to come back after a SIGKILL.
 
 A child process writes ``records`` keys (16-byte keys, 100-byte values, a commit every
 ``commit_every`` writes, file changelog with fsync) and is SIGKILLed by the fault

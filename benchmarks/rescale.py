@@ -1,4 +1,4 @@
-"""Issue 18's rescale figure: how long ``localstate rescale`` takes, against a full
+"""The rescale figure: how long ``localstate rescale`` takes, against a full
 restore of the same state in the same run.
 
 A job of 4 tasks holds ``records`` keys (16-byte keys, 100-byte values, one store,

@@ -1,4 +1,4 @@
-"""Issue 4's figures for the ``topn``, ``hyperloglog`` and ``bloom`` engines.
+"""The figures of the ``topn``, ``hyperloglog`` and ``bloom`` engines.
 
 Every engine figure runs through ``TaskStorage(...).store()`` with the file changelog
 on (commits included, fsync'd); each is paired with a raw-library baseline measured in

@@ -1,4 +1,4 @@
-"""Issue 16's figures: the state-query read rate and what metrics cost the put/get path.
+"""The state-query figures: the state-query read rate and what metrics cost the put/get path.
 
 **State query.** A task commits ``records`` keys (16-byte keys, 100-byte JSON string
 values) and stays open with its lock held, as a running job does. Timed, in records/s:

@@ -18,9 +18,9 @@ CI form (``quick``): 20k and 50k keys. Default: up to 3M keys. The full sweep to
     python -m localstate.benchmarks.state_size --max-keys 10000000 --repeats 3
 
 ``--every-commit`` adds ours with a snapshot at every commit
-(``rocksdb.snapshot.interval.records = 0``, the behaviour before issue 17) to the same run;
+(``rocksdb.snapshot.interval.records = 0``) to the same run;
 ``--no-write-behind`` adds ours with rocksdb's write-behind buffer off (each batch from the
-layers written as it comes, unsorted: the behaviour before session 3 of issue 17).
+layers written as it comes, unsorted).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def sweep_ours(sizes: tuple[int, ...], root: Path, snapshot_interval: int | None
                write_behind: bool = True) -> list[Trial]:
     """The sweep through ``TaskStorage`` (rocksdb + file changelog, bytes serdes, default
     cache); ``snapshot_interval`` sets ``rocksdb.snapshot.interval.records`` (0: a
-    snapshot at every commit, as before issue 17); ``write_behind=False`` turns rocksdb's
+    snapshot at every commit); ``write_behind=False`` turns rocksdb's
     write-behind buffer off for this sweep."""
     from localstate import Config, TaskStorage
     from localstate.engines.rocksdb import RocksDBEngine
@@ -175,7 +175,7 @@ def run(quick: bool = False, repeats: int = 5, sizes: tuple[int, ...] | None = N
         every_commit: bool = False, no_write_behind: bool = False) -> list[dict[str, Any]]:
     """The sweep, ours and raw alternating per repeat; at most 3 repeats (each is a whole
     fill, so the first stretch of every sweep is its own warm-up). ``every_commit`` adds
-    ours with ``snapshot.interval.records = 0`` (the behaviour before issue 17);
+    ours with ``snapshot.interval.records = 0`` (a snapshot at every commit);
     ``no_write_behind`` adds ours without rocksdb's write-behind buffer."""
     if sizes is None:
         full = os.environ.get("LOCALSTATE_FULL") == "1"

@@ -1,4 +1,4 @@
-"""What TTL and timers cost (issue 16): TTL put/get vs the same store without TTL, and
+"""What TTL and timers cost: TTL put/get vs the same store without TTL, and
 timers registered and fired per second.
 
 Rows (each ratio measured in the same run, against the row named in ``baseline``):
