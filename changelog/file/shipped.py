@@ -54,6 +54,16 @@ class ShippedSnapshots:
         remote = self._shipping()
         return None if remote is None else remote.fetch(engine, committed, min_valid)
 
+    @property
+    def fetched_files(self) -> int:
+        """Files the last :meth:`fetch` downloaded."""
+        return 0 if self._remote is None else self._remote.fetched_files
+
+    @property
+    def linked_files(self) -> int:
+        """Files the last :meth:`fetch` found here already."""
+        return 0 if self._remote is None else self._remote.linked_files
+
     def offsets(self) -> list[int]:
         here = self._here()
         return [] if here is None else here.offsets()
