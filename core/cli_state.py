@@ -12,7 +12,7 @@ import click
 
 from .cli_options import job_options, load_config, partitions_of
 from .errors import InvalidValueError, LocalStateError
-from .serving import json_default, parse_key
+from .serving_answers import json_default, parse_key
 
 __all__ = ["dump", "get", "rescale_command"]
 

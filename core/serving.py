@@ -1,41 +1,11 @@
 """Serving point lookups of a running job's committed state: :class:`StateServer`.
 
-Kafka Streams' interactive queries answer a key from the live local stores of the
-instance that holds it. localstate's writer holds its stores' engines (RocksDB takes
-the writer's lock) and its local copy holds writes made since the last commit, so a
-server keeps **follower copies** of its own instead, one per task it is given, in a
-directory of its own (never the job's state dir):
-
-* the copy of task ``p`` is built as the task's own open builds one (the engine picks
-  its local state at ``L`` — a copy the server left on an earlier run — and the
-  changelog ``[L, C)`` is replayed, ``C`` being the committed offset the checkpoint
-  names); afterwards a refresh thread reads the checkpoint every ``refresh_ms`` and,
-  when the task committed, reads the changelog ``[C_old, C_new)`` into memory (last
-  record per key), checks that the read was exact (the reader's rule: the task has
-  committed at most once more meanwhile, so compaction cannot have removed a record of
-  the range), and only then applies it to the copy;
-* **one commit per answer**: the apply of a commit (a deduplicated batch, already read)
-  and every read hold the task copy's lock, so a read sees the state of exactly one
-  commit and says which (``version``). Reading the changelog, the slow part, holds no
-  lock; the lock is held for one write batch. Nothing is ever applied at or past
-  ``C``: an answer is always committed state;
-* the writer is never touched: the server takes no lock of the job, opens every
-  changelog read-only, reads checkpoints without fencing, and writes only under its
-  own directory (where it holds each task's lock, so two servers cannot share a copy);
-* a copy is trusted only as far as the task's open would trust it: it is tagged with
-  the log it was built from and rebuilt when that log changes (a cut tail, a reset, a
-  rescale), when the task's checkpoint goes back (a rollback), when the changelog's
-  compaction horizon passes it, and when an engine error shows it damaged (it is then
-  deleted and rebuilt from the changelog; until then its keys answer "unavailable",
-  never a wrong value).
-
-Keys are routed to tasks by the job's own rule: the store key's routing value
-(``stores.<s>.rescale.key``: the key itself by default) hashed as Spark's
-``repartition(N, key)`` does (:func:`localstate.partitioning.task_for`). A server
-holds some tasks; ``routes`` names the servers of the others, so a lookup of any key
-can be sent to any server: it answers from its copy, or forwards the request to the
-server that holds the key's task. HTTP (standard library ``ThreadingHTTPServer``,
-:mod:`localstate.serving_http`)::
+A server keeps a follower copy of each task it is given (:mod:`localstate.serving_copies`),
+in a directory of its own, brought to the task's newest commit every ``refresh_ms``; it
+never touches the writer. Keys are routed to tasks by the job's own rule
+(:mod:`localstate.serving_routing`); a key of a task another server holds is forwarded
+there. What it answers is in :mod:`localstate.serving_answers`; docs/serving.md states
+the rules. HTTP (standard library ``ThreadingHTTPServer``, :mod:`localstate.serving_http`)::
 
     GET /v1/stores/<store>/keys/<key>       the value, its task and commit version
     GET /v1/stores/<store>/keys?key=a&key=b several keys; each task's keys at one commit
@@ -51,42 +21,49 @@ it: the text itself for ``string``, a number for ``int``/``long``, JSON for ``js
 
 from __future__ import annotations
 
-import base64
 import http.server
-import json
 import logging
 import socket
 import threading
 import time
-import urllib.parse
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .changelogger import NullChangeLogger
-from .checkpoint import Checkpoint
 from .config import Config
-from .engine import ChangeRecord, StorageEngine, StoreContext, StoreSpec
+from .engine import StoreSpec
 from .errors import ConfigError, InvalidValueError, LocalStateError
 from .kv import KeyValueStore
-from .layers import build_store
-from .layers.readonly import ReadOnlyStore
-from .layers.ttl import ttl_clock
-from .layout import job_dir, store_dir, task_lock
-from .locking import io_error, remove_tree
-from .metrics import StoreMetrics
-from .partitioning import task_for
-from .reader import READ_ATTEMPTS, _creates_kv, read_checkpoint_readonly, still_exact
-from .registry import did_you_mean, resolve_factory
-from .rescale_copies import check_layout, claim_local_copy, log_identity
+from .layout import task_lock
+from .registry import did_you_mean
 from .rescale_routing import route_of
-from .serdes import describe_encode_error, get_serde
-from .standby import _skip_reason
-from .store_open import engine_phase, open_system, restore_start, task_partition
-
-if TYPE_CHECKING:
-    from localstate.changelog.base import ChangelogSystem
+from .serving_answers import (
+    BUILDING,
+    FAILED,
+    HOP_HEADER,
+    MAX_RANGE_LIMIT,
+    SERVING,
+    KeyMetadata,
+    Lookup,
+    NotLocalError,
+    TaskStatus,
+    UnavailableError,
+    UnknownStoreError,
+    json_default,
+    parse_key,
+)
+from .serving_copies import FollowerCopies, Rebuild, TaskCopy
+from .serving_routing import (
+    check_directory,
+    check_routes,
+    check_tasks,
+    encode_key,
+    not_served,
+    partition_for,
+    routed,
+    serving_specs,
+)
+from .store_open import task_partition
 
 __all__ = [
     "StateServer",
@@ -100,151 +77,11 @@ __all__ = [
     "json_default",
     "free_port",
     "partition_for",
+    "HOP_HEADER",
+    "MAX_RANGE_LIMIT",
 ]
 
 log = logging.getLogger("localstate")
-
-HOP_HEADER = "X-Localstate-Forwarded"
-"""Set on a request one server forwards to another (:mod:`localstate.serving_http`): the
-receiver answers it itself or refuses (421), so a request never travels on (two servers
-whose routes disagree cannot loop)."""
-MAX_RANGE_LIMIT = 10_000
-"""The most keys a range request returns (a range is for dashboards, not for dumps)."""
-
-
-class NotLocalError(LocalStateError):
-    """The key's task is not held by this server; ``partition`` is its task and ``server``
-    the base URL of the server that holds it (None: no route is known)."""
-
-    def __init__(self, message: str, partition: int, server: str | None) -> None:
-        super().__init__(message)
-        self.partition = partition
-        self.server = server
-
-
-class UnknownStoreError(ConfigError, LookupError):
-    """The job has no store of that name."""
-
-
-class UnavailableError(LocalStateError):
-    """The task's copy is not served now (being built, rebuilt after damage, or the task has
-    not committed yet); try again shortly."""
-
-
-def parse_key(text: str, serde: str, store: str) -> Any:
-    """A key typed as text (a URL path, a command line) as the store's key serde wants it:
-    the text for ``string``, its UTF-8 bytes for ``bytes``, a number for ``int``/``long``,
-    JSON for the others (a JSON list is a tuple for ``tuple``). :class:`InvalidValueError`
-    naming the store and the serde when it does not parse."""
-    if serde == "string":
-        return text
-    if serde == "bytes":
-        return text.encode()
-    try:
-        if serde in ("int", "long"):
-            return int(text)
-        value = json.loads(text)
-    except ValueError as e:
-        raise InvalidValueError(f"{text!r} is not a key of store {store!r} (key.serde {serde!r}): {e}") from e
-    return tuple(value) if serde == "tuple" and isinstance(value, list) else value
-
-
-def json_default(obj: Any) -> Any:
-    """``json.dumps`` ``default`` for state values: bytes as ``{"base64": ...}``, anything
-    else JSON cannot say as its ``repr``."""
-    if isinstance(obj, (bytes, bytearray)):
-        return {"base64": base64.b64encode(bytes(obj)).decode()}
-    return repr(obj)
-
-
-@dataclass(frozen=True)
-class Lookup:
-    """The answer to a point lookup: ``value`` (None when ``found`` is False) as of commit
-    ``version`` of task ``partition``."""
-
-    store: str
-    key: Any
-    value: Any
-    found: bool
-    partition: int
-    version: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"store": self.store, "key": self.key, "value": self.value, "found": self.found,
-                "partition": self.partition, "version": self.version}
-
-
-@dataclass(frozen=True)
-class KeyMetadata:
-    """Where a key lives (Kafka Streams' ``queryMetadataForKey``): its task, the base URL of
-    the server that holds that task (None: no route known), whether that is this server,
-    and the version this server's copy holds (None when not local or not ready)."""
-
-    store: str
-    key: Any
-    partition: int
-    server: str | None
-    local: bool
-    version: int | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"store": self.store, "key": self.key, "partition": self.partition, "server": self.server,
-                "local": self.local, "version": self.version}
-
-
-@dataclass(frozen=True)
-class TaskStatus:
-    """One task copy of a server: the committed ``version`` it serves (None: not served),
-    ``status`` (``serving``, ``building``, ``nothing committed``, ``failed``) and the last
-    error, if any."""
-
-    partition: int
-    status: str
-    version: int | None
-    error: str | None = None
-    stores: dict[str, int] = field(default_factory=dict)
-    """The changelog offset each store's copy equals."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"partition": self.partition, "status": self.status, "version": self.version,
-                "error": self.error, "stores": dict(self.stores)}
-
-
-SERVING = "serving"
-BUILDING = "building"
-NOTHING_COMMITTED = "nothing committed"
-FAILED = "failed"
-
-
-@dataclass
-class _StoreCopy:
-    spec: StoreSpec
-    engine: StorageEngine
-    view: KeyValueStore[Any, Any]
-    offset: int
-    identity: str
-
-
-class _Rebuild(Exception):
-    """The copy cannot be advanced to the new commit; build it again (reason in args)."""
-
-
-class _TaskCopy:
-    """The follower copy of one task: the stores, the commit they equal, and the lock that
-    makes an apply and a read exclusive."""
-
-    def __init__(self, partition: int) -> None:
-        self.partition = partition
-        self.lock = threading.Lock()
-        self.stores: dict[str, _StoreCopy] = {}
-        self.skipped: dict[str, str] = {}
-        self.ckpt: Checkpoint | None = None
-        self.status = BUILDING
-        self.error: str | None = None
-        self.damaged = False
-        """Set by a read that got an engine error: the refresher deletes and rebuilds the copy."""
-        self.failures = 0
-        self.retry_at = 0.0
 
 
 class StateServer:
@@ -284,11 +121,11 @@ class StateServer:
         self.config = config
         self.job = config.job_name
         self.directory = Path(directory)
-        _check_directory(config, self.directory)
+        check_directory(config, self.directory)
         self.copies_config = config.with_overrides({"job.state.dir": str(self.directory)})
-        self.tasks = _check_tasks(config, tasks)
-        self.specs = _serving_specs(config, stores)
-        self.routes = _check_routes(config, routes or {}, self.tasks)
+        self.tasks = check_tasks(config, tasks)
+        self.specs = serving_specs(config, stores)
+        self.routes = check_routes(config, routes or {}, self.tasks)
         if isinstance(refresh_ms, bool) or not isinstance(refresh_ms, int) or refresh_ms < 1:
             raise ConfigError(f"refresh_ms must be an int >= 1, got {refresh_ms!r}")
         self.refresh_ms = refresh_ms
@@ -296,8 +133,8 @@ class StateServer:
             raise ConfigError(f"port must be an int in 0..65535 (0: any free port), got {port!r}")
         self.host, self.port, self.forward = host, port, forward
         self._routers = {name: route_of(spec) for name, spec in self.specs.items()}
-        self._copies = {p: _TaskCopy(p) for p in self.tasks}
-        self._systems: dict[str, ChangelogSystem] = {}
+        self._followers = FollowerCopies(config, self.copies_config, self.specs, self.tasks)
+        self._copies = self._followers.copies
         self._locks: list[Any] = []
         self._refresh_lock = threading.Lock()
         self._stop = threading.Event()
@@ -360,8 +197,8 @@ class StateServer:
         with self._refresh_lock:
             for copy in self._copies.values():
                 with copy.lock:
-                    self._drop(copy)
-            self._close_systems()
+                    self._followers.drop(copy)
+            self._followers.close_systems()
         for lock in self._locks:
             lock.release()
         self._locks.clear()
@@ -379,7 +216,7 @@ class StateServer:
     def partition_for(self, store: str, key: Any) -> int:
         """The task the job routes ``key`` of ``store`` to (its rows' partition)."""
         spec = self._spec(store)
-        return self._partition_of(spec, self._encode(spec, key))
+        return self._partition_of(spec, encode_key(spec, key))
 
     def metadata(self, store: str, key: Any) -> KeyMetadata:
         """Which task holds ``key`` of ``store`` and which server serves that task."""
@@ -406,7 +243,7 @@ class StateServer:
         keys = list(keys)
         by_task: dict[int, list[int]] = {}
         for i, key in enumerate(keys):
-            p = self._partition_of(spec, self._encode(spec, key))
+            p = self._partition_of(spec, encode_key(spec, key))
             by_task.setdefault(p, []).append(i)
         out: list[Lookup | None] = [None] * len(keys)
         for p, idx in by_task.items():
@@ -428,7 +265,7 @@ class StateServer:
             raise InvalidValueError(f"limit must be an int in 0..{MAX_RANGE_LIMIT}, got {limit!r}")
         for bound in (start, stop):
             if bound is not None:
-                self._encode(spec, bound)
+                encode_key(spec, bound)
         parts = self.tasks if partitions is None else [self._check_local_partition(p) for p in partitions]
         out: list[tuple[bytes, Lookup]] = []
         for p in parts:
@@ -441,7 +278,7 @@ class StateServer:
                         return [kv for kv, _ in zip(it, range(limit))]
 
                 items = self._read(copy, scan)
-            out += [(self._encode(spec, k), Lookup(store, k, v, True, p, version)) for k, v in items]
+            out += [(encode_key(spec, k), Lookup(store, k, v, True, p, version)) for k, v in items]
         out.sort(key=lambda pair: pair[0])
         return [lookup for _, lookup in out[:limit]]
 
@@ -474,22 +311,12 @@ class StateServer:
         if spec is not None:
             return spec
         if store in self.config.stores:
-            raise ConfigError(_not_served(self.config.stores[store]))
+            raise ConfigError(not_served(self.config.stores[store]))
         raise UnknownStoreError(f"job {self.job!r} has no store named {store!r}.{did_you_mean(store, self.specs)} "
                           f"Served stores: {', '.join(self.specs) or 'none'}")
 
-    @staticmethod
-    def _encode(spec: StoreSpec, key: Any) -> bytes:
-        if key is None:
-            raise InvalidValueError(f"store {spec.name!r}: None is not a valid key")
-        serde = get_serde(spec.key_serde, store=spec.name)
-        try:
-            return serde.encode(key)
-        except Exception as e:
-            raise describe_encode_error(spec.name, "key", serde, key, e) from e
-
     def _partition_of(self, spec: StoreSpec, encoded: bytes) -> int:
-        return _routed(spec, self._routers[spec.name], encoded, self.config.partitions)
+        return routed(spec, self._routers[spec.name], encoded, self.config.partitions)
 
     def _check_local_partition(self, p: Any) -> int:
         p = task_partition(p)
@@ -501,7 +328,7 @@ class StateServer:
                                 f"{list(self.tasks)})", p, self.routes.get(p))
         return p
 
-    def _local(self, p: int, store: str) -> _TaskCopy:
+    def _local(self, p: int, store: str) -> TaskCopy:
         copy = self._copies.get(p)
         if copy is None:
             server = self.routes.get(p)
@@ -510,7 +337,7 @@ class StateServer:
                                 p, server)
         return copy
 
-    def _served(self, copy: _TaskCopy, store: str) -> tuple[KeyValueStore[Any, Any], int]:
+    def _served(self, copy: TaskCopy, store: str) -> tuple[KeyValueStore[Any, Any], int]:
         """Under ``copy.lock``: the store's view and the commit it equals, or UnavailableError."""
         if self._closed:
             raise UnavailableError(f"the state server of job {self.job!r} is closed")
@@ -523,7 +350,7 @@ class StateServer:
                                    f"{copy.skipped.get(store, 'not built')}")
         return sc.view, copy.ckpt.version
 
-    def _read(self, copy: _TaskCopy, read: Any) -> Any:
+    def _read(self, copy: TaskCopy, read: Any) -> Any:
         """Run ``read()`` under ``copy.lock``; an engine error marks the copy damaged (it is
         deleted and rebuilt by the refresher) and is raised as UnavailableError."""
         try:
@@ -548,12 +375,12 @@ class StateServer:
                 if copy.status == FAILED and time.monotonic() < copy.retry_at and not copy.damaged:
                     continue
                 try:
-                    self._refresh_task(copy)
+                    self._followers.refresh(copy)
                     copy.failures = 0
-                except _Rebuild as why:  # nothing trusted was kept: the next pass builds again
+                except Rebuild as why:  # nothing trusted was kept: the next pass builds again
                     with copy.lock:
                         copy.status, copy.error = BUILDING, str(why)
-                    self._close_systems()  # a new log (a rescale?) is checked against the config again
+                    self._followers.close_systems()  # a new log (a rescale?) is checked against the config again
                 except Exception as e:
                     self._failed(copy, e)
             self.refreshes += 1
@@ -565,55 +392,13 @@ class StateServer:
             except Exception:  # pragma: no cover - refresh records per-task errors itself
                 log.exception("state server of job %r: refresh failed", self.job)
 
-    def _system(self, name: str) -> ChangelogSystem:
-        if name not in self._systems:
-            self._systems[name] = open_system(self.config, name)
-            check_layout(self.config, self._systems[name])
-        return self._systems[name]
 
-    def _close_systems(self) -> None:
-        """Forget the open changelog systems: the next use opens them again and checks the
-        job's layout (:func:`~localstate.rescale_copies.check_layout`) against the config."""
-        systems, self._systems = self._systems, {}
-        for system in systems.values():
-            try:
-                system.close()
-            except Exception as e:  # a system that fails to close is dropped all the same
-                log.warning("state server of job %r: closing %s failed: %s", self.job, system.name, e)
-
-    def _latest(self, p: int) -> Checkpoint | None:
-        return read_checkpoint_readonly(self._system(self.config.checkpoint_system).checkpoints(), self.job, p)
-
-    def _refresh_task(self, copy: _TaskCopy) -> None:
-        if copy.damaged:
-            with copy.lock:
-                self._drop(copy, wipe=True)
-        ckpt = self._latest(copy.partition)
-        if ckpt is None or not ckpt.committed:
-            with copy.lock:
-                self._drop(copy)
-                copy.status, copy.error = NOTHING_COMMITTED, None
-            return
-        if copy.ckpt is not None and copy.status == SERVING:
-            if copy.ckpt == ckpt:
-                return
-            try:
-                self._advance(copy, ckpt)
-                return
-            except _Rebuild as why:
-                log.info("task %d of job %r: its copy is rebuilt (%s)", copy.partition, self.job, why)
-                self._close_systems()
-        with copy.lock:
-            self._drop(copy)
-            copy.status = BUILDING
-        self._build(copy, ckpt)
-
-    def _failed(self, copy: _TaskCopy, e: BaseException) -> None:
+    def _failed(self, copy: TaskCopy, e: BaseException) -> None:
         copy.failures += 1
         backoff = min(30.0, self.refresh_ms / 1000 * 2 ** min(copy.failures, 10))
         with copy.lock:
             try:
-                self._drop(copy, wipe=not isinstance(e, LocalStateError) or copy.damaged)
+                self._followers.drop(copy, wipe=not isinstance(e, LocalStateError) or copy.damaged)
             except LocalStateError as drop_error:  # the copy stays unserved; the next pass tries again
                 log.warning("task %d of job %r: %s", copy.partition, self.job, drop_error)
             copy.status, copy.error = FAILED, f"{type(e).__name__}: {e}"
@@ -621,289 +406,6 @@ class StateServer:
         log.warning("task %d of job %r is not served (retrying in %.1fs): %s", copy.partition, self.job, backoff,
                     copy.error)
 
-    def _drop(self, copy: _TaskCopy, *, wipe: bool = False) -> None:
-        """Under ``copy.lock``: stop serving the copy and close its engines; ``wipe`` also
-        deletes its files (a damaged copy is rebuilt from the changelog)."""
-        stores, copy.stores, copy.ckpt = copy.stores, {}, None
-        copy.status = BUILDING
-        for sc in stores.values():
-            try:
-                with engine_phase(sc.spec, "close"):
-                    sc.engine.close()
-            except LocalStateError as e:
-                log.warning("task %d of job %r: %s", copy.partition, self.job, e)
-        if wipe:
-            for name in self.specs:
-                directory = store_dir(self.copies_config, name, copy.partition)
-                try:
-                    remove_tree(directory)
-                except OSError as e:
-                    raise io_error(e, "delete the damaged copy in", directory, LocalStateError) from e
-            copy.damaged = False
-
-    def _open_changelog(self, spec: StoreSpec, p: int) -> tuple[Any, str]:
-        assert spec.changelog is not None
-        system_name, stream = spec.changelog
-        system = self._system(system_name)
-        part = system.open_partition(stream, p, self.config.partitions, readonly=True)
-        return part, log_identity(system, part)
-
-    def _build(self, copy: _TaskCopy, ckpt: Checkpoint) -> None:
-        """Build every store's copy at ``ckpt`` (from the local copy an earlier run left, if
-        the engine keeps it), catch up until the read was exact, persist and publish."""
-        p = copy.partition
-        built: dict[str, _StoreCopy] = {}
-        skipped: dict[str, str] = {}
-        try:
-            for name, spec in self.specs.items():
-                reason = _skip_reason(spec, ckpt)
-                if reason is not None:
-                    skipped[name] = reason
-                    continue
-                built[name] = self._build_store(spec, p, ckpt)
-
-            def apply(name: str) -> Callable[[list[ChangeRecord]], None]:
-                engine = built[name].engine
-                return lambda batch: engine.restore(batch)
-
-            settled = self._settle(p, ckpt, built, apply)
-            if settled is None:
-                # records of the range may have been compacted away while they were read: the
-                # copies are closed unpersisted (the engine drops what it applied) and built again
-                raise _Rebuild(f"the task committed faster than its copy could be built (version {ckpt.version})")
-            for sc in built.values():
-                sc.offset = settled.offsets[sc.spec.name]
-                with engine_phase(sc.spec, "persist"):
-                    sc.engine.persist(sc.offset)
-        except BaseException:
-            for sc in built.values():
-                try:
-                    sc.engine.close()
-                except Exception as e:  # the error that got here is the one to report
-                    log.warning("store %r of task %d: close failed: %s", sc.spec.name, p, e)
-            raise
-        with copy.lock:
-            copy.stores, copy.skipped, copy.ckpt = built, skipped, settled
-            copy.status, copy.error = SERVING, None
-
-    def _build_store(self, spec: StoreSpec, p: int, ckpt: Checkpoint) -> _StoreCopy:
-        committed = ckpt.offsets[spec.name]
-        part, identity = self._open_changelog(spec, p)
-        try:
-            if committed > part.end_offset():
-                raise part.missing_committed(committed)
-            directory = store_dir(self.copies_config, spec.name, p)
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise io_error(e, "create store directory", directory, LocalStateError) from e
-            claim_local_copy(directory, identity, spec.name)
-            metrics = StoreMetrics()
-            key_serde = get_serde(spec.key_serde, store=spec.name)
-            msg_serde = get_serde(spec.msg_serde, store=spec.name)
-            context = StoreContext(
-                job=self.job, store=spec.name, partition=p, partitions=self.config.partitions, directory=directory,
-                change_logger=NullChangeLogger(spec.name, metrics), metrics=metrics, key_serde=key_serde,
-                msg_serde=msg_serde, logged=True,
-            )
-            with engine_phase(spec, "create"):
-                engine = resolve_factory(spec.factory, store=spec.name).create(spec, context)
-            try:
-                start, _fetched = restore_start(spec, engine, part, committed)
-                if start < committed:
-                    records = (r for batch, _ in part.read_batches(start, committed) for r in batch)
-                    with engine_phase(spec, "restore"):
-                        engine.restore(records, into_empty=start == 0)
-            except BaseException:
-                engine.close()
-                raise
-        finally:
-            part.close()
-        copy = self._copies[p]
-        clock = ttl_clock(spec.ttl, lambda: None if copy.ckpt is None else copy.ckpt.event_time)
-        assert isinstance(engine, KeyValueStore)
-        view = build_store(engine, name=spec.name, key_serde=key_serde, msg_serde=msg_serde, metered=False,
-                           ttl=spec.ttl, clock=clock)
-        view = ReadOnlyStore(view, f"a served copy of task {self.job}/partition {p}")
-        return _StoreCopy(spec, engine, view, committed, identity)
-
-    def _settle(self, p: int, ckpt: Checkpoint, stores: Mapping[str, _StoreCopy],
-                sink: Callable[[str], Callable[[list[ChangeRecord]], None]]) -> Checkpoint | None:
-        """Hand each store's records from its copy's offset up to ``ckpt``'s to ``sink(name)``,
-        then check the read was exact (:func:`~localstate.reader.still_exact`); if the task
-        committed more than once meanwhile, read on to its newest commit and check again.
-        The checkpoint the records now reach, or None when the task kept committing faster
-        than the records could be read (the next pass tries again)."""
-        at = {name: sc.offset for name, sc in stores.items()}
-        opened: dict[str, Any] = {}
-        """Per store, the changelog partition opened in this pass: opening one (a file log
-        reads its active segment) is most of a pass's cost, and a partition opened for one
-        commit often already holds the next ones (the task flushes before it commits)."""
-        try:
-            for _ in range(READ_ATTEMPTS):
-                for name, sc in stores.items():
-                    if _skip_reason(sc.spec, ckpt) is not None:
-                        raise _Rebuild(f"store {name!r} changed its configuration at version {ckpt.version}")
-                    target = ckpt.offsets[name]
-                    if target < at[name]:
-                        raise _Rebuild(f"store {name!r}'s committed offset went back from {at[name]} to {target}")
-                    # even with no new record: a rolled-back commit re-done on a cut log reuses offsets
-                    part = opened.get(name)
-                    if part is None or target > part.end_offset():
-                        if part is not None:
-                            part.close()
-                        part = opened[name] = self._open_checked(sc, p)
-                    self._read_records(sc, part, at[name], target, sink(name))
-                    at[name] = target
-                latest = self._latest(p)
-                if latest is None or latest.version < ckpt.version:
-                    raise _Rebuild(f"the task went back from version {ckpt.version}")
-                if all(still_exact(ckpt, latest, n) for n in stores):
-                    return ckpt
-                ckpt = latest
-            return None
-        finally:
-            for part in opened.values():
-                part.close()
-
-    def _open_checked(self, sc: _StoreCopy, p: int) -> Any:
-        """The store's changelog partition, read-only, if it is the log the copy was built
-        from (another log: :class:`_Rebuild`)."""
-        part, identity = self._open_changelog(sc.spec, p)
-        if identity != sc.identity:
-            part.close()
-            raise _Rebuild(f"store {sc.spec.name!r}'s changelog is another log now ({identity}, was {sc.identity})")
-        return part
-
-    @staticmethod
-    def _read_records(sc: _StoreCopy, part: Any, start: int, stop: int,
-                      sink: Callable[[list[ChangeRecord]], None]) -> None:
-        """Hand the store's change records ``[start, stop)`` to ``sink``, batch by batch."""
-        if stop > part.end_offset():
-            raise part.missing_committed(stop)
-        if start < stop:
-            for batch, _ in part.read_batches(start, stop):
-                sink(batch)
-        if start and part.min_valid_snapshot_offset() > start:
-            raise _Rebuild(f"store {sc.spec.name!r}'s changelog was compacted past the copy's offset {start}")
-
-    def _advance(self, copy: _TaskCopy, ckpt: Checkpoint) -> None:
-        """Read each store's records ``[C_old, C_new)`` into memory (last one per key), until
-        the read was exact, then apply them all under the copy's lock: readers see the old
-        commit or the new one, never a mix."""
-        old = copy.ckpt
-        assert old is not None
-        if ckpt.version < old.version:
-            raise _Rebuild(f"the task went back from version {old.version} to {ckpt.version}")
-        deltas: dict[str, dict[bytes, bytes | None]] = {name: {} for name in copy.stores}
-        settled = self._settle(copy.partition, ckpt, copy.stores, lambda name: deltas[name].update)
-        if settled is None:
-            return
-        with copy.lock:
-            if copy.ckpt is not old:  # dropped meanwhile (a damaged read): the next pass rebuilds
-                return
-            try:
-                for name, delta in deltas.items():
-                    sc = copy.stores[name]
-                    puts = [(k, v) for k, v in delta.items() if v is not None]
-                    deletes = [k for k, v in delta.items() if v is None]
-                    with engine_phase(sc.spec, "apply"):
-                        engine: Any = sc.engine
-                        if puts:
-                            engine.put_all(puts)
-                        if deletes:
-                            engine.delete_all(deletes)
-                        engine.persist(settled.offsets[name])
-            except BaseException:
-                copy.damaged = True  # half applied: never served; deleted and rebuilt
-                copy.status = FAILED
-                raise
-            for name, sc in copy.stores.items():
-                sc.offset = settled.offsets[name]
-            copy.ckpt = settled
-
-
-def partition_for(config: Config, store: str, key: Any) -> int:
-    """The task ``config``'s job routes ``key`` of key-value store ``store`` to (the
-    partition of the input rows it comes from), as :meth:`StateServer.partition_for`."""
-    spec = _serving_specs(config, [store])[store]
-    return _routed(spec, route_of(spec), StateServer._encode(spec, key), config.partitions)
-
-
-def _routed(spec: StoreSpec, route: Callable[[bytes], Any], encoded: bytes, partitions: int) -> int:
-    """The task of a store key: its routing value (``stores.<s>.rescale.key``) hashed as
-    Spark's ``repartition(N, key)`` hashes the input key."""
-    value = route(encoded)
-    try:
-        return task_for(value, partitions, as_int32=getattr(route, "as_int32", False))
-    except InvalidValueError as e:
-        raise InvalidValueError(
-            f"store {spec.name!r}: {e}. If the store's key carries the input key, say where: "
-            f"stores.{spec.name}.rescale.key = key[i] (element i of a tuple key)"
-        ) from e
-
-
-def _not_served(spec: StoreSpec) -> str:
-    if spec.changelog is None:
-        return (f"store {spec.name!r} has no changelog (stores.{spec.name}.changelog): its state lives only in the "
-                "running task, so it cannot be served")
-    return (f"store {spec.name!r} uses engine {spec.factory!r}, not a key-value engine: it cannot be served by key "
-            "(read it with localstate.StateReader)")
-
-
-def _serving_specs(config: Config, stores: Iterable[str] | None) -> dict[str, StoreSpec]:
-    servable = {n: s for n, s in config.stores.items()
-                if s.changelog is not None and _creates_kv(resolve_factory(s.factory, store=n))}
-    if stores is None:
-        return servable
-    out = {}
-    for name in stores:
-        if name not in config.stores:
-            raise UnknownStoreError(f"job {config.job_name!r} has no store named {name!r}."
-                                    f"{did_you_mean(name, config.stores)}")
-        if name not in servable:
-            raise ConfigError(_not_served(config.stores[name]))
-        out[name] = servable[name]
-    return out
-
-
-def _check_tasks(config: Config, tasks: Iterable[int] | None) -> tuple[int, ...]:
-    if tasks is None:
-        return tuple(range(config.partitions))
-    out = tuple(dict.fromkeys(task_partition(p) for p in tasks))
-    bad = [p for p in out if not 0 <= p < config.partitions]
-    if bad:
-        raise ConfigError(f"tasks {bad} are out of range: job {config.job_name!r} has job.partitions = "
-                          f"{config.partitions}, so 0..{config.partitions - 1}")
-    if not out:
-        raise ConfigError("a state server needs at least one task")
-    return out
-
-
-def _check_routes(config: Config, routes: Mapping[int, str], tasks: tuple[int, ...]) -> dict[int, str]:
-    out = {}
-    for p, url in routes.items():
-        p = task_partition(p)
-        if not 0 <= p < config.partitions:
-            raise ConfigError(f"route for task {p}: job {config.job_name!r} has tasks 0..{config.partitions - 1}")
-        if p in tasks:
-            continue  # this server holds it: its own copy answers
-        parsed = urllib.parse.urlsplit(str(url))
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigError(f"route for task {p}: {url!r} is not an http:// base URL (e.g. http://127.0.0.1:8001)")
-        out[p] = str(url).rstrip("/")
-    return out
-
-
-def _check_directory(config: Config, directory: Path) -> None:
-    """The server's copies never live where the job's tasks keep theirs."""
-    mine = directory.resolve()
-    state, job = config.state_dir.resolve(), job_dir(config).resolve()
-    if mine == state or mine.is_relative_to(job) or job.is_relative_to(mine):
-        raise ConfigError(
-            f"the state server's directory {directory} is (or holds, or lies in) the job's state "
-            f"{job}: the server keeps copies of its own and never touches the writer's; give another directory"
-        )
 
 
 def free_port(host: str = "127.0.0.1") -> int:

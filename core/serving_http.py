@@ -16,16 +16,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import InvalidValueError, LocalStateError
-from .serving import (
+from .serving import StateServer
+from .serving_answers import (
     HOP_HEADER,
     SERVING,
     NotLocalError,
-    StateServer,
     UnavailableError,
     UnknownStoreError,
     json_default,
     parse_key,
 )
+from .serving_routing import encode_key
 from .store_open import task_partition
 
 __all__ = ["bind", "forward", "FORWARD_TIMEOUT_S"]
@@ -151,7 +152,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         local: list[int] = []
         remote: dict[str, list[int]] = {}
         for i, key in enumerate(keys):
-            p = server._partition_of(spec, server._encode(spec, key))
+            p = server._partition_of(spec, encode_key(spec, key))
             if p in server._copies:
                 local.append(i)
             elif self.headers.get(HOP_HEADER) or p not in server.routes or not server.forward:
@@ -183,7 +184,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if everywhere and parts is not None:
             raise InvalidValueError("give all=1 or partition=P, not both")
         items = server.range(store, bound("from"), bound("to"), limit=limit, partitions=parts)
-        results = [(server._encode(spec, x.key), x.to_dict()) for x in items]
+        results = [(encode_key(spec, x.key), x.to_dict()) for x in items]
         covered = list(parts or server.tasks)
         if everywhere and not self.headers.get(HOP_HEADER):
             # every other server answers for its own tasks; the first `limit` keys of the union
@@ -196,7 +197,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     return status, body
                 answer = json.loads(body)
                 covered += answer["partitions"]
-                results += [(server._encode(spec, _key_from_json(r["key"], spec.key_serde)), r)
+                results += [(encode_key(spec, _key_from_json(r["key"], spec.key_serde)), r)
                             for r in answer["results"]]
             results.sort(key=lambda pair: pair[0])
         missing = sorted(set(range(server.config.partitions)) - set(covered)) if everywhere else []

@@ -14,43 +14,12 @@ Use case: searching user profiles.
 >>> profiles.search("bio:engines AND city:London")                # doctest: +SKIP
 [('u1', 0.92, {'name': 'Ada Lovelace', 'city': 'London'})]
 
-Contract
---------
-* **Change records**: key = the document id encoded with the store's ``key.serde``;
-  value = the whole document encoded as JSON (orjson; ``document.format = msgpack`` is
-  the alternative), or a tombstone on ``delete``. ``restore()`` rebuilds the index from
-  exactly these records: one writer with ``restore.heap.size.bytes``, one commit.
-* **Documents** are ``dict``\\s with ``str`` keys. Fields named in the schema are
-  indexed (type-checked by tantivy: a wrong type is an :class:`InvalidValueError`, and
-  nothing is logged); other fields are kept in the stored document only. A ``None``
-  schema field counts as absent. ``get()`` returns the whole document as decoded from
-  its change record (JSON semantics: tuples come back as lists).
-* **Search hits** are ``(doc_id, score, doc)``, best first, where ``doc`` holds the
-  schema fields marked ``stored`` (the whole document when no field is marked).
-* **Read-your-writes** (what we chose): writes go to an in-memory batch that is sent
-  to the tantivy writer every ``write.buffer.docs`` documents. ``get()`` sees every
-  write at once (it checks the uncommitted writes first). ``search()`` and ``len()``
-  see only committed tantivy segments, so when writes are pending they first commit
-  the tantivy writer — lazily, **at most once per batch of writes** between two reads.
-  Such an early tantivy commit is not a task commit: if the task then dies before its
-  commit, the index is ahead of the changelog and is rebuilt on reopen (below).
-* **Persistence**: the index lives in ``<store dir>/index``. At each task commit
-  ``flush()`` commits the tantivy writer and ``checkpoint(offset)`` then records the
-  changelog offset the index covers in a side file (``engines/search_files.py``: its
-  layout and the rule for reusing the index, so that only ``[L, C)`` is replayed).
-  Otherwise the index is wiped and rebuilt from ``[0, C)``: after a crash between the
-  tantivy commit and the task checkpoint the index is *ahead* of ``C`` and cannot be
-  rolled back, a schema change needs a re-index, and a corrupt directory is rebuilt
-  with a warning. Without a changelog a corrupt index is a :class:`CorruptionError`.
-* tantivy allows one writer per index: a second engine over the same directory gets
-  :class:`StoreLockedError`. A writer consumed by ``wait_merging_threads()`` (after a
-  bulk restore, at ``close()``) is replaced by a new one.
-
-Modules: this one is the engine (the index's life cycle, writes, reads, restore: one
-concern read top to bottom, which is why it runs past 600 lines);
-``search_documents.py`` builds documents (one or in bulk), ``search_feeder.py`` runs the
-batches of deletes and adds on a thread of their own, ``search_files.py`` owns the files
-beside the index, ``search_schema.py`` the schema and options.
+The contract (change records, documents, hits, read-your-writes, persistence and
+restore, errors) is written in docs/engines.md, "search". This module is the engine: the
+index's life cycle, writes, reads and restore. ``search_documents.py`` builds documents
+(one or in bulk), ``search_feeder.py`` runs the batches of deletes and adds on a thread
+of their own, ``search_files.py`` owns the files beside the index (the changelog offset
+it covers, the rule for reusing it), ``search_schema.py`` the schema and options.
 """
 
 from __future__ import annotations
@@ -78,7 +47,7 @@ from localstate.errors import (
 )
 from localstate.serdes import Serde
 
-from .search_documents import DocumentBuilder, TantivyInput, id_term, unpack
+from .search_documents import DocumentBuilder, TantivyInput, decode_hits, id_term, unpack
 from .search_feeder import WriterFeeder, apply_batch
 from .search_files import SearchFiles
 from .search_schema import (
@@ -86,9 +55,11 @@ from .search_schema import (
     ID_FIELD,
     MIN_HEAP_PER_THREAD,
     FieldSpec,
+    InvalidQueryError,
     SearchOptions,
     build_schema,
     parse_fields,
+    parse_query,
 )
 
 __all__ = [
@@ -107,13 +78,9 @@ _DOC = DOC_FIELD
 _DELETE_CHUNK = 100_000
 
 
-class InvalidQueryError(InvalidValueError):
-    """A search query tantivy cannot parse; the message shows the query and the cause."""
-
-
 # -- the engine ---------------------------------------------------------------------------------------
 class SearchEngine(StorageEngine):
-    """A tantivy index of documents keyed by id; see the module docstring for the contract.
+    """A tantivy index of documents keyed by id; docs/engines.md ("search") states the contract.
 
     Writes are ``O(1)`` Python work per document plus tantivy indexing; ``get`` is a dict
     lookup for uncommitted writes, else one term query; ``search`` is one tantivy query
@@ -436,16 +403,7 @@ class SearchEngine(StorageEngine):
 
         Raises :class:`InvalidQueryError` (a ``ValueError``) naming the query.
         """
-        if not isinstance(query, str):
-            raise InvalidQueryError(f"store {self.name!r}: a query is a str or tantivy.Query, got {type(query).__name__}")
-        try:
-            return self._ix().parse_query(query, self._search_fields)
-        except ValueError as e:
-            raise InvalidQueryError(
-                f"store {self.name!r}: invalid search query {query!r}: {e}. Query syntax: "
-                f"terms, field:term, \"phrases\", AND/OR/NOT, +/-, field:[a TO b]; fields: "
-                f"{', '.join(sorted(self._schema_names))}"
-            ) from e
+        return parse_query(self._ix(), query, self._search_fields, self.name, self._schema_names)
 
     def search(self, query: str | tantivy.Query, limit: int = 10) -> list[tuple[Any, float, dict[str, Any]]]:
         """The best ``limit`` matches as ``(doc_id, score, doc)``, best first.
@@ -457,23 +415,12 @@ class SearchEngine(StorageEngine):
             raise InvalidValueError(f"store {self.name!r}: search limit must be a positive int, got {limit!r}")
         q = query if isinstance(query, tantivy.Query) else self.parse_query(query)
         searcher = self._searcher()
-        out = []
-        decode_key, decode_doc, stored = self._key_serde.decode, self._decode_doc, self._stored
-        doc_at = searcher.doc
-        from_bytes = int.from_bytes
         try:
             # tantivy sizes its top-k heap by ``limit``: never ask for more than exist
             hits = searcher.search(q, min(limit, max(1, searcher.num_docs)), count=False).hits
-            for score, address in hits:
-                packed = doc_at(address).get_first(_DOC)
-                n = from_bytes(packed[:4], "big") + 4  # unpack(), inlined: this loop is the hot path
-                doc = decode_doc(packed[n:])
-                if stored is not None:
-                    doc = {k: doc[k] for k in stored if k in doc}
-                out.append((decode_key(packed[4:n]), score, doc))
+            return decode_hits(searcher, hits, self._key_serde.decode, self._decode_doc, self._stored)
         except (ValueError, OSError) as e:
             raise self._translate(e, f"run query {query!r}") from e
-        return out
 
     def _translate(self, e: BaseException, action: str) -> LocalStateError:
         return self._files.translate(e, action)

@@ -42,7 +42,7 @@ from localstate.serdes import Serde, encoder_of_many
 
 from .search_schema import DOC_FIELD, ID_FIELD, FieldSpec
 
-__all__ = ["DocumentBuilder", "TantivyInput", "add_to", "id_term", "pack", "pack_many", "unpack"]
+__all__ = ["DocumentBuilder", "TantivyInput", "add_to", "decode_hits", "id_term", "pack", "pack_many", "unpack"]
 
 TantivyInput = tantivy.Document | str
 """What goes to the tantivy writer for one document: a ``Document``, or its JSON text."""
@@ -101,6 +101,23 @@ def unpack(stored: bytes) -> tuple[bytes, bytes]:
     """``(key, encoded document)`` of a stored ``_doc`` value."""
     n = int.from_bytes(stored[:4], "big") + 4
     return stored[4:n], stored[n:]
+
+
+def decode_hits(searcher: tantivy.Searcher, hits: Iterable[tuple[float, Any]], decode_key: Callable[[bytes], Any],
+                decode_doc: Callable[[bytes], Any], stored: Sequence[str] | None) -> list[tuple[Any, float, Any]]:
+    """``(doc_id, score, doc)`` of each ``(score, address)`` hit; ``doc`` reduced to the
+    ``stored`` fields (the whole document when None)."""
+    out = []
+    doc_at = searcher.doc
+    from_bytes = int.from_bytes
+    for score, address in hits:
+        packed = doc_at(address).get_first(DOC_FIELD)
+        n = from_bytes(packed[:4], "big") + 4  # unpack(), inlined: this loop is the hot path
+        doc = decode_doc(packed[n:])
+        if stored is not None:
+            doc = {k: doc[k] for k in stored if k in doc}
+        out.append((decode_key(packed[4:n]), score, doc))
+    return out
 
 
 def _codec(fmt: str) -> tuple[Callable[[Any], bytes], Callable[[bytes], Any]]:

@@ -5,16 +5,18 @@ parsing and validation, the tantivy schema built from them, and the engine's opt
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import tantivy
 from localstate.errors import (
     ConfigError,
+    InvalidValueError,
 )
 
-__all__ = ["FieldSpec", "SearchOptions", "parse_fields", "build_schema", "ID_FIELD", "DOC_FIELD", "MIN_HEAP_PER_THREAD"]
+__all__ = ["FieldSpec", "SearchOptions", "parse_fields", "build_schema", "parse_query", "InvalidQueryError", "ID_FIELD",
+           "DOC_FIELD", "MIN_HEAP_PER_THREAD"]
 
 ID_FIELD = "_id"
 DOC_FIELD = "_doc"
@@ -185,3 +187,21 @@ class SearchOptions:
         return names or [f.name for f in self.schema_fields() if f.type in ("text", "string")]
 
 
+class InvalidQueryError(InvalidValueError):
+    """A search query tantivy cannot parse; the message shows the query and the cause."""
+
+
+def parse_query(index: tantivy.Index, query: str, fields: list[str], store: str,
+                field_names: Iterable[str]) -> tantivy.Query:
+    """``query`` (tantivy query language) parsed over the default ``fields`` of store
+    ``store``; :class:`InvalidQueryError` naming the query, the syntax and ``field_names``."""
+    if not isinstance(query, str):
+        raise InvalidQueryError(f"store {store!r}: a query is a str or tantivy.Query, got {type(query).__name__}")
+    try:
+        return index.parse_query(query, fields)
+    except ValueError as e:
+        raise InvalidQueryError(
+            f"store {store!r}: invalid search query {query!r}: {e}. Query syntax: "
+            f"terms, field:term, \"phrases\", AND/OR/NOT, +/-, field:[a TO b]; fields: "
+            f"{', '.join(sorted(field_names))}"
+        ) from e

@@ -12,13 +12,14 @@ from localstate.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .checkpoints import FileCheckpointStore
-    from .system import FileChangelogOptions, FileChangelogPartition, FileChangelogSystem
+    from .partition import FileChangelogPartition
+    from .system import FileChangelogOptions, FileChangelogSystem
 
 __all__ = ["FileChangelogSystem", "FileChangelogPartition", "FileChangelogOptions", "FileCheckpointStore"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "FileChangelogSystem": ".system",
-    "FileChangelogPartition": ".system",
+    "FileChangelogPartition": ".partition",
     "FileChangelogOptions": ".system",
     "FileCheckpointStore": ".checkpoints",
 })

@@ -1,6 +1,10 @@
 """Task checkpoints of the file changelog: small checksummed files under
 ``<systems.file.path>/_checkpoints/<job>/partition-<p>.ckpt``, replaced atomically, the
-previous one kept beside as ``.ckpt.prev`` (the commit point: step 4 of the commit in docs/design/protocol.md)."""
+previous one kept beside as ``.ckpt.prev`` (the commit point: step 4 of the commit in docs/design/protocol.md).
+
+The previous one is hard-linked to ``.prev`` before the new one is renamed over it, so no
+crash leaves only ``.prev``. A missing or corrupt ``.ckpt`` is damage and an error;
+``.prev`` is used only when asked (``localstate restore --use-previous-checkpoint``)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ def partition_row(pdir: Path, root: str) -> dict[str, Any]:
     horizon, shipped snapshots, and the pid of a live writer."""
     from localstate.inspect import lock_holder
 
-    from .system import FileChangelogPartition
+    from .partition import FileChangelogPartition
 
     row: dict[str, Any] = {"stream": pdir.parent.name, "partition": int(pdir.name), "path": str(pdir),
                            "root": root, "locked_by": lock_holder(pdir / ".lock")}

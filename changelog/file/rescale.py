@@ -147,7 +147,7 @@ def _stream_count(job: RescaleJob, stream: str) -> int | None:
 
 
 def _write_partition(job: RescaleJob, directory: Path, records: Iterable[ChangeRecord]) -> int:
-    from .system import FileChangelogPartition
+    from .partition import FileChangelogPartition
 
     part = FileChangelogPartition(directory, segment_bytes=job.system.segment_bytes, fsync=job.system.fsync)
     try:

@@ -14,13 +14,14 @@ if TYPE_CHECKING:
     from .chain import ObjectName
     from .checkpoints import ObjectStoreCheckpointStore
     from .client import ObjectStoreSettings
-    from .system import ObjectStoreChangelogPartition, ObjectStoreChangelogSystem
+    from .partition import ObjectStoreChangelogPartition
+    from .system import ObjectStoreChangelogSystem
 
 __all__ = ["ObjectStoreChangelogSystem", "ObjectStoreChangelogPartition", "ObjectStoreCheckpointStore", "ObjectStoreSettings", "ObjectName"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "ObjectStoreChangelogSystem": ".system",
-    "ObjectStoreChangelogPartition": ".system",
+    "ObjectStoreChangelogPartition": ".partition",
     "ObjectStoreCheckpointStore": ".checkpoints",
     "ObjectStoreSettings": ".client",
     "ObjectName": ".chain",

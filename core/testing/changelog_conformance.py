@@ -52,7 +52,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,61 +62,26 @@ from localstate.config import Config
 from localstate.errors import ChangelogError, CorruptionError, FencedError, StoreLockedError
 from localstate.reader import StateReader, read_committed
 from localstate.records import apply_records
-from localstate.registry import ENGINES
 from localstate.storage import Recovery, TaskStorage
 
-__all__ = ["ChangelogSystemConformance", "records", "unique", "on_another_machine", "dump", "apply_records",
-           "KV_ENGINES", "task_values", "damage_files"]
+from .changelog_kit import (
+    KV_ENGINES,
+    damage_files,
+    dump,
+    local_files,
+    on_another_machine,
+    records,
+    task_values,
+    unique,
+)
+from .objectstore_conformance import ObjectStoreConformanceHooks
 
-KV_ENGINES = tuple(n for n in ("memory", "rocksdb", "leveldb") if ENGINES.installed(n)[0])
-"""The built-in KV engines installed here (the exact-restore check runs over each)."""
+__all__ = ["ChangelogSystemConformance", "ObjectStoreConformanceHooks", "records", "unique", "on_another_machine",
+           "dump", "apply_records", "KV_ENGINES", "task_values", "damage_files"]
 
-
-def unique(prefix: str) -> str:
-    """``prefix`` plus a random suffix: a stream, topic or job name no other test uses."""
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def records(lo: int, hi: int, prefix: bytes = b"k") -> list[tuple[bytes, bytes | None]]:
-    """Changelog records ``prefix<i> -> v<i>`` for ``i`` in ``[lo, hi)``."""
-    return [(prefix + b"%d" % i, b"v%d" % i) for i in range(lo, hi)]
-
-
-def on_another_machine(values: dict[str, Any], tmp_path: Path, name: str) -> Config:
-    """The same job on "another machine": an empty state directory."""
-    return Config.from_dict({**values, "job.state.dir": str(tmp_path / name)})
-
-
-def dump(storage: TaskStorage, store: str = "kv") -> dict:
-    """Everything ``store`` holds, as a dict."""
-    with storage.store(store).all() as it:
-        return dict(it)
-
-
-def task_values(job_values: dict[str, Any], tmp_path: Path, factory: str = "memory", **extra: Any) -> dict[str, Any]:
-    """Config of a fresh job (unique name, state under ``tmp_path``) with one ``kv`` store
-    (string keys, JSON values, a small cache and write batch) logged to the changelog
-    system ``job_values`` configure (``job.changelog.system``, else ``file``)."""
-    job = unique("job")
-    system = job_values.get("job.changelog.system", "file")
-    return {
-        "job.name": job,
-        "job.state.dir": str(tmp_path / "state"),
-        "stores.kv.factory": factory,
-        "stores.kv.changelog": f"{system}.{job}-kv",
-        "stores.kv.key.serde": "string",
-        "stores.kv.msg.serde": "json",
-        "stores.kv.object.cache.size": 64,
-        "stores.kv.write.batch.size": 32,
-        **job_values,
-        **extra,
-    }
-
-
-def _local_files(state_dir: Path) -> dict[str, bytes]:
-    """Every file under ``state_dir`` but the task locks, relative path → bytes."""
-    return {str(p.relative_to(state_dir)): p.read_bytes() for p in state_dir.rglob("*")
-            if p.is_file() and p.suffix != ".lock"}
+_INTERVAL = "stores.kv.rocksdb.snapshot.interval.records"
+_SHIP_INTERVAL = 300
+_SHIP_BATCH = 200
 
 
 class ChangelogSystemConformance:
@@ -502,15 +466,15 @@ class ChangelogSystemConformance:
         else:
             self.lose_everything(values)
         state = Path(values["job.state.dir"])
-        local = _local_files(state)
+        local = local_files(state)
         for _ in range(2):
             with pytest.raises(CorruptionError, match=r"committed.*--reset (STORE|kv)") as info:
                 TaskStorage(Config.from_dict(values))
             if lost == "everything":  # refused before any store is opened: not a byte changed
-                assert _local_files(state) == local
+                assert local_files(state) == local
                 assert str(state) in str(info.value)  # names what it found
             else:  # refused by the store's open (an engine may rewrite its own files), nothing deleted
-                now, copy = _local_files(state), f"{values['job.name']}/kv/"
+                now, copy = local_files(state), f"{values['job.name']}/kv/"
                 assert {p for p in local if not p.startswith(copy)} <= set(now)
                 assert any(p.startswith(copy) for p in now) == any(p.startswith(copy) for p in local)
         with TaskStorage(Config.from_dict(values), recovery=Recovery(reset={"kv"})) as s:
@@ -581,98 +545,3 @@ class ChangelogSystemConformance:
             s.commit(input_position=99)
         with TaskStorage(on_another_machine(values, tmp_path, "machine-c")) as s:
             assert dump(s) == {**model, "after": 1}
-
-
-class ObjectStoreConformanceHooks:
-    """The damage hooks of :class:`ChangelogSystemConformance` for the ``objectstore``
-    changelog on any backend (S3, GCS, Azure, ``file://``, HDFS): mix it in before the kit,
-    ``class TestMine(ObjectStoreConformanceHooks, ChangelogSystemConformance)``. The
-    system is the one ``job.changelog.system`` names in the job's values."""
-
-    @staticmethod
-    def objectstore_of(values: dict[str, Any]) -> Any:
-        from localstate.changelog.objectstore import ObjectStoreChangelogSystem
-
-        name = values["job.changelog.system"]
-        pre = f"systems.{name}."
-        options = {k[len(pre):]: v for k, v in values.items() if k.startswith(pre) and k != f"{pre}type"}
-        return ObjectStoreChangelogSystem(name, options, values["job.name"])
-
-    def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:
-        """The newest object under the task's checkpoint prefix deleted."""
-        system = self.objectstore_of(values)
-        try:
-            prefix = system.checkpoints().prefix(values["job.name"], 0)
-            newest = max(n for n, _ in system.store.list(prefix))
-            system.store.delete([f"{prefix}/{newest}"])
-        finally:
-            system.close()
-
-    def zombie_late_writes(self, zombie: TaskStorage, values: dict[str, Any]) -> None:
-        """The zombie's uploads that no check can stop on a store without an atomic
-        check-and-write: one more object past its end, and a roll-up of everything it
-        wrote into one object under its epoch, with its small objects deleted."""
-        from localstate.changelog.objectstore import ObjectName
-
-        part: Any = zombie.changelog("kv")
-        part.append(records(0, 3, b"zombie"))
-        part.flush()
-        mine = sorted(o for o in (ObjectName.parse(n) for n, _ in part.store.list(part.log_prefix))
-                      if o is not None and o.epoch == part.epoch)
-        data = b"".join(part.store.get(f"{part.log_prefix}/{o.name}") for o in mine)
-        part.store.put(f"{part.log_prefix}/{ObjectName(0, mine[-1].end, part.epoch).name}", data)
-        part.store.delete([f"{part.log_prefix}/{o.name}" for o in mine])
-
-    def storage_snapshot(self, values: dict[str, Any]) -> Any:
-        """Every object of the job's changelog stream and checkpoints, with its bytes."""
-        system = self.objectstore_of(values)
-        try:
-            store = system.store
-            prefixes = [f"{values['job.name']}-kv", f"_checkpoints/{values['job.name']}"]
-            return sorted((f"{p}/{n}", store.get(f"{p}/{n}")) for p in prefixes for n, _ in store.list(p))
-        finally:
-            system.close()
-
-    def lose_stream(self, values: dict[str, Any], stream: str) -> None:
-        self._delete_objects(values, stream)
-
-    def damage_shipped_snapshots(self, values: dict[str, Any]) -> int:
-        """Every snapshot file object of the job's stream overwritten with garbage."""
-        system = self.objectstore_of(values)
-        try:
-            client, stream = system.store, values["stores.kv.changelog"].split(".", 1)[1]
-            keys = [f"{stream}/{n}" for n, _ in client.list(stream) if "/sst/" in n]
-            for key in keys:
-                client.put(key, random.Random(key).randbytes(len(client.get(key))))
-            return len(keys)
-        finally:
-            system.close()
-
-    def lose_everything(self, values: dict[str, Any]) -> None:
-        self._delete_objects(values, "")
-
-    def _delete_objects(self, values: dict[str, Any], prefix: str) -> None:
-        """Delete every object under ``prefix`` ("" for everything) of the job's store."""
-        system = self.objectstore_of(values)
-        try:
-            client = system.store
-            dirs, files = client.children("") if not prefix else ([prefix], [])
-            client.delete([name for name, _ in files] + [f"{d}/{n}" for d in dirs for n, _ in client.list(d)])
-            assert not any(client.list(d) for d in dirs)
-        finally:
-            system.close()
-
-
-_INTERVAL = "stores.kv.rocksdb.snapshot.interval.records"
-_SHIP_INTERVAL = 300
-_SHIP_BATCH = 200
-
-
-def damage_files(paths: list[Path]) -> int:
-    """Replace each file by garbage of its size (a new inode: a hard link elsewhere, such
-    as the local snapshot it was shipped from, keeps the good bytes); how many."""
-    for path in paths:
-        size = path.stat().st_size
-        path.unlink()
-        path.write_bytes(bytes(random.Random(size).getrandbits(8) for _ in range(size)))
-    return len(paths)

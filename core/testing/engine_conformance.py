@@ -30,6 +30,7 @@ from localstate.layout import store_dir
 from localstate.storage import TaskStorage
 
 from . import torture as T
+from .torture_work import batch_rng, norm, work
 
 __all__ = ["StorageEngineConformance"]
 
@@ -64,14 +65,14 @@ class StorageEngineConformance:
         states: list[Any] = []
         with TaskStorage(config) as s:
             store = s.store(T.STORE)
-            T._work(s, plan, adapter, lambda _b: states.append(T._norm(adapter.observe(store, plan.keys))))
+            work(s, plan, adapter, lambda _b: states.append(norm(adapter.observe(store, plan.keys))))
         return states
 
     def _observe(self, config: Config) -> tuple[int, Any]:
         adapter = T.adapter_for(self.engine)
         with TaskStorage(config) as s:
             pos = s.checkpoint.input_position if s.checkpoint else 0
-            return pos, T._norm(adapter.observe(s.store(T.STORE), self._plan().keys))
+            return pos, norm(adapter.observe(s.store(T.STORE), self._plan().keys))
 
     # -- the contract ---------------------------------------------------------------------
     def test_reopen_with_its_local_copy_is_the_last_commit(self, tmp_path: Path) -> None:
@@ -108,7 +109,7 @@ class StorageEngineConformance:
         adapter = T.adapter_for(self.engine)
         with TaskStorage(config) as s:
             for batch in (4, 5):  # applied, flushed into the engine, never committed
-                adapter.apply_batch(s.store(T.STORE), batch, T._batch_rng(99, batch), plan.ops, plan.keys)
+                adapter.apply_batch(s.store(T.STORE), batch, batch_rng(99, batch), plan.ops, plan.keys)
             view = s.store(T.STORE)
             if hasattr(view, "flush"):
                 view.flush()

@@ -39,36 +39,32 @@ KeyValueStore API, other engines through an adapter for their API, registered wi
 :func:`register_adapter`. A named workload (``--workload ttl-timers``) drives a feature
 over each key-value engine instead: TTL expiry and timers, killed around the sweep and
 the firing (see :class:`~localstate.testing.torture_adapters.TtlTimersWorkload`).
-Plans (fault points, configs, reproducers) are :mod:`localstate.testing.torture_plans`.
+Plans (fault points, configs, reproducers) are :mod:`localstate.testing.torture_plans`;
+the workload in one process and the reference run :mod:`~localstate.testing.torture_work`;
+the child processes :mod:`~localstate.testing.torture_children`; one trial
+:mod:`~localstate.testing.torture_trial`. This module runs many trials and is the
+``localstate torture`` command.
 """
+
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
-from localstate.config import Config
-from localstate.errors import ConfigError, LocalStateError
-from localstate.kv import KeyValueStore
 from localstate.registry import available, did_you_mean
-from localstate.storage import TaskStorage
 
 from .torture_adapters import (
     BloomWorkload,
@@ -82,6 +78,7 @@ from .torture_adapters import (
     torture_engines,
     workloads,
 )
+from .torture_children import run_child
 from .torture_plans import (
     COMMIT_POINTS,
     CRASH_POINTS,
@@ -94,6 +91,8 @@ from .torture_plans import (
     plan_trial,
     reproducer,
 )
+from .torture_trial import TrialResult, run_trial
+from .torture_work import child_main, reference_run
 
 __all__ = [
     "STORE",
@@ -120,417 +119,8 @@ __all__ = [
     "run_trials",
     "child_main",
     "torture",
+    "reproducer",
 ]
-
-CHILD_TIMEOUT_S = 180.0
-
-
-# -- running the workload (reference run and child) ------------------------------------------------
-def _batch_rng(seed: int, batch: int) -> random.Random:
-    return random.Random(f"work:{seed}:{batch}")
-
-
-def _norm(x: Any) -> Any:
-    return json.loads(json.dumps(x, sort_keys=True))
-
-
-def _logged_keys(storage: TaskStorage) -> set[bytes]:
-    changelog = storage.changelog(STORE)
-    ckpt = storage.checkpoint
-    if changelog is None or ckpt is None:
-        return set()
-    return {k for k, _ in changelog.read(0, ckpt.offsets.get(STORE, 0))}
-
-
-def _fingerprint(storage: TaskStorage, keys: set[bytes]) -> dict[str, str]:
-    """The engine's committed change record for each key (hex), tombstones left out."""
-    return {k.hex(): v.hex() for k, v in storage.engine(STORE).current(sorted(keys)) if v is not None}
-
-
-_RESUMED = "LOCALSTATE_TORTURE_RESUMED"
-"""A zombie child's environment: a file that exists once it has been resumed beside a newer
-instance; from then on each of its batches gets more operations before its commit (its
-input moved on), so records it never committed differ from the ones the newer instance
-commits at the same offsets."""
-
-
-def _work(storage: TaskStorage, plan: TrialPlan, adapter: WorkloadAdapter,
-          after_commit: Callable[[int], None] | None = None) -> None:
-    start = storage.checkpoint.input_position if storage.checkpoint else 0
-    store = storage.store(STORE)
-    resumed = os.environ.get(_RESUMED)
-    for batch in range(int(start or 0) + 1, plan.batches + 1):
-        adapter.apply_batch(store, batch, _batch_rng(plan.seed, batch), plan.ops, plan.keys)
-        if resumed and os.path.exists(resumed):
-            adapter.apply_batch(store, batch, _batch_rng(plan.seed + 7919, batch), plan.ops, plan.keys)
-        storage.commit(input_position=batch)
-        if plan.compact_every and batch % plan.compact_every == 0:
-            storage.compact()
-        if after_commit is not None:
-            after_commit(batch)
-
-
-@dataclass
-class Reference:
-    states: list[Any]
-    """``states[p]``: what the store shows after committing input batch ``p``."""
-    fingerprint: dict[str, str]
-    logged: set[bytes]
-    seconds: float
-
-
-def reference_run(plan: TrialPlan, root: Path) -> Reference:
-    """Run ``plan`` without faults in this process, on the file changelog without fsync
-    (the reference state does not depend on the changelog system)."""
-    adapter = adapter_for(plan.engine, plan.workload)
-    values = plan.values(root, None, "ref", changelog="file")
-    values["systems.file.fsync"] = False
-    config = Config.from_dict(values)
-    t0 = time.perf_counter()
-    states: list[Any] = []
-    with TaskStorage(config) as storage:
-        _check_adapter(storage, plan.engine, adapter)
-        adapter.open(storage)
-        store = storage.store(STORE)
-        states.append(_norm(adapter.observe(store, plan.keys)))
-        _work(storage, plan, adapter, lambda _b: states.append(_norm(adapter.observe(store, plan.keys))))
-        logged = _logged_keys(storage)
-        fp = _fingerprint(storage, logged)
-    return Reference(states, fp, logged, time.perf_counter() - t0)
-
-
-def _check_adapter(storage: TaskStorage, engine: str, adapter: WorkloadAdapter) -> None:
-    if adapter.key_value and not isinstance(storage.engine(STORE), KeyValueStore):
-        raise ConfigError(
-            f"engine {engine!r} is not a key-value engine and has no torture workload adapter; "
-            "register one with localstate.testing.torture.register_adapter()"
-        )
-
-
-def child_main() -> None:
-    """Entry point of a trial's child process: ``argv[1]`` = plan JSON, ``argv[2]`` = config JSON.
-
-    Prints one JSON line when the task is open (position, restore seconds, state) and
-    one when the workload is done; a fault point may SIGKILL it anywhere in between.
-    """
-    plan = TrialPlan(**{**json.loads(sys.argv[1]), "faults": ()})
-    config = Config.from_dict(json.loads(sys.argv[2]))
-    adapter = adapter_for(plan.engine, plan.workload)
-    t0 = time.perf_counter()
-    with TaskStorage(config) as storage:
-        opened = time.perf_counter() - t0
-        adapter.open(storage)
-        ckpt = storage.checkpoint
-        restored = storage.last_restore.get(STORE)
-        line = {
-            "event": "opened",
-            "position": int(ckpt.input_position or 0) if ckpt else 0,
-            "restore_s": opened,
-            "records": restored.records if restored else 0,
-            "state": adapter.observe(storage.store(STORE), plan.keys),
-        }
-        print(json.dumps(line, sort_keys=True), flush=True)
-        _work(storage, plan, adapter,
-              after_commit=lambda batch: print(json.dumps({"event": "committed", "batch": batch}), flush=True))
-    print(json.dumps({"event": "done"}), flush=True)
-
-
-# -- trials ------------------------------------------------------------------------------------------------
-@dataclass
-class TrialResult:
-    seed: int
-    engine: str
-    changelog: str
-    faults: tuple[str, ...]
-    crashes: int = 0
-    """Children that were really killed (a fault point may not be reached)."""
-    zombies: int = 0
-    """Children that went on as zombies beside a newer instance (objectstore)."""
-    moves: int = 0
-    """Times the task moved to another machine's empty state dir after a crash round."""
-    restores: list[float] = field(default_factory=list)
-    """Seconds each reopen after a crash took (TaskStorage open incl. restore)."""
-    restored_records: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    """The committed input position each child found when it opened the task."""
-    divergence: dict[str, Any] | None = None
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.divergence is None
-
-
-def _divergence(plan: TrialPlan, stage: str, position: int, expected: Any, actual: Any,
-                adapter: WorkloadAdapter, **extra: Any) -> dict[str, Any]:
-    diff = adapter.classify(expected, actual) if isinstance(expected, dict) and isinstance(actual, dict) else {}
-    first = next((k for kind in ("lost", "duplicated", "resurrected", "differs") for k in diff.get(kind, [])), None)
-    return {
-        "stage": stage,
-        "position": position,
-        **{kind: keys for kind, keys in diff.items()},
-        "first_key": first,
-        "expected": expected.get(first) if first is not None and isinstance(expected, dict) else None,
-        "actual": actual.get(first) if first is not None and isinstance(actual, dict) else None,
-        "reproduce": reproducer(plan),
-        **extra,
-    }
-
-
-class _Child:
-    """One child process of a trial, its output read as it comes (so a zombie round can
-    act when the next child has opened the task)."""
-
-    def __init__(self, plan: TrialPlan, values: dict[str, Any], faults: str | None,
-                 on_opened: Callable[[], None] | None = None, resumed_flag: Path | None = None) -> None:
-        env = dict(os.environ)
-        env.pop("LOCALSTATE_FAULTS", None)
-        env.pop(_RESUMED, None)
-        if faults:
-            env["LOCALSTATE_FAULTS"] = faults
-        self._flag = resumed_flag
-        if resumed_flag is not None:
-            env[_RESUMED] = str(resumed_flag)
-        cmd = [sys.executable, "-c", "from localstate.testing.torture import child_main; child_main()",
-               json.dumps(asdict(plan)), json.dumps(values)]
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.lines: list[dict] = []
-        self.opened = threading.Event()
-        self.commits = 0
-        self.committed = threading.Condition()
-        self.stopped = False
-        self._on_opened = on_opened
-        self._err = b""
-        self._threads = [threading.Thread(target=self._read_out, daemon=True),
-                         threading.Thread(target=self._read_err, daemon=True)]
-        for t in self._threads:
-            t.start()
-
-    def _read_out(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                continue  # a line cut by the kill
-            self.lines.append(line)
-            if line.get("event") == "committed":
-                with self.committed:
-                    self.commits += 1
-                    self.committed.notify_all()
-            if line.get("event") == "opened":
-                self.opened.set()
-                if self._on_opened is not None:
-                    self._on_opened()
-        self.opened.set()
-        with self.committed:
-            self.commits = 1 << 30  # ended: nobody waits for more
-            self.committed.notify_all()
-
-    def _read_err(self) -> None:
-        assert self.proc.stderr is not None
-        self._err = self.proc.stderr.read()
-
-    @property
-    def err(self) -> str:
-        return self._err.decode(errors="replace")[-2000:]
-
-    def wait(self, timeout: float = CHILD_TIMEOUT_S) -> int | None:
-        """The exit code (None: killed after ``timeout``), all output read."""
-        try:
-            rc: int | None = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            rc = None
-        for t in self._threads:
-            t.join(10)
-        return rc
-
-    def stop(self) -> None:
-        os.kill(self.proc.pid, signal.SIGSTOP)
-        self.stopped = True
-
-    def resume(self, *, fenced: bool = False) -> None:
-        """Continue a stopped child; ``fenced``: a newer instance has opened the task, so
-        the child is a zombie from here on (its input moves on: see ``_RESUMED``)."""
-        if self.stopped:
-            self.stopped = False
-            if fenced and self._flag is not None:
-                self._flag.touch()
-            os.kill(self.proc.pid, signal.SIGCONT)
-
-    def resume_fenced(self) -> None:
-        self.resume(fenced=True)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
-def run_child(plan: TrialPlan, values: dict[str, Any], fault: str | None,
-              on_opened: Callable[[], None] | None = None) -> tuple[int | None, list[dict], str]:
-    """Run one child with ``fault`` (a fault point spec, ``timer:<s>`` or None) to its end;
-    ``on_opened`` is called once it has opened the task."""
-    timer = fault is not None and fault.startswith("timer:")
-    child = _Child(plan, values, None if timer else fault, on_opened)
-    if timer:
-        assert fault is not None
-        try:
-            child.proc.wait(timeout=float(fault.split(":", 1)[1]))
-        except subprocess.TimeoutExpired:
-            os.kill(child.proc.pid, signal.SIGKILL)
-    rc = child.wait()
-    return rc, child.lines, child.err
-
-
-def _zombie_machine(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` on the zombie's machine: a state dir of its own (the next child must not
-    meet its task lock)."""
-    return {**values, "job.state.dir": str(Path(values["job.state.dir"]).with_name("zombie-state"))}
-
-
-def _moved_machine(values: dict[str, Any], round_no: int) -> dict[str, Any]:
-    """``values`` on the machine the task moves to after round ``round_no``: a state dir
-    of its own, empty."""
-    return {**values, "job.state.dir": str(Path(values["job.state.dir"]).with_name(f"moved-{round_no}-state"))}
-
-
-def _start_zombie(plan: TrialPlan, values: dict[str, Any], spec: str) -> _Child:
-    """A child on the zombie's machine stopped ``s`` seconds after it opened the task and
-    made its ``k``-th commit (``spec`` = ``"k@s"``; unless it ended first)."""
-    commits, _, pause = spec.partition("@")
-    machine = _zombie_machine(values)
-    flag = Path(machine["job.state.dir"]).with_name(f"resumed-{uuid.uuid4().hex[:8]}")
-    child = _Child(plan, machine, None, resumed_flag=flag)
-    child.opened.wait(CHILD_TIMEOUT_S)  # it claimed the task: the next child fences it
-    with child.committed:
-        child.committed.wait_for(lambda: child.commits >= int(commits), CHILD_TIMEOUT_S)
-    try:
-        child.proc.wait(timeout=float(pause or 0))
-    except subprocess.TimeoutExpired:
-        child.stop()
-    return child
-
-
-def _zombie_ending(zombie: _Child, plan: TrialPlan) -> dict[str, Any] | None:
-    """Resume a zombie (if the newer child never opened the task, as the owner it may still
-    be) and wait for it: it must finish, or fail its commit with FencedError; anything else
-    is a divergence."""
-    zombie.resume()
-    rc = zombie.wait()
-    if rc == 0 and any(x.get("event") == "done" for x in zombie.lines):
-        return None
-    if rc == 1 and "FencedError" in zombie.err:
-        return None
-    return {"stage": "zombie (a stopped child resumed beside a newer one)", "returncode": rc,
-            "stderr": zombie.err, "reproduce": reproducer(plan)}
-
-
-def run_trial(plan: TrialPlan, workdir: Path, bootstrap: str | None = None) -> TrialResult:
-    """Run one trial in ``workdir`` (created; left for inspection if the trial diverges)."""
-    t0 = time.perf_counter()
-    adapter = adapter_for(plan.engine, plan.workload)
-    result = TrialResult(plan.seed, plan.engine, plan.changelog, plan.faults)
-    ref = reference_run(plan, workdir / "ref")
-    values = plan.values(workdir / "crash", bootstrap, "", namespace=uuid.uuid4().hex[:8])
-    _run_rounds(plan, values, ref, adapter, result)
-    if result.divergence is None:
-        try:
-            result.divergence = _verify_final(plan, values, ref, adapter)
-        except LocalStateError as e:  # the last open refused: damage a trial must never leave
-            result.divergence = {"stage": "final open", "error": str(e), "reproduce": reproducer(plan)}
-    result.seconds = time.perf_counter() - t0
-    return result
-
-
-def _run_rounds(plan: TrialPlan, values: dict[str, Any], ref: Reference, adapter: WorkloadAdapter,
-                result: TrialResult) -> None:
-    """The crash rounds of one trial and its last child (a divergence ends them)."""
-    crashed_before = False
-    zombie: _Child | None = None
-    try:
-        for round_no, fault in enumerate((*plan.faults, None)):
-            if fault is not None and fault.startswith("zombie:"):
-                if zombie is not None:
-                    raise ConfigError(f"{fault}: one zombie round per trial ({reproducer(plan)})")
-                child = _start_zombie(plan, values, fault.split(":", 1)[1])
-                rc, lines, err = (None if child.stopped else child.wait()), child.lines, ""
-            else:
-                rc, lines, err = run_child(plan, values, fault, on_opened=zombie.resume_fenced if zombie else None)
-                child = None
-            if not _round(plan, ref, adapter, result, fault, rc, lines, child.err if child else err,
-                          crashed_before, child):
-                return
-            if child is not None and child.stopped:
-                zombie = child
-                crashed_before = True
-                continue
-            crashed_before = crashed_before or rc == -signal.SIGKILL
-            if round_no in plan.moves and zombie is None:
-                # the task moves: the next child starts on another machine's empty state dir
-                values.update(_moved_machine(values, round_no))
-                result.moves += 1
-            if zombie is not None:
-                result.divergence = _zombie_ending(zombie, plan)
-                result.zombies += 1
-                zombie = None
-                if result.divergence is not None:
-                    return
-                # the rest of the trial (and the final check) runs on the zombie's machine:
-                # its local copy, built from records it never committed, must not be trusted
-                values.update(_zombie_machine(values))
-    finally:
-        if zombie is not None:
-            zombie.kill()
-
-
-def _round(plan: TrialPlan, ref: Reference, adapter: WorkloadAdapter, result: TrialResult, fault: str | None,
-           rc: int | None, lines: list[dict], err: str, crashed_before: bool, zombie: _Child | None) -> bool:
-    """Check one child's round (``zombie``: the child was stopped to go on as a zombie
-    later); False, with ``result.divergence`` set, to stop the trial."""
-    opened = next((x for x in lines if x.get("event") == "opened"), None)
-    if opened is not None:
-        pos = opened["position"]
-        result.positions.append(pos)
-        if crashed_before:
-            result.restores.append(opened["restore_s"])
-            result.restored_records.append(opened["records"])
-        if not 0 <= pos <= plan.batches or _norm(opened["state"]) != ref.states[pos]:
-            expected = ref.states[pos] if 0 <= pos <= plan.batches else None
-            result.divergence = _divergence(plan, f"reopen after {result.crashes} crash(es)", pos,
-                                            expected, _norm(opened["state"]), adapter, fault=fault)
-            return False
-    if zombie is not None and zombie.stopped:
-        result.crashes += 1  # a takeover, as after a kill
-        return True
-    killed = rc == -signal.SIGKILL
-    if rc is None or not (rc == 0 or (killed and fault is not None)):
-        result.divergence = {"stage": f"child with fault {fault!r}", "returncode": rc, "stderr": err,
-                             "reproduce": reproducer(plan)}
-        return False
-    if killed:
-        result.crashes += 1
-    elif not any(x.get("event") == "done" for x in lines):
-        result.divergence = {"stage": f"child with fault {fault!r} exited 0 without finishing",
-                             "stderr": err, "reproduce": reproducer(plan)}
-        return False
-    return True
-
-
-def _verify_final(plan: TrialPlan, values: dict[str, Any], ref: Reference,
-                  adapter: WorkloadAdapter) -> dict[str, Any] | None:
-    with TaskStorage(Config.from_dict(values)) as storage:
-        adapter.open(storage)
-        ckpt = storage.checkpoint
-        pos = int(ckpt.input_position or 0) if ckpt else 0
-        state = _norm(adapter.observe(storage.store(STORE), plan.keys))
-        if pos != plan.batches or state != ref.states[-1]:
-            return _divergence(plan, "final state", pos, ref.states[-1], state, adapter)
-        fp = _fingerprint(storage, ref.logged | _logged_keys(storage))
-    if fp != ref.fingerprint:
-        return _divergence(plan, "final change records (engine.current)", pos, ref.fingerprint, fp, adapter)
-    return None
 
 
 # -- many trials ------------------------------------------------------------------------------------------
