@@ -13,7 +13,6 @@ PRODUCT = ("core", "changelog", "engines", "contrib")
 LIMIT = 600
 
 LONGER = {
-    "contrib/spark/runner.py": "running tasks on Spark: the job, the partition runner, several tasks per Spark task",
     "changelog/kafka/system.py": "the Kafka changelog system and partition",
 }
 

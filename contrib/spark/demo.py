@@ -80,7 +80,7 @@ def run_demo(
     from rich.markup import escape
     from rich.table import Table
 
-    from .runner import spark_session
+    from .session import spark_session
 
     console = console or make_console()
     if engine is None:

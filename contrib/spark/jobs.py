@@ -411,7 +411,7 @@ def run_job(job_name: str, events: int, partitions: int, engine: str | None, dir
     from rich.markup import escape
 
     from .compat import require_pyspark
-    from .runner import spark_session
+    from .session import spark_session
 
     require_pyspark()  # before any work: name the missing extra, not a later ImportError
     task = JOBS.get(job_name)

@@ -26,22 +26,30 @@ lock (see :func:`localstate.contrib.spark.streaming.open_version`).
 
 from __future__ import annotations
 
-import os
-import re
-import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from localstate import Config, ConfigError, LocalStateError
-from localstate.copies import record_copy
+from localstate import Config, ConfigError
 
 from .compat import RUNNER_PYSPARK, require_pyspark
-from .streaming import commit_version, next_version, open_version, stream_batch_id
+from .session import one_host_exclusion, spark_session, wait_for_executors
+from .streaming import next_version
 from .task import Emitter, StreamTask, TaskContext
+from .task_run import (
+    LOCK_WAIT_S,
+    PARTITION_COLUMN,
+    TaskRun,
+    executor_id,
+    executor_state_dir,
+    run_partition,
+    run_partitions,
+    spark_partition_id,
+    spark_task_keys,
+    task_groups,
+)
 from .ticks import check_checkpoint_ticks, check_timer_interval, tick_trigger, with_ticks
 
 if TYPE_CHECKING:
@@ -71,42 +79,6 @@ __all__ = [
 KEPT_BATCH_METRICS = 100
 """How many micro-batches' state metrics a streaming job keeps on the driver."""
 
-LOCK_WAIT_S = 60.0
-"""How long a task waits for its partition's lock (a killed attempt's Python worker
-may still be exiting when Spark starts the next attempt)."""
-
-
-@dataclass(frozen=True)
-class TaskRun:
-    """How to run one partition: which job, which task class, which commit version."""
-
-    config: Config
-    task: type[StreamTask]
-    output_schema: pa.Schema
-    batch_id: int | None = None
-    """Streaming: the micro-batch id (= commit version); None for a batch run."""
-    lock_wait_s: float = LOCK_WAIT_S
-    metrics: Any = None
-    """A Spark accumulator of :class:`~localstate.contrib.spark.metrics.StateMetricsParam`:
-    each task adds its stores' metrics after its commit (None: not gathered)."""
-    in_stream_plan: bool = False
-    """Run inside a streaming query's plan: the commit version is the micro-batch id
-    Spark gives the task (:func:`~localstate.contrib.spark.streaming.stream_batch_id`),
-    and the output ends with a metrics row for ``DataFrame.observe``
-    (:mod:`localstate.contrib.spark.metrics`)."""
-    placement_report: Any = None
-    """A Spark accumulator of :class:`~localstate.contrib.spark.placement.PlacementParam`:
-    each Spark task adds ``{spark partition: executor}`` after its tasks committed (None:
-    the job runs without placement)."""
-    owners: Mapping[int, str] | None = None
-    """Task → the executor the placement registry gives it this run: copies this
-    executor holds of other executors' tasks are swept after the commit
-    (:func:`~localstate.contrib.spark.placement.sweep_copies`)."""
-    standbys: Mapping[int, str] | None = None
-    """Task → the executor keeping its standby copy: kept by the sweep."""
-    key: str | None = None
-    """The job's key column (:attr:`TaskContext.key_column`: keyed state is scoped to it)."""
-
 
 @dataclass(frozen=True)
 class _PlacedRun:
@@ -117,259 +89,6 @@ class _PlacedRun:
     owners: dict[int, str]
     report: Any
     standbys: dict[int, str]
-
-
-EXECUTOR_PLACEHOLDER = "{executor}"
-_LOG_URL_EXECUTOR = re.compile(r"[?&]executorId=([^&]+)")
-_ENV_PLACEHOLDER = re.compile(r"\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def executor_id() -> str:
-    """The id of the Spark executor this Python worker serves.
-
-    From ``SPARK_EXECUTOR_ID`` (Kubernetes executors), else the ``executorId`` of
-    ``SPARK_LOG_URL_STDERR`` (standalone and ``local-cluster`` executors), else
-    ``CONTAINER_ID`` (YARN), else ``"driver"`` (``local[*]``: the driver is the only
-    executor). A re-launched executor gets a new id.
-    """
-    explicit = os.environ.get("SPARK_EXECUTOR_ID")
-    if explicit:
-        return explicit
-    match = _LOG_URL_EXECUTOR.search(os.environ.get("SPARK_LOG_URL_STDERR", ""))
-    if match:
-        return match.group(1)
-    return os.environ.get("CONTAINER_ID") or "driver"
-
-
-def executor_state_dir(config: Config, executor: str | None = None) -> Config:
-    """``config`` with the placeholders of ``job.state.dir`` resolved on this executor:
-    ``{executor}`` by ``executor`` (default: :func:`executor_id`), ``{env:NAME}`` by the
-    environment variable ``NAME`` (e.g. a local disk each worker node sets for the
-    executors it launches); ``config`` itself when there is none.
-
-    Raises :class:`ConfigError` naming the variable when ``{env:NAME}`` is unset.
-    """
-    state_dir = str(config.state_dir)
-    if EXECUTOR_PLACEHOLDER not in state_dir and "{env:" not in state_dir:
-        return config
-
-    def from_env(match: re.Match[str]) -> str:
-        value = os.environ.get(match.group(1))
-        if not value:
-            raise ConfigError(
-                f"job {config.job_name!r}: job.state.dir {state_dir!r} names the environment variable "
-                f"{match.group(1)!r}, which is not set on executor {executor_id()!r}; set it for the "
-                "executors (e.g. in the worker's environment or spark.executorEnv.<NAME>)")
-        return value
-
-    resolved = _ENV_PLACEHOLDER.sub(from_env, state_dir)
-    if EXECUTOR_PLACEHOLDER in resolved:
-        name = (executor if executor is not None else executor_id()).replace(os.sep, "_")
-        resolved = resolved.replace(EXECUTOR_PLACEHOLDER, name)
-    return config.with_overrides({"job.state.dir": resolved})
-
-
-class _TaskAttempt:
-    """One task's run inside a Spark task: its storage opened for the run's version, the
-    task initialised; :meth:`feed` input batches, then :meth:`finish` (timers, ``window``,
-    commit, close), :meth:`close` always (again: it is idempotent). Output batches come
-    back from :meth:`feed` and :meth:`finish` as they are emitted."""
-
-    def __init__(self, run: TaskRun, config: Config, partition: int, batch_id: int | None) -> None:
-        self.run = run
-        self.partition = partition
-        self.batch_id = batch_id
-        self.rows = 0
-        opening = time.perf_counter()
-        self.storage = open_version(config, partition, batch_id, run.lock_wait_s)
-        open_seconds = time.perf_counter() - opening
-        self.task: StreamTask | None = None
-        try:
-            emit = self.emit = Emitter(run.output_schema)
-            self.drain = emit.drain
-            if run.in_stream_plan:
-                from .metrics import with_null_metrics
-
-                def drain() -> Iterator[pa.RecordBatch]:
-                    return map(with_null_metrics, emit.drain())
-
-                self.drain = drain
-            task = self.task = run.task()
-            self.context = TaskContext(partition, config.partitions, config, self.storage, task.timer_store,
-                                       open_seconds, run.key)
-            task.init(self.context)
-        except BaseException:
-            self.close()
-            raise
-
-    def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
-        task = self.task
-        assert task is not None, "feed after close"
-        self.rows += batch.num_rows
-        # The batch is processed at its event time (event-time TTL stamps its writes
-        # with it); timers fire after it, so the batch can still delete or move them.
-        self.context.observe_event_time(task, batch)
-        self.context.process(task, batch, self.emit)
-        self.context.fire_timers(task, self.emit)
-        return self.drain()
-
-    def finish(self) -> Iterator[pa.RecordBatch]:
-        task = self.task
-        assert task is not None, "finish after close"
-        self.context.fire_timers(task, self.emit)
-        task.window(self.emit)
-        yield from self.drain()
-        commit_version(self.storage, self.batch_id, self.rows)
-        record_copy(self.storage.config, self.partition, self.batch_id, executor_id())
-        if self.run.metrics is None and not self.run.in_stream_plan:
-            self.close()
-            return
-        from .metrics import metrics_batch, task_snapshot, with_close_time
-
-        # The figures are read from the open stores, then the task closes before they leave
-        # it, so they include the close (with rocksdb a memtable flush and the clean-close
-        # claim, a fixed cost per micro-batch). The version is committed; the close only
-        # releases the state.
-        snapshot = task_snapshot(self.storage)
-        closing = time.perf_counter()
-        self.close()
-        snapshot = with_close_time(snapshot, time.perf_counter() - closing)
-        if self.run.metrics is not None:
-            self.run.metrics.add(snapshot)
-        if self.run.in_stream_plan:
-            yield metrics_batch(snapshot, self.run.output_schema)
-
-    def close(self) -> None:
-        """Close the task and its storage (once; later calls do nothing)."""
-        task, self.task = self.task, None
-        try:
-            if task is not None:
-                task.close()
-        finally:
-            self.storage.close()
-
-
-def _resolve(run: TaskRun) -> tuple[Config, int | None]:
-    """The run's config with ``{executor}`` resolved, and its commit version."""
-    return executor_state_dir(run.config), stream_batch_id() if run.in_stream_plan else run.batch_id
-
-
-def run_partition(run: TaskRun, partition: int, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Run task ``partition`` over ``batches`` and yield its output batches.
-
-    Opens (restores) the partition's storage, for streaming first rolls back a batch
-    that localstate committed but Spark did not (see
-    :func:`localstate.contrib.spark.streaming.prepare_version`), processes, windows,
-    commits, and closes. Output is yielded as it is emitted; the commit happens when
-    the input is exhausted, so a consumer that stops early (``limit``) commits nothing.
-    ``{executor}`` in ``job.state.dir`` is resolved here, on the executor (the task
-    sees the resolved config).
-    """
-    config, batch_id = _resolve(run)
-    attempt = _TaskAttempt(run, config, partition, batch_id)
-    try:
-        for batch in batches:
-            yield from attempt.feed(batch)
-        yield from attempt.finish()
-    finally:
-        attempt.close()
-    _after_commit(run, config)
-
-
-def _after_commit(run: TaskRun, config: Config) -> None:
-    """A placed run, once its tasks committed: report where it ran, and delete the copies
-    this executor holds of tasks placed elsewhere whose owner committed past them."""
-    if run.placement_report is None:
-        return
-    from .placement import sweep_copies
-
-    me = executor_id()
-    run.placement_report.add({_spark_partition_id(): me})
-    if run.owners is not None:
-        sweep_copies(config, run.owners, me, run.standbys)
-
-
-PARTITION_COLUMN = "__localstate_partition"
-"""The column :meth:`StatefulJob.transform` adds when several tasks share a Spark task:
-each row's task, ``pmod(hash(key), N)`` — the partition ``repartition(N, key)`` gives it."""
-
-
-def run_partitions(run: TaskRun, partitions: list[int], batches: Iterator[pa.RecordBatch],
-                   column: str = PARTITION_COLUMN) -> Iterator[pa.RecordBatch]:
-    """Run the tasks ``partitions`` side by side in one Spark task over ``batches``, whose
-    ``column`` holds each row's task; yield their output batches.
-
-    Every task is opened first and runs even without rows (its timers fire and it
-    commits the version, as in :func:`run_partition`); each input batch is split by
-    ``column`` (dropped before the tasks see it). Nothing is committed before all input
-    is read; then each task finishes, commits and closes (its locks released) in turn, so
-    a failure part-way leaves some tasks at the new version and others not — a retry of
-    the Spark task rolls the former back and applies the batch once
-    (:mod:`localstate.contrib.spark.streaming`). A row whose task is not in
-    ``partitions`` is an error (it would be lost).
-    """
-    config, batch_id = _resolve(run)
-    attempts: list[_TaskAttempt] = []
-    try:
-        for partition in partitions:
-            attempts.append(_TaskAttempt(run, config, partition, batch_id))
-        for batch in batches:
-            owners = batch.column(column)
-            data = batch.drop_columns([column])
-            routed = 0
-            for attempt in attempts:
-                part = data.filter(pc.equal(owners, attempt.partition))
-                if part.num_rows:
-                    routed += part.num_rows
-                    yield from attempt.feed(part)
-            if routed != batch.num_rows:
-                stray = sorted(set(owners.to_pylist()) - set(partitions))
-                raise LocalStateError(
-                    f"job {config.job_name!r}: this Spark task runs tasks {partitions} but got rows of "
-                    f"task(s) {stray}; the input was not partitioned by StatefulJob.transform"
-                )
-        for attempt in attempts:
-            yield from attempt.finish()
-            attempt.close()
-        _after_commit(run, config)
-    finally:
-        errors: list[BaseException] = []
-        for attempt in attempts:
-            try:
-                attempt.close()
-            except Exception as e:
-                errors.append(e)
-        if errors:
-            raise errors[0]
-
-
-def task_groups(tasks: int, spark_tasks: int) -> list[list[int]]:
-    """Which tasks each of ``spark_tasks`` Spark tasks runs: Spark task ``i`` runs tasks
-    ``i, i + spark_tasks, i + 2 * spark_tasks, …`` below ``tasks``."""
-    return [list(range(i, tasks, spark_tasks)) for i in range(spark_tasks)]
-
-
-def spark_task_keys(spark_tasks: int) -> list[int]:
-    """Per Spark task ``i``: the smallest int ``v >= 0`` that ``repartition(spark_tasks, lit(v))``
-    sends to partition ``i`` (Spark's ``pmod(hash(v), spark_tasks)``, :mod:`localstate.partitioning`).
-    Repartitioning by ``keys[task % spark_tasks]`` places every row of a task exactly."""
-    from localstate.partitioning import task_for
-
-    keys: dict[int, int] = {}
-    value = 0
-    while len(keys) < spark_tasks:
-        keys.setdefault(task_for(value, spark_tasks, as_int32=True), value)
-        value += 1
-    return [keys[i] for i in range(spark_tasks)]
-
-
-def _spark_partition_id() -> int:
-    from pyspark import TaskContext as SparkTaskContext
-
-    ctx = SparkTaskContext.get()
-    if ctx is None:
-        raise LocalStateError("run_partition must run inside a Spark task (no pyspark TaskContext)")
-    return ctx.partitionId()
 
 
 def _to_struct(schema: StructType | str) -> StructType:
@@ -506,7 +225,7 @@ class StatefulJob:
             struct = with_metrics_column(struct)
         if self.spark_tasks == self.num_tasks:
             def tasks_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-                return run_partition(run, _spark_partition_id(), batches)
+                return run_partition(run, spark_partition_id(), batches)
 
             partitioned = df.repartition(self.num_tasks, self.key)
         else:
@@ -515,7 +234,7 @@ class StatefulJob:
             groups = task_groups(self.num_tasks, self.spark_tasks)
 
             def tasks_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-                return run_partitions(run, groups[_spark_partition_id()], batches)
+                return run_partitions(run, groups[spark_partition_id()], batches)
 
             owner = F.pmod(F.hash(self.key), F.lit(self.num_tasks))
             keys = F.array(*(F.lit(v) for v in spark_task_keys(self.spark_tasks)))
@@ -702,78 +421,3 @@ class StatefulJob:
         if trigger:
             writer = writer.trigger(**trigger)
         return writer.start()
-
-
-_LOCAL_CLUSTER = re.compile(r"local-cluster\[\s*(\d+)\s*,")
-
-
-def spark_session(master: str = "local[*]", app_name: str = "localstate", **conf: Any) -> SparkSession:
-    """A SparkSession for localstate jobs, with sane local defaults.
-
-    Sets ``SPARK_LOCAL_IP=127.0.0.1`` (unless set), makes executors use this Python
-    (``PYSPARK_PYTHON``), binds the driver to 127.0.0.1, disables the UI, uses UTC and
-    Arrow. ``conf`` entries (Spark keys, e.g. ``**{"spark.sql.shuffle.partitions": "8"}``)
-    override the defaults. For ``local-cluster[n,c,m]`` it waits (up to 120 s) until
-    all ``n`` executors have registered.
-    """
-    require_pyspark(RUNNER_PYSPARK, "the localstate Spark runner")
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    defaults: dict[str, Any] = {
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.ui.enabled": "false",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.sql.execution.arrow.maxRecordsPerBatch": "50000",
-        "spark.sql.shuffle.partitions": "8",
-        "spark.python.worker.reuse": "true",
-        "spark.sql.streaming.stopGracefullyOnShutdown": "true",
-        # A task that failed on an executor (e.g. its state dir is unusable) is retried on
-        # another one, and an executor where tasks keep failing is left out for a while
-        # (placement proposes only executors Spark has not excluded): without it a retry
-        # goes back to the executor its state preferred, and fails there again.
-        "spark.excludeOnFailure.enabled": "true",
-    }
-    match = _LOCAL_CLUSTER.match(master)
-    if match:
-        defaults.update(one_host_exclusion(int(match.group(1)), int(conf.get("spark.task.maxFailures", 4))))
-    defaults.update({k: str(v) for k, v in conf.items()})
-    builder = SparkSession.builder.master(master).appName(app_name)
-    for k, v in defaults.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    if match:
-        wait_for_executors(spark, int(match.group(1)))
-    return spark
-
-
-def one_host_exclusion(executors: int, max_failures: int = 4) -> dict[str, str]:
-    """Spark settings for a cluster whose ``executors`` all run on one host (``local-cluster``,
-    a test's standalone workers): exclude a failing executor, never the host, or two failures
-    of one task would leave it nowhere to run. Spark wants a task's attempts per host below
-    ``spark.task.maxFailures`` (``max_failures``)."""
-    return {"spark.excludeOnFailure.task.maxTaskAttemptsPerNode": str(max(1, max_failures - 1)),
-            "spark.excludeOnFailure.stage.maxFailedExecutorsPerNode": str(executors + 1),
-            "spark.excludeOnFailure.application.maxFailedExecutorsPerNode": str(executors + 1)}
-
-
-def wait_for_executors(spark: SparkSession, count: int, timeout_s: float = 120.0) -> None:
-    """Block until ``count`` executors have registered with ``spark``'s driver."""
-    sc = spark.sparkContext._jsc.sc()  # noqa: SLF001 - the status API is JVM-only
-    deadline = time.monotonic() + timeout_s
-    while True:
-        registered = sc.getExecutorMemoryStatus().size() - 1  # the driver is listed too
-        if registered >= count:
-            return
-        if time.monotonic() >= deadline:
-            raise LocalStateError(
-                f"only {registered} of {count} Spark executors registered within {timeout_s:.0f}s; "
-                "check the executor logs under $SPARK_HOME/work or the memory given to local-cluster"
-            )
-        time.sleep(0.25)

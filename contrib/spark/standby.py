@@ -59,7 +59,7 @@ def follow_standbys(sc: SparkContext, config: Config, placement: Placement, grou
     def follow_partition(items: Any) -> Any:
         from localstate.standby import follow
 
-        from .runner import executor_id, executor_state_dir
+        from .task_run import executor_id, executor_state_dir
 
         me = executor_id()
         for i in items:

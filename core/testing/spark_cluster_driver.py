@@ -149,7 +149,7 @@ class RecordedKeyCount(key_count_task("user_id")):  # type: ignore[misc]
     sleeping after each (see :func:`cluster_config`)."""
 
     def init(self, context: Any) -> None:
-        from localstate.contrib.spark.runner import executor_id
+        from localstate.contrib.spark.task_run import executor_id
         from pyspark import TaskContext as SparkTaskContext
 
         super().init(context)
@@ -369,12 +369,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     conf = {"spark.sql.shuffle.partitions": str(args.partitions), "spark.locality.wait": args.locality_wait}
     if args.executors:  # a standalone master whose workers all run on this host
-        from localstate.contrib.spark.runner import one_host_exclusion
+        from localstate.contrib.spark.session import one_host_exclusion
 
         conf.update(one_host_exclusion(args.executors))
     spark = spark_session(args.master, app_name=f"localstate-cluster-{args.mode}", **conf)
     if args.executors:
-        from localstate.contrib.spark.runner import wait_for_executors
+        from localstate.contrib.spark.session import wait_for_executors
 
         wait_for_executors(spark, args.executors)
     result: dict[str, Any] = {
