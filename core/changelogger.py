@@ -58,6 +58,9 @@ class ChangeLogger:
     def log_all(self, records: Iterable[ChangeRecord] | Mapping[bytes, bytes | None]) -> None:
         """Record many changes; later records for one key win."""
         pending = self._pending
+        if not pending and type(records) is dict and len(records) >= self.batch_size:
+            self._drain(records)  # a full batch with nothing pending: appended as it is, not copied
+            return
         pending.update(records)
         if len(pending) >= self.batch_size:
             self._drain()
@@ -77,8 +80,9 @@ class ChangeLogger:
     def pending(self) -> int:
         return len(self._pending)
 
-    def _drain(self) -> None:
-        """Append the pending records in batches of at most ``batch_size``.
+    def _drain(self, pending: dict[bytes, bytes | None] | None = None) -> None:
+        """Append the pending records (or ``pending``, a batch not kept here) in batches of
+        at most ``batch_size``.
 
         A bulk write of many keys is handed over in one ``log_all``, but the changelog
         still sees batches no larger than ``write.batch.size``, as with single writes.
@@ -88,11 +92,12 @@ class ChangeLogger:
         (:meth:`~localstate.changelog.base.ChangelogPartition.append_columns`; its default
         hands a backend the pairs).
         """
-        pending = self._pending
-        if not pending:
-            return
+        if pending is None:
+            pending = self._pending
+            if not pending:
+                return
+            self._pending = {}
         keys, values = list(pending), list(pending.values())
-        self._pending = {}
         append_columns = self.partition.append_columns
         size, n = self.batch_size, len(keys)
         if n <= size:

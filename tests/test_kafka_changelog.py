@@ -631,3 +631,26 @@ def test_checkpoint_read_blocked_past_the_timeout_is_a_clear_error(fresh_kafka_b
     finally:
         other.abort_transaction(10)
 
+
+
+def test_batches_larger_than_the_local_queue_arrive_whole_and_in_order(kafka_broker):
+    """A producer queue of 40 messages under batches of 500: produce() runs out of room
+    many times per batch; each time acknowledgements make room and producing goes on from
+    the record that did not fit, so the partition holds every record once, in order."""
+    job = unique("job")
+    system = KafkaChangelogSystem("kafka", {"bootstrap.servers": kafka_broker, **FAST,
+                                            "producer.queue.buffering.max.messages": 40}, job)
+    part = system.open_partition(unique("queue"), 0, 1)
+    try:
+        sent = []
+        for b in range(3):
+            keys = [b"%d-%03d" % (b, i) for i in range(500)]
+            values = [None if i % 97 == 0 else b"v%d" % i for i in range(500)]
+            part.append_columns(keys, values)
+            sent += list(zip(keys, values))
+        end = part.flush()
+        got = [(k, v) for batch, _ in part.read_batches(0, end) for k, v in batch]
+        assert got == sent
+    finally:
+        part.close()
+        system.close()

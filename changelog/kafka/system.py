@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from itertools import islice
+from itertools import islice, repeat
+from operator import length_hint
 from typing import Any
 
 from localstate.errors import (
@@ -307,7 +309,51 @@ class KafkaChangelogPartition(ChangelogPartition):
         if len(keys) != len(values):
             super().append_columns(keys, values)  # raises, naming the partition
         if keys:
-            self._produce(zip(keys, values), len(keys))
+            self._produce_columns(keys if type(keys) is list else list(keys),
+                                  values if type(values) is list else list(values))
+
+    def _produce_columns(self, keys: list[bytes], values: list[bytes | None]) -> None:
+        """:meth:`_produce` of two columns, the loop in C (``map`` calls ``produce`` per
+        record, no Python bytecode per record). On a full local queue the record that did
+        not fit is the one the value iterator stopped after: room is made and the loop
+        goes on from that record, so every record is produced once, in order."""
+        self._check_open()
+        fault_point("changelog.append")
+        writer = self._writer
+        writer.begin()
+        self._unflushed = True
+        produce = writer.producer.produce
+        topic, part = self.stream, self.partition
+        last = len(keys) - 1
+        done = 0
+        try:
+            while done < last:
+                vi, ki = iter(values), iter(keys)
+                if done:  # move both iterators to the record that did not fit
+                    next(islice(vi, done, done), None)
+                    next(islice(ki, done, done), None)
+                try:
+                    deque(map(produce, repeat(topic, last - done), vi, ki, repeat(part)), 0)
+                    done = last
+                except BufferError:
+                    done = len(values) - length_hint(vi) - 1
+                    writer.make_room(topic)
+            try:
+                produce(topic, values[last], keys[last], part, on_delivery=self._delivered)
+            except BufferError:
+                writer.make_room(topic)
+                produce(topic, values[last], keys[last], part, on_delivery=self._delivered)
+        except KafkaException as e:
+            raise writer.fail(e.args[0], f"write to {self.where}") from e
+        except (TypeError, ValueError) as e:
+            raise writer.abandon(self._bad_records(e)) from e
+        writer.producer.poll(0)
+
+    def _bad_records(self, e: Exception) -> ChangelogError:
+        return ChangelogError(
+            f"{self.where}: records must be (bytes, bytes | None) pairs: {e}. The records before it were "
+            "already produced, so the open transaction was aborted: nothing since the last commit counts"
+        )
 
     def _produce(self, records: Iterator[tuple[bytes, bytes | None]], count: int) -> None:
         """Produce ``count`` records, in order, into the task's open transaction; the last
@@ -335,10 +381,7 @@ class KafkaChangelogPartition(ChangelogPartition):
         except KafkaException as e:
             raise writer.fail(e.args[0], f"write to {self.where}") from e
         except (TypeError, ValueError) as e:
-            raise writer.abandon(ChangelogError(
-                f"{self.where}: records must be (bytes, bytes | None) pairs: {e}. The records before it were "
-                "already produced, so the open transaction was aborted: nothing since the last commit counts"
-            )) from e
+            raise writer.abandon(self._bad_records(e)) from e
         writer.producer.poll(0)
 
     def flush(self) -> int:

@@ -122,12 +122,19 @@ class CachedStore(ForwardingStore):
         # OrderedDict: O(1) popitem(last=False); a plain dict degrades to O(holes) when
         # its front is popped repeatedly (next(iter(d)) skips deleted slots).
         self._cache: OrderedDict[Any, Any] = OrderedDict()
-        self._dirty: dict[Any, tuple[bytes, bytes | None] | None] = {}
-        """Cache key -> its encoded ``(key, value)`` (value ``None``: a delete) when kept,
-        else ``None`` (encoded at the flush)."""
+        self._dirty: dict[Any, tuple[bytes, bytes | None] | bytes | None] = {}
+        """Cache key -> its encoded ``(key, value)`` (value ``None``: a delete) when kept; a
+        bytes store's put of a ``bytes`` key: the ``bytes`` value; else ``None`` (the cached
+        value, encoded at the flush)."""
         self._keeps_bytes = codec is not None and passthrough is None
         """Whether dirty entries keep their encodings: a codec below that encodes (bytes
         keys and values of the built-in bytes serde go down as they are anyway)."""
+        self._passthrough = passthrough is not None
+        """Whether the codec below is the built-in bytes serde for keys and values: a dirty
+        ``bytes`` key then keeps its ``bytes`` value, which is its own encoding."""
+        self._dirty_bytes = self._passthrough
+        """Whether every dirty entry is a ``bytes`` key kept with its ``bytes`` value (a bytes
+        store's puts): the dirty set is then the encoded batch and goes down as it is."""
         self._closed = False
         self._expiry = expiry
         # the ttl rules the per-record paths use inline (0 = plain values, no ttl)
@@ -182,14 +189,24 @@ class CachedStore(ForwardingStore):
         a dirty entry of the same key). The dirty set is cleared once the writes succeeded,
         so a batch the layers below reject (an unencodable key) leaves this layer unchanged.
         """
+        if self._dirty_bytes and new_puts is None and new_deletes is None:
+            # a bytes store's puts: the dirty set is already the encoded batch (no loop here)
+            dirty = self._dirty
+            if dirty:
+                self._codec.put_encoded(dirty)
+                self._dirty = {}
+            return
         cache = self._cache
         puts: dict[Any, Any] = {}
         deletes: list[Any] = []
         enc_puts: dict[bytes, bytes] = {}
         enc_deletes: list[bytes] = []
+        keeps_bytes = self._keeps_bytes
         for k, enc in self._dirty.items():
             if enc is not None:
-                if enc[1] is None:
+                if not keeps_bytes:
+                    puts[k] = enc  # a bytes store's bytes value, as it was put
+                elif enc[1] is None:
                     enc_deletes.append(enc[0])
                 else:
                     enc_puts[enc[0]] = enc[1]
@@ -244,6 +261,7 @@ class CachedStore(ForwardingStore):
         for start in range(0, len(deletes), size):
             self.inner.delete_all(deletes[start : start + size])
         self._dirty = {}
+        self._dirty_bytes = self._passthrough
 
     def _evict_one(self) -> None:
         """``_evict`` after a single insert: one entry to drop, usually clean."""
@@ -270,6 +288,7 @@ class CachedStore(ForwardingStore):
             deque(map(cache.move_to_end, batch), 0)
             dirty = self._dirty
             dirty.update(encoded if encoded is not None else dict.fromkeys(batch))
+            self._dirty_bytes = False
             if len(dirty) >= self.batch_size:
                 self._flush_dirty()
             if len(cache) > self.cache_size:
@@ -414,11 +433,17 @@ class CachedStore(ForwardingStore):
         else:
             cache[key] = value
         dirty = self._dirty
-        dirty[key] = (ek, ev) if self._keeps_bytes else None
+        if self._keeps_bytes:
+            dirty[key] = (ek, ev)
+        elif ev is value and ek is key and self._passthrough:
+            dirty[key] = value  # a bytes key and value of a bytes store: their own encodings
+        else:
+            dirty[key] = None
+            self._dirty_bytes = False
         if len(dirty) >= self.batch_size:
             self._flush_dirty()
         if len(cache) > self.cache_size:
-            oldest, old = cache.popitem(last=False)
+            oldest, old = cache.popitem(False)
             if oldest in self._dirty:  # the LRU end is dirty: it goes down first
                 cache[oldest] = old
                 cache.move_to_end(oldest, last=False)
