@@ -13,13 +13,14 @@ from localstate.lazy import lazy_exports
 if TYPE_CHECKING:
     from .checkpoints import KafkaCheckpointStore
     from .client import KafkaSettings
-    from .system import KafkaChangelogPartition, KafkaChangelogSystem
+    from .partition import KafkaChangelogPartition
+    from .system import KafkaChangelogSystem
 
 __all__ = ["KafkaChangelogSystem", "KafkaChangelogPartition", "KafkaCheckpointStore", "KafkaSettings"]
 
 __getattr__, __dir__ = lazy_exports(__name__, {
     "KafkaChangelogSystem": ".system",
-    "KafkaChangelogPartition": ".system",
+    "KafkaChangelogPartition": ".partition",
     "KafkaCheckpointStore": ".checkpoints",
     "KafkaSettings": ".client",
 })
