@@ -106,7 +106,7 @@ def test_co_partitioned_refuses_what_it_cannot_do_exactly(spark: Any, apache_kaf
     produce(apache_kafka_broker, "views-bad", 60)
     cases = {
         "minpartitions": ({"minPartitions": 6}, PARTITIONS, "minPartitions = 6"),
-        "count": ({}, PARTITIONS + 1, "has 3 partition(s) but the job has 4 tasks"),
+        "count": ({}, PARTITIONS + 1, r"has 3 partition\(s\) but the job has 4 tasks"),
     }
     for name, (source, tasks, message) in cases.items():
         root = tmp_path / name
