@@ -150,7 +150,12 @@ def test_driver_sigkilled_mid_stream_stays_exactly_once(apache_kafka_broker: str
     (with its JVM and Python workers) while a task of a micro-batch runs and after a task
     committed but before Spark did, then restarted until the topic is consumed."""
     from localstate.testing.processes import run_process_group
-    from localstate.testing.spark_cluster_driver import cluster_config, event_batch, fresh_state, read_events
+    from localstate.testing.spark_cluster_driver import (
+        cluster_config,
+        event_batch,
+        fresh_state,
+        read_events,
+    )
 
     topic = f"views-kill-{int(co_partitioned)}"
     expected = produce(apache_kafka_broker, topic, 1500, seed=3)
