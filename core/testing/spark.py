@@ -44,12 +44,18 @@ def spark(spark_master: str) -> Iterator[Any]:
 def _kafka_connector() -> dict[str, str]:
     """``spark.jars`` of Spark's Kafka connector (:mod:`localstate.testing.kafka_connector`),
     fetched on first use when Maven is installed; local jars add next to nothing to the
-    session's start. Without Maven: none (its tests then name the fix)."""
+    session's start. Without Maven, or when the fetch fails: none, with a warning (the
+    connector's tests then fail naming the fix; every other test runs)."""
     import shutil
+    import warnings
 
     from localstate.testing.kafka_connector import kafka_connector_conf
 
-    return kafka_connector_conf(fetch=shutil.which("mvn") is not None)
+    try:
+        return kafka_connector_conf(fetch=shutil.which("mvn") is not None)
+    except RuntimeError as e:
+        warnings.warn(f"the test session has no Kafka connector: {e}", stacklevel=2)
+        return {}
 
 
 class KeyCount:
