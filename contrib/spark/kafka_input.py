@@ -88,6 +88,7 @@ def require_kafka_connector(spark: SparkSession) -> None:
     """Raise :class:`KafkaConnectorMissing` naming the fix unless ``spark`` can load the
     connector (``format("kafka")``)."""
     jvm = spark.sparkContext._jvm  # noqa: SLF001 - the classpath is the JVM's
+    assert jvm is not None, "a SparkContext without its JVM"
     try:
         loader = jvm.org.apache.spark.util.Utils.getContextOrSparkClassLoader()
         jvm.java.lang.Class.forName(CONNECTOR_CLASS, False, loader)

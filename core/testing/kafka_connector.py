@@ -75,7 +75,8 @@ def _main(argv: list[str]) -> int:
     if not argv or argv[0] != "fetch":
         print("usage: python -m localstate.testing.kafka_connector fetch [SPARK_VERSION ...]", file=sys.stderr)
         return 2
-    for version in argv[1:] or [None]:
+    versions: list[str | None] = [*argv[1:]] or [None]
+    for version in versions:
         t0 = time.perf_counter()
         jars = fetch_kafka_connector(version)
         print(f"{kafka_connector_package(version)}: {len(jars)} jars in {jars[0].parent} "
