@@ -276,7 +276,15 @@ def start_session(quick: bool) -> tuple[Any, bool]:
         for key, value in SESSION_CONF.items():
             active.conf.set(key, value)
         return active, False
-    return spark_session(MASTER, app_name="localstate-bench-spark", **SESSION_CONF,
+    from localstate.testing.kafka_connector import kafka_connector_conf
+
+    # Spark's Kafka connector for the Kafka rows (:mod:`.spark_kafka`): local jars, fetched once
+    # (without Maven the session starts without it and those rows report the error)
+    try:
+        connector = kafka_connector_conf()
+    except RuntimeError:
+        connector = {}
+    return spark_session(MASTER, app_name="localstate-bench-spark", **SESSION_CONF, **connector,
                          **{"spark.driver.memory": "2g" if quick else "4g"}), True
 
 

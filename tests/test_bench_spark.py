@@ -73,6 +73,10 @@ def test_spark_suite_runs_quick_and_reports_every_figure(tmp_path: Path) -> None
     assert close_ms is not None and float(close_ms.group(1).replace(",", "")) > 0, breakdown[0]["notes"]
     kafka = [r for r in rows if r["workload"] == "kafka_e2e"]
     assert kafka and "localstate-kafka" in kafka[0]["engine"] and "users" in kafka[0]["notes"]
+    # Spark's Kafka connector, shuffled and co-partitioned, beside localstate's own source
+    from localstate.benchmarks.spark_kafka import CO_PARTITIONED, CONNECTOR
+
+    assert [r["engine"] for r in kafka[1:3]] == [CONNECTOR, CO_PARTITIONED]
     # the Quix peer runs only where quixstreams is installed (LOCALSTATE_QUIX_PYTHON or this venv)
-    assert len(kafka) == 2 or "Quix not run" in kafka[0]["notes"]
+    assert len(kafka) == 4 or "Quix not run" in kafka[0]["notes"]
     assert "windowed_e2e" in (tmp_path / "out" / "results.md").read_text()

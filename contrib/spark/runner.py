@@ -200,13 +200,15 @@ class StatefulJob:
             )
 
     def transform(self, df: DataFrame, batch_id: int | None = None, *, in_stream_plan: bool = False,
-                  placement: _PlacedRun | None = None) -> DataFrame:
+                  placement: _PlacedRun | None = None, co_partitioned: bool = False) -> DataFrame:
         """The lazy output DataFrame of one run over ``df`` (``batch_id``: streaming version).
 
         Executing it more than once re-runs the tasks: a batch run applies its input
         again; a streaming batch rolls back to ``batch_id - 1`` first (idempotent).
         With ``placement`` (:meth:`placement_plan`) each Spark task prefers the executor
-        the registry proposes (:mod:`localstate.contrib.spark.placement`).
+        the registry proposes (:mod:`localstate.contrib.spark.placement`). ``co_partitioned``:
+        no shuffle, each Spark partition of a Kafka source runs the task of its topic
+        partition (:mod:`localstate.contrib.spark.kafka_input`).
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -223,6 +225,10 @@ class StatefulJob:
             from .metrics import with_metrics_column
 
             struct = with_metrics_column(struct)
+        if co_partitioned:
+            from .kafka_input import co_partitioned_plan
+
+            return co_partitioned_plan(self, df, run, struct)
         if self.spark_tasks == self.num_tasks:
             def tasks_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 return run_partition(run, spark_partition_id(), batches)
@@ -346,6 +352,7 @@ class StatefulJob:
         trigger: dict[str, Any] | None = None,
         output: Callable[[DataFrame, int], None] | None = None,
         timer_interval_ms: int | None = None,
+        co_partitioned: bool = False,
     ) -> StreamingQuery:
         """Start the job over ``stream_df`` with ``foreachBatch``; returns the running query.
 
@@ -368,6 +375,13 @@ class StatefulJob:
         ever sees (:mod:`localstate.contrib.spark.ticks`); each tick micro-batch is a
         commit version like any other. A bad interval, ``trigger`` with it, or a (local)
         checkpoint written without ticks is a :class:`ConfigError` before the query starts.
+
+        ``co_partitioned=True``: ``stream_df`` is Spark's Kafka source (``format("kafka")``)
+        over a topic already partitioned by the job's key into ``job.partitions`` partitions;
+        each topic partition's Spark partition runs its task with no shuffle. What it needs
+        (one topic, no ``minPartitions``, the producer choosing each record's partition as
+        ``pmod(hash(key), N)``) is in :mod:`localstate.contrib.spark.kafka_input`; a run that
+        could not be exact is a :class:`ConfigError` before the query starts.
         """
         from .metrics import StateMetricsParam, batch_progress, metrics_delta, observe_state
 
@@ -376,6 +390,10 @@ class StatefulJob:
             trigger = tick_trigger(self.config.job_name, interval, trigger)
             check_checkpoint_ticks(self.config.job_name, checkpoint_location)
         self.check_input(stream_df)
+        if co_partitioned:
+            from .kafka_input import check_co_partitioned
+
+            check_co_partitioned(self, stream_df, interval)
         if interval is not None:
             stream_df = with_ticks(stream_df)
         accumulator = stream_df.sparkSession.sparkContext.accumulator({}, StateMetricsParam())
@@ -386,11 +404,15 @@ class StatefulJob:
         # own plan (their metrics reach its progress as observed metrics); foreachBatch
         # evaluates it once per micro-batch. On a cluster they run inside foreachBatch, on
         # the micro-batch's input, where each run can carry its placement.
-        placed = self.affinity and bool(live_executors(stream_df.sparkSession.sparkContext))
+        # (Co-partitioned tasks follow the Kafka source's own placement: a topic partition
+        # prefers one executor.)
+        placed = (self.affinity and not co_partitioned
+                  and bool(live_executors(stream_df.sparkSession.sparkContext)))
         if placed:
             plan = stream_df
         else:
-            plan = observe_state(self.transform(stream_df, in_stream_plan=True), list(self.config.stores))
+            plan = observe_state(self.transform(stream_df, in_stream_plan=True, co_partitioned=co_partitioned),
+                                 list(self.config.stores))
 
         def run_batch(result: DataFrame, batch_id: int) -> None:
             before = metrics_delta(accumulator.value, {})

@@ -33,7 +33,7 @@ try:
 except ImportError:  # run as a plain script by .ci/run, before anything is installed
     from broker_process import BrokerProcess  # type: ignore[no-redef]
 
-__all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "fetch_kafka", "kafka_cache_dir"]
+__all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "fetch_kafka", "kafka_cache_dir", "maven_fetch"]
 
 KAFKA_VERSION = "4.4.0"
 """The Kafka release the tests run (its broker runs on Java 17)."""
@@ -101,31 +101,41 @@ def kafka_cache_dir(version: str = KAFKA_VERSION) -> Path:
 
 def fetch_kafka(version: str = KAFKA_VERSION, *, timeout_s: float = 600.0) -> Path:
     """The directory holding ``kafka_2.13`` ``version`` and every runtime jar it needs,
-    fetched with Maven on first use. Idempotent: a complete cache returns at once; a fetch
-    goes to a temporary directory renamed into place, so a killed fetch leaves nothing
-    that looks complete."""
-    lib = kafka_cache_dir(version)
+    fetched with Maven on first use (:func:`maven_fetch`)."""
+    return maven_fetch(kafka_cache_dir(version), _POM.format(kafka=version, log4j=_LOG4J_VERSION),
+                       f"kafka_2.13-{version}.jar", f"org.apache.kafka:kafka_2.13:{version}",
+                       "the Apache Kafka broker for the tests", timeout_s=timeout_s)
+
+
+def maven_fetch(lib: Path, pom: str, expected_jar: str, what: str, purpose: str, *,
+                extra_args: tuple[str, ...] = (), timeout_s: float = 600.0) -> Path:
+    """``lib``, holding the runtime jars of the dependencies ``pom`` declares, copied there
+    by Maven (``dependency:copy-dependencies`` plus ``extra_args``) on first use.
+    Idempotent: a complete directory returns at once; a fetch goes to a temporary
+    directory renamed into place, so a killed fetch leaves nothing that looks complete.
+    ``expected_jar`` (a glob) must be among the jars; ``what`` names the artifact and
+    ``purpose`` what it is for in errors."""
     if (lib / _COMPLETE).is_file():
         return lib
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise RuntimeError("Maven (mvn) is needed to fetch the Apache Kafka broker for the tests: apt-get install maven")
+        raise RuntimeError(f"Maven (mvn) is needed to fetch {purpose} ({what}): apt-get install maven")
     lib.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".fetch-{version}-", dir=lib.parent))
+    work = Path(tempfile.mkdtemp(prefix=f".fetch-{lib.name}-", dir=lib.parent))
     try:
-        (work / "pom.xml").write_text(_POM.format(kafka=version, log4j=_LOG4J_VERSION))
+        (work / "pom.xml").write_text(pom)
         out = work / "lib"
         proc = subprocess.run(
             [mvn, "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
-             f"-DoutputDirectory={out}", "-DincludeScope=runtime"],
+             f"-DoutputDirectory={out}", "-DincludeScope=runtime", *extra_args],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout_s,
         )
-        if proc.returncode != 0 or not any(out.glob(f"kafka_2.13-{version}.jar")):
+        if proc.returncode != 0 or not any(out.glob(expected_jar)):
             raise RuntimeError(
-                f"Maven could not fetch org.apache.kafka:kafka_2.13:{version} (exit code {proc.returncode}): "
+                f"Maven could not fetch {what} (exit code {proc.returncode}): "
                 f"{proc.stdout.decode(errors='replace')[-3000:]}"
             )
-        (out / _COMPLETE).write_text(f"org.apache.kafka:kafka_2.13:{version}\n")
+        (out / _COMPLETE).write_text(f"{what}\n")
         try:
             out.rename(lib)
         except OSError:  # fetched meanwhile by another process

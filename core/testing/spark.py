@@ -4,7 +4,8 @@
 
 * ``spark`` — session-scoped :class:`pyspark.sql.SparkSession` on ``local[2]``
   (starting one costs 6–10 s, so every test of a pytest run shares it), built by
-  :func:`localstate.contrib.spark.spark_session` (127.0.0.1, UTC, Arrow, no UI);
+  :func:`localstate.contrib.spark.spark_session` (127.0.0.1, UTC, Arrow, no UI), with
+  Spark's Kafka connector on its classpath (``format("kafka")``);
 * ``spark_master`` — the master URL it runs on (``LOCALSTATE_SPARK_MASTER`` overrides
   ``local[2]``).
 
@@ -32,11 +33,29 @@ def spark_master() -> str:
 def spark(spark_master: str) -> Iterator[Any]:
     from localstate.contrib.spark import spark_session
 
-    session = spark_session(spark_master, app_name="localstate-tests", **{"spark.sql.shuffle.partitions": "4"})
+    session = spark_session(spark_master, app_name="localstate-tests",
+                            **{"spark.sql.shuffle.partitions": "4", **_kafka_connector()})
     try:
         yield session
     finally:
         session.stop()
+
+
+def _kafka_connector() -> dict[str, str]:
+    """``spark.jars`` of Spark's Kafka connector (:mod:`localstate.testing.kafka_connector`),
+    fetched on first use when Maven is installed; local jars add next to nothing to the
+    session's start. Without Maven, or when the fetch fails: none, with a warning (the
+    connector's tests then fail naming the fix; every other test runs)."""
+    import shutil
+    import warnings
+
+    from localstate.testing.kafka_connector import kafka_connector_conf
+
+    try:
+        return kafka_connector_conf(fetch=shutil.which("mvn") is not None)
+    except RuntimeError as e:
+        warnings.warn(f"the test session has no Kafka connector: {e}", stacklevel=2)
+        return {}
 
 
 class KeyCount:

@@ -212,8 +212,21 @@ def run_batch(spark: Any, root: Path, input_dir: Path, config: Config) -> None:
     _write_json(root / "output.json", rows)
 
 
+KAFKA_ENV = "LOCALSTATE_DRIVER_KAFKA"
+"""``{"bootstrap": ..., "topic": ..., "per_trigger": N}`` (JSON): with ``--input-format kafka``
+the stream is that topic of JSON values read by Spark's Kafka connector, N records per
+micro-batch (:mod:`localstate.contrib.spark.kafka_input`)."""
+
+
 def _input_stream(spark: Any, input_dir: Path, input_format: str) -> Any:
-    """The files under ``input_dir`` as a stream, one file per micro-batch."""
+    """The files under ``input_dir`` as a stream, one file per micro-batch (or the topic
+    of :data:`KAFKA_ENV`)."""
+    if input_format == "kafka":
+        from localstate.contrib.spark.kafka_input import kafka_json, kafka_stream
+
+        kafka = json.loads(os.environ[KAFKA_ENV])
+        stream = kafka_stream(spark, kafka["bootstrap"], kafka["topic"], maxOffsetsPerTrigger=kafka["per_trigger"])
+        return kafka_json(stream, INPUT_SCHEMA)
     reader = spark.readStream.schema(INPUT_SCHEMA).option("maxFilesPerTrigger", 1)
     return reader.parquet(str(input_dir)) if input_format == "parquet" else reader.json(str(input_dir))
 
@@ -248,7 +261,8 @@ class MisplacingPlacement(ForgetfulPlacement):
 
 def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_tasks: int | None = None,
                *, forget_placement_at: int | None = None, misplace: bool = False, input_format: str = "json",
-               progress: list[dict[str, Any]] | None = None, affinity: bool = True) -> int | None:
+               progress: list[dict[str, Any]] | None = None, affinity: bool = True,
+               co_partitioned: bool = False) -> int | None:
     """The streaming job, one input file per micro-batch, until the input is consumed;
     batch ``B``'s rows to ``root/output/batch-B.json``. Returns the last batch id.
     ``spark_tasks``: see :class:`StatefulJob` (None: one Spark task per task).
@@ -256,7 +270,7 @@ def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_ta
     after that micro-batch (as a new driver starts with none); ``misplace``: the
     registry is a :class:`MisplacingPlacement`. ``input_format``: ``json`` (lines) or
     ``parquet`` files. ``progress``: receives the query's progress of every micro-batch.
-    ``affinity``: see :class:`StatefulJob`."""
+    ``affinity``, ``co_partitioned``: see :class:`StatefulJob` and its ``run_stream``."""
     from localstate.contrib.spark import StatefulJob
 
     job = StatefulJob(config, RecordedKeyCount, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA,
@@ -275,6 +289,7 @@ def run_stream(spark: Any, root: Path, input_dir: Path, config: Config, spark_ta
         checkpoint_location=str(root / "spark-checkpoint"),
         trigger={"availableNow": True},
         output=output,
+        co_partitioned=co_partitioned,
     )
     query.awaitTermination()
     if job.standby_follows:
@@ -344,8 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executors", type=int, default=None,
                         help="wait until this many executors registered (a spark:// master)")
     parser.add_argument("--no-affinity", action="store_true", help="stream: StatefulJob(affinity=False)")
-    parser.add_argument("--input-format", choices=["json", "parquet"], default="json",
-                        help="stream: the input files' format")
+    parser.add_argument("--input-format", choices=["json", "parquet", "kafka"], default="json",
+                        help="stream: the input files' format (kafka: the topic of $" + KAFKA_ENV + ")")
+    parser.add_argument("--co-partitioned", action="store_true",
+                        help="stream: run_stream(co_partitioned=True) (--input-format kafka)")
     parser.add_argument("--standby-replicas", type=int, default=0,
                         help="stream: job.standby.replicas (a warm copy of each task on another executor)")
     parser.add_argument("--floor", action="store_true",
@@ -372,6 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         from localstate.contrib.spark.session import one_host_exclusion
 
         conf.update(one_host_exclusion(args.executors))
+    if args.input_format == "kafka":
+        from localstate.testing.kafka_connector import kafka_connector_conf
+
+        conf.update(kafka_connector_conf())
     spark = spark_session(args.master, app_name=f"localstate-cluster-{args.mode}", **conf)
     if args.executors:
         from localstate.contrib.spark.session import wait_for_executors
@@ -398,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
                 result["last_batch"] = run_stream(spark, root, args.input, config(root, True), args.spark_tasks,
                                                   forget_placement_at=args.forget_placement_at,
                                                   misplace=args.misplace, input_format=args.input_format,
-                                                  progress=progress, affinity=not args.no_affinity)
+                                                  progress=progress, affinity=not args.no_affinity,
+                                                  co_partitioned=args.co_partitioned)
             result["batch_ms"] = [p["durationMs"].get("triggerExecution") for p in progress]
             result["batch_add_ms"] = [p["durationMs"].get("addBatch") for p in progress]
             result["batch_ids"] = [p["batchId"] for p in progress]
