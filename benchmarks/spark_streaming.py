@@ -13,16 +13,32 @@ batch to the next — the shape a streaming user runs (the single-run rows of
   (rocksdb + file changelog, one exactly-once commit per task per micro-batch; the 4
   tasks run in as many Spark tasks as the session has cores, ``--spark-tasks`` to change);
 * ``spark``: ``groupBy(window(event_time, 1 hour), user_id).count()`` with a 60 s
-  watermark, append mode, ``RocksDBStateStoreProvider`` with changelog checkpointing.
+  watermark, append mode, ``RocksDBStateStoreProvider`` with changelog checkpointing;
+* the stateless floors, the same query with no state (:func:`floor_stream`):
+  ``repartition(4, user_id)`` → ``mapInArrow`` (a pyarrow group-by per Arrow batch) —
+  localstate's shuffle and Arrow hop into Python without the state — and
+  ``groupBy(hour, user_id).count()`` inside ``foreachBatch`` (the JVM only);
+* ``flink`` (when ``LOCALSTATE_FLINK_PYTHON`` names a Python with ``apache-flink==2.3.0``,
+  see :mod:`localstate.benchmarks.peers`): Flink SQL's tumbling window count per
+  ``(user, hour)`` with a 60 s watermark, RocksDB state backend, a checkpoint every
+  second, parallelism 2 (:mod:`localstate.benchmarks.peers.flink_peer`), over the same
+  events as CSV (converted untimed); one JVM serves every run, the first (checked) one
+  warms it. Without the variable the row is left out and the localstate row says why.
 
-The two are run interleaved (localstate, Spark, localstate, …) on one warm session.
-The warm-up pair collects both queries' output and asserts it is identical (every
-``(window_start, user_id, views)``); the timed runs write to the ``noop`` sink.
+They run interleaved (localstate, Spark, the mapInArrow floor, the JVM floor, Flink,
+localstate, …) on one warm session. The warm-up round collects localstate's and Spark's
+output and asserts it is identical (every ``(window_start, user_id, views)``), checks
+that each floor counted every event, and compares Flink's windows with localstate's
+(:func:`check_flink_output`); the timed runs write to the ``noop`` (Flink: ``blackhole``)
+sink.
 
 Rows: ``stream_e2e`` (events/s from ``start()`` to the end of the ``availableNow``
-query; the localstate row carries the ratio), ``stream_batch_latency`` (median and p95
-of the data micro-batches' ``triggerExecution`` in ms, from the query progress), and
-``stream_breakdown``: where one localstate micro-batch's time goes (mean over the data
+query — Flink: from submitting the ``INSERT`` to its job's end; the localstate row
+carries the ratio to Spark's store), ``stream_e2e.vs_floor`` / ``.vs_jvm_floor`` /
+``.vs_flink`` (localstate's rate over the other's, per interleaved round, unit ``x``),
+``stream_batch_latency`` (median and p95 of the data micro-batches' ``triggerExecution``
+in ms, from the query progress), and ``stream_breakdown``: where one micro-batch's time
+goes for localstate, Spark's store and the mapInArrow floor (mean over the data
 batches of every timed run), from three sources — the query progress (``durationMs``:
 the driver's offset/plan/log work vs ``addBatch``, the job), Spark's status store
 (per stage: wall and summed task time, the Parquet-read/shuffle-write stage vs the
