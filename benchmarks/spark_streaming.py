@@ -71,7 +71,7 @@ from localstate.contrib.spark.workload import HOUR
 from localstate.testing.spark import batch_stages
 
 from .peers import FLINK_VERSION, ServedPeer, flink_python
-from .runner import make_row
+from .runner import describe_error, error_row, make_row
 from .spark_jobs import ENGINE, HOURS, SPARK_STATE_STORE, TASKS, Sizes, events, timed_task
 
 __all__ = ["StreamSizes", "STREAM_FULL", "STREAM_QUICK", "FILES_PER_TRIGGER", "write_stream_files",
@@ -472,16 +472,20 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: 
             shutil.rmtree(checkpoint, ignore_errors=True)
 
     flink_python_path, flink_how = flink_python()
+    flink_error: str | None = None  # a failing Flink peer becomes an error cell; the other rows stay
     with contextlib.ExitStack() as stack:
         flink: ServedPeer | None = None
         if flink_python_path is not None:
             csv_dir = work / "stream-input-csv"
             write_csv_files(input_dir, csv_dir)
             flink_work = fresh("flink")
-            flink = stack.enter_context(ServedPeer(flink_python_path, "flink_peer.py",
-                                                   [str(csv_dir), str(flink_work), "--parallelism", str(FLINK_PARALLELISM)],
-                                                   RESULT_PREFIX,
-                                                   work / "flink-peer.stderr"))
+            try:
+                flink = stack.enter_context(ServedPeer(
+                    flink_python_path, "flink_peer.py",
+                    [str(csv_dir), str(flink_work), "--parallelism", str(FLINK_PARALLELISM)], RESULT_PREFIX,
+                    work / "flink-peer.stderr"))
+            except Exception as e:
+                flink_error = describe_error(e)
 
         # warm-up round, collected and compared
         mine, _ = ours(True)
@@ -504,8 +508,11 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: 
         flink_checked = ""
         if flink is not None:
             flink_out = fresh("flink-out")
-            flink.ask({"run": "warmup", "output": str(flink_out)})
-            flink_checked = check_flink_output(flink_out, mine.output, n)
+            try:
+                flink.ask({"run": "warmup", "output": str(flink_out)})
+                flink_checked = check_flink_output(flink_out, mine.output, n)
+            except Exception as e:
+                flink, flink_error = None, describe_error(e)
             shutil.rmtree(flink_out, ignore_errors=True)
         windows = mine.output.num_rows
         views = int(pa.compute.sum(mine.output["views"]).as_py() or 0)
@@ -524,7 +531,10 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: 
             py_floor.append(floor(False))
             jvm_floor.append(floor(True))
             if flink is not None:
-                flink_s.append(float(flink.ask({"run": f"timed{i}"})["seconds"]))
+                try:
+                    flink_s.append(float(flink.ask({"run": f"timed{i}"})["seconds"]))
+                except Exception as e:
+                    flink, flink_error, flink_s = None, describe_error(e), []
 
     baseline = "spark structured streaming (RocksDBStateStoreProvider)"
     ls_name = "localstate run_stream (PageViewsPerHour, rocksdb + file changelog)"
@@ -532,14 +542,14 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: 
     jvm_name = "spark, no state: groupBy(hour, user).count() in foreachBatch (JVM only)"
     same = (f"output checked identical in the warm-up round: {windows:,} windows, {views:,} views; "
             f"{len(mine.data_batches)} data micro-batches per run")
-    interleaved = "interleaved with localstate, Spark's store, the two floors" + (" and Flink" if flink else "")
+    interleaved = "interleaved with localstate, Spark's store, the two floors" + (" and Flink" if flink_s else "")
     base = make_row("stream_e2e", baseline, params | {"state_store": SPARK_STATE_STORE}, "events/s",
                     [n / r.seconds for r in peer_runs],
                     notes="groupBy(window 1h, user).count(), watermark 60 s, append, noop sink, "
                     "changelog checkpointing on; " + same)
     e2e = make_row("stream_e2e", ls_name, params, "events/s", [n / r.seconds for r in our_runs],
                    baseline=baseline, notes=f"{interleaved}; " + same
-                   + ("" if flink is not None else f"; Flink not run: {flink_how}"))
+                   + ("" if flink_s else f"; Flink not run: {flink_error or flink_how}"))
     e2e["ratio"] = e2e["median"] / base["median"] if base["median"] else None
     floor_notes = (f"the same query shape with no state (every view counted per micro-batch, checked in the "
                    f"warm-up round), foreachBatch, noop sink; {interleaved}")
@@ -550,13 +560,15 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: 
                      notes=floor_notes)]
     versus: list[tuple[str, str, list[Any]]] = [("stream_e2e.vs_floor", py_name, py_floor),
                                                 ("stream_e2e.vs_jvm_floor", jvm_name, jvm_floor)]
-    if flink is not None:
+    if flink_error is not None:
+        rows.append(error_row("stream_e2e", FLINK_NAME, params, "events/s", flink_error))
+    if flink_s:
         rows.append(make_row("stream_e2e", FLINK_NAME, params | {"parallelism": FLINK_PARALLELISM, "checkpoint_ms": 1000},
                              "events/s", [n / x for x in flink_s],
                              notes=f"submit INSERT to job finished, blackhole sink, JVM warmed by the checked "
                              f"run; the Parquet input as {FLINK_PARALLELISM} CSV files, one per source subtask (untimed); "
                              f"peer run by {flink_how}; {flink_checked}"))
-    if flink is not None:
+    if flink_s:
         versus.append(("stream_e2e.vs_flink", FLINK_NAME, flink_s))
     for workload, name, runs in versus:
         other = [r if isinstance(r, float) else r.seconds for r in runs]
