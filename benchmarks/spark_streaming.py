@@ -13,16 +13,32 @@ batch to the next — the shape a streaming user runs (the single-run rows of
   (rocksdb + file changelog, one exactly-once commit per task per micro-batch; the 4
   tasks run in as many Spark tasks as the session has cores, ``--spark-tasks`` to change);
 * ``spark``: ``groupBy(window(event_time, 1 hour), user_id).count()`` with a 60 s
-  watermark, append mode, ``RocksDBStateStoreProvider`` with changelog checkpointing.
+  watermark, append mode, ``RocksDBStateStoreProvider`` with changelog checkpointing;
+* the stateless floors, the same query with no state (:func:`floor_stream`):
+  ``repartition(4, user_id)`` → ``mapInArrow`` (a pyarrow group-by per Arrow batch) —
+  localstate's shuffle and Arrow hop into Python without the state — and
+  ``groupBy(hour, user_id).count()`` inside ``foreachBatch`` (the JVM only);
+* ``flink`` (when ``LOCALSTATE_FLINK_PYTHON`` names a Python with ``apache-flink==2.3.0``,
+  see :mod:`localstate.benchmarks.peers`): Flink SQL's tumbling window count per
+  ``(user, hour)`` with a 60 s watermark, RocksDB state backend, a checkpoint every
+  second, parallelism 2 (:mod:`localstate.benchmarks.peers.flink_peer`), over the same
+  events as CSV (converted untimed); one JVM serves every run, the first (checked) one
+  warms it. Without the variable the row is left out and the localstate row says why.
 
-The two are run interleaved (localstate, Spark, localstate, …) on one warm session.
-The warm-up pair collects both queries' output and asserts it is identical (every
-``(window_start, user_id, views)``); the timed runs write to the ``noop`` sink.
+They run interleaved (localstate, Spark, the mapInArrow floor, the JVM floor, Flink,
+localstate, …) on one warm session. The warm-up round collects localstate's and Spark's
+output and asserts it is identical (every ``(window_start, user_id, views)``), checks
+that each floor counted every event, and compares Flink's windows with localstate's
+(:func:`check_flink_output`); the timed runs write to the ``noop`` (Flink: ``blackhole``)
+sink.
 
 Rows: ``stream_e2e`` (events/s from ``start()`` to the end of the ``availableNow``
-query; the localstate row carries the ratio), ``stream_batch_latency`` (median and p95
-of the data micro-batches' ``triggerExecution`` in ms, from the query progress), and
-``stream_breakdown``: where one localstate micro-batch's time goes (mean over the data
+query — Flink: from submitting the ``INSERT`` to its job's end; the localstate row
+carries the ratio to Spark's store), ``stream_e2e.vs_floor`` / ``.vs_jvm_floor`` /
+``.vs_flink`` (localstate's rate over the other's, per interleaved round, unit ``x``),
+``stream_batch_latency`` (median and p95 of the data micro-batches' ``triggerExecution``
+in ms, from the query progress), and ``stream_breakdown``: where one micro-batch's time
+goes for localstate, Spark's store and the mapInArrow floor (mean over the data
 batches of every timed run), from three sources — the query progress (``durationMs``:
 the driver's offset/plan/log work vs ``addBatch``, the job), Spark's status store
 (per stage: wall and summed task time, the Parquet-read/shuffle-write stage vs the
@@ -38,26 +54,30 @@ import os
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from localstate.contrib.spark.compat import dataframe_to_arrow
 from localstate.contrib.spark.job_windowed import ALLOWED_LATENESS_S, PageViewsPerHour
 from localstate.contrib.spark.jobs import job_config
 from localstate.contrib.spark.runner import StatefulJob
+from localstate.contrib.spark.workload import HOUR
 from localstate.testing.spark import batch_stages
 
-from .runner import make_row
+from .peers import FLINK_VERSION, ServedPeer, flink_python
+from .runner import describe_error, error_row, make_row
 from .spark_jobs import ENGINE, HOURS, SPARK_STATE_STORE, TASKS, Sizes, events, timed_task
 
 __all__ = ["StreamSizes", "STREAM_FULL", "STREAM_QUICK", "FILES_PER_TRIGGER", "write_stream_files",
-           "localstate_stream", "spark_stream", "spark_tasks_for", "StreamRun", "stream_rows", "finish_query",
-           "format_parts", "latencies_ms", "localstate_breakdown", "spark_breakdown", "run_shape", "main"]
+           "localstate_stream", "spark_stream", "floor_stream", "hourly_counts", "spark_tasks_for", "StreamRun", "stream_rows", "finish_query",
+           "format_parts", "latencies_ms", "localstate_breakdown", "spark_breakdown", "floor_breakdown",
+           "write_csv_files", "check_flink_output", "run_shape", "main"]
 
 FILES_PER_TRIGGER = 5
 INPUT_SCHEMA = "ts long, user_id string"
@@ -175,6 +195,49 @@ def spark_stream(spark: Any, input_dir: Path, checkpoint: Path, *, collect: bool
     return finish_query(spark, query, t0, collected if collect else None)
 
 
+FLOOR_SCHEMA = "window_start long, user_id string, views long"
+
+
+def hourly_counts(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The stateless floor's Python side: each Arrow batch's views per ``(hour, user)``, by
+    one pyarrow group-by per batch (nothing kept between batches)."""
+    for batch in batches:
+        start = pc.multiply(pc.divide(batch.column("ts"), HOUR), HOUR)
+        counts = (pa.table({"window_start": start, "user_id": batch.column("user_id")})
+                  .group_by(["window_start", "user_id"]).aggregate([("user_id", "count")]))
+        yield from counts.select(["window_start", "user_id", "user_id_count"]).rename_columns(
+            ["window_start", "user_id", "views"]).to_batches()
+
+
+def floor_stream(spark: Any, input_dir: Path, checkpoint: Path, *, jvm: bool = False,
+                 totals: list[int] | None = None) -> StreamRun:
+    """The same streaming query with no state: the input, ``foreachBatch``, and per
+    micro-batch either (``jvm=False``) ``repartition(4, user_id)`` → ``mapInArrow``
+    (:func:`hourly_counts`) — the shuffle and Arrow hop into Python of the localstate
+    query — or (``jvm=True``) ``groupBy(hour, user_id).count()`` inside ``foreachBatch``,
+    in the JVM only; written to the ``noop`` sink. With ``totals``, each micro-batch's
+    sum of the counts is appended there instead (the warm-up's check that every event
+    was counted)."""
+    from pyspark.sql import functions as F
+
+    stream = _stream(spark, input_dir)
+    plan = stream if jvm else stream.repartition(TASKS, "user_id").mapInArrow(hourly_counts, FLOOR_SCHEMA)
+
+    def sink(df: Any, _batch: int) -> None:
+        if jvm:
+            df = (df.groupBy((F.col("ts") - F.col("ts") % HOUR).alias("window_start"), "user_id").count()
+                  .withColumnRenamed("count", "views"))
+        if totals is None:
+            df.write.format("noop").mode("overwrite").save()
+        else:
+            totals.append(int(df.agg(F.sum("views")).first()[0] or 0))
+
+    t0 = time.perf_counter()
+    query = (plan.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    return finish_query(spark, query, t0, None)
+
+
 def finish_query(spark: Any, query: Any, t0: float, collected: list[pa.Table] | None) -> StreamRun:
     """Wait for ``query`` (started at ``t0``) to end and gather what it reported."""
     query.awaitTermination()
@@ -213,20 +276,8 @@ def localstate_breakdown(runs: list[StreamRun], task_docs: list[list[dict[str, A
                 by_batch.setdefault(int(doc["version"]), []).append(doc)
         for p in run.data_batches:
             batch = int(p["batchId"])
-            durations = p["durationMs"]
-            trigger = durations.get("triggerExecution", 0) / 1000
-            add_batch = durations.get("addBatch", 0) / 1000
-            add("micro-batch (triggerExecution)", trigger)
-            add("driver: offsets, planning, offset/commit logs", trigger - add_batch)
-            stages = run.stages.get(batch, [])
-            read = [s for s in stages if s["shuffle_read"] == 0]
-            python = [s for s in stages if s["shuffle_read"] > 0]
-            stage_wall = sum(s["wall"] for s in read + python)
-            add("addBatch: job scheduling and gaps between stages", add_batch - stage_wall)
-            add("stage 1 wall: read input + shuffle write", sum(s["wall"] for s in read))
-            add("stage 2 wall: shuffle read + Python tasks", sum(s["wall"] for s in python))
-            add("stage 1 task-s", sum(s["task_s"] for s in read))
-            add("stage 2 task-s", sum(s["task_s"] for s in python))
+            for name, value in _stage_parts(run, p):
+                add(name, value)
             tasks = by_batch.get(batch, [])
             task_s = {key: sum(d.get(key, 0.0) for d in tasks)
                       for key in ("open", "input", "init", "process_batch", "window", "commit")}
@@ -237,6 +288,37 @@ def localstate_breakdown(runs: list[StreamRun], task_docs: list[list[dict[str, A
             for key in ("init", "process_batch", "window", "commit"):
                 add(f"python task-s: {key}", task_s[key])
             add("python task-s: close (memtable flush, clean-close claim)", _close_seconds(p))
+    return {k: statistics.mean(v) for k, v in parts.items()}
+
+
+def _stage_parts(run: StreamRun, progress: dict[str, Any]) -> list[tuple[str, float]]:
+    """Seconds of one data micro-batch of a query that shuffles into a second stage: the
+    batch, the driver's part, scheduling, and each stage's wall and summed task time."""
+    durations = progress["durationMs"]
+    trigger = durations.get("triggerExecution", 0) / 1000
+    add_batch = durations.get("addBatch", 0) / 1000
+    stages = run.stages.get(int(progress["batchId"]), [])
+    read = [s for s in stages if s["shuffle_read"] == 0]
+    python = [s for s in stages if s["shuffle_read"] > 0]
+    return [
+        ("micro-batch (triggerExecution)", trigger),
+        ("driver: offsets, planning, offset/commit logs", trigger - add_batch),
+        ("addBatch: job scheduling and gaps between stages", add_batch - sum(s["wall"] for s in read + python)),
+        ("stage 1 wall: read input + shuffle write", sum(s["wall"] for s in read)),
+        ("stage 2 wall: shuffle read + Python tasks", sum(s["wall"] for s in python)),
+        ("stage 1 task-s", sum(s["task_s"] for s in read)),
+        ("stage 2 task-s", sum(s["task_s"] for s in python)),
+    ]
+
+
+def floor_breakdown(runs: list[StreamRun]) -> dict[str, float]:
+    """Mean seconds per data micro-batch of the ``mapInArrow`` floor (:func:`floor_stream`):
+    the parts it shares with the localstate query (no state, so no task timers)."""
+    parts: dict[str, list[float]] = {}
+    for run in runs:
+        for p in run.data_batches:
+            for name, value in _stage_parts(run, p):
+                parts.setdefault(name, []).append(value)
     return {k: statistics.mean(v) for k, v in parts.items()}
 
 
@@ -282,12 +364,70 @@ def format_parts(parts: dict[str, float]) -> str:
     return "; ".join(f"{k} {v * 1000:,.0f} ms" for k, v in parts.items())
 
 
+# -- the Flink peer --------------------------------------------------------------------------
+FLINK_NAME = f"flink {FLINK_VERSION} SQL tumble window count (RocksDB, checkpoint 1 s, p=2, warm JVM)"
+
+
+FLINK_PARALLELISM = 2
+
+
+def write_csv_files(parquet_dir: Path, csv_dir: Path, files: int = FLINK_PARALLELISM) -> None:
+    """The Parquet files of ``parquet_dir`` (read in name order: time order) as ``files``
+    header-less CSV files (``ts,user_id``) under ``csv_dir``, row ``i`` in file ``i % files``:
+    the Flink peer's input (untimed). One file per source subtask, each in time order over
+    the whole time range: Flink's file source reads its files in no particular order, and
+    a file taken up after a later one would have its events dropped as late by the
+    watermark (the 50 files of the Spark input lost most of the first hours)."""
+    import pyarrow.csv as pcsv
+
+    csv_dir.mkdir(parents=True)
+    table = pa.concat_tables(pq.read_table(path) for path in sorted(parquet_dir.glob("*.parquet")))
+    for i in range(files):
+        part = table.take(pa.array(np.arange(i, table.num_rows, files)))
+        pcsv.write_csv(part, csv_dir / f"part-{i}.csv", pcsv.WriteOptions(include_header=False, quoting_style="none"))
+
+
+def check_flink_output(output_dir: Path, ours: pa.Table, events: int) -> str:
+    """Compare the Flink peer's windows (CSV files under ``output_dir``) with localstate's
+    (``ours``: ``window_start, user_id, views`` sorted): every window localstate emitted is
+    in Flink's output with the same count, Flink's other windows are later ones (the
+    windows localstate's query still holds open when the input ends, which Flink's final
+    watermark closes), and Flink counted every event. Returns what was checked; raises
+    naming the first difference."""
+    import pyarrow.csv as pcsv
+
+    files = [f for f in sorted(output_dir.rglob("*")) if f.is_file() and not f.name.startswith((".", "_"))]
+    if not files:
+        raise RuntimeError(f"the Flink peer wrote no output under {output_dir}")
+    columns = pcsv.ConvertOptions(column_types={"window_start": pa.int64(), "user_id": pa.string(),
+                                                "views": pa.int64()})
+    theirs = pa.concat_tables([pcsv.read_csv(f, pcsv.ReadOptions(column_names=["window_start", "user_id", "views"]),
+                                             convert_options=columns) for f in files])
+    total = int(pc.sum(theirs["views"]).as_py() or 0)
+    if total != events:
+        raise RuntimeError(f"the Flink peer counted {total:,} events, not {events:,}")
+    last = pc.max(ours["window_start"]).as_py() if ours.num_rows else None
+    closed = theirs.filter(pc.less_equal(theirs["window_start"], last)) if last is not None else theirs.slice(0, 0)
+    closed = closed.sort_by([("window_start", "ascending"), ("user_id", "ascending")])
+    if not closed.equals(ours):
+        raise RuntimeError(
+            f"Flink and localstate counted different windows: {closed.num_rows:,} vs {ours.num_rows:,} rows up to "
+            f"window {last}, {pc.sum(closed['views'])} vs {pc.sum(ours['views'])} views")
+    return (f"Flink's output checked in its warm-up run: the same {ours.num_rows:,} windows and counts as "
+            f"localstate's, {theirs.num_rows - closed.num_rows:,} later windows that only Flink's end of input "
+            f"closes, {total:,} events counted")
+
+
 # -- the rows --------------------------------------------------------------------------------
 def stream_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: int | None = None) -> list[dict[str, Any]]:
     """The streaming rows (see the module docstring) on ``spark``, with scratch space under
-    ``work``; ``repeats`` timed pairs after one verified warm-up pair; localstate's tasks
-    in ``spark_tasks`` Spark tasks (:func:`spark_tasks_for`)."""
+    ``work``; ``repeats`` timed rounds (localstate, Spark's store, the two floors, Flink)
+    after one verified warm-up round; localstate's tasks in ``spark_tasks`` Spark tasks
+    (:func:`spark_tasks_for`)."""
+    import contextlib
     import json
+
+    from .peers.flink_peer import RESULT_PREFIX
 
     sizes = STREAM_QUICK if quick else STREAM_FULL
     table = events(Sizes(sizes.events, sizes.users, sample_every=1))
@@ -324,53 +464,130 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: 
         finally:
             shutil.rmtree(checkpoint, ignore_errors=True)
 
-    # warm-up pair, collected and compared
-    mine, _ = ours(True)
-    peer = theirs(True)
-    for who, run in (("localstate", mine), ("spark", peer)):
-        if run.input_rows != n:
-            raise RuntimeError(f"the {who} query read {run.input_rows:,} rows, not {n:,}")
-    assert mine.output is not None and peer.output is not None
-    if not mine.output.equals(peer.output):
-        raise RuntimeError(
-            f"localstate and Spark emitted different windows: {mine.output.num_rows:,} vs "
-            f"{peer.output.num_rows:,} rows, {pa.compute.sum(mine.output['views'])} vs "
-            f"{pa.compute.sum(peer.output['views'])} views")
-    windows = mine.output.num_rows
-    views = int(pa.compute.sum(mine.output["views"]).as_py() or 0)
+    def floor(jvm: bool, totals: list[int] | None = None) -> StreamRun:
+        checkpoint = fresh("stream-floor")
+        try:
+            return floor_stream(spark, input_dir, checkpoint, jvm=jvm, totals=totals)
+        finally:
+            shutil.rmtree(checkpoint, ignore_errors=True)
 
-    our_runs: list[StreamRun] = []
-    our_docs: list[list[dict[str, Any]]] = []
-    peer_runs: list[StreamRun] = []
-    for _ in range(repeats):
-        run, docs = ours(False)
-        our_runs.append(run)
-        our_docs.append(docs)
-        peer_runs.append(theirs(False))
+    flink_python_path, flink_how = flink_python()
+    flink_error: str | None = None  # a failing Flink peer becomes an error cell; the other rows stay
+    with contextlib.ExitStack() as stack:
+        flink: ServedPeer | None = None
+        if flink_python_path is not None:
+            csv_dir = work / "stream-input-csv"
+            write_csv_files(input_dir, csv_dir)
+            flink_work = fresh("flink")
+            try:
+                flink = stack.enter_context(ServedPeer(
+                    flink_python_path, "flink_peer.py",
+                    [str(csv_dir), str(flink_work), "--parallelism", str(FLINK_PARALLELISM)], RESULT_PREFIX,
+                    work / "flink-peer.stderr"))
+            except Exception as e:
+                flink_error = describe_error(e)
+
+        # warm-up round, collected and compared
+        mine, _ = ours(True)
+        peer = theirs(True)
+        floor_totals: dict[str, list[int]] = {"py": [], "jvm": []}
+        floor_runs = {"py": floor(False, floor_totals["py"]), "jvm": floor(True, floor_totals["jvm"])}
+        for who, run in (("localstate", mine), ("spark", peer), *(
+                (f"{k} floor", r) for k, r in floor_runs.items())):
+            if run.input_rows != n:
+                raise RuntimeError(f"the {who} query read {run.input_rows:,} rows, not {n:,}")
+        for who, totals in floor_totals.items():
+            if sum(totals) != n:
+                raise RuntimeError(f"the {who} floor counted {sum(totals):,} views, not {n:,}")
+        assert mine.output is not None and peer.output is not None
+        if not mine.output.equals(peer.output):
+            raise RuntimeError(
+                f"localstate and Spark emitted different windows: {mine.output.num_rows:,} vs "
+                f"{peer.output.num_rows:,} rows, {pa.compute.sum(mine.output['views'])} vs "
+                f"{pa.compute.sum(peer.output['views'])} views")
+        flink_checked = ""
+        if flink is not None:
+            flink_out = fresh("flink-out")
+            try:
+                flink.ask({"run": "warmup", "output": str(flink_out)})
+                flink_checked = check_flink_output(flink_out, mine.output, n)
+            except Exception as e:
+                flink, flink_error = None, describe_error(e)
+            shutil.rmtree(flink_out, ignore_errors=True)
+        windows = mine.output.num_rows
+        views = int(pa.compute.sum(mine.output["views"]).as_py() or 0)
+
+        our_runs: list[StreamRun] = []
+        our_docs: list[list[dict[str, Any]]] = []
+        peer_runs: list[StreamRun] = []
+        py_floor: list[StreamRun] = []
+        jvm_floor: list[StreamRun] = []
+        flink_s: list[float] = []
+        for i in range(repeats):
+            run, docs = ours(False)
+            our_runs.append(run)
+            our_docs.append(docs)
+            peer_runs.append(theirs(False))
+            py_floor.append(floor(False))
+            jvm_floor.append(floor(True))
+            if flink is not None:
+                try:
+                    flink_s.append(float(flink.ask({"run": f"timed{i}"})["seconds"]))
+                except Exception as e:
+                    flink, flink_error, flink_s = None, describe_error(e), []
 
     baseline = "spark structured streaming (RocksDBStateStoreProvider)"
     ls_name = "localstate run_stream (PageViewsPerHour, rocksdb + file changelog)"
-    same = (f"output checked identical in the warm-up pair: {windows:,} windows, {views:,} views; "
+    py_name = "spark, no state: repartition(4, user) -> mapInArrow (pyarrow group-by per batch)"
+    jvm_name = "spark, no state: groupBy(hour, user).count() in foreachBatch (JVM only)"
+    same = (f"output checked identical in the warm-up round: {windows:,} windows, {views:,} views; "
             f"{len(mine.data_batches)} data micro-batches per run")
+    interleaved = "interleaved with localstate, Spark's store, the two floors" + (" and Flink" if flink_s else "")
     base = make_row("stream_e2e", baseline, params | {"state_store": SPARK_STATE_STORE}, "events/s",
                     [n / r.seconds for r in peer_runs],
                     notes="groupBy(window 1h, user).count(), watermark 60 s, append, noop sink, "
                     "changelog checkpointing on; " + same)
     e2e = make_row("stream_e2e", ls_name, params, "events/s", [n / r.seconds for r in our_runs],
-                   baseline=baseline, notes="interleaved with the Spark runs; " + same)
+                   baseline=baseline, notes=f"{interleaved}; " + same
+                   + ("" if flink_s else f"; Flink not run: {flink_error or flink_how}"))
     e2e["ratio"] = e2e["median"] / base["median"] if base["median"] else None
-    rows = [e2e, base]
-    for name, runs in ((ls_name, our_runs), (baseline, peer_runs)):
+    floor_notes = (f"the same query shape with no state (every view counted per micro-batch, checked in the "
+                   f"warm-up round), foreachBatch, noop sink; {interleaved}")
+    rows = [e2e, base,
+            make_row("stream_e2e", py_name, params, "events/s", [n / r.seconds for r in py_floor],
+                     notes=f"{TASKS} Spark tasks, one pyarrow group-by per Arrow batch; {floor_notes}"),
+            make_row("stream_e2e", jvm_name, params, "events/s", [n / r.seconds for r in jvm_floor],
+                     notes=floor_notes)]
+    versus: list[tuple[str, str, list[Any]]] = [("stream_e2e.vs_floor", py_name, py_floor),
+                                                ("stream_e2e.vs_jvm_floor", jvm_name, jvm_floor)]
+    if flink_error is not None:
+        rows.append(error_row("stream_e2e", FLINK_NAME, params, "events/s", flink_error))
+    if flink_s:
+        rows.append(make_row("stream_e2e", FLINK_NAME, params | {"parallelism": FLINK_PARALLELISM, "checkpoint_ms": 1000},
+                             "events/s", [n / x for x in flink_s],
+                             notes=f"submit INSERT to job finished, blackhole sink, JVM warmed by the checked "
+                             f"run; the Parquet input as {FLINK_PARALLELISM} CSV files, one per source subtask (untimed); "
+                             f"peer run by {flink_how}; {flink_checked}"))
+    if flink_s:
+        versus.append(("stream_e2e.vs_flink", FLINK_NAME, flink_s))
+    for workload, name, runs in versus:
+        other = [r if isinstance(r, float) else r.seconds for r in runs]
+        pairs = [theirs_s / mine_run.seconds for mine_run, theirs_s in zip(our_runs, other)]
+        ratio = make_row(workload, ls_name, params, "x", pairs, baseline=name,
+                         notes=f"localstate events/s / {name}'s, per interleaved round (same input, same run)")
+        ratio["ratio"] = ratio["median"]
+        rows.append(ratio)
+    for name, runs in ((ls_name, our_runs), (baseline, peer_runs), (py_name, py_floor)):
         lat = [ms for r in runs for ms in latencies_ms(r)]
         rows.append(make_row("stream_batch_latency", name, params, "ms (median)", [statistics.median(lat)],
                              notes=f"triggerExecution of {len(lat)} data micro-batches over {len(runs)} runs"))
         rows.append(make_row("stream_batch_latency", name, params, "ms (p95)", [_percentile(lat, 95)]))
     ours_parts = localstate_breakdown(our_runs, our_docs)
     peer_parts = spark_breakdown(peer_runs)
-    rows.append(make_row("stream_breakdown", ls_name, params, "ms per micro-batch",
-                         [ours_parts["micro-batch (triggerExecution)"] * 1000], notes=format_parts(ours_parts)))
-    rows.append(make_row("stream_breakdown", baseline, params, "ms per micro-batch",
-                         [peer_parts["micro-batch (triggerExecution)"] * 1000], notes=format_parts(peer_parts)))
+    floor_parts = floor_breakdown(py_floor)
+    for name, parts in ((ls_name, ours_parts), (baseline, peer_parts), (py_name, floor_parts)):
+        rows.append(make_row("stream_breakdown", name, params, "ms per micro-batch",
+                             [parts["micro-batch (triggerExecution)"] * 1000], notes=format_parts(parts)))
     return rows
 
 
@@ -407,8 +624,9 @@ def run_shape(shape: Callable[..., list[dict[str, Any]]], argv: list[str] | None
           + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     for r in rows:
         ratio = f"  ratio {r['ratio']:.2f}" if r["ratio"] is not None else ""
-        print(f"{r['workload']:22} {r['engine'][:70]:70} {r['median']:>12,.0f} {r['unit']}"
-              f"  runs {[round(x) for x in r['runs']]}{ratio}\n    {r['notes']}")
+        digits = 2 if r["unit"] == "x" else 0
+        print(f"{r['workload']:22} {r['engine'][:70]:70} {r['median']:>12,.{digits}f} {r['unit']}"
+              f"  runs {[round(x, digits) for x in r['runs']]}{ratio}\n    {r['notes']}")
     if args.json is not None:
         args.json.write_text(json.dumps({"load_average_start": load, "rows": rows}, indent=1, default=str))
     return rows

@@ -1,6 +1,7 @@
 """``localstate bench --suite spark`` at its quick size: every figure of issue 6 (and the
-Spark state-store comparison of issue 7, and issue 17's streaming and Kafka shapes) is
-produced, positive, without error cells.
+Spark state-store comparison of issue 7, issue 17's streaming and Kafka shapes, and the
+streaming shape's stateless floors and Flink peer) is produced, positive, without error
+cells.
 
 Runs the CLI in a subprocess: the suite starts its own ``local[2]`` session, which cannot
 coexist with the session-scoped ``spark`` fixture of other tests in this process.
@@ -61,13 +62,27 @@ def test_spark_suite_runs_quick_and_reports_every_figure(tmp_path: Path) -> None
     assert len(restores) == 2 and all(r["params"]["restored_records"] > 0 for r in restores)
     assert cells[("spark_session_start", "local[2]", "s")]["median"] > 0
     # issue 17's streaming shapes: same session, the peers in the same run
-    stream = [r for r in rows if r["workload"] == "stream_e2e"]
-    assert len(stream) == 2 and "checked identical" in stream[0]["notes"], stream
-    ours = next(r for r in stream if r["baseline"])
-    assert ours["ratio"] == pytest.approx(ours["median"] / next(r for r in stream if not r["baseline"])["median"])
+    stream = {r["engine"]: r for r in rows if r["workload"] == "stream_e2e"}
+    ours = next(r for r in stream.values() if r["baseline"])
+    assert "checked identical" in ours["notes"], ours
+    assert ours["ratio"] == pytest.approx(ours["median"] / stream[spark_store]["median"])
+    # the stateless floors in the same run, and ours / floor per interleaved round
+    floors = [e for e in stream if e.startswith("spark, no state")]
+    assert len(floors) == 2 and any("mapInArrow" in e for e in floors), stream
+    for workload in ("stream_e2e.vs_floor", "stream_e2e.vs_jvm_floor"):
+        (versus,) = [r for r in rows if r["workload"] == workload]
+        assert versus["baseline"] in floors and versus["unit"] == "x" and versus["median"] > 0
+    # Flink runs only where LOCALSTATE_FLINK_PYTHON names a Python with apache-flink; else ours says why
+    flink = [e for e in stream if e.startswith("flink")]
+    if os.environ.get("LOCALSTATE_FLINK_PYTHON"):
+        assert len(flink) == 1 and "same" in stream[flink[0]]["notes"]
+        assert [r for r in rows if r["workload"] == "stream_e2e.vs_flink"]
+    else:
+        assert not flink and "Flink not run: LOCALSTATE_FLINK_PYTHON is not set" in ours["notes"]
+    assert len(stream) == 4 + len(flink)
     assert {r["unit"] for r in rows if r["workload"] == "stream_batch_latency"} == {"ms (median)", "ms (p95)"}
     breakdown = [r for r in rows if r["workload"] == "stream_breakdown"]
-    assert len(breakdown) == 2 and "python task-s: commit" in breakdown[0]["notes"]
+    assert len(breakdown) == 3 and "python task-s: commit" in breakdown[0]["notes"]
     # the tasks' close (memtable flush, clean-close claim) is in the breakdown, from the runner's closeTimeMs
     close_ms = re.search(r"python task-s: close \(memtable flush, clean-close claim\) ([\d,.]+) ms", breakdown[0]["notes"])
     assert close_ms is not None and float(close_ms.group(1).replace(",", "")) > 0, breakdown[0]["notes"]
