@@ -1,6 +1,6 @@
-"""Issue 6's Spark figures, and issue 7's comparison with Spark's own RocksDB state store.
+"""The Spark figures: a localstate job against Spark's own RocksDB state store.
 
-The suite also runs issue 17's streaming shapes on the same session: the windowed count
+The suite also runs the streaming shapes on the same session: the windowed count
 as a Structured Streaming query over micro-batches (:mod:`.spark_streaming`) and Kafka
 end to end against Quix Streams (:mod:`.spark_kafka`); their rows are described there.
 
@@ -428,7 +428,7 @@ def _run(sizes: Sizes, repeats: int, work: Path) -> list[dict[str, Any]]:
 
 
 def _streaming_shapes(spark: Any, work: Path, quick: bool, repeats: int) -> list[dict[str, Any]]:
-    """Issue 17's streaming shapes on the same session (:mod:`.spark_streaming`,
+    """The streaming shapes on the same session (:mod:`.spark_streaming`,
     :mod:`.spark_kafka`); a shape that fails becomes one error row, the others stay."""
     from .runner import describe_error, error_row
     from .spark_kafka import kafka_rows

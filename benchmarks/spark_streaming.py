@@ -1,4 +1,4 @@
-"""Issue 17's streaming shape: the windowed count as a Structured Streaming query.
+"""The streaming shape: the windowed count as a Structured Streaming query.
 
 The same page views as :mod:`localstate.benchmarks.spark_jobs` (5M events, 100k users,
 6 hours; quick: 40k events, 1k users) are written in time order as Parquet files of

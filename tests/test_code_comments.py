@@ -1,6 +1,6 @@
 """Product code says what and why, not its history.
 
-Comments and docstrings of the shipped packages carry no issue numbers, work-log
+Comments and docstrings of the shipped packages (benchmarks included) carry no issue numbers, work-log
 references ("session 4") or citations of a design document outside the repository; the
 protocol they cite is docs/design/protocol.md, which is in it.
 """
@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "engines", "changelog", "contrib")
-HISTORY = re.compile(r"\b[Ii]ssue #?\d+|\b[Ss]ession \d+|\bthis session\b|\bDESIGN(\.md)? ?§")
+PACKAGES = ("core", "engines", "changelog", "contrib", "benchmarks")
+HISTORY = re.compile(r"\b[Ii]ssue #?\d+|\b[Ss]ession \d+\b|\bthis session\b|\bDESIGN(\.md)? ?§")
 
 
 def test_no_history_or_outside_references_in_product_code() -> None:
