@@ -42,6 +42,7 @@ from .runner import (
     peak_rss_bytes,
     suite_rows,
 )
+from .timing import Stopwatch
 
 __all__ = ["bench", "run_bench", "selected_suites", "DEFAULT_ENGINES", "QUICK_SUITES"]
 
@@ -313,9 +314,9 @@ def _run_and_report(suites: list[str], selected: list[str], workloads: tuple[str
     command = _command_line()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
     machine = machine_info()
-    t0 = time.perf_counter()
-    rows = run_bench(suites, selected, list(workloads) or None, params, progress=sys.stderr.isatty())
-    seconds = time.perf_counter() - t0
+    with Stopwatch() as watch:
+        rows = run_bench(suites, selected, list(workloads) or None, params, progress=sys.stderr.isatty())
+    seconds = watch.wall
     machine["peak_rss_bytes"] = peak_rss_bytes()
 
     from .report import render_summary, render_table, write_charts, write_json, write_markdown

@@ -18,7 +18,6 @@ import random
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import orjson
 from localstate import Config, TaskStorage
 
 from .runner import make_row
+from .timing import Stopwatch
 
 __all__ = ["run", "CoreFigure", "json_values"]
 
@@ -85,19 +85,18 @@ class CoreFigure:
             config = self.config(root)
             keys, values, every = self.keys, self.values, self.commit_every
             nvals = len(values)
-            t0 = time.perf_counter()
-            with TaskStorage(config, 0) as storage:
-                put = storage.store("events").put
-                commit = storage.commit
-                for start in range(0, len(keys), every):
-                    for i in range(start, min(start + every, len(keys))):
-                        put(keys[i], values[i % nvals])
-                    commit(input_position=start + every)
-            write_s = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            with TaskStorage(config, 0) as storage:
+            with Stopwatch() as watch:
+                with TaskStorage(config, 0) as storage:
+                    put = storage.store("events").put
+                    commit = storage.commit
+                    for start in range(0, len(keys), every):
+                        for i in range(start, min(start + every, len(keys))):
+                            put(keys[i], values[i % nvals])
+                        commit(input_position=start + every)
+            write_s = watch.wall
+            with Stopwatch() as watch, TaskStorage(config, 0) as storage:
                 r = storage.last_restore["events"]
-            open_s = time.perf_counter() - t1
+            open_s = watch.wall
             if r.records != len(keys):
                 raise AssertionError(f"restored {r.records} records, wrote {len(keys)}")
             return {
@@ -117,13 +116,13 @@ class CoreFigure:
         encoded_vals = [orjson.dumps(v) for v in values]
         pairs = [(k.encode(), encoded_vals[i % nvals]) for i, k in enumerate(keys)]
         d: dict[bytes, bytes] = {}
-        t0 = time.perf_counter()
-        for k, v in pairs:
-            d[k] = v
-        write = len(pairs) / (time.perf_counter() - t0)
-        t1 = time.perf_counter()
-        built = dict(pairs)
-        restore = len(built) / (time.perf_counter() - t1)
+        with Stopwatch() as watch:
+            for k, v in pairs:
+                d[k] = v
+        write = len(pairs) / watch.wall
+        with Stopwatch() as watch:
+            built = dict(pairs)
+        restore = len(built) / watch.wall
         nbytes = sum(len(k) + len(v) for k, v in pairs)
         return {"write": write, "restore_rps": restore, "restore_mbs": restore * nbytes / len(pairs) / 1e6}
 

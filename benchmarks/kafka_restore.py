@@ -32,7 +32,6 @@ import os
 import random
 import shutil
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from localstate.testing.kafka import TansuBroker
 
 from .peers import quix_python, run_peer
 from .runner import add_ratios, make_row
+from .timing import Stopwatch
 
 __all__ = ["run"]
 
@@ -142,37 +142,37 @@ class _Restore:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            t0, c0 = time.perf_counter(), time.thread_time()
-            n = 0
-            done = False
-            batch = rocksdict.WriteBatch(raw_mode=True) if db is not None else None
-            while not done:
-                msgs = next_batch(consumer)
-                if not msgs:
-                    continue
-                if any(map(Message.error, msgs)):
-                    good = []
-                    for m in msgs:
-                        err = m.error()
-                        if err is None:
-                            good.append(m)
-                        elif err.code() == KafkaError._PARTITION_EOF:
-                            done = True
-                        else:
-                            raise RuntimeError(f"raw consumer: {err}")
-                    msgs = good
-                keys, values = list(map(Message.key, msgs)), list(map(Message.value, msgs))
-                n += len(keys)
-                if batch is not None:
-                    for key, value in zip(keys, values):
-                        batch.put(key, value)
-                    if len(batch) >= RAW_BATCH:
-                        db.write(batch)  # type: ignore[union-attr]
-                        batch = rocksdict.WriteBatch(raw_mode=True)
-            if db is not None:
-                db.write(batch)
-                db.flush(True)
-            seconds, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            with Stopwatch(cpu=True) as watch:
+                n = 0
+                done = False
+                batch = rocksdict.WriteBatch(raw_mode=True) if db is not None else None
+                while not done:
+                    msgs = next_batch(consumer)
+                    if not msgs:
+                        continue
+                    if any(map(Message.error, msgs)):
+                        good = []
+                        for m in msgs:
+                            err = m.error()
+                            if err is None:
+                                good.append(m)
+                            elif err.code() == KafkaError._PARTITION_EOF:
+                                done = True
+                            else:
+                                raise RuntimeError(f"raw consumer: {err}")
+                        msgs = good
+                    keys, values = list(map(Message.key, msgs)), list(map(Message.value, msgs))
+                    n += len(keys)
+                    if batch is not None:
+                        for key, value in zip(keys, values):
+                            batch.put(key, value)
+                        if len(batch) >= RAW_BATCH:
+                            db.write(batch)  # type: ignore[union-attr]
+                            batch = rocksdict.WriteBatch(raw_mode=True)
+                if db is not None:
+                    db.write(batch)
+                    db.flush(True)
+            seconds, cpu = watch.wall, watch.thread
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -189,10 +189,11 @@ class _Restore:
         self._opens += 1
         state_dir = self.root / f"open-{self._opens}"
         config = self.config(state_dir)
-        t0, c0 = time.perf_counter(), time.thread_time()
-        with TaskStorage(config) as storage:
-            seconds, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        with Stopwatch(cpu=True) as watch:  # the open, not the close
+            storage = TaskStorage(config)
+        with storage:
             progress = storage.last_restore["kv"]
+        seconds, cpu = watch.wall, watch.thread
         shutil.rmtree(state_dir, ignore_errors=True)
         if progress.records != self.n:
             raise RuntimeError(f"restored {progress.records} records, expected {self.n}")

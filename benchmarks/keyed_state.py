@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import random
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from localstate import Config, TaskStorage
 from localstate.keyed import KeyedState
 
 from .runner import make_row, rows_per_engine
+from .timing import Stopwatch
 
 __all__ = ["run", "OPS"]
 
@@ -120,9 +120,9 @@ HOT_KEYS = 500
 def _rate(loop: Callable[[list[str]], None], keys: list[str]) -> float:
     """Records per CPU second of this thread: what the calls cost, not what other
     processes on a shared machine took (wall-clock rates are the same on an idle one)."""
-    t0 = time.thread_time()
-    loop(keys)
-    return len(keys) / (time.thread_time() - t0)
+    with Stopwatch(cpu=True) as watch:
+        loop(keys)
+    return len(keys) / watch.thread
 
 
 def _engine_rows(engine: str, records: int, repeats: int, root: Path) -> list[dict[str, Any]]:

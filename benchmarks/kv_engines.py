@@ -31,7 +31,6 @@ from __future__ import annotations
 import random
 import shutil
 import tempfile
-import time
 from collections import deque
 from collections.abc import Callable
 from itertools import repeat, starmap
@@ -45,7 +44,8 @@ from localstate.engine import StoreContext
 from localstate.store_open import open_system
 
 from .core_figures import json_values
-from .runner import add_ratios, make_row, repeat_trials
+from .runner import add_ratios, make_row
+from .timing import Stopwatch, repeat_trials
 
 __all__ = ["run"]
 
@@ -100,48 +100,48 @@ def _put_rows(n: int, repeats: int) -> list[dict[str, Any]]:
         root = Path(tempfile.mkdtemp(prefix="kvb-put-"))
         try:
             config = _config(root, engine)
-            t0 = time.perf_counter()
-            with TaskStorage(config) as storage:
-                store = storage.store("kv")
-                put, put_all, commit = store.put, store.put_all, storage.commit
-                for start in range(0, n, every):
-                    stop = min(start + every, n)
-                    if batched:
-                        put_all([(keys[i], objs[i % nvals]) for i in range(start, stop)])
-                    else:
-                        for i in range(start, stop):
-                            put(keys[i], objs[i % nvals])
-                    commit(input_position=stop)
-            return n / (time.perf_counter() - t0)
+            with Stopwatch() as watch:
+                with TaskStorage(config) as storage:
+                    store = storage.store("kv")
+                    put, put_all, commit = store.put, store.put_all, storage.commit
+                    for start in range(0, n, every):
+                        stop = min(start + every, n)
+                        if batched:
+                            put_all([(keys[i], objs[i % nvals]) for i in range(start, stop)])
+                        else:
+                            for i in range(start, stop):
+                                put(keys[i], objs[i % nvals])
+                        commit(input_position=stop)
+            return n / watch.wall
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
     def raw_rocksdict() -> float:
         root = Path(tempfile.mkdtemp(prefix="kvb-raw-"))
         try:
-            t0 = time.perf_counter()
-            db = rocksdict.Rdict(str(root / "db"), RocksDBOptions().to_native())
-            for start in range(0, n, every):
-                batch = rocksdict.WriteBatch(raw_mode=True)
-                deque(starmap(batch.put, encoded[start : start + every]), 0)
-                db.write(batch)
-            db.flush()
-            db.close()
-            return n / (time.perf_counter() - t0)
+            with Stopwatch() as watch:
+                db = rocksdict.Rdict(str(root / "db"), RocksDBOptions().to_native())
+                for start in range(0, n, every):
+                    batch = rocksdict.WriteBatch(raw_mode=True)
+                    deque(starmap(batch.put, encoded[start : start + every]), 0)
+                    db.write(batch)
+                db.flush()
+                db.close()
+            return n / watch.wall
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
     def raw_plyvel() -> float:
         root = Path(tempfile.mkdtemp(prefix="kvb-raw-"))
         try:
-            t0 = time.perf_counter()
-            db = plyvel.DB(str(root / "db"), **LevelDBOptions().to_options())
-            for start in range(0, n, every):
-                batch = db.write_batch()
-                deque(starmap(batch.put, encoded[start : start + every]), 0)
-                batch.write()
-            db.close()
-            return n / (time.perf_counter() - t0)
+            with Stopwatch() as watch:
+                db = plyvel.DB(str(root / "db"), **LevelDBOptions().to_options())
+                for start in range(0, n, every):
+                    batch = db.write_batch()
+                    deque(starmap(batch.put, encoded[start : start + every]), 0)
+                    batch.write()
+                db.close()
+            return n / watch.wall
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
@@ -187,12 +187,12 @@ def _update_rows(n: int, repeats: int) -> list[dict[str, Any]]:
                 for start in range(0, n, COMMIT_EVERY):
                     store.put_all([(keys[i], objs[i % len(objs)]) for i in range(start, min(start + COMMIT_EVERY, n))])
                 storage.commit(input_position=0)
-                t0 = time.perf_counter()
-                for position, ks in enumerate(events, 1):
-                    current = store.get_all(ks)
-                    store.put_all([(k, {**current[k], "seen": position}) for k in ks])
-                    storage.commit(input_position=position)
-                return total / (time.perf_counter() - t0)
+                with Stopwatch() as watch:
+                    for position, ks in enumerate(events, 1):
+                        current = store.get_all(ks)
+                        store.put_all([(k, {**current[k], "seen": position}) for k in ks])
+                        storage.commit(input_position=position)
+                return total / watch.wall
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
@@ -222,11 +222,11 @@ def _update_rows(n: int, repeats: int) -> list[dict[str, Any]]:
 
             for start in range(0, n, COMMIT_EVERY):  # setup, untimed
                 write_batch([keys[i].encode() for i in range(start, min(start + COMMIT_EVERY, n))])
-            t0 = time.perf_counter()
-            for ks in encoded_events:
-                multi_get(ks)
-                write_batch(ks)
-            elapsed = time.perf_counter() - t0
+            with Stopwatch() as watch:
+                for ks in encoded_events:
+                    multi_get(ks)
+                    write_batch(ks)
+            elapsed = watch.wall
             db.close()
             return total / elapsed
         finally:
@@ -288,18 +288,17 @@ def _get_rows(n: int, repeats: int) -> list[dict[str, Any]]:
             for i in range(repeats + 1):
                 db = opener()
                 try:
-                    t0 = time.perf_counter()
-                    found = read(db)
-                    t1 = time.perf_counter()
-                    read(db)
-                    t2 = time.perf_counter()
+                    with Stopwatch() as first:
+                        found = read(db)
+                    with Stopwatch() as second:
+                        read(db)
                 finally:
                     db.close()
                 if found != len(sample):
                     raise RuntimeError(f"found {found} of {len(sample)} keys")
                 if i:  # the first round is the warm-up
-                    cold.append(len(sample) / (t1 - t0))
-                    hot.append(len(sample) / (t2 - t1))
+                    cold.append(len(sample) / first.wall)
+                    hot.append(len(sample) / second.wall)
             return cold, hot
 
         def point(db: Any) -> int:
@@ -397,28 +396,28 @@ def _restore_rows(workload: str, n: int, value_size: int, repeats: int) -> list[
         root = Path(tempfile.mkdtemp(prefix="kvb-raw-"))
         try:
             native = RocksDBOptions().to_native()
-            t0 = time.perf_counter()
-            writer = rocksdict.SstFileWriter(native)
-            writer.open(str(root / "bulk.sst"))
-            deque(starmap(writer.__setitem__, sorted_pairs), 0)
-            writer.finish()
-            db = rocksdict.Rdict(str(root / "db"), native)
-            db.ingest_external_file([str(root / "bulk.sst")])
-            db.close()
-            return n / (time.perf_counter() - t0)
+            with Stopwatch() as watch:
+                writer = rocksdict.SstFileWriter(native)
+                writer.open(str(root / "bulk.sst"))
+                deque(starmap(writer.__setitem__, sorted_pairs), 0)
+                writer.finish()
+                db = rocksdict.Rdict(str(root / "db"), native)
+                db.ingest_external_file([str(root / "bulk.sst")])
+                db.close()
+            return n / watch.wall
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
     def raw_plyvel() -> float:
         root = Path(tempfile.mkdtemp(prefix="kvb-raw-"))
         try:
-            t0 = time.perf_counter()
-            db = plyvel.DB(str(root / "db"), **LevelDBOptions().to_options())
-            for i in range(0, n, 100_000):
-                with db.write_batch() as batch:
-                    deque(starmap(batch.put, sorted_pairs[i : i + 100_000]), 0)
-            db.close()
-            return n / (time.perf_counter() - t0)
+            with Stopwatch() as watch:
+                db = plyvel.DB(str(root / "db"), **LevelDBOptions().to_options())
+                for i in range(0, n, 100_000):
+                    with db.write_batch() as batch:
+                        deque(starmap(batch.put, sorted_pairs[i : i + 100_000]), 0)
+                db.close()
+            return n / watch.wall
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
@@ -465,20 +464,20 @@ def _incremental_rows(n: int, repeats: int) -> list[dict[str, Any]]:
                 else:
                     shutil.rmtree(store_dir / "db")
                     shutil.copytree(saved, store_dir / "db")
-                t0 = time.perf_counter()
-                with TaskStorage(config) as storage:
+                with Stopwatch() as watch:  # the open, not the close
+                    storage = TaskStorage(config)
+                with storage:
                     replayed = storage.last_restore["kv"].records
-                    elapsed = time.perf_counter() - t0
                     if replayed != changed:
                         raise RuntimeError(f"replayed {replayed} records, expected {changed}")
-                return elapsed
+                return watch.wall
 
             def full(store_dir: Path = store_dir, config: Config = config) -> float:
                 shutil.rmtree(store_dir)
-                t0 = time.perf_counter()
-                with TaskStorage(config):
-                    elapsed = time.perf_counter() - t0
-                return elapsed
+                with Stopwatch() as watch:  # the open, not the close
+                    storage = TaskStorage(config)
+                storage.close()
+                return watch.wall
 
             inc_runs = repeat_trials(incremental, repeats)
             full_runs = repeat_trials(full, repeats)  # last: a full restore leaves a single snapshot

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from localstate import Config, TaskStorage
 from localstate.testing.s3 import MotoServer, objectstore_options
 
 from .runner import make_row
+from .timing import Stopwatch
 
 __all__ = ["run"]
 
@@ -73,18 +73,19 @@ def _commits(values: dict[str, Any], commits: int, per_commit: int,
             for i in range(per_commit):
                 n = c * per_commit + i
                 kv.put(b"%016d" % (n % keyspace if keyspace else n), VALUE)
-            t0 = time.perf_counter()
-            s.commit(input_position=c)
-            seconds.append(time.perf_counter() - t0)
+            with Stopwatch() as watch:
+                s.commit(input_position=c)
+            seconds.append(watch.wall)
         after = system.requests() if hasattr(system, "requests") else {}
     return seconds, {k: after[k] - before.get(k, 0) for k in after}
 
 
 def _restore(values: dict[str, Any], root: Path, n: int) -> tuple[float, dict[str, int]]:
     moved = {**values, "job.state.dir": str(root / f"moved-{uuid.uuid4().hex[:6]}")}
-    t0 = time.perf_counter()
-    with TaskStorage(Config.from_dict(moved)) as s:
-        dt = time.perf_counter() - t0
+    with Stopwatch() as watch:  # the open, not the close
+        s = TaskStorage(Config.from_dict(moved))
+    dt = watch.wall
+    with s:
         if s.last_restore["kv"].records != n:
             raise RuntimeError(f"restored {s.last_restore['kv'].records} records, expected {n}")
         system = getattr(s.changelog("kv"), "system", None)
@@ -160,10 +161,11 @@ def _snapshot_rows(server: MotoServer, root: Path, commits: int, per_commit: int
             values = _values("s3 (moto)", d, server, "rocksdb", **{"snapshot.every": every})
             lat, _ = _commits(values, commits, per_commit, keyspace)
             moved = {**values, "job.state.dir": str(d / "moved")}
-            t0 = time.perf_counter()
-            with TaskStorage(Config.from_dict(moved)) as s:
-                dt = time.perf_counter() - t0
+            with Stopwatch() as watch:  # the open, not the close
+                s = TaskStorage(Config.from_dict(moved))
+            with s:
                 replayed = s.last_restore["kv"].records
+            dt = watch.wall
             if r:
                 latencies += lat
                 restores.append(dt)

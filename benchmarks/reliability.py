@@ -19,13 +19,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 from localstate import Config, TaskStorage
 
 from .runner import paired_rows, rows_per_engine
+from .timing import Stopwatch
 
 __all__ = ["run"]
 
@@ -68,9 +68,9 @@ def _timed_open(pristine: Path, work: Path, values: dict[str, Any]) -> float:
     shutil.copytree(pristine, work)
     v = {**values, "job.state.dir": str(work / "state"), "systems.file.path": str(work / "changelog")}
     config = Config.from_dict(v)
-    t0 = time.perf_counter()
-    s = TaskStorage(config)
-    elapsed = time.perf_counter() - t0
+    with Stopwatch() as watch:
+        s = TaskStorage(config)
+    elapsed = watch.wall
     s.close()
     return elapsed
 

@@ -49,6 +49,7 @@ import orjson
 from localstate import Config, TaskStorage
 
 from .runner import describe_error, error_row, make_row
+from .timing import Stopwatch
 
 __all__ = ["run", "write_chart", "CHART"]
 
@@ -306,26 +307,21 @@ def _join(
 ) -> tuple[float, float, float, int]:
     """One pass of the stream: (lookup seconds, update seconds, total seconds, a checksum of the join's output)."""
     get, get_many, apply = table.get, table.get_many, table.apply
-    clock = time.perf_counter
-    lookup = applying = total = 0.0
+    lookup, applying, total = Stopwatch(), Stopwatch(), Stopwatch()  # each summed over the batches
     checksum = 0
     for ids, upd in zip(batches, changes):
-        t0 = clock()
-        apply(upd)
-        t1 = clock()
-        if mode == "per request":
-            profiles = [get(u) for u in ids]
-        else:
-            found = get_many(list(dict.fromkeys(ids)))
-            profiles = list(map(found.get, ids))
-        t2 = clock()
-        enriched = [(u, ts, p["country"], p["plan"], p["age"]) for ts, (u, p) in enumerate(zip(ids, profiles))]
-        checksum += sum(e[4] for e in enriched) + sum(1 for e in enriched if e[3] == "pro")
-        t3 = clock()
-        lookup += t2 - t1
-        applying += t1 - t0
-        total += t3 - t0
-    return lookup, applying, total, checksum
+        with total:
+            with applying:
+                apply(upd)
+            with lookup:
+                if mode == "per request":
+                    profiles = [get(u) for u in ids]
+                else:
+                    found = get_many(list(dict.fromkeys(ids)))
+                    profiles = list(map(found.get, ids))
+            enriched = [(u, ts, p["country"], p["plan"], p["age"]) for ts, (u, p) in enumerate(zip(ids, profiles))]
+            checksum += sum(e[4] for e in enriched) + sum(1 for e in enriched if e[3] == "pro")
+    return lookup.wall, applying.wall, total.wall, checksum
 
 
 def run(quick: bool = False, repeats: int = 5, chart: Path | None = None) -> list[dict[str, Any]]:

@@ -25,7 +25,6 @@ import contextlib
 import os
 import shutil
 import statistics
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from localstate.partitioning import task_for
 from localstate.rescale import rescale
 
 from .runner import error_row, make_row, paired_rows, rows_per_engine
+from .timing import Stopwatch
 
 __all__ = ["run"]
 
@@ -88,17 +88,17 @@ def _fresh(pristine: Path, work: Path, engine: str) -> Config:
 
 def _time_rescale(pristine: Path, work: Path, engine: str) -> float:
     config = _fresh(pristine, work, engine)
-    t0 = time.perf_counter()
-    rescale(config, NEW)
-    return time.perf_counter() - t0
+    with Stopwatch() as watch:
+        rescale(config, NEW)
+    return watch.wall
 
 
 def _time_restore(pristine: Path, work: Path, engine: str) -> float:
     config = _fresh(pristine, work, engine)
-    t0 = time.perf_counter()
-    for p in range(OLD):
-        TaskStorage(config, p).close()
-    return time.perf_counter() - t0
+    with Stopwatch() as watch:
+        for p in range(OLD):
+            TaskStorage(config, p).close()
+    return watch.wall
 
 
 def _measure(engine: str, records: int, repeats: int, root: Path) -> list[dict[str, Any]]:
@@ -146,10 +146,10 @@ def _changelog_rows(records: int, repeats: int, root: Path) -> list[dict[str, An
             for kind in CHANGELOGS:
                 job = f"rescale-{r}-{os.urandom(3).hex()}"
                 config = _build(root / job, "memory", records, _system(kind, servers, job))
-                t0 = time.perf_counter()
-                rescale(config, NEW)
+                with Stopwatch() as watch:
+                    rescale(config, NEW)
                 if r:
-                    runs[kind].append(state / (time.perf_counter() - t0))
+                    runs[kind].append(state / watch.wall)
     rows = [make_row(f"rescale {OLD} -> {NEW} by changelog", kind, params, "records/s", runs[kind],
                      baseline=None if kind == "file" else "file",
                      notes="memory engine; each run a freshly built job; servers on 127.0.0.1")

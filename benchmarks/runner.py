@@ -18,10 +18,7 @@ import os
 import platform
 import resource
 import shutil
-import statistics
 import sys
-import tempfile
-import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -32,6 +29,7 @@ from typing import Any
 from localstate.errors import ConfigError
 
 from .registry import Trial
+from .timing import Stopwatch, spread
 
 __all__ = [
     "ROW_KEYS",
@@ -48,7 +46,6 @@ __all__ = [
     "dir_bytes",
     "check_resources",
     "add_ratios",
-    "repeat_trials",
 ]
 
 ROW_KEYS = (
@@ -134,14 +131,15 @@ def make_row(
     notes: str = "",
 ) -> dict[str, Any]:
     """A row from the timed runs (the warm-up is not among them)."""
+    median, low, high = spread(runs)
     return {
         "workload": workload,
         "engine": engine,
         "params": params,
         "unit": unit,
-        "median": statistics.median(runs),
-        "min": min(runs),
-        "max": max(runs),
+        "median": median,
+        "min": low,
+        "max": high,
         "runs": list(runs),
         "baseline": baseline,
         "ratio": None,
@@ -275,27 +273,6 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             r["ratio"] = r["median"] / base["median"]
 
 
-def repeat_trials(trial: Callable[..., float], repeats: int, *, scratch: str | None = None) -> list[float]:
-    """A warm-up trial, then ``repeats`` timed ones; each trial returns its own figure.
-
-    With ``scratch`` (a name prefix) each trial gets a fresh temporary directory as its
-    argument, deleted after it. The one timer of the area suites (the workload
-    registry's trials use :func:`time_trials`)."""
-    out: list[float] = []
-    for i in range(repeats + 1):
-        if scratch is None:
-            figure = trial()
-        else:
-            root = Path(tempfile.mkdtemp(prefix=f"{scratch}-"))
-            try:
-                figure = trial(root)
-            finally:
-                shutil.rmtree(root, ignore_errors=True)
-        if i:
-            out.append(figure)
-    return out
-
-
 # -- timing -------------------------------------------------------------------------------
 def time_trials(
     prepare: Callable[[], Trial], repeats: int, *, reuse: bool = False
@@ -315,9 +292,9 @@ def time_trials(
         for i in range(repeats + 1):
             trial = shared if shared is not None else prepare()
             try:
-                t0 = time.perf_counter()
-                trial.run()
-                elapsed = time.perf_counter() - t0
+                with Stopwatch() as watch:
+                    trial.run()
+                elapsed = watch.wall
                 if trial.seconds is not None:
                     elapsed = trial.seconds()
             finally:

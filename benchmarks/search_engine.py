@@ -18,18 +18,15 @@ from __future__ import annotations
 import random
 import shutil
 import statistics
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import tantivy
 from localstate import Config, TaskStorage
 
-from .runner import make_row, repeat_trials
-
-T = TypeVar("T")
+from .runner import make_row
+from .timing import Stopwatch, interleaved_trials, repeat_trials
 
 __all__ = ["run"]
 
@@ -107,9 +104,9 @@ def _raw_build(path: Path, docs: list[tuple[str, dict[str, Any]]]) -> tantivy.In
 def timed(n: int, work: Callable[[], None]) -> tuple[float, float, float]:
     """``work()`` over ``n`` documents: (documents per second, process CPU seconds, CPU
     seconds of the calling thread)."""
-    t0, c0, m0 = time.perf_counter(), time.process_time(), time.thread_time()
-    work()
-    return n / (time.perf_counter() - t0), time.process_time() - c0, time.thread_time() - m0
+    with Stopwatch(cpu=True) as watch:
+        work()
+    return n / watch.wall, watch.cpu, watch.thread
 
 
 def index_in_chunks(root: Path, docs: list[tuple[str, dict[str, Any]]],
@@ -141,22 +138,6 @@ def index_one_at_a_time(root: Path, docs: list[tuple[str, dict[str, Any]]],
         return timed(len(docs), work)
 
 
-def interleaved(trials: dict[str, Callable[[Path], T]], repeats: int) -> dict[str, list[T]]:
-    """A warm-up round, then ``repeats`` rounds of every trial in turn, each in a fresh
-    temporary directory; each trial's figures in run order."""
-    out: dict[str, list[T]] = {name: [] for name in trials}
-    for i in range(repeats + 1):
-        for name, trial in trials.items():
-            root = Path(tempfile.mkdtemp(prefix="ls-search-bench-"))
-            try:
-                figure = trial(root)
-            finally:
-                shutil.rmtree(root, ignore_errors=True)
-            if i:
-                out[name].append(figure)
-    return out
-
-
 def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     n = 3_000 if quick else 100_000
     nq = 200 if quick else 3_000
@@ -168,11 +149,11 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
 
     # -- indexing (interleaved) ------------------------------------------------------------
-    figures = interleaved({
+    figures = interleaved_trials({
         "raw": lambda root: timed(n, lambda: _raw_build(root / "raw", docs)),
         "batched": lambda root: index_in_chunks(root, docs),
         "single": lambda root: index_one_at_a_time(root, docs),
-    }, repeats)
+    }, repeats, scratch="ls-search-bench")
     for name, engine, baseline, notes in [
         ("raw", "tantivy", None, "raw tantivy: add_document(Document(**fields)) + commit, 2 writer threads (as the engine)"),
         ("batched", "search", "tantivy", "index_all in chunks of 10k + task commit (changelog fsync)"),
@@ -192,20 +173,20 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
             p.index_all(docs)
             s.commit(1)
             search = p.search
-            t0 = time.perf_counter()
-            for q in queries:
-                search(q, 10)
-            return nq / (time.perf_counter() - t0)
+            with Stopwatch() as watch:
+                for q in queries:
+                    search(q, 10)
+            return nq / watch.wall
 
     def raw_queries(root: Path) -> float:
         index = _raw_build(root / "raw", docs)
-        t0 = time.perf_counter()
-        for q in queries:
-            searcher = index.searcher()
-            hits = searcher.search(index.parse_query(q, ["name", "bio"]), 10, count=False).hits
-            for _, address in hits:
-                searcher.doc(address).to_dict()
-        return nq / (time.perf_counter() - t0)
+        with Stopwatch() as watch:
+            for q in queries:
+                searcher = index.searcher()
+                hits = searcher.search(index.parse_query(q, ["name", "bio"]), 10, count=False).hits
+                for _, address in hits:
+                    searcher.doc(address).to_dict()
+        return nq / watch.wall
 
     rows.append(make_row("search.query", "tantivy", qparams, "queries/s", repeat_trials(raw_queries, repeats, scratch="ls-search-bench"),
                          notes="parse_query + search + doc().to_dict() per hit (the stored fields as Python values)"))
@@ -219,16 +200,16 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict[str, Any]]:
             s.store("profiles").index_all(docs)
             s.commit(1)
         shutil.rmtree(root / "state" / "bench" / "profiles")
-        t0 = time.perf_counter()
-        with TaskStorage(config) as s:
-            elapsed = time.perf_counter() - t0
+        with Stopwatch() as watch:  # the open, not the close
+            s = TaskStorage(config)
+        with s:
             assert s.last_restore["profiles"].records == n
-        return elapsed
+        return watch.wall
 
     def raw_restore(root: Path) -> float:
-        t0 = time.perf_counter()
-        _raw_build(root / "raw", docs)
-        return time.perf_counter() - t0
+        with Stopwatch() as watch:
+            _raw_build(root / "raw", docs)
+        return watch.wall
 
     rows.append(make_row("search.restore", "tantivy", params, "s", repeat_trials(raw_restore, repeats, scratch="ls-search-bench"),
                          notes="raw tantivy indexing the same documents (the floor)"))

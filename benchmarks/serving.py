@@ -42,6 +42,7 @@ from localstate import Config, TaskStorage
 from localstate.serving import StateServer, free_port
 
 from .runner import make_row, rows_per_engine
+from .timing import Stopwatch
 
 __all__ = ["run"]
 
@@ -141,11 +142,11 @@ def _http_gets(port: int, keys: int, job: _Job, rng: random.Random) -> list[floa
     try:
         while len(out) % 64 or job.running():
             key = f"user{rng.randrange(keys):08d}"
-            t0 = time.perf_counter()
-            conn.request("GET", f"/v1/stores/{STORE}/keys/{key}")
-            response = conn.getresponse()
-            body = response.read()
-            out.append(time.perf_counter() - t0)
+            with Stopwatch() as watch:
+                conn.request("GET", f"/v1/stores/{STORE}/keys/{key}")
+                response = conn.getresponse()
+                body = response.read()
+            out.append(watch.wall)
             if response.status != 200:
                 raise RuntimeError(f"GET {key}: {response.status} {body[:300]!r}")
     finally:
@@ -158,9 +159,9 @@ def _api_gets(server: StateServer, keys: int, job: _Job, rng: random.Random) -> 
     get = server.get
     while len(out) % 256 or job.running():
         key = f"user{rng.randrange(keys):08d}"
-        t0 = time.perf_counter()
-        found = get(STORE, key)
-        out.append(time.perf_counter() - t0)
+        with Stopwatch() as watch:
+            found = get(STORE, key)
+        out.append(watch.wall)
         if not found.found:
             raise RuntimeError(f"{key} not found")
     return out
@@ -179,11 +180,11 @@ def _http_paced(port: int, keys: int, job: _Job, rng: random.Random, per_second:
     try:
         while job.running():
             key = f"user{rng.randrange(keys):08d}"
-            t0 = time.perf_counter()
-            conn.request("GET", f"/v1/stores/{STORE}/keys/{key}")
-            response = conn.getresponse()
-            response.read()
-            out.append(time.perf_counter() - t0)
+            with Stopwatch() as watch:
+                conn.request("GET", f"/v1/stores/{STORE}/keys/{key}")
+                response = conn.getresponse()
+                response.read()
+            out.append(watch.wall)
             time.sleep(max(0.0, start + len(out) / per_second - time.perf_counter()))
     finally:
         conn.close()
@@ -222,11 +223,11 @@ def _engine_rows(engine: str, root: Path, keys: int, seconds: float, rounds: int
         """One job run of ``seconds`` beside ``server`` (None: alone), ``client`` asking meanwhile."""
         job = _Job(values, keys, seconds)
         cpu0 = _cpu_seconds(server.proc.pid) if server else 0.0
-        t0 = time.perf_counter()
-        job.go()
-        latencies = client(job) if client else []
-        job.proc.wait()
-        took = time.perf_counter() - t0
+        with Stopwatch() as watch:
+            job.go()
+            latencies = client(job) if client else []
+            job.proc.wait()
+        took = watch.wall
         note(phase, job.result())
         if server is not None:
             note(f"{phase} server cpu", (_cpu_seconds(server.proc.pid) - cpu0) / took)
@@ -261,9 +262,9 @@ def _engine_rows(engine: str, root: Path, keys: int, seconds: float, rounds: int
         with StateServer(config, root / "serving-api", refresh_ms=100) as api:
             job = _Job(values, keys, seconds)
             job.go()
-            t0 = time.perf_counter()
-            latencies = _api_gets(api, keys, job, rng)
-            took = time.perf_counter() - t0
+            with Stopwatch() as watch:
+                latencies = _api_gets(api, keys, job, rng)
+            took = watch.wall
             job.result()
         note("api p50", _pct(latencies, 0.5) * 1000)
         note("api p99", _pct(latencies, 0.99) * 1000)

@@ -26,12 +26,12 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .runner import make_row
+from .timing import Stopwatch
 
 __all__ = ["run", "FULL_ROWS", "QUICK_ROWS"]
 
@@ -81,14 +81,14 @@ def file_rows(spark: Any, df: Any, n: int, repeats: int, work: Path) -> list[dic
     plain = work / "plain"
 
     def with_sink(r: int) -> float:
-        t0 = time.perf_counter()
-        sink.write(df, r + 10)
-        return time.perf_counter() - t0
+        with Stopwatch() as watch:
+            sink.write(df, r + 10)
+        return watch.wall
 
     def without(r: int) -> float:
-        t0 = time.perf_counter()
-        df.write.parquet((plain / f"batch_id={r + 10}").as_uri())
-        return time.perf_counter() - t0
+        with Stopwatch() as watch:
+            df.write.parquet((plain / f"batch_id={r + 10}").as_uri())
+        return watch.wall
 
     rows = _pair_rows("sink_file", [("FileSink (parquet, fsync + rename)", with_sink),
                                     ("plain df.write.parquet", without)],
@@ -100,9 +100,9 @@ def file_rows(spark: Any, df: Any, n: int, repeats: int, work: Path) -> list[dic
         temp, final = work / f".tmp-publish-{r}", work / "publish" / f"batch_id={r}"
         final.parent.mkdir(exist_ok=True)
         df.write.parquet(temp.as_uri())
-        t0 = time.perf_counter()
-        publish_dir(temp, final)
-        publish.append((time.perf_counter() - t0) * 1000)
+        with Stopwatch() as watch:
+            publish_dir(temp, final)
+        publish.append(watch.wall * 1000)
     rows.append(make_row("sink_file_publish", "FileSink fsync + rename of one batch", {"rows": n, "files": 2},
                          "ms", publish, notes="per batch, after Spark's write; no baseline (a plain write has none)"))
     return rows
@@ -125,27 +125,27 @@ def kafka_rows(spark: Any, df: Any, n: int, repeats: int) -> list[dict[str, Any]
                              "linger.ms": 5})
 
         def with_sink(r: int) -> float:
-            t0 = time.perf_counter()
-            sink.write(df, r + 10)
-            return time.perf_counter() - t0
+            with Stopwatch() as watch:
+                sink.write(df, r + 10)
+            return watch.wall
 
         def without(r: int) -> float:
-            t0 = time.perf_counter()
-            rows = df.select(F.col("key").cast("string"), F.to_json(F.struct(*[F.col(c) for c in df.columns])))
-            for k, v in rows.toLocalIterator(prefetchPartitions=True):
-                while True:
-                    try:
-                        producer.produce(topics[1], v, k)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
-            producer.flush(60)
-            return time.perf_counter() - t0
+            with Stopwatch() as watch:
+                rows = df.select(F.col("key").cast("string"), F.to_json(F.struct(*[F.col(c) for c in df.columns])))
+                for k, v in rows.toLocalIterator(prefetchPartitions=True):
+                    while True:
+                        try:
+                            producer.produce(topics[1], v, k)
+                            break
+                        except BufferError:
+                            producer.poll(0.05)
+                producer.flush(60)
+            return watch.wall
 
         def empty_batch(r: int) -> float:
-            t0 = time.perf_counter()
-            sink.deliver([], 1_000 + r)
-            return (time.perf_counter() - t0) * 1000
+            with Stopwatch() as watch:
+                sink.deliver([], 1_000 + r)
+            return watch.wall * 1000
 
         try:
             rows = _pair_rows("sink_kafka", [("KafkaSink (one transaction + marker)", with_sink),

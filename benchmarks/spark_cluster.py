@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from .runner import make_row
+from .timing import Stopwatch
 
 __all__ = ["ClusterSizes", "CLUSTER_FULL", "STANDALONE", "NO_AFFINITY", "CLUSTER_QUICK", "write_growing_input", "ClusterRun", "drive",
            "moves_and_replay", "run", "main"]
@@ -175,32 +176,32 @@ def drive(master: str, input_dir: Path, root: Path) -> ClusterRun:
     if master.endswith(FLOOR):
         cmd.append("--floor")
     before = _load()
-    t0 = time.monotonic()
-    log = root.with_suffix(".log")
-    cluster = None
-    if _base(master) == STANDALONE:
-        cluster = StandaloneCluster(root.with_name(root.name + "-cluster"), workers=3).start()
-        cmd += ["--master", cluster.url, "--executors", "3", "--state-dir", f"{{env:{WORKER_STATE_ENV}}}"]
-    else:
-        cmd += ["--master", _base(master)]
-    try:
-        with log.open("wb") as out:
-            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                  env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
-    finally:
+    with Stopwatch() as watch:
+        log = root.with_suffix(".log")
+        cluster = None
+        if _base(master) == STANDALONE:
+            cluster = StandaloneCluster(root.with_name(root.name + "-cluster"), workers=3).start()
+            cmd += ["--master", cluster.url, "--executors", "3", "--state-dir", f"{{env:{WORKER_STATE_ENV}}}"]
+        else:
+            cmd += ["--master", _base(master)]
+        try:
+            with log.open("wb") as out:
+                proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                      env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+        finally:
+            if cluster is not None:
+                cluster.stop()
+        result = json.loads((root / "result.json").read_text()) if (root / "result.json").exists() else {}
+        if proc.returncode != 0 or result.get("status") != "ok":
+            raise RuntimeError(f"the {master} driver failed ({proc.returncode}): {result.get('error')}; log {log}")
+        moves, runs, replayed = moves_and_replay(read_events(root / "stream"))
+        data = [ms for ms, rows in zip(result["batch_ms"], result["batch_rows"]) if rows]
         if cluster is not None:
-            cluster.stop()
-    result = json.loads((root / "result.json").read_text()) if (root / "result.json").exists() else {}
-    if proc.returncode != 0 or result.get("status") != "ok":
-        raise RuntimeError(f"the {master} driver failed ({proc.returncode}): {result.get('error')}; log {log}")
-    moves, runs, replayed = moves_and_replay(read_events(root / "stream"))
-    data = [ms for ms, rows in zip(result["batch_ms"], result["batch_rows"]) if rows]
-    if cluster is not None:
-        state_dirs = sorted(root.with_name(root.name + "-cluster").glob("worker-*/state"))
-    else:
-        state_dirs = sorted(p for p in (root / "stream" / "state").glob("*") if p.is_dir() and master != LOCAL)
-    disk = disk_per_executor(state_dirs, JOB_NAME) if state_dirs else ({}, 0.0)
-    return ClusterRun(master, data, moves, runs, replayed, (before, _load()), time.monotonic() - t0,
+            state_dirs = sorted(root.with_name(root.name + "-cluster").glob("worker-*/state"))
+        else:
+            state_dirs = sorted(p for p in (root / "stream" / "state").glob("*") if p.is_dir() and master != LOCAL)
+        disk = disk_per_executor(state_dirs, JOB_NAME) if state_dirs else ({}, 0.0)
+    return ClusterRun(master, data, moves, runs, replayed, (before, _load()), watch.wall,
                       {"app_id": result.get("app_id"), "disk": disk, "parts": batch_parts(result)})
 
 

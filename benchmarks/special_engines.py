@@ -24,13 +24,13 @@ from __future__ import annotations
 import random
 import shutil
 import tempfile
-import time
 from typing import Any
 
 from localstate import Config, TaskStorage
 from sortedcontainers import SortedList
 
-from .runner import add_ratios, make_row, repeat_trials
+from .runner import add_ratios, make_row
+from .timing import Stopwatch, repeat_trials
 
 __all__ = ["run"]
 
@@ -54,31 +54,31 @@ def _topn_rows(quick: bool, repeats: int) -> list[dict[str, Any]]:
         try:
             with TaskStorage(_config(root, factory="topn", **{"key.serde": "string", "topn.size": cap})) as s:
                 t = s.store("s")
-                t0 = time.perf_counter()
-                for i in range(0, n, batch):
-                    t.offer_all(offers[i:i + batch])
-                    s.commit()
-                return n / (time.perf_counter() - t0)
+                with Stopwatch() as watch:
+                    for i in range(0, n, batch):
+                        t.offer_all(offers[i:i + batch])
+                        s.commit()
+                return n / watch.wall
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
     def raw() -> float:
         entries: dict[str, int] = {}
         order = SortedList()
-        t0 = time.perf_counter()
-        for m, score in offers:
-            old = entries.get(m)
-            if old is not None:
-                order.remove((-old, m))
-            elif len(entries) >= cap:
-                worst = order[-1]
-                if (-score, m) >= worst:
-                    continue
-                del order[-1]
-                del entries[worst[1]]
-            order.add((-score, m))
-            entries[m] = score
-        return n / (time.perf_counter() - t0)
+        with Stopwatch() as watch:
+            for m, score in offers:
+                old = entries.get(m)
+                if old is not None:
+                    order.remove((-old, m))
+                elif len(entries) >= cap:
+                    worst = order[-1]
+                    if (-score, m) >= worst:
+                        continue
+                    del order[-1]
+                    del entries[worst[1]]
+                order.add((-score, m))
+                entries[m] = score
+        return n / watch.wall
 
     base = make_row("topn_offer", "dict+SortedList (raw)", params, "ops/s", repeat_trials(raw, repeats))
     row = make_row("topn_offer", "topn", params, "ops/s", repeat_trials(ours, repeats), baseline=base["engine"],
@@ -103,11 +103,11 @@ def _hll_rows(quick: bool, repeats: int) -> list[dict[str, Any]]:
             with TaskStorage(_config(root, factory="hyperloglog",
                                      **{"key.serde": "string", "hyperloglog.precision": p})) as s:
                 h = s.store("s")
-                t0 = time.perf_counter()
-                for i in range(0, n, batch):
-                    h.add_all("page", items[i:i + batch])
-                    s.commit()
-                rate = n / (time.perf_counter() - t0)
+                with Stopwatch() as watch:
+                    for i in range(0, n, batch):
+                        h.add_all("page", items[i:i + batch])
+                        s.commit()
+                rate = n / watch.wall
                 figures["error"].append(abs(h.count("page") - n) / n)
                 log = s.changelog("s")
                 start = log.end_offset()
@@ -121,10 +121,10 @@ def _hll_rows(quick: bool, repeats: int) -> list[dict[str, Any]]:
     def raw() -> float:
         sketch = HyperLogLogPlusPlus(p=p, hashfunc=item_hash)
         update = sketch.update
-        t0 = time.perf_counter()
-        for x in items:
-            update(x)
-        return n / (time.perf_counter() - t0)
+        with Stopwatch() as watch:
+            for x in items:
+                update(x)
+        return n / watch.wall
 
     base = make_row("hll_update", "datasketch+xxh3 (raw)", params, "ops/s", repeat_trials(raw, repeats))
     row = make_row("hll_update", "hyperloglog", params, "ops/s", repeat_trials(ours, repeats), baseline=base["engine"],
@@ -155,15 +155,15 @@ def _bloom_rows(quick: bool, repeats: int) -> list[dict[str, Any]]:
         try:
             with TaskStorage(_config(root, factory="bloom", **{"bloom.capacity": n, "bloom.fp.rate": fp})) as s:
                 b = s.store("s")
-                t0 = time.perf_counter()
-                b.add_all(items)
-                rate = n / (time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                s.commit()
-                commits.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                hits = b.might_contain_all(items)
-                lookups.append(n / (time.perf_counter() - t0))
+                with Stopwatch() as watch:
+                    b.add_all(items)
+                rate = n / watch.wall
+                with Stopwatch() as watch:
+                    s.commit()
+                commits.append(watch.wall)
+                with Stopwatch() as watch:
+                    hits = b.might_contain_all(items)
+                lookups.append(n / watch.wall)
                 assert hits.all()
                 rates.append(float(b.might_contain_all(absent).mean()))
                 return rate
@@ -174,12 +174,12 @@ def _bloom_rows(quick: bool, repeats: int) -> list[dict[str, Any]]:
 
     def raw() -> float:
         seen: set[str] = set()
-        t0 = time.perf_counter()
-        seen.update(items)
-        rate = n / (time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        all(map(seen.__contains__, items))
-        set_lookups.append(n / (time.perf_counter() - t0))
+        with Stopwatch() as watch:
+            seen.update(items)
+        rate = n / watch.wall
+        with Stopwatch() as watch:
+            all(map(seen.__contains__, items))
+        set_lookups.append(n / watch.wall)
         return rate
 
     base = make_row("bloom_add", "python set (exact)", params, "ops/s", repeat_trials(raw, repeats))

@@ -21,7 +21,6 @@ work once per commit or scrape, not per operation.
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from localstate.metrics import StoreMetrics
 from localstate.serdes import get_serde
 
 from .runner import make_row, rows_per_engine
+from .timing import Stopwatch
 
 __all__ = ["run"]
 
@@ -69,19 +69,19 @@ def _scan_count(store: Any) -> int:
 
 
 def _reader_seconds(config: Config, records: int) -> float:
-    t0 = time.perf_counter()
-    with StateReader(config) as reader:
-        n = _scan_count(reader.store("s"))
-    elapsed = time.perf_counter() - t0
+    with Stopwatch() as watch:
+        with StateReader(config) as reader:
+            n = _scan_count(reader.store("s"))
+    elapsed = watch.wall
     assert n == records, (n, records)
     return elapsed
 
 
 def _open_seconds(config: Config, records: int) -> float:
-    t0 = time.perf_counter()
-    with TaskStorage(config) as s:
-        n = _scan_count(s.store("s"))
-    elapsed = time.perf_counter() - t0
+    with Stopwatch() as watch:
+        with TaskStorage(config) as s:
+            n = _scan_count(s.store("s"))
+    elapsed = watch.wall
     assert n == records, (n, records)
     return elapsed
 
@@ -120,24 +120,24 @@ def _op_rate(metered: bool, op: str, keys: list[str]) -> float:
         value = {"n": 1}
         if op == "put":
             put = store.put
-            t0 = time.perf_counter()
-            for k in keys:
-                put(k, value)
-            return len(keys) / (time.perf_counter() - t0)
+            with Stopwatch() as watch:
+                for k in keys:
+                    put(k, value)
+            return len(keys) / watch.wall
         store.put_all([(k, value) for k in keys])
         get = store.get
         if op == "get (cache hits)":
             hot = keys[:CACHE // 2] * 20
             for k in hot[: CACHE // 2]:
                 get(k)  # now cached
-            t0 = time.perf_counter()
-            for k in hot:
+            with Stopwatch() as watch:
+                for k in hot:
+                    get(k)
+            return len(hot) / watch.wall
+        with Stopwatch() as watch:
+            for k in keys:
                 get(k)
-            return len(hot) / (time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for k in keys:
-            get(k)
-        return len(keys) / (time.perf_counter() - t0)
+        return len(keys) / watch.wall
     finally:
         store.close()
 

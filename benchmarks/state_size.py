@@ -30,13 +30,13 @@ import os
 import random
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .runner import add_ratios, make_row
+from .timing import Stopwatch
 
 __all__ = ["run", "sweep_ours", "sweep_raw", "SIZES", "NO_WRITE_BEHIND"]
 
@@ -79,19 +79,19 @@ def _sweep(sizes: tuple[int, ...], write_chunk: Callable[[int], None], get: Call
     for size in sizes:
         target = size // COMMIT_EVERY
         first = chunk
-        t0, c0 = time.perf_counter(), time.thread_time()
-        while chunk < target:
-            write_chunk(chunk)
-            chunk += 1
+        with Stopwatch(cpu=True) as watch:
+            while chunk < target:
+                write_chunk(chunk)
+                chunk += 1
         written = (chunk - first) * COMMIT_EVERY
-        writes = written / (time.perf_counter() - t0)
-        writes_cpu = written / max(time.thread_time() - c0, 1e-9)
+        writes = written / watch.wall
+        writes_cpu = written / max(watch.thread, 1e-9)
         probes = _probe_keys(chunk, min(GETS_PER_SIZE, size), seed=size)
-        t0 = time.perf_counter()
-        for k in probes:
-            if get(k) is None:
-                raise RuntimeError(f"state-size sweep: key {k!r} written earlier is missing")
-        gets = len(probes) / (time.perf_counter() - t0)
+        with Stopwatch() as watch:
+            for k in probes:
+                if get(k) is None:
+                    raise RuntimeError(f"state-size sweep: key {k!r} written earlier is missing")
+        gets = len(probes) / watch.wall
         yield size, writes, gets, writes_cpu
 
 

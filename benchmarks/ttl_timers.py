@@ -28,7 +28,6 @@ import random
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from localstate import Config, TaskStorage
 from localstate.timers import EVENT_TIME, Timers
 
 from .runner import make_row
+from .timing import Stopwatch
 
 __all__ = ["run"]
 
@@ -74,20 +74,19 @@ def _ttl_trial(engine: str, records: int, ttl: bool, fresh_values: bool = False)
         with TaskStorage(_config(root, engine, records, ttl)) as st:
             store = st.store("s")
             put = store.put
-            t0 = time.process_time()
-            if fresh_values:
-                for i, k in enumerate(keys):
-                    put(k, {"views": i, "page": "/index"})
-            else:
-                for k in keys:
-                    put(k, value)
-            st.commit()
-            t1 = time.process_time()
+            with Stopwatch(cpu=True) as writing:
+                if fresh_values:
+                    for i, k in enumerate(keys):
+                        put(k, {"views": i, "page": "/index"})
+                else:
+                    for k in keys:
+                        put(k, value)
+                st.commit()
             get = store.get
-            for k in reads:
-                get(k)
-            t2 = time.process_time()
-        return records / (t1 - t0), records / (t2 - t1)
+            with Stopwatch(cpu=True) as reading:
+                for k in reads:
+                    get(k)
+        return records / writing.cpu, records / reading.cpu
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -110,22 +109,21 @@ def _timer_trial(engine: str, records: int, batched: bool) -> tuple[float, float
                 nonlocal fired
                 fired += 1
 
-            t0 = time.process_time()
-            if batched:
-                timers.register_all(keys, stamps)
-            else:
-                register = timers.register
-                for k, ts in zip(keys, stamps):
-                    register(k, ts)
-            t1 = time.process_time()
-            if batched:
-                timers.fire_batch(on_timers)
-            else:
-                timers.fire(on_timer)
-            t2 = time.process_time()
+            with Stopwatch(cpu=True) as registering:
+                if batched:
+                    timers.register_all(keys, stamps)
+                else:
+                    register = timers.register
+                    for k, ts in zip(keys, stamps):
+                        register(k, ts)
+            with Stopwatch(cpu=True) as firing:
+                if batched:
+                    timers.fire_batch(on_timers)
+                else:
+                    timers.fire(on_timer)
             if fired != records:
                 raise AssertionError(f"{fired} of {records} timers fired")
-        return records / (t1 - t0), records / (t2 - t1)
+        return records / registering.cpu, records / firing.cpu
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -36,6 +36,7 @@ from localstate.contrib.spark.runner import StreamTask, TaskRun, run_partition
 from localstate.windows import Count, Hopping, Session, Sliding, Sum, Tumbling, WindowedAggregation
 
 from .runner import make_row
+from .timing import Stopwatch
 
 __all__ = ["run", "stream_rows", "operator_rows", "main"]
 
@@ -68,16 +69,15 @@ def _stream(task: type[StreamTask], root: Path, micro: list[list[pa.Table]], col
     config = job_config(task, root, partitions=TASKS, engine=ENGINE)
     sink = io.BytesIO()
     writer = pa.ipc.new_stream(sink, OUTPUT) if collect else None
-    cpu, wall = time.process_time(), time.perf_counter()
-    for b, parts in enumerate(micro):
-        for p, part in enumerate(parts):
-            for out in run_partition(TaskRun(config, task, OUTPUT, batch_id=b), p, iter(part.to_batches(BATCH_ROWS))):
-                if writer is not None:
-                    writer.write_batch(out)
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    with Stopwatch(cpu=True) as watch:
+        for b, parts in enumerate(micro):
+            for p, part in enumerate(parts):
+                for out in run_partition(TaskRun(config, task, OUTPUT, batch_id=b), p, iter(part.to_batches(BATCH_ROWS))):
+                    if writer is not None:
+                        writer.write_batch(out)
     if writer is not None:
         writer.close()
-    return cpu, wall, sink.getvalue()
+    return watch.cpu, watch.wall, sink.getvalue()
 
 
 def stream_rows(quick: bool, repeats: int, work: Path) -> list[dict[str, Any]]:
@@ -149,11 +149,11 @@ def operator_rows(quick: bool, repeats: int, work: Path) -> list[dict[str, Any]]
             try:
                 with TaskStorage(_operator_config(root, serde), 0) as storage:
                     op = WindowedAggregation(storage, "w", windows, aggregator)
-                    t0 = time.process_time()
-                    for batch in batches:
-                        op.add_batch(batch, key="user_id", time="ts", value="v")
-                        op.close()
-                    seconds = time.process_time() - t0
+                    with Stopwatch(cpu=True) as watch:
+                        for batch in batches:
+                            op.add_batch(batch, key="user_id", time="ts", value="v")
+                            op.close()
+                    seconds = watch.cpu
             finally:
                 shutil.rmtree(root, ignore_errors=True)
             if i:  # the first is the warm-up

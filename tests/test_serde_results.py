@@ -124,3 +124,39 @@ def test_each_value_is_encoded_once_with_the_object_cache(tmp_path, factory, ttl
     got = _committed(cfg)
     assert got == {**{f"k{i}": f"v{i}" for i in range(30)}, "b1": "w1", "b2": "w2",
                    **{f"c{i}": f"x{i}" for i in range(10)}}
+
+
+def _column_values(columns):
+    return [str(v).encode() for v in columns[0].to_pylist()]
+
+
+COLUMN_CALLS: Counter = Counter()
+
+
+def _counted_columns(columns):
+    COLUMN_CALLS["encode_columns"] += 1
+    return _column_values(columns)
+
+
+register_serde(Serde("columns-test", lambda v: str(v).encode(), lambda b: int(b), True,
+                     encode_columns=_counted_columns), clobber=True)
+register_serde(Serde("bad-columns-test", lambda v: str(v).encode(), lambda b: int(b), True,
+                     encode_columns=lambda columns: [str(v) for v in columns[0].to_pylist()]), clobber=True)
+
+
+def test_a_user_serde_s_column_encoder_is_used_and_its_results_are_checked(make_config):
+    """``Serde.encode_columns`` is the columnar path's encoder; what it returns is checked like
+    ``encode_many``'s, so a str instead of bytes is refused naming the store, nothing written."""
+    import pyarrow as pa
+
+    store = {"factory": "rocksdb", "msg.serde": "long", "object.cache.size": 0}
+    config = make_config(good={**store, "key.serde": "columns-test", "changelog": "file.good"},
+                         bad={**store, "key.serde": "bad-columns-test", "changelog": "file.bad"})
+    with TaskStorage(config) as storage:
+        columns = storage.columns("good")
+        keys = columns.encode_keys([pa.array([1, 2], pa.int64())])
+        assert keys.data == [b"1", b"2"] and COLUMN_CALLS["encode_columns"] == 1
+        with pytest.raises(SerializationError, match="store 'bad'.*returned str"):
+            storage.columns("bad").encode_keys([pa.array([1], pa.int64())])
+        with storage.store("bad").all() as pairs:
+            assert list(pairs) == []
