@@ -4,9 +4,11 @@
   ``cpu=True`` also the CPU seconds of the process (all its threads) and of the calling
   thread. Its figures are the sums over the blocks it timed, so one stopwatch can add up
   the commits of a loop while another times the whole loop.
-* :func:`repeat_trials` runs a warm-up and then ``repeats`` trials (each in a fresh scratch
-  directory if asked), :func:`interleaved_trials` rounds of several trials in turn;
-  :func:`spread` is the median, min and max of their figures.
+* :func:`repeat_trials` runs a warm-up and then ``repeats`` trials that return their own
+  figures (each in a fresh scratch directory if asked); :func:`timed_runs` times a body
+  that way, with an untimed setup and teardown around each run; :func:`interleaved_trials`
+  runs rounds of several trials in turn; :func:`spread` is the median, min and max of the
+  figures.
 
 What a trial sets up or tears down stays outside its stopwatch's ``with`` block, so it is
 not timed (e.g. a store's open is timed and its close is not: open inside the block,
@@ -22,9 +24,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["Stopwatch", "repeat_trials", "interleaved_trials", "spread"]
+__all__ = ["Stopwatch", "repeat_trials", "timed_runs", "interleaved_trials", "spread"]
 
 T = TypeVar("T")
 
@@ -78,6 +80,25 @@ def repeat_trials(trial: Callable[..., T], repeats: int, *, scratch: str | None 
         figure = _once(trial, scratch)
         if i:
             out.append(figure)
+    return out
+
+
+def timed_runs(body: Callable[[Any], Any], repeats: int, *, setup: Callable[[], Any] | None = None,
+               teardown: Callable[[Any], Any] | None = None) -> list[float]:
+    """A warm-up, then ``repeats`` runs of ``body(setup())`` (``body(None)`` without a
+    setup): the wall seconds of each timed ``body``. ``setup`` and ``teardown(what setup
+    gave)`` run around every body, untimed."""
+    out: list[float] = []
+    for i in range(repeats + 1):
+        state = setup() if setup is not None else None
+        try:
+            with Stopwatch() as watch:
+                body(state)
+        finally:
+            if teardown is not None:
+                teardown(state)
+        if i:
+            out.append(watch.wall)
     return out
 
 
