@@ -77,7 +77,7 @@ def _tuple_encode(t: Any) -> bytes:
     return bytes(out)
 
 
-_ESCAPED_TAGS = {str: _T_STR, bytes: _T_BYTES}
+_ESCAPED_TAGS: dict[type, int] = {str: _T_STR, bytes: _T_BYTES}
 _TAGGED_Q_TAG = struct.Struct(_TAGGED_Q.format + "B")  # an int element and the tag of the str/bytes element after it
 
 
@@ -116,8 +116,8 @@ def _tuple_encode_many(items: list[Any]) -> list[bytes]:
         widths = set(map(len, items))
         if len(widths) == 1 and (width := widths.pop()) > 0:
             columns = [list(map(itemgetter(i), items)) for i in range(width)]
-            kinds = list(map(_column_kind, columns))
-            if None not in kinds:
+            kinds = [kind for kind in map(_column_kind, columns) if kind is not None]
+            if len(kinds) == width:
                 pieces: list[Any] = []
                 for i, column in enumerate(columns):
                     encoded = _column_pieces(column, kinds[i], kinds[i + 1] if i + 1 < width else None,
