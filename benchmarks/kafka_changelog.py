@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +46,7 @@ from localstate.testing.kafka import TansuBroker
 
 from .peers import quix_python, run_peer
 from .runner import add_ratios, error_row, make_row
+from .timing import Stopwatch, timed_runs
 
 __all__ = ["run"]
 
@@ -94,17 +94,8 @@ class _Bench:
             pass
 
     def timed(self, setup: Callable[[], Any], body: Callable[[Any], None], teardown: Callable[[Any], None]) -> list[float]:
-        """Warm-up + ``repeats`` runs; returns seconds of the timed runs (setup untimed)."""
-        runs = []
-        for i in range(self.repeats + 1):
-            ctx = setup()
-            t0 = time.perf_counter()
-            body(ctx)
-            dt = time.perf_counter() - t0
-            teardown(ctx)
-            if i:
-                runs.append(dt)
-        return runs
+        """Warm-up + ``repeats`` runs; returns seconds of the timed runs (setup and teardown untimed)."""
+        return timed_runs(body, self.repeats, setup=setup, teardown=teardown)
 
     def rows(self, workload: str, engine: str, params: dict[str, Any], seconds: list[float],
              baseline: str | None, notes: str) -> list[dict[str, Any]]:
@@ -305,18 +296,16 @@ def _store_ours(bootstrap: str, keys: list[bytes], value: bytes) -> tuple[float,
         with TaskStorage(config) as storage:
             store = storage.store("kv")
             put, get, commit = store.put, store.get, storage.commit
-            t0, c0 = time.perf_counter(), time.thread_time()
-            for start in range(0, len(keys), STORE_COMMIT_EVERY):
-                for key in keys[start : start + STORE_COMMIT_EVERY]:
-                    put(key, value)
-                commit(input_position=start)
-            put_s, put_cpu = time.perf_counter() - t0, time.thread_time() - c0
-            t0 = time.perf_counter()
-            for key in keys:
-                if get(key) is None:
-                    raise RuntimeError(f"key {key!r} was written but is missing")
-            get_s = time.perf_counter() - t0
-        return len(keys) / put_s, len(keys) / get_s, len(keys) / put_cpu
+            with Stopwatch(cpu=True) as puts:
+                for start in range(0, len(keys), STORE_COMMIT_EVERY):
+                    for key in keys[start : start + STORE_COMMIT_EVERY]:
+                        put(key, value)
+                    commit(input_position=start)
+            with Stopwatch() as gets:
+                for key in keys:
+                    if get(key) is None:
+                        raise RuntimeError(f"key {key!r} was written but is missing")
+        return len(keys) / puts.wall, len(keys) / gets.wall, len(keys) / puts.thread
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -329,22 +318,20 @@ def _store_raw(keys: list[bytes], value: bytes) -> tuple[float, ...]:
     root = Path(tempfile.mkdtemp(prefix="raw-store-"))
     try:
         db = rocksdict.Rdict(str(root / "db"), RocksDBOptions().to_native())
-        t0, c0 = time.perf_counter(), time.thread_time()
-        for start in range(0, len(keys), STORE_COMMIT_EVERY):
-            batch = rocksdict.WriteBatch(raw_mode=True)
-            put = batch.put
-            for key in keys[start : start + STORE_COMMIT_EVERY]:
-                put(key, value)
-            db.write(batch)
-        put_s, put_cpu = time.perf_counter() - t0, time.thread_time() - c0
+        with Stopwatch(cpu=True) as puts:
+            for start in range(0, len(keys), STORE_COMMIT_EVERY):
+                batch = rocksdict.WriteBatch(raw_mode=True)
+                put = batch.put
+                for key in keys[start : start + STORE_COMMIT_EVERY]:
+                    put(key, value)
+                db.write(batch)
         get = db.get
-        t0 = time.perf_counter()
-        for key in keys:
-            if get(key) is None:
-                raise RuntimeError(f"raw rocksdict: key {key!r} was written but is missing")
-        get_s = time.perf_counter() - t0
+        with Stopwatch() as gets:
+            for key in keys:
+                if get(key) is None:
+                    raise RuntimeError(f"raw rocksdict: key {key!r} was written but is missing")
         db.close()
-        return len(keys) / put_s, len(keys) / get_s, len(keys) / put_cpu
+        return len(keys) / puts.wall, len(keys) / gets.wall, len(keys) / puts.thread
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

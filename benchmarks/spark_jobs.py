@@ -80,6 +80,7 @@ from localstate.contrib.spark.runner import (
 from localstate.contrib.spark.workload import HOUR, generate
 
 from .runner import make_row
+from .timing import Stopwatch
 
 __all__ = ["run", "Sizes", "FULL", "QUICK", "PerRecordPageViews", "timed_task", "profile_arrow", "main"]
 
@@ -146,13 +147,14 @@ def timed_task(base: type[StreamTask], timing_dir: str) -> type[StreamTask]:
             self._timing["input"] += time.perf_counter() - self._idle_since
 
         def _clock(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            wall, cpu = time.perf_counter(), time.thread_time()
+            watch = Stopwatch(cpu=True)
             try:
-                return fn(*args, **kwargs)
+                with watch:
+                    return fn(*args, **kwargs)
             finally:
                 t = self._timing
-                t[what] = t.get(what, 0.0) + time.perf_counter() - wall
-                t["cpu"] = t.get("cpu", 0.0) + time.thread_time() - cpu
+                t[what] = t.get(what, 0.0) + watch.wall
+                t["cpu"] = t.get("cpu", 0.0) + watch.thread
 
         def process_batch(self, batch: pa.RecordBatch, emit: Emitter) -> None:
             self._waited()
@@ -296,10 +298,9 @@ def localstate_job(spark: Any, input_dir: Path, task: type[StreamTask], root: Pa
     config = job_config(PageViewsPerHour, root, partitions=TASKS, engine=ENGINE)
     job = StatefulJob(config, timed_task(task, str(timing)), key=PageViewsPerHour.KEY,
                       output_schema=PageViewsPerHour.OUTPUT_SCHEMA)
-    t0 = time.perf_counter()
-    job.run(spark.read.parquet(str(input_dir))).write.format("noop").mode("overwrite").save()
-    seconds = time.perf_counter() - t0
-    return seconds, TaskTimes.read(timing), config
+    with Stopwatch() as watch:
+        job.run(spark.read.parquet(str(input_dir))).write.format("noop").mode("overwrite").save()
+    return watch.wall, TaskTimes.read(timing), config
 
 
 def spark_state_store_job(spark: Any, input_dir: Path, checkpoint: Path) -> tuple[float, dict[str, int]]:
@@ -315,11 +316,11 @@ def spark_state_store_job(spark: Any, input_dir: Path, checkpoint: Path) -> tupl
         .groupBy(F.window("event_time", "1 hour"), "user_id")
         .count()
     )
-    t0 = time.perf_counter()
-    query = (counts.writeStream.format("noop").outputMode("append")
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    query.awaitTermination()
-    seconds = time.perf_counter() - t0
+    with Stopwatch() as watch:
+        query = (counts.writeStream.format("noop").outputMode("append")
+                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+        query.awaitTermination()
+    seconds = watch.wall
     if query.exception() is not None:
         raise RuntimeError(f"Spark state-store query failed: {query.exception()}")
     progress = query.recentProgress
@@ -411,11 +412,11 @@ def _run(sizes: Sizes, repeats: int, work: Path) -> list[dict[str, Any]]:
     write_hourly_parquet(table, full_dir)
     write_hourly_parquet(sample, sample_dir)
     del table, sample
-    t0 = time.perf_counter()
-    spark, owned = start_session(quick=sizes is QUICK)
+    with Stopwatch() as session_start:
+        spark, owned = start_session(quick=sizes is QUICK)
     master = spark.sparkContext.master
     if owned:
-        rows.append(make_row("spark_session_start", master, {"master": master}, "s", [time.perf_counter() - t0],
+        rows.append(make_row("spark_session_start", master, {"master": master}, "s", [session_start.wall],
                              notes="one start, not repeated"))
     try:
         rows += _spark_rows(spark, full_dir, sample_dir, n, n_sample, params | {"master": master},

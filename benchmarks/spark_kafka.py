@@ -128,10 +128,12 @@ def localstate_kafka_stream(spark: Any, bootstrap: str, topic: str, root: Path, 
               .option("topic", topic).option("format", "json").option("maxOffsetsPerTrigger", per_trigger)
               .option("minPartitions", spark.sparkContext.defaultParallelism)
               .schema("ts long, user_id string").load())
-    t0 = time.perf_counter()
-    query = job.run_stream(stream, checkpoint_location=str(root / "spark-checkpoint"),
-                           trigger={"availableNow": True})
-    return finish_query(spark, query, t0, None), job.config
+
+    def start() -> Any:
+        return job.run_stream(stream, checkpoint_location=str(root / "spark-checkpoint"),
+                               trigger={"availableNow": True})
+
+    return finish_query(spark, start, None), job.config
 
 
 def connector_stream(spark: Any, bootstrap: str, topic: str, root: Path, per_trigger: int, *,
@@ -147,10 +149,12 @@ def connector_stream(spark: Any, bootstrap: str, topic: str, root: Path, per_tri
     if not co_partitioned:
         options["minPartitions"] = spark.sparkContext.defaultParallelism
     stream = kafka_json(kafka_stream(spark, bootstrap, topic, **options), "ts long, user_id string")
-    t0 = time.perf_counter()
-    query = job.run_stream(stream, checkpoint_location=str(root / "spark-checkpoint"),
-                           trigger={"availableNow": True}, co_partitioned=co_partitioned)
-    return finish_query(spark, query, t0, None), job.config
+
+    def start() -> Any:
+        return job.run_stream(stream, checkpoint_location=str(root / "spark-checkpoint"),
+                               trigger={"availableNow": True}, co_partitioned=co_partitioned)
+
+    return finish_query(spark, start, None), job.config
 
 
 def quix_run(python: str, bootstrap: str, topic: str, n: int, root: Path) -> dict[str, Any]:

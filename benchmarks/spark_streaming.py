@@ -73,6 +73,7 @@ from localstate.testing.spark import batch_stages
 from .peers import FLINK_VERSION, ServedPeer, flink_python
 from .runner import describe_error, error_row, make_row
 from .spark_jobs import ENGINE, HOURS, SPARK_STATE_STORE, TASKS, Sizes, events, timed_task
+from .timing import Stopwatch
 
 __all__ = ["StreamSizes", "STREAM_FULL", "STREAM_QUICK", "FILES_PER_TRIGGER", "write_stream_files",
            "localstate_stream", "spark_stream", "floor_stream", "hourly_counts", "spark_tasks_for", "StreamRun", "stream_rows", "finish_query",
@@ -163,10 +164,12 @@ def localstate_stream(spark: Any, input_dir: Path, root: Path, *, collect: bool 
     if collect:
         def output(df: Any, _batch: int) -> None:
             collected.append(dataframe_to_arrow(df))
-    t0 = time.perf_counter()
-    query = job.run_stream(_stream(spark, input_dir), checkpoint_location=str(root / "spark-checkpoint"),
-                           trigger={"availableNow": True}, output=output)
-    return finish_query(spark, query, t0, collected if collect else None)
+
+    def start() -> Any:
+        return job.run_stream(_stream(spark, input_dir), checkpoint_location=str(root / "spark-checkpoint"),
+                               trigger={"availableNow": True}, output=output)
+
+    return finish_query(spark, start, collected if collect else None)
 
 
 def spark_stream(spark: Any, input_dir: Path, checkpoint: Path, *, collect: bool = False) -> StreamRun:
@@ -190,9 +193,11 @@ def spark_stream(spark: Any, input_dir: Path, checkpoint: Path, *, collect: bool
         writer = writer.foreachBatch(output)
     else:
         writer = writer.format("noop")
-    t0 = time.perf_counter()
-    query = writer.trigger(availableNow=True).start()
-    return finish_query(spark, query, t0, collected if collect else None)
+
+    def start() -> Any:
+        return writer.trigger(availableNow=True).start()
+
+    return finish_query(spark, start, collected if collect else None)
 
 
 FLOOR_SCHEMA = "window_start long, user_id string, views long"
@@ -232,21 +237,24 @@ def floor_stream(spark: Any, input_dir: Path, checkpoint: Path, *, jvm: bool = F
         else:
             totals.append(int(df.agg(F.sum("views")).first()[0] or 0))
 
-    t0 = time.perf_counter()
-    query = (plan.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
-             .trigger(availableNow=True).start())
-    return finish_query(spark, query, t0, None)
+    def start() -> Any:
+        return (plan.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+
+    return finish_query(spark, start, None)
 
 
-def finish_query(spark: Any, query: Any, t0: float, collected: list[pa.Table] | None) -> StreamRun:
-    """Wait for ``query`` (started at ``t0``) to end and gather what it reported."""
-    query.awaitTermination()
-    seconds = time.perf_counter() - t0
+def finish_query(spark: Any, start: Callable[[], Any], collected: list[pa.Table] | None) -> StreamRun:
+    """Start a query with ``start()``, wait for it to end and gather what it reported; the
+    run's seconds are from the start to the end of the query."""
+    with Stopwatch() as watch:
+        query = start()
+        query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"streaming query {query.name or query.id} failed: {query.exception()}")
     progress = [p if isinstance(p, dict) else p.jsonValue() for p in query.recentProgress]
     output = _sorted_output(collected) if collected is not None else None
-    return StreamRun(seconds, progress, output, batch_stages(spark, str(query.runId)))
+    return StreamRun(watch.wall, progress, output, batch_stages(spark, str(query.runId)))
 
 
 # -- the breakdown -----------------------------------------------------------------------------
