@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("core", "changelog", "engines", "contrib")
+PRODUCT = ("core", "changelog", "engines", "contrib", "benchmarks")
 LIMIT = 600
 
 LONGER: dict[str, str] = {}
