@@ -87,11 +87,7 @@ class KafkaChangelogPartition(ChangelogPartition):
         record, no Python bytecode per record). On a full local queue the record that did
         not fit is the one the value iterator stopped after: room is made and the loop
         goes on from that record, so every record is produced once, in order."""
-        self._check_open()
-        fault_point("changelog.append")
-        writer = self._writer
-        writer.begin()
-        self._unflushed = True
+        writer = self._begin_append()
         produce = writer.producer.produce
         topic, part = self.stream, self.partition
         last = len(keys) - 1
@@ -125,14 +121,19 @@ class KafkaChangelogPartition(ChangelogPartition):
             "already produced, so the open transaction was aborted: nothing since the last commit counts"
         )
 
-    def _produce(self, records: Iterator[tuple[bytes, bytes | None]], count: int) -> None:
-        """Produce ``count`` records, in order, into the task's open transaction; the last
-        one carries the delivery callback (acks come in order, so it covers the rest)."""
+    def _begin_append(self) -> TaskWriter:
+        """The task's writer with its transaction open, before records are produced."""
         self._check_open()
         fault_point("changelog.append")
         writer = self._writer
         writer.begin()
         self._unflushed = True
+        return writer
+
+    def _produce(self, records: Iterator[tuple[bytes, bytes | None]], count: int) -> None:
+        """Produce ``count`` records, in order, into the task's open transaction; the last
+        one carries the delivery callback (acks come in order, so it covers the rest)."""
+        writer = self._begin_append()
         produce = writer.producer.produce
         topic, part = self.stream, self.partition
         try:
