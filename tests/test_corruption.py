@@ -21,6 +21,7 @@ from localstate import Config, TaskStorage, layout
 from localstate.errors import CorruptionError, LocalStateError
 from localstate.storage import Recovery
 from localstate.testing import torture as T
+from localstate.testing.torture_work import norm, work
 
 COMMITS = 6
 
@@ -34,15 +35,15 @@ def setup_task(tmp: Path, engine: str = "memory", commits: int = COMMITS) -> tup
     states: list[Any] = []
     with TaskStorage(config) as s:
         store = s.store(T.STORE)
-        states.append(T._norm(adapter.observe(store, plan.keys)))
-        T._work(s, plan, adapter, lambda _b: states.append(T._norm(adapter.observe(store, plan.keys))))
+        states.append(norm(adapter.observe(store, plan.keys)))
+        work(s, plan, adapter, lambda _b: states.append(norm(adapter.observe(store, plan.keys))))
     return config, states, adapter
 
 
 def reopen(config: Config, adapter: T.WorkloadAdapter, recovery: Recovery | None = None) -> tuple[int, Any]:
     with TaskStorage(config, recovery=recovery) as s:
         pos = s.checkpoint.input_position if s.checkpoint else 0
-        return pos, T._norm(adapter.observe(s.store(T.STORE), 40))
+        return pos, norm(adapter.observe(s.store(T.STORE), 40))
 
 
 def segments(config: Config) -> list[Path]:
@@ -182,7 +183,7 @@ def test_corrupt_checkpoint_is_refused_and_the_previous_one_is_used_only_when_as
     plan = T.TrialPlan(seed=3, engine="memory", changelog="file", batches=COMMITS, ops=60, keys=40,
                        compact_every=0, retention_ms=86_400_000, faults=())
     with TaskStorage(config) as s:
-        T._work(s, plan, adapter)
+        work(s, plan, adapter)
     assert reopen(config, adapter) == (COMMITS, states[COMMITS])
 
 
@@ -350,11 +351,11 @@ def test_deleted_key_stays_deleted_after_compaction_and_an_old_local_snapshot(tm
         stats = s.compact()[T.STORE]
         assert stats["tombstones_dropped"] >= 1, stats
         assert "victim" not in adapter.observe(s.store(T.STORE), 1)
-        expected = T._norm(adapter.observe(s.store(T.STORE), 1))
+        expected = norm(adapter.observe(s.store(T.STORE), 1))
     settled_rmtree(store_dir)
     shutil.copytree(old, store_dir)
     with TaskStorage(config) as s:
-        state = T._norm(adapter.observe(s.store(T.STORE), 1))
+        state = norm(adapter.observe(s.store(T.STORE), 1))
         assert "victim" not in state, "a deleted key came back from a stale snapshot"
         assert state == expected
         assert s.last_restore[T.STORE].start_offset == 0, "the stale snapshot should have been rebuilt"

@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 from localstate import Config
-from localstate.contrib.spark.runner import EXECUTOR_PLACEHOLDER, executor_id, executor_state_dir
 from localstate.contrib.spark.streaming import committed_batches
+from localstate.contrib.spark.task_run import EXECUTOR_PLACEHOLDER, executor_id, executor_state_dir
 from localstate.testing import FULL
 from localstate.testing.processes import descendants, executor_jvms, kill_all
 from localstate.testing.spark import read_counts

@@ -39,6 +39,7 @@ from .session import one_host_exclusion, spark_session, wait_for_executors
 from .streaming import next_version
 from .task import Emitter, StreamTask, TaskContext
 from .task_run import (
+    EXECUTOR_PLACEHOLDER,
     LOCK_WAIT_S,
     PARTITION_COLUMN,
     TaskRun,
@@ -64,6 +65,7 @@ __all__ = [
     "StreamTask",
     "TaskContext",
     "TaskRun",
+    "EXECUTOR_PLACEHOLDER",
     "executor_id",
     "executor_state_dir",
     "run_partition",
