@@ -119,6 +119,15 @@ def test_co_partitioned_refuses_what_it_cannot_do_exactly(spark: Any, apache_kaf
     stream = kafka_json(kafka_stream(spark, apache_kafka_broker, "views-bad"), "user_id string").repartition(2)
     with pytest.raises(ConfigError, match="Repartition step between the source and the job"):
         job.run_stream(stream, checkpoint_location=str(tmp_path / "shuffle" / "cp"), co_partitioned=True)
+    # a topic that does not exist: refused, and the check does not create it (Apache Kafka
+    # auto-creates a topic that a metadata request names)
+    with pytest.raises(ConfigError, match="no such topic.*create topic 'views-missing'"):
+        run_job(spark, tmp_path / "missing", apache_kafka_broker, "views-missing", co_partitioned=True)
+    assert not (tmp_path / "missing" / "checkpoint").exists()
+    from confluent_kafka.admin import AdminClient
+
+    listed = AdminClient({"bootstrap.servers": apache_kafka_broker}).list_topics(timeout=30).topics
+    assert "views-missing" not in listed
 
 
 def test_co_partitioned_refuses_keys_in_the_wrong_partition_and_commits_nothing(

@@ -262,16 +262,21 @@ def check_co_partitioned(job: StatefulJob, df: DataFrame, timer_interval_ms: int
 
 
 def _topic_partitions(bootstrap: str, topic: str) -> int:
-    from confluent_kafka.admin import AdminClient
+    """How many partitions ``topic`` has, through localstate's one Kafka client (it lists
+    every topic rather than naming this one, so a missing topic is not auto-created by
+    the check)."""
+    from localstate.changelog.kafka.client import KafkaClient, KafkaSettings
+    from localstate.errors import ChangelogError
+    from localstate.options import parse_options
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    metadata = admin.list_topics(topic, timeout=30)
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        raise ConfigError(f"topic {topic!r} on {bootstrap} has no partitions"
-                          + (f" ({found.error})" if found is not None and found.error else "")
-                          + "; create it before starting a co-partitioned job")
-    return len(found.partitions)
+    settings = parse_options(KafkaSettings, {"bootstrap.servers": bootstrap}, "the Kafka source")
+    client = KafkaClient(settings, where="the Kafka source", group_id="localstate-co-partitioned-check")
+    try:
+        return len(client.partitions(topic))
+    except ChangelogError as e:
+        raise ConfigError(f"{e}; create topic {topic!r} before starting a co-partitioned job") from None
+    finally:
+        client.close()
 
 
 def co_partitioned_plan(job: StatefulJob, df: DataFrame, run: TaskRun, struct: StructType) -> DataFrame:
