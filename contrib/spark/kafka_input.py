@@ -286,7 +286,7 @@ def co_partitioned_plan(job: StatefulJob, df: DataFrame, run: TaskRun, struct: S
     from pyspark.sql import functions as F
 
     n, key, column = job.num_tasks, job.key, KAFKA_PARTITION_COLUMN
-    owner = F.pmod(F.hash(F.col(key)), F.lit(n))
+    owner = job.task_column()
     message = F.concat(
         F.lit(f"job {job.config.job_name!r}, co_partitioned=True: key "), F.col(key).cast("string"),
         F.lit(" is in topic partition "), F.col(column).cast("string"), F.lit(" but its task is "),

@@ -201,6 +201,13 @@ class StatefulJob:
                 "adds itself when tasks share Spark tasks (spark_tasks); rename it"
             )
 
+    def task_column(self) -> Any:
+        """Each row's task as a Spark column: ``pmod(hash(key), N)``, the partition
+        ``repartition(N, key)`` sends it to (:mod:`localstate.partitioning`)."""
+        from pyspark.sql import functions as F
+
+        return F.pmod(F.hash(self.key), F.lit(self.num_tasks))
+
     def transform(self, df: DataFrame, batch_id: int | None = None, *, in_stream_plan: bool = False,
                   placement: _PlacedRun | None = None, co_partitioned: bool = False) -> DataFrame:
         """The lazy output DataFrame of one run over ``df`` (``batch_id``: streaming version).
@@ -244,7 +251,7 @@ class StatefulJob:
             def tasks_fn(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 return run_partitions(run, groups[spark_partition_id()], batches)
 
-            owner = F.pmod(F.hash(self.key), F.lit(self.num_tasks))
+            owner = self.task_column()
             keys = F.array(*(F.lit(v) for v in spark_task_keys(self.spark_tasks)))
             spark_task = F.element_at(keys, F.pmod(F.col(PARTITION_COLUMN), F.lit(self.spark_tasks)) + 1)
             partitioned = df.withColumn(PARTITION_COLUMN, owner).repartition(self.spark_tasks, spark_task)
