@@ -33,7 +33,7 @@ try:
 except ImportError:  # run as a plain script by .ci/run, before anything is installed
     from broker_process import BrokerProcess  # type: ignore[no-redef]
 
-__all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "fetch_kafka", "kafka_cache_dir", "maven_fetch"]
+__all__ = ["KAFKA_VERSION", "ApacheKafkaBroker", "fetch_kafka", "kafka_cache_dir", "cache_root", "maven_fetch"]
 
 KAFKA_VERSION = "4.4.0"
 """The Kafka release the tests run (its broker runs on Java 17)."""
@@ -95,8 +95,13 @@ def kafka_cache_dir(version: str = KAFKA_VERSION) -> Path:
     root = os.environ.get("LOCALSTATE_KAFKA_CACHE")
     if root:
         return Path(root) / version
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "localstate" / "apache-kafka" / version
+    return cache_root() / "apache-kafka" / version
+
+
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/localstate`` (or ``~/.cache/localstate``): where the test fixtures
+    keep what Maven fetched for them."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "localstate"
 
 
 def fetch_kafka(version: str = KAFKA_VERSION, *, timeout_s: float = 600.0) -> Path:

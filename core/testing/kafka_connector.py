@@ -15,14 +15,13 @@ Command line: ``python -m localstate.testing.kafka_connector fetch [SPARK_VERSIO
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
 from localstate.contrib.spark.kafka_input import kafka_connector_package
 
-from .apache_kafka import maven_fetch
+from .apache_kafka import cache_root, maven_fetch
 
 __all__ = ["fetch_kafka_connector", "kafka_connector_conf", "connector_cache_dir"]
 
@@ -45,8 +44,7 @@ def connector_cache_dir(coordinate: str) -> Path:
     """Where the jars of ``coordinate`` are kept: ``$XDG_CACHE_HOME`` (or ``~/.cache``)
     ``/localstate/spark-kafka/<artifact>-<version>``."""
     _group, artifact, version = coordinate.split(":")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "localstate" / "spark-kafka" / f"{artifact}-{version}"
+    return cache_root() / "spark-kafka" / f"{artifact}-{version}"
 
 
 def fetch_kafka_connector(spark_version: str | None = None, *, timeout_s: float = 600.0) -> list[Path]:
