@@ -20,7 +20,9 @@ __all__ = ["inspect_path", "inspect_remote", "inspect_job", "lock_holder"]
 
 
 def lock_holder(lock: Path) -> str | None:
-    """The pid holding ``lock`` if it is held by a live process, else None (never blocks)."""
+    """The pid holding ``lock`` if a live process holds it actively, else None (never
+    blocks). A *parked* holder (an idle task kept open, :mod:`localstate.kept_open`) gives
+    the lock up to whoever takes it, so it counts as free."""
     if not lock.exists():
         return None
     fd = os.open(lock, os.O_RDONLY)
@@ -28,7 +30,10 @@ def lock_holder(lock: Path) -> str | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            record = os.pread(fd, 64, 0).decode(errors="replace").split()  # "<pid> active|parked"
+            if len(record) == 2 and record[1] == "parked":
+                return None
+            return record[0] if record else "?"
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:

@@ -8,7 +8,9 @@ import fcntl
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,7 +33,7 @@ def retry_while_locked(take: Callable[[], T], wait_s: float, every_s: float) -> 
                 raise
             time.sleep(every_s)
 
-__all__ = ["FileLock", "io_error", "fsync_dir", "remove_tree", "atomic_write", "retry_while_locked"]
+__all__ = ["FileLock", "collecting_locks", "PARKED_WAIT_S", "io_error", "fsync_dir", "remove_tree", "atomic_write", "retry_while_locked"]
 
 
 def io_error(e: OSError, what: str, path: Path, error: type[Exception] = ChangelogError) -> Exception:
@@ -44,11 +46,38 @@ def io_error(e: OSError, what: str, path: Path, error: type[Exception] = Changel
     return error(f"cannot {what} {path}: {e.strerror or e}; {fix}")
 
 
-class FileLock:
-    """An exclusive, non-blocking ``flock`` on ``path`` that records the holder's pid."""
+PARKED_WAIT_S = 5.0
+"""How long :class:`FileLock` waits for a *parked* holder (a process keeping an idle task
+open between runs, :mod:`localstate.kept_open`) to let go after asking it to."""
+_PARKED_POLL_S = 0.002
+_ACTIVE, _PARKED = "active", "parked"
+_collecting: ContextVar[list[FileLock] | None] = ContextVar("localstate_collecting_locks", default=None)
 
-    def __init__(self, path: Path, what: str) -> None:
+
+@contextmanager
+def collecting_locks() -> Iterator[list[FileLock]]:
+    """Every :class:`FileLock` this thread takes inside the block, in a list (a task's
+    storage collects the locks its open takes, to park them together)."""
+    locks: list[FileLock] = []
+    token = _collecting.set(locks)
+    try:
+        yield locks
+    finally:
+        _collecting.reset(token)
+
+
+class FileLock:
+    """An exclusive, non-blocking ``flock`` on ``path`` that records the holder's pid.
+
+    The file holds ``"<pid> active"`` or, while the holder keeps it only for an idle task
+    it would give up on request, ``"<pid> parked"`` (:meth:`park`). Taking a lock a
+    parked holder has asks it to let go (the file ``<path>.release``) and waits up to
+    ``parked_wait_s`` for it; a lock held actively is refused at once, as before.
+    """
+
+    def __init__(self, path: Path, what: str, parked_wait_s: float = PARKED_WAIT_S) -> None:
         self.path = path
+        self.parked = False
         try:
             self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
@@ -56,26 +85,90 @@ class FileLock:
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(self._fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(self._fd)
-            self._fd = None
-            raise StoreLockedError(
-                f"{what} is locked by pid {holder} ({path}); only one writer may open it. "
-                "Stop the other process (or close its TaskStorage) first."
-            ) from None
-        # Written only when it changes: a reused worker process takes the same locks
-        # at every task, and a truncate waits for the file system's journal (milliseconds
-        # while other processes fsync, per lock, on every task open).
-        holder = f"{os.getpid()}\n".encode()
-        if os.pread(self._fd, len(holder) + 1, 0) != holder:
-            os.pwrite(self._fd, holder, 0)
-            os.ftruncate(self._fd, len(holder))
+            holder = os.pread(self._fd, 64, 0).decode(errors="replace").split()
+            if not (len(holder) == 2 and holder[1] == _PARKED and self._wait_for_parked(parked_wait_s)):
+                os.close(self._fd)
+                self._fd = None
+                raise StoreLockedError(
+                    f"{what} is locked by pid {holder[0] if holder else 'unknown'} ({path}); only one writer may "
+                    "open it. Stop the other process (or close its TaskStorage) first."
+                ) from None
+        self._mark(_ACTIVE, only_if_changed=True)
+        collected = _collecting.get()
+        if collected is not None:
+            collected.append(self)
+
+    @property
+    def release_path(self) -> Path:
+        """Where a process waiting for this lock asks a parked holder to let go."""
+        return self.path.with_name(self.path.name + ".release")
+
+    def _wait_for_parked(self, wait_s: float) -> bool:
+        """Ask the parked holder to let go and wait for the lock; True once taken."""
+        assert self._fd is not None
+        request = self.release_path
+        try:
+            request.touch()
+        except OSError:
+            return False
+        deadline = time.monotonic() + wait_s
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(_PARKED_POLL_S)
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return True
+                except BlockingIOError:
+                    continue
+            return False
+        finally:
+            request.unlink(missing_ok=True)
+
+    def _mark(self, state: str, only_if_changed: bool = False) -> None:
+        # One fixed-length record, rewritten in place: a reused worker process takes the
+        # same locks at every task, and a truncate waits for the file system's journal
+        # (milliseconds while other processes fsync), so the file is truncated only when
+        # its length changes.
+        assert self._fd is not None
+        record = f"{os.getpid()} {state}\n".encode()
+        if only_if_changed and os.pread(self._fd, len(record) + 1, 0) == record:
+            return
+        os.pwrite(self._fd, record, 0)
+        if os.fstat(self._fd).st_size != len(record):
+            os.ftruncate(self._fd, len(record))
+
+    def park(self) -> None:
+        """Mark the lock as held for an idle task that its holder gives up on request."""
+        if self._fd is not None and not self.parked:
+            self._mark(_PARKED)
+            self.parked = True
+
+    def unpark(self) -> None:
+        """Mark the lock as actively held again (a waiter that asked meanwhile is refused)."""
+        if self._fd is not None and self.parked:
+            self._mark(_ACTIVE)
+            self.parked = False
+
+    def release_requested(self) -> bool:
+        """Whether a process waits for this lock (asked the parked holder to let go)."""
+        return self.release_path.exists()
+
+    def intact(self) -> bool:
+        """Whether the lock is held on the file at :attr:`path` (not on one since deleted
+        or replaced, which another process could lock beside it)."""
+        if self._fd is None:
+            return False
+        try:
+            return os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
+        except OSError:
+            return False
 
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+            self.parked = False
 
 
 def fsync_dir(path: Path) -> None:

@@ -31,7 +31,7 @@ from .errors import (
 from .faults import paused
 from .kv import KeyValueStore
 from .layout import home_path, store_dir, task_lock
-from .locking import atomic_write, io_error, remove_tree
+from .locking import atomic_write, collecting_locks, io_error, remove_tree
 from .metrics import RestoreProgress, StoreMetrics, TaskMetrics, track, untrack
 from .registry import did_you_mean
 from .serdes import checked_serde, get_serde
@@ -104,49 +104,51 @@ class TaskStorage:
         self._systems = self._changelog_systems.opened
         self._closed = False
         self.task_metrics = TaskMetrics()
-        self._lock = task_lock(config, partition)
-        if discard_local:
-            self._discard_local_copies()
-        try:
-            self._checkpoints = self._system(config.checkpoint_system).checkpoints()
-            if recovery.use_previous_checkpoint:
-                ckpt = self._checkpoints.previous(self.job, partition)
-                if ckpt is None:
-                    raise LocalStateError(
-                        f"task {self.job}/partition {partition}: there is no previous checkpoint to go back to "
-                        f"in {self._system(config.checkpoint_system).describe()}"
-                    )
-                log.warning("task %s/partition %d: going back to the previous checkpoint (version %d) as asked",
-                            self.job, partition, ckpt.version)
-            else:
-                ckpt = self._read_checkpoint(recovery)
-            home = self._system(config.checkpoint_system).describe()
-            evidence: list[str] = []
-            if ckpt is None and not recovery:
-                self._check_home(home)
-                evidence = self._commit_evidence(home)
-            self._state = TaskState(
-                config, partition, self._stores,
-                offsets=dict(ckpt.offsets) if ckpt else {},
-                meta={k: dict(v) for k, v in ckpt.stores.items()} if ckpt else {},
-                epoch=(ckpt.epoch if ckpt else 0) + 1,
-                event_time=ckpt.event_time if ckpt else None,
-            )
-            self._committer = TaskCommitter(self._state, self._checkpoints, self.task_metrics,
-                                            ckpt if ckpt is not None and ckpt.committed else None)
-            opener = StoreOpener(self._state, self._changelog_systems, recovery, restore_listener, evidence)
-            self.last_restore: dict[str, RestoreProgress] = opener.last_restore
-            """Per store: how the restore at open went (records, bytes, seconds)."""
-            for spec in config.stores.values():
-                opener.open(spec)
-            if opener.register:  # write a checkpoint at open (new stores, recovery, accepted changes)
-                with paused():
-                    self._committer.write_checkpoint(ckpt.version if ckpt else -1,
-                                                     ckpt.input_position if ckpt else None)
-            self._write_home(home)
-        except BaseException:
-            self._close_all(raise_errors=False)
-            raise
+        self._committed_marks: tuple[Any, ...] | None = None
+        with collecting_locks() as self._file_locks:  # every lock the open takes, parked together
+            self._lock = task_lock(config, partition)
+            if discard_local:
+                self._discard_local_copies()
+            try:
+                self._checkpoints = self._system(config.checkpoint_system).checkpoints()
+                if recovery.use_previous_checkpoint:
+                    ckpt = self._checkpoints.previous(self.job, partition)
+                    if ckpt is None:
+                        raise LocalStateError(
+                            f"task {self.job}/partition {partition}: there is no previous checkpoint to go back to "
+                            f"in {self._system(config.checkpoint_system).describe()}"
+                        )
+                    log.warning("task %s/partition %d: going back to the previous checkpoint (version %d) as asked",
+                                self.job, partition, ckpt.version)
+                else:
+                    ckpt = self._read_checkpoint(recovery)
+                home = self._system(config.checkpoint_system).describe()
+                evidence: list[str] = []
+                if ckpt is None and not recovery:
+                    self._check_home(home)
+                    evidence = self._commit_evidence(home)
+                self._state = TaskState(
+                    config, partition, self._stores,
+                    offsets=dict(ckpt.offsets) if ckpt else {},
+                    meta={k: dict(v) for k, v in ckpt.stores.items()} if ckpt else {},
+                    epoch=(ckpt.epoch if ckpt else 0) + 1,
+                    event_time=ckpt.event_time if ckpt else None,
+                )
+                self._committer = TaskCommitter(self._state, self._checkpoints, self.task_metrics,
+                                                ckpt if ckpt is not None and ckpt.committed else None)
+                opener = StoreOpener(self._state, self._changelog_systems, recovery, restore_listener, evidence)
+                self.last_restore: dict[str, RestoreProgress] = opener.last_restore
+                """Per store: how the restore at open went (records, bytes, seconds)."""
+                for spec in config.stores.values():
+                    opener.open(spec)
+                if opener.register:  # write a checkpoint at open (new stores, recovery, accepted changes)
+                    with paused():
+                        self._committer.write_checkpoint(ckpt.version if ckpt else -1,
+                                                         ckpt.input_position if ckpt else None)
+                self._write_home(home)
+            except BaseException:
+                self._close_all(raise_errors=False)
+                raise
         track(self)
 
     # -- opening and restoring ---------------------------------------------------------------
@@ -355,13 +357,66 @@ class TaskStorage:
         """
         if self._closed:
             raise StoreClosedError(f"TaskStorage of {self.job}/partition {self.partition} is closed")
-        return self._committer.commit(input_position, version=version)
+        self._committed_marks = None
+        checkpoint = self._committer.commit(input_position, version=version)
+        self._committed_marks = self._write_marks()
+        return checkpoint
 
     def compact(self) -> dict[str, dict[str, int]]:
         """Compact every store's changelog below the oldest offset any kept checkpoint
         names (the latest and the one before it), so going back to the previous
         checkpoint still rebuilds exactly the state it committed."""
         return self._committer.compact()
+
+    # -- an idle task kept open between runs (localstate.kept_open) ---------------------------------
+    def _write_marks(self) -> tuple[Any, ...]:
+        """What changes with any write to a logged store: per store, the records its
+        change logger holds and has appended, and the entries its write-behind cache holds."""
+        marks = []
+        for e in self._stores.values():
+            dirty, layer, depth = 0, e.view, 0
+            while layer is not None and depth < 8:
+                count = getattr(layer, "dirty_count", None)
+                if callable(count):
+                    dirty += count()
+                layer, depth = getattr(layer, "inner", None), depth + 1
+            marks.append((e.logger.pending_count(), e.logger.metrics.records_logged, dirty))
+        return tuple(marks)
+
+    def park(self) -> bool:
+        """Mark this storage idle between runs: its locks stay held but are given up to
+        whoever asks (:class:`~localstate.locking.FileLock`). Only a storage whose last
+        step was a successful commit parks (nothing written since: a later write would be
+        committed by the next run as its own); False, and nothing done, otherwise."""
+        if self._closed or self._committed_marks is None or self._write_marks() != self._committed_marks:
+            return False
+        for lock in self._file_locks:
+            lock.park()
+        return True
+
+    def release_requested(self) -> bool:
+        """Whether another process waits for one of this parked storage's locks."""
+        return any(lock.release_requested() for lock in self._file_locks)
+
+    def unpark(self) -> bool:
+        """Take a parked storage back for another run. True when it is still the task's
+        current state: every lock held on its file (none deleted or replaced meanwhile)
+        and the checkpoint store's latest checkpoint the one this storage committed (no
+        other instance of the task opened or committed it since, e.g. on another
+        executor with its own state dir). False otherwise: close it and open the task again."""
+        if self._closed or not all(lock.intact() for lock in self._file_locks):
+            return False
+        for lock in self._file_locks:
+            lock.unpark()
+        mine = self._committer.checkpoint
+        try:
+            latest = self._checkpoints.read_readonly(self.job, self.partition)
+        except LocalStateError as e:
+            log.warning("task %s/partition %d: could not re-read the checkpoint of a parked open (%s); "
+                        "opening it again", self.job, self.partition, e)
+            return False
+        return (latest is not None and mine is not None and latest.version == mine.version
+                and latest.epoch == mine.epoch and dict(latest.offsets) == dict(mine.offsets))
 
     # -- closing --------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -91,16 +91,28 @@ def metrics_delta(after: dict[str, dict[str, float]], before: dict[str, dict[str
     return {store: {k: v - before.get(store, {}).get(k, 0) for k, v in m.items()} for store, m in after.items()}
 
 
-def task_snapshot(storage: TaskStorage) -> dict[str, dict[str, float]]:
-    """This task's metrics per store: the counters of this open (one task run), the
-    commit time, and the engine's gauges (e.g. ``estimated_keys``). Ratios are left
-    out (they do not add up across tasks); hits and misses are there instead."""
-    out: dict[str, dict[str, float]] = {}
+def run_counters(storage: TaskStorage) -> dict[str, dict[str, float]]:
+    """The storage's counters and commit time so far, per store: what a run's
+    :func:`task_snapshot` subtracts when its storage was kept open from an earlier run."""
     commit_ms = storage.task_metrics.commit_latency.sum * 1000
+    out = {}
     for name in storage.stores:
         m = storage.metrics(name)
-        row = {field: float(getattr(m, field)) for field in COUNTER_FIELDS}
-        row["commit_time_ms"] = commit_ms
+        out[name] = {**{field: float(getattr(m, field)) for field in COUNTER_FIELDS}, "commit_time_ms": commit_ms}
+    return out
+
+
+def task_snapshot(storage: TaskStorage, since: Mapping[str, Mapping[str, float]] | None = None
+                  ) -> dict[str, dict[str, float]]:
+    """This task's metrics per store: the counters of this run (those of the open, less
+    ``since``: :func:`run_counters` at the run's start when the storage was kept open
+    from an earlier run), the commit time, and the engine's gauges (e.g.
+    ``estimated_keys``). Ratios are left out (they do not add up across tasks); hits and
+    misses are there instead."""
+    out: dict[str, dict[str, float]] = {}
+    for name, counters in run_counters(storage).items():
+        before = since.get(name, {}) if since else {}
+        row = {field: value - before.get(field, 0.0) for field, value in counters.items()}
         row["tasks"] = 1.0
         for stat, value in storage.engine(name).stats().items():
             if not stat.endswith("_ratio"):

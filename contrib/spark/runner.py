@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from localstate import Config, ConfigError
+from localstate.kept_open import KEEP_OPEN_S
 
 from .compat import RUNNER_PYSPARK, require_pyspark
 from .session import one_host_exclusion, spark_session, wait_for_executors
@@ -128,6 +129,13 @@ class StatefulJob:
     brought up to the task's commit after every run
     (:mod:`localstate.contrib.spark.standby`; reports in :attr:`standby_follows`).
 
+    ``keep_open_s`` (default 30): after a task commits, the Python worker that ran it keeps
+    its storage open for that long, and a later run of the task in the same worker (the
+    next micro-batch) uses it as it is instead of opening and restoring again
+    (:mod:`localstate.kept_open`). Commits are unchanged; another worker or process that
+    needs the task makes the idle one close it within milliseconds. 0 closes every task's
+    storage after each run.
+
     >>> job = StatefulJob(config, CountViews, key="user_id",          # doctest: +SKIP
     ...                   output_schema="user_id string, views long")
     >>> job.run(spark.read.parquet("views")).show()   # runs every task once  # doctest: +SKIP
@@ -143,6 +151,7 @@ class StatefulJob:
         num_tasks: int | None = None,
         spark_tasks: int | None = None,
         affinity: bool = True,
+        keep_open_s: float = KEEP_OPEN_S,
     ) -> None:
         if not isinstance(config, Config):
             raise TypeError(f"StatefulJob needs a localstate.Config, got {type(config).__name__}")
@@ -168,6 +177,10 @@ class StatefulJob:
         self.output_schema = output_schema
         self.lock_wait_s = LOCK_WAIT_S
         self.affinity = affinity
+        if isinstance(keep_open_s, bool) or not isinstance(keep_open_s, (int, float)) or not keep_open_s >= 0:
+            raise ConfigError(f"job {config.job_name!r}: keep_open_s must be a number of seconds >= 0 (0: close "
+                              f"every task's storage after each run), got {keep_open_s!r}")
+        self.keep_open_s = float(keep_open_s)
         from .placement import Placement
 
         self.placement = Placement(grouped)
@@ -228,7 +241,7 @@ class StatefulJob:
                       self.metrics_accumulator, in_stream_plan,
                       placement.report if placement is not None else None,
                       placement.owners if placement is not None else None,
-                      placement.standbys if placement is not None else None, self.key)
+                      placement.standbys if placement is not None else None, self.key, self.keep_open_s)
 
         if in_stream_plan:  # ``in_stream_plan``: see TaskRun.in_stream_plan
             from .metrics import with_metrics_column

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from localstate import Config, ConfigError, LocalStateError
 from localstate.copies import record_copy
+from localstate.kept_open import KEEP_OPEN_S, kept_storages
 
 from .streaming import commit_version, open_version, stream_batch_id
 from .task import Emitter, StreamTask, TaskContext
@@ -76,6 +77,9 @@ class TaskRun:
     """Task → the executor keeping its standby copy: kept by the sweep."""
     key: str | None = None
     """The job's key column (:attr:`TaskContext.key_column`: keyed state is scoped to it)."""
+    keep_open_s: float = KEEP_OPEN_S
+    """How long a Python worker keeps a task's storage open after its run, for the task's
+    next run in the same worker (:mod:`localstate.kept_open`; 0: close after every run)."""
 
 
 EXECUTOR_PLACEHOLDER = "{executor}"
@@ -140,9 +144,18 @@ class _TaskAttempt:
         self.batch_id = batch_id
         self.rows = 0
         opening = time.perf_counter()
-        self.storage = open_version(config, partition, batch_id, run.lock_wait_s)
+        self.keep_open_s = run.keep_open_s if worker_reused() else 0.0
+        kept = kept_storages().take(config, partition, lambda s: _before(s, batch_id)) if self.keep_open_s else None
+        self.storage = kept or open_version(config, partition, batch_id, run.lock_wait_s)
+        self.reused = kept is not None
+        self.counters_before: dict[str, dict[str, float]] | None = None
+        if self.reused and (run.metrics is not None or run.in_stream_plan):
+            from .metrics import run_counters
+
+            self.counters_before = run_counters(self.storage)  # this run's metrics start here
         open_seconds = time.perf_counter() - opening
         self.task: StreamTask | None = None
+        self._closed = False
         try:
             emit = self.emit = Emitter(run.output_schema)
             self.drain = emit.drain
@@ -181,7 +194,7 @@ class _TaskAttempt:
         commit_version(self.storage, self.batch_id, self.rows)
         record_copy(self.storage.config, self.partition, self.batch_id, executor_id())
         if self.run.metrics is None and not self.run.in_stream_plan:
-            self.close()
+            self.close(park=True)
             return
         from .metrics import metrics_batch, task_snapshot, with_close_time
 
@@ -189,23 +202,74 @@ class _TaskAttempt:
         # it, so they include the close (with rocksdb a memtable flush and the clean-close
         # claim, a fixed cost per micro-batch). The version is committed; the close only
         # releases the state.
-        snapshot = task_snapshot(self.storage)
+        snapshot = task_snapshot(self.storage, self.counters_before)
         closing = time.perf_counter()
-        self.close()
+        self.close(park=True)
         snapshot = with_close_time(snapshot, time.perf_counter() - closing)
         if self.run.metrics is not None:
             self.run.metrics.add(snapshot)
         if self.run.in_stream_plan:
             yield metrics_batch(snapshot, self.run.output_schema)
 
-    def close(self) -> None:
-        """Close the task and its storage (once; later calls do nothing)."""
+    def close(self, park: bool = False) -> None:
+        """Close the task and its storage (once; later calls do nothing). With ``park``
+        (after the commit) the storage stays open for the task's next run in this worker
+        when it can (:mod:`localstate.kept_open`)."""
+        if self._closed:
+            return
+        self._closed = True
         task, self.task = self.task, None
+        closed = False
         try:
             if task is not None:
                 task.close()
+            closed = True
         finally:
-            self.storage.close()
+            if not (closed and park and self.keep_open_s and kept_storages().park(self.storage, self.keep_open_s)):
+                self.storage.close()
+            elif self.keep_open_s:
+                close_kept_on_exit_signals()
+
+
+def _before(storage: Any, version: int | None) -> bool:
+    """Whether a parked ``storage`` can apply ``version`` as it is (a re-run of its own
+    committed version rolls back through :func:`open_version` instead)."""
+    committed = storage.checkpoint
+    return version is None or committed is None or committed.version < version
+
+
+def worker_reused() -> bool:
+    """Whether this Python worker runs more than one Spark task (``spark.python.worker.reuse``,
+    Spark's default): only then can a task's storage wait open for its next run here."""
+    return os.environ.get("SPARK_REUSE_WORKER") == "1"
+
+
+_SIGNALS_HOOKED = False
+
+
+def close_kept_on_exit_signals() -> None:
+    """Close this worker's parked storages cleanly when Spark stops it (its daemon sends
+    SIGHUP, an executor's stop SIGTERM) before the signal's own action; installed once,
+    from the main thread."""
+    global _SIGNALS_HOOKED
+    import signal
+    import threading
+
+    if _SIGNALS_HOOKED or threading.current_thread() is not threading.main_thread():
+        return
+    _SIGNALS_HOOKED = True
+    for signum in (signal.SIGHUP, signal.SIGTERM):
+        former = signal.getsignal(signum)
+
+        def on_signal(number: int, frame: Any, former: Any = former) -> None:
+            kept_storages().close_all(wait=False)
+            if callable(former):
+                former(number, frame)
+                return
+            signal.signal(number, former if former is not None else signal.SIG_DFL)
+            os.kill(os.getpid(), number)
+
+        signal.signal(signum, on_signal)
 
 
 def _resolve(run: TaskRun) -> tuple[Config, int | None]:
@@ -245,7 +309,11 @@ def _after_commit(run: TaskRun, config: Config) -> None:
     me = executor_id()
     run.placement_report.add({spark_partition_id(): me})
     if run.owners is not None:
-        sweep_copies(config, run.owners, me, run.standbys)
+        owners = run.owners
+        # a task the registry placed elsewhere runs there from now on: its open here is stale
+        kept_storages().release(lambda key: key[:2] == (str(config.state_dir), config.job_name)
+                                and owners.get(key[2], me) != me)
+        sweep_copies(config, owners, me, run.standbys)
 
 
 PARTITION_COLUMN = "__localstate_partition"
@@ -289,7 +357,7 @@ def run_partitions(run: TaskRun, partitions: list[int], batches: Iterator[pa.Rec
                 )
         for attempt in attempts:
             yield from attempt.finish()
-            attempt.close()
+            attempt.close(park=True)
         _after_commit(run, config)
     finally:
         errors: list[BaseException] = []

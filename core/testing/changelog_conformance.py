@@ -285,6 +285,36 @@ class ChangelogSystemConformance:
         with TaskStorage(on_another_machine(values, tmp_path, "machine-c")) as c:
             assert c.store("kv").get("x") == 3 and c.checkpoint.input_position == 2
 
+    def test_a_parked_open_is_reused_only_while_it_is_the_tasks_current_state(self, job_values, tmp_path):
+        """A task kept open between runs (:mod:`localstate.kept_open`) is handed back as it
+        is only while no other instance opened the task. Once another machine took the task
+        over and committed (the file log: the parked one gave its lock up when asked; the
+        others: it was fenced, unaware), the parked open is not reused: the task opens again
+        at that commit."""
+        from localstate.kept_open import KeptStorages
+
+        values = self.task_values(job_values, tmp_path)
+        config = Config.from_dict(values)
+        kept = KeptStorages()
+        try:
+            a = TaskStorage(config)
+            a.store("kv").put("x", 1)
+            a.commit(input_position=1)
+            assert kept.park(a)
+            assert kept.take(config, 0) is a and kept.reused == 1  # no one else: as it is
+            a.store("kv").put("x", 2)
+            a.commit(input_position=2)
+            assert kept.park(a)
+            with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as b:
+                assert b.store("kv").get("x") == 2 and b.checkpoint.input_position == 2
+                b.store("kv").put("x", 3)
+                b.commit(input_position=3)
+            assert kept.take(config, 0) is None  # closed when asked, or found stale
+            with TaskStorage(config) as c:
+                assert c.store("kv").get("x") == 3 and c.checkpoint.input_position == 3
+        finally:
+            kept.close_all()
+
     # -- damage and zombies: hooks the subclass fills --------------------------------------------
     def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:
         """Delete or lose the newest checkpoint of task 0 of the job ``values`` configure,

@@ -1,0 +1,164 @@
+"""Task storages a long-lived process keeps open between runs of their task.
+
+A Spark Python worker runs one task's micro-batch after another; opening a task's
+storage (a RocksDB open with its fsyncs, the clean-close claims) and closing it (the
+memtable flush) every micro-batch is a fixed cost per task that the state itself does not
+need. :class:`KeptStorages` keeps a committed storage open after its run instead
+(*parked*: its locks stay held but are given up to whoever asks,
+:class:`~localstate.locking.FileLock`), and hands it to the next run of the same task in
+this process, after checking it is still the task's current state
+(:meth:`TaskStorage.unpark <localstate.storage.TaskStorage.unpark>`). Nothing about
+commits changes: a run still commits its version before it parks, and a parked storage
+holds nothing uncommitted, so a process killed while it parks loses nothing (the next
+open restores as after any crash past a commit).
+
+A parked storage is closed (cleanly, leaving its claims) when another process asks for
+one of its locks — another Python worker of the executor given the task, a CLI restore,
+a placement sweep — when it has been idle for ``keep_s`` seconds, or on
+:meth:`KeptStorages.close_all` / :meth:`KeptStorages.release`. One daemon thread per
+process watches the parked storages while there are any.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .config import Config
+from .storage import TaskStorage
+
+__all__ = ["KeptStorages", "KEEP_OPEN_S", "kept_storages"]
+
+log = logging.getLogger("localstate")
+
+KEEP_OPEN_S = 30.0
+"""How long a parked storage stays open without a run (below the 60 s after which Spark
+stops an idle Python worker, so a worker's storages close cleanly before it goes)."""
+_WATCH_EVERY_S = 0.003
+
+Key = tuple[str, str, int]
+
+
+def _key(config: Config, partition: int) -> Key:
+    return (str(config.state_dir), config.job_name, partition)
+
+
+@dataclass
+class _Parked:
+    storage: TaskStorage
+    config: dict[str, Any]
+    since: float
+    keep_s: float
+
+
+class KeptStorages:
+    """The parked storages of this process, by (state dir, job, partition)."""
+
+    def __init__(self, watch_every_s: float = _WATCH_EVERY_S) -> None:
+        self._parked: dict[Key, _Parked] = {}
+        self._mutex = threading.Lock()
+        self._watch_every_s = watch_every_s
+        self._watcher: threading.Thread | None = None
+        self.reused = 0
+        """Runs that were handed a parked storage (for tests and metrics)."""
+        self.reopened = 0
+        """Parked storages found stale at :meth:`take` (closed; the task was opened again)."""
+
+    def __len__(self) -> int:
+        return len(self._parked)
+
+    def take(self, config: Config, partition: int, usable: Callable[[TaskStorage], bool] | None = None
+             ) -> TaskStorage | None:
+        """The parked storage of task ``partition`` of ``config``'s job, taken back for a
+        run, or None (none parked, or it was no longer current or ``usable`` refused it:
+        then it is closed here, and the caller opens the task as usual)."""
+        with self._mutex:
+            entry = self._parked.pop(_key(config, partition), None)
+        if entry is None:
+            return None
+        storage = entry.storage
+        if entry.config == config.to_dict() and storage.unpark() and (usable is None or usable(storage)):
+            self.reused += 1
+            return storage
+        self.reopened += 1
+        _close(storage)
+        return None
+
+    def park(self, storage: TaskStorage, keep_s: float = KEEP_OPEN_S) -> bool:
+        """Keep ``storage`` (its task just committed) open for the task's next run here;
+        False when it cannot park (written since its commit, see
+        :meth:`TaskStorage.park <localstate.storage.TaskStorage.park>`): the caller closes it."""
+        if keep_s <= 0 or not storage.park():
+            return False
+        key = _key(storage.config, storage.partition)
+        with self._mutex:
+            former = self._parked.pop(key, None)
+            self._parked[key] = _Parked(storage, storage.config.to_dict(), time.monotonic(), keep_s)
+            if self._watcher is None or not self._watcher.is_alive():
+                self._watcher = threading.Thread(target=self._watch, name="localstate-kept-open", daemon=True)
+                self._watcher.start()
+        if former is not None and former.storage is not storage:
+            _close(former.storage)
+        return True
+
+    def release(self, which: Callable[[Key], bool] | None = None) -> int:
+        """Close the parked storages whose key ``(state dir, job, partition)`` ``which``
+        accepts (all without it); returns how many."""
+        with self._mutex:
+            keys = [k for k in self._parked if which is None or which(k)]
+            entries = [self._parked.pop(k) for k in keys]
+        for entry in entries:
+            _close(entry.storage)
+        return len(entries)
+
+    def close_all(self, wait: bool = True) -> int:
+        """Close every parked storage; returns how many. ``wait=False`` (from a signal
+        handler, which may have interrupted this process's own use of the registry)
+        closes nothing rather than wait for the registry."""
+        if wait:
+            return self.release()
+        if not self._mutex.acquire(blocking=False):
+            return 0
+        try:
+            entries = list(self._parked.values())
+            self._parked.clear()
+        finally:
+            self._mutex.release()
+        for entry in entries:
+            _close(entry.storage)
+        return len(entries)
+
+    def _watch(self) -> None:
+        """Close a parked storage as soon as another process asks for one of its locks,
+        or once it was idle ``keep_s``; end when none is parked."""
+        while True:
+            time.sleep(self._watch_every_s)
+            now = time.monotonic()
+            with self._mutex:
+                if not self._parked:
+                    self._watcher = None
+                    return
+                due = [k for k, e in self._parked.items()
+                       if now - e.since >= e.keep_s or e.storage.release_requested()]
+                entries = [self._parked.pop(k) for k in due]
+            for entry in entries:
+                _close(entry.storage)
+
+
+def _close(storage: TaskStorage) -> None:
+    try:
+        storage.close()
+    except Exception as e:  # committed already: a failed close costs the next open its slow path
+        log.warning("closing the kept-open task %s/partition %d failed: %s", storage.job, storage.partition, e)
+
+
+_PROCESS = KeptStorages()
+
+
+def kept_storages() -> KeptStorages:
+    """This process's :class:`KeptStorages`."""
+    return _PROCESS

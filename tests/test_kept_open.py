@@ -1,0 +1,144 @@
+"""A task's storage kept open between runs (:mod:`localstate.kept_open`) and the parked
+locks under it (:class:`localstate.locking.FileLock`): parked only right after a commit,
+given up to another process within milliseconds of its asking, closed when idle, never
+reused once a lock file was replaced. The same cases on every changelog system are in the
+conformance kit (``test_a_parked_open_is_reused_only_while_it_is_the_tasks_current_state``);
+the Spark side in tests/test_spark_kept_open.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from localstate import Config, StoreLockedError, TaskStorage
+from localstate.inspect import lock_holder
+from localstate.kept_open import KeptStorages
+from localstate.layout import lock_path
+from localstate.locking import FileLock
+
+
+def _config(tmp_path: Path, cache: int = 0) -> Config:
+    return Config.from_dict({
+        "job.name": "kept",
+        "job.state.dir": str(tmp_path / "state"),
+        "systems.file.path": str(tmp_path / "changelog"),
+        "stores.kv.factory": "rocksdb",
+        "stores.kv.key.serde": "string",
+        "stores.kv.msg.serde": "json",
+        "stores.kv.object.cache.size": cache,
+    })
+
+
+@pytest.fixture
+def kept():
+    k = KeptStorages()
+    yield k
+    k.close_all()
+
+
+def _committed(config: Config, value: int) -> TaskStorage:
+    s = TaskStorage(config)
+    s.store("kv").put("x", value)
+    s.commit(input_position=value)
+    return s
+
+
+def test_a_parked_storage_is_handed_back_as_it_is(tmp_path, kept):
+    config = _config(tmp_path)
+    s = _committed(config, 1)
+    assert kept.park(s) and len(kept) == 1
+    assert lock_holder(lock_path(config, 0)) is None  # parked: free to whoever takes it
+    again = kept.take(config, 0)
+    assert again is s and kept.reused == 1 and len(kept) == 0
+    assert lock_holder(lock_path(config, 0)) is not None  # active again
+    again.store("kv").put("x", 2)
+    again.commit(input_position=2)
+    again.close()
+    with TaskStorage(config) as t:
+        assert t.store("kv").get("x") == 2 and t.checkpoint.input_position == 2
+
+
+@pytest.mark.parametrize("cache", [0, 1000])
+def test_only_a_storage_with_nothing_written_since_its_commit_parks(tmp_path, kept, cache):
+    config = _config(tmp_path, cache)
+    s = _committed(config, 1)
+    s.store("kv").put("x", 5)  # e.g. a task's close() writing after the commit
+    assert not kept.park(s) and len(kept) == 0
+    s.close()
+    with TaskStorage(config) as t:
+        assert t.store("kv").get("x") == 1  # the write after the commit was never committed
+    never = TaskStorage(config)
+    assert not kept.park(never)  # opened, never committed
+    never.close()
+
+
+def test_another_process_gets_a_parked_task_within_moments_and_sees_its_commit(tmp_path, kept):
+    config = _config(tmp_path)
+    assert kept.park(_committed(config, 7))
+    code = textwrap.dedent(f"""
+        import time
+        from localstate import Config, TaskStorage
+        config = Config.from_dict({config.to_dict()!r})
+        start = time.monotonic()
+        with TaskStorage(config) as s:
+            print(s.store("kv").get("x"), time.monotonic() - start)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    value, seconds = out.stdout.split()
+    assert value == "7" and float(seconds) < 5.0
+    assert len(kept) == 0  # the watcher closed it when asked
+    assert not lock_path(config, 0).with_name(lock_path(config, 0).name + ".release").exists()
+
+
+def test_an_actively_held_lock_is_still_refused_at_once(tmp_path):
+    path = tmp_path / "x.lock"
+    held = FileLock(path, "thing")
+    start = time.monotonic()
+    with pytest.raises(StoreLockedError, match="locked by pid"):
+        FileLock(path, "thing")
+    assert time.monotonic() - start < 0.5
+    held.park()
+    # a parked holder that never answers (no watcher here): the waiter gives up, refused
+    start = time.monotonic()
+    with pytest.raises(StoreLockedError):
+        FileLock(path, "thing", parked_wait_s=0.2)
+    assert 0.2 <= time.monotonic() - start < 2.0
+    assert not held.release_requested()  # the waiter withdrew its request
+    held.release()
+
+
+def test_an_idle_parked_storage_closes_by_itself(tmp_path, kept):
+    config = _config(tmp_path)
+    assert kept.park(_committed(config, 3), keep_s=0.05)
+    deadline = time.monotonic() + 5
+    while len(kept) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(kept) == 0
+    assert kept.take(config, 0) is None
+    with TaskStorage(config) as t:  # closed cleanly: the lock is free, the state exact
+        assert t.store("kv").get("x") == 3
+
+
+def test_a_parked_storage_whose_lock_file_was_replaced_is_not_reused(tmp_path, kept):
+    config = _config(tmp_path)
+    assert kept.park(_committed(config, 4))
+    path = lock_path(config, 0)
+    path.unlink()  # e.g. an operator deleting .locks: another process could lock a new file
+    path.touch()
+    assert kept.take(config, 0) is None and kept.reopened == 1
+    with TaskStorage(config) as t:
+        assert t.store("kv").get("x") == 4
+
+
+def test_a_parked_storage_of_another_config_is_not_reused(tmp_path, kept):
+    config = _config(tmp_path)
+    assert kept.park(_committed(config, 4))
+    changed = config.with_overrides({"stores.kv.object.cache.size": 5000})
+    assert kept.take(changed, 0) is None and kept.reopened == 1
+    with TaskStorage(changed) as t:
+        assert t.store("kv").get("x") == 4
