@@ -104,6 +104,12 @@ class TaskStorage:
         self._systems = self._changelog_systems.opened
         self._closed = False
         self.task_metrics = TaskMetrics()
+        self.memo: dict[str, Any] = {}
+        """What a task keeps in memory beside its stores between runs while this storage
+        stays open (:mod:`localstate.kept_open`): empty after every open, so a restore, a
+        rollback or another process's run never meets a stale memo. The task must keep it
+        equal to what its stores hold (the storage is kept only after a successful commit;
+        any failure closes it and the memo with it)."""
         self._committed_marks: tuple[Any, ...] | None = None
         with collecting_locks() as self._file_locks:  # every lock the open takes, parked together
             self._lock = task_lock(config, partition)

@@ -59,6 +59,14 @@ class TaskContext:
         return self.storage.store(name, key_type, value_type)  # type: ignore[arg-type]
 
     @property
+    def memo(self) -> dict[str, Any]:
+        """In-memory values the task keeps between its runs while the worker keeps its
+        storage open (:attr:`TaskStorage.memo <localstate.storage.TaskStorage.memo>`):
+        empty after every open; the task keeps it equal to what its stores hold, e.g. a
+        copy of the values it reads back every run."""
+        return self.storage.memo
+
+    @property
     def keyed(self) -> KeyedState:
         """Keyed state handles (:mod:`localstate.keyed`): ``context.keyed.value("last_seen", int)``
         in ``init``; each handle reads and writes the entry of ``context.keyed.key``, the
