@@ -71,6 +71,11 @@ class KeptStorages:
     def __len__(self) -> int:
         return len(self._parked)
 
+    def storages(self) -> list[TaskStorage]:
+        """The parked storages (to inspect; :meth:`take` to use one)."""
+        with self._mutex:
+            return [e.storage for e in self._parked.values()]
+
     def take(self, config: Config, partition: int, usable: Callable[[TaskStorage], bool] | None = None
              ) -> TaskStorage | None:
         """The parked storage of task ``partition`` of ``config``'s job, taken back for a

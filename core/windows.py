@@ -135,7 +135,7 @@ class WindowedAggregation:
             self._fold = SlidingFold(self.store, windows, aggregator, self._lateness, updates=updates)
         elif aggregator.arrow is not None and spec.object_cache_size == 0 and spec.ttl is None:
             self._fold = self._arrow = ArrowFold(self.store, storage.columns(store), windows, aggregator,
-                                                 self._lateness, updates=updates)
+                                                 self._lateness, updates=updates, memo=getattr(storage, "memo", None), name=store)
         else:
             self._fold = TimedFold(self.store, windows, aggregator, self._lateness, updates=updates)
 

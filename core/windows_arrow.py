@@ -13,10 +13,72 @@ from typing import Any
 from .windows_kinds import Aggregator, Count, Windows
 from .windows_store import CLOCK, Lateness, TimedFold, WindowResult
 
-__all__ = ["ArrowFold", "PENDING_ROWS"]
+__all__ = ["ArrowFold", "PENDING_ROWS", "OpenWindowMemo", "MEMO_KEYS"]
 
 PENDING_ROWS = 2_000_000
 """Window assignments folded in Arrow before they go to the store (bounds task memory)."""
+
+MEMO_KEYS = 2_000_000
+"""Open windows whose values a task keeps in memory between runs at most."""
+
+
+class OpenWindowMemo:
+    """The values of the windows a fold last wrote, by encoded key, kept in the storage's
+    :attr:`~localstate.storage.TaskStorage.memo` while it stays open between runs
+    (:mod:`localstate.kept_open`): a fold looks the windows it updates up here first and
+    reads only the others back from the store (one ``get_all``), instead of reading every
+    one back every run. Empty after an open; past ``limit`` keys it is given up for the
+    storage's life and the fold reads the store.
+
+    The fold keeps it equal to the store: :meth:`stored` after each ``put_all``,
+    :meth:`dropped` after each ``delete_all``, :meth:`forget` when it writes the store by
+    another path. A run that fails closes the storage and the memo with it."""
+
+    def __init__(self, memo: dict[str, Any], name: str, columns: Any, limit: int = MEMO_KEYS) -> None:
+        self._memo = memo
+        self._name = name
+        self._columns = columns
+        self._limit = limit
+
+    def lookup(self, keys: Any, like: Any) -> Any:
+        """The stored values of ``keys`` (EncodedKeys) as an Arrow array of ``like``'s type,
+        null where the store holds none: from memory where known, the rest from the store."""
+        import pyarrow as pa
+
+        held = self._memo.get(self._name)
+        if held is None:
+            (stored,) = self._columns.get_all(keys)
+            return stored
+        found = list(map(held.get, keys.data))
+        missing = [i for i, value in enumerate(found) if value is None]
+        if missing:
+            (read,) = self._columns.get_all(keys.take(missing))
+            for i, value in zip(missing, read.to_pylist()):
+                found[i] = value
+        return pa.array(found, like.type)
+
+    def stored(self, keys: Any, values: Any) -> None:
+        """``values`` (an Arrow array) were just written under ``keys``."""
+        memo = self._memo
+        if memo.get(self._name + ".too-many"):
+            return
+        held = memo.setdefault(self._name, {})
+        held.update(zip(keys.data, values.to_pylist()))
+        if len(held) > self._limit:
+            del memo[self._name]
+            memo[self._name + ".too-many"] = True
+
+    def dropped(self, keys: Any) -> None:
+        """``keys`` were just deleted from the store."""
+        held = self._memo.get(self._name)
+        if held is not None:
+            pop = held.pop
+            for key in keys.data:
+                pop(key, None)
+
+    def forget(self) -> None:
+        """Drop what is known (the store was written around the memo)."""
+        self._memo.pop(self._name, None)
 
 
 class ArrowFold(TimedFold):
@@ -25,18 +87,21 @@ class ArrowFold(TimedFold):
     store through ``columns`` (the store's columnar access)."""
 
     def __init__(self, store: Any, columns: Any, windows: Windows, aggregator: Aggregator, lateness: Lateness, *,
-                 updates: bool) -> None:
+                 updates: bool, memo: dict[str, Any] | None = None, name: str = "") -> None:
         super().__init__(store, windows, aggregator, lateness, updates=updates)
         self.columns = columns
+        self.open_windows = OpenWindowMemo(memo if memo is not None else {}, f"windows.{name}.open", columns)
         self._pending: list[Any] = []
         self._pending_rows = 0
 
     def add(self, key: Any, ts: int, value: Any) -> list[WindowResult]:
         self.flush()
+        self.open_windows.forget()  # the record path writes the store around the memo
         return super().add(key, ts, value)
 
     def add_records(self, records: Iterable[tuple[Any, Any, Any]]) -> list[WindowResult]:
         self.flush()
+        self.open_windows.forget()
         return super().add_records(records)
 
     def add_batch(self, times: Any, keys: Any, values: Any) -> Any:
@@ -132,9 +197,9 @@ class ArrowFold(TimedFold):
             keys = self.columns.encode_keys([part.column("w"), part.column("k")])
             folded = part.column("v").combine_chunks()
             if look_up:
-                (stored,) = self.columns.get_all(keys)
-                folded = self._combine(folded, stored)
+                folded = self._combine(folded, self.open_windows.lookup(keys, folded))
             self.columns.put_all(keys, [folded])
+            self.open_windows.stored(keys, folded)
             out.append(pa.table({"w": part.column("w"), "k": part.column("k"), "v": folded}))
         return out[0] if len(out) == 1 else pa.concat_tables(out, promote_options="permissive")
 
@@ -182,6 +247,7 @@ class ArrowFold(TimedFold):
                 closed_keys.append(chunk.keys)
         for keys in closed_keys:  # after the scan: it reads one snapshot either way
             self.columns.delete_all(keys)
+            self.open_windows.dropped(keys)
         closing = [t for t in closing if t.num_rows]
         if not closing:
             return None

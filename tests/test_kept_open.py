@@ -145,19 +145,19 @@ def test_a_parked_storage_of_another_config_is_not_reused(tmp_path, kept):
         assert t.store("kv").get("x") == 4
 
 
-def _hourly_runs(tmp_path: Path, keep_open_s: float, monkeypatch: pytest.MonkeyPatch, fail_at: int | None = None
-                 ) -> tuple[list[list[dict]], Config]:
-    """PageViewsPerHour over 12 micro-batches of one task in this process, as a reused
+def _hourly_runs(tmp_path: Path, keep_open_s: float, monkeypatch: pytest.MonkeyPatch, fail_at: int | None = None,
+                 task: str = "PageViewsPerHour") -> tuple[list[list[dict]], Config]:
+    """The hourly job (``task``: the hand-written one or the built-in windows' one) over 12 micro-batches of one task in this process, as a reused
     Spark worker runs them (``SPARK_REUSE_WORKER``); ``fail_at``: that batch's first try
     fails after its input (a retry then runs it)."""
     import numpy as np
     import pyarrow as pa
-    from localstate.contrib.spark import runner
-    from localstate.contrib.spark.job_windowed import PageViewsPerHour
+    from localstate.contrib.spark import job_windowed, runner
     from localstate.contrib.spark.jobs import job_config
 
     monkeypatch.setenv("SPARK_REUSE_WORKER", "1")
-    config = job_config(PageViewsPerHour, tmp_path / f"keep-{keep_open_s}", partitions=1, engine="rocksdb")
+    job = getattr(job_windowed, task)
+    config = job_config(job, tmp_path / f"keep-{keep_open_s}", partitions=1, engine="rocksdb")
     schema = pa.schema([("window_start", pa.int64()), ("user_id", pa.string()), ("views", pa.int64())])
     rng = np.random.default_rng(7)
     outputs = []
@@ -165,7 +165,7 @@ def _hourly_runs(tmp_path: Path, keep_open_s: float, monkeypatch: pytest.MonkeyP
         ts = np.sort(rng.integers(b * 1200, (b + 1) * 1200, 800)) - rng.integers(0, 120, 800)
         batch = pa.record_batch({"ts": pa.array(np.maximum(ts, 0), pa.int64()),
                                  "user_id": pa.array([f"u{i}" for i in rng.integers(0, 300, 800)])})
-        run = runner.TaskRun(config, PageViewsPerHour, schema, batch_id=b, keep_open_s=keep_open_s)
+        run = runner.TaskRun(config, job, schema, batch_id=b, keep_open_s=keep_open_s)
         if b == fail_at:
             def failing(first: pa.RecordBatch) -> Any:
                 yield first
@@ -176,18 +176,23 @@ def _hourly_runs(tmp_path: Path, keep_open_s: float, monkeypatch: pytest.MonkeyP
     return outputs, config
 
 
+@pytest.mark.parametrize("task", ["PageViewsPerHour", "PageViewsPerHourWindowed"])
 @pytest.mark.parametrize("fail_at", [None, 5])
-def test_the_hourly_jobs_memo_of_open_windows_gives_the_stores_answers(tmp_path, monkeypatch, fail_at):
-    """With its storage kept open between micro-batches the hourly job looks open windows
-    up in memory (TaskContext.memo) instead of the store: the same output, batch for
+def test_the_hourly_jobs_memo_of_open_windows_gives_the_stores_answers(tmp_path, monkeypatch, fail_at, task):
+    """With its storage kept open between micro-batches an hourly job (hand-written, or on
+    the built-in windows' Arrow fold) looks the open windows it wrote up in memory
+    (OpenWindowMemo in TaskContext.memo) instead of the store: the same output, batch for
     batch, and the same state as opening every run afresh — also when a run fails half
     way (the storage is closed, the memo with it) and is retried."""
     from localstate.kept_open import kept_storages
 
     try:
-        kept, config = _hourly_runs(tmp_path, 60.0, monkeypatch, fail_at)
-        assert kept_storages().reused >= 10
-        fresh, fresh_config = _hourly_runs(tmp_path, 0, monkeypatch, fail_at)
+        before = kept_storages().reused
+        kept, config = _hourly_runs(tmp_path, 60.0, monkeypatch, fail_at, task)
+        assert kept_storages().reused - before >= 10
+        memo = kept_storages().storages()[0].memo
+        assert any(isinstance(v, dict) and len(v) > 100 for v in memo.values()), memo.keys()  # the memo was used
+        fresh, fresh_config = _hourly_runs(tmp_path, 0, monkeypatch, fail_at, task)
     finally:
         kept_storages().close_all()
     assert kept == fresh and sum(map(len, kept)) > 300

@@ -32,10 +32,9 @@ boundary:
 
 While the worker keeps the task's storage open between micro-batches
 (:mod:`localstate.kept_open`), the counts of the open windows are also kept in memory
-(:attr:`TaskContext.memo`, encoded key → count): a micro-batch then looks its keys up in
-that dict instead of reading them back from the store, and only writes. After an open the
-dict is built with one ordered scan of the open windows (at most
-:attr:`PageViewsPerHour.MEMO_KEYS` keys; past that the task reads the store as above).
+(:class:`~localstate.windows_arrow.OpenWindowMemo` in :attr:`TaskContext.memo`, encoded key
+→ count, at most :attr:`PageViewsPerHour.MEMO_KEYS`): a micro-batch then looks up in
+memory the keys the task wrote before and reads only the others from the store.
 
 Writing a closing window's count only to delete it in the same commit would cost a
 get, a put, a scan and a delete per key (and two changelog records) for nothing: in a
@@ -56,6 +55,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from localstate import ConfigError
 from localstate.windows import Count, Tumbling, WindowedAggregation
+from localstate.windows_arrow import MEMO_KEYS, OpenWindowMemo
 
 from .runner import Emitter, StreamTask, TaskContext
 from .workload import HOUR, Workload
@@ -97,7 +97,7 @@ class PageViewsPerHour(StreamTask):
     PENDING_ROWS = 2_000_000
     """Events counted in Arrow before the counts go to the store (bounds task memory)."""
 
-    MEMO_KEYS = 2_000_000
+    MEMO_KEYS = MEMO_KEYS
     """Open-window counts kept in memory between micro-batches at most (per task)."""
 
     late_events = 0
@@ -126,9 +126,7 @@ class PageViewsPerHour(StreamTask):
         self.late_events = 0
         self._pending: list[pa.Table] = []
         self._pending_rows = 0
-        self._memo_of = context.memo
-        """The storage's memo: under ``_MEMO`` the counts of every open window the store
-        holds (encoded key → count), once built; never partly."""
+        self.open_windows = OpenWindowMemo(context.memo, self._MEMO, self.hourly_columns, self.MEMO_KEYS)
 
     def process_batch(self, batch: pa.RecordBatch, emit: Emitter) -> None:
         if batch.num_rows == 0:
@@ -174,17 +172,6 @@ class PageViewsPerHour(StreamTask):
         probe per distinct window tells, instead of a get per key."""
         if counts.num_rows == 0:
             return
-        memo = self._open_counts()
-        if memo is not None:
-            keys = self.hourly_columns.encode_keys([counts.column("w"), counts.column("u")])
-            stored = pa.array(list(map(memo.get, keys.data)), pa.int64())
-            views = pc.add(counts.column("n").combine_chunks(), pc.fill_null(stored, 0))
-            self.hourly_columns.put_all(keys, [views])
-            memo.update(zip(keys.data, views.to_pylist()))
-            if len(memo) > self.MEMO_KEYS:  # too many to keep: read the store from now on
-                del self._memo_of[self._MEMO]
-                self._memo_of[self._MEMO + ".too-many"] = True
-            return
         windows = pc.unique(counts.column("w"))
         held = pa.array([w for w in windows.to_pylist() if self._holds_window(w)], pa.int64())
         if len(held) == len(windows):
@@ -198,26 +185,9 @@ class PageViewsPerHour(StreamTask):
             keys = self.hourly_columns.encode_keys([part.column("w"), part.column("u")])
             views = part.column("n").combine_chunks()
             if look_up:
-                (stored,) = self.hourly_columns.get_all(keys)
-                views = pc.add(views, pc.fill_null(stored, 0))
+                views = pc.add(views, pc.fill_null(self.open_windows.lookup(keys, views), 0))
             self.hourly_columns.put_all(keys, [views])
-
-    def _open_counts(self) -> dict[bytes, int] | None:
-        """The memo of the open windows' counts, built by one ordered scan of the open
-        windows when the storage was just opened; None when they are more than
-        :attr:`MEMO_KEYS` (the store is read instead)."""
-        memo = self._memo_of.get(self._MEMO)
-        if memo is not None or self._memo_of.get(self._MEMO + ".too-many"):
-            return memo
-        memo = {}
-        with self.hourly_columns.range((max(self.emitted_before, CLOCK_WINDOW + 1),), (1 << 62,)) as chunks:
-            for chunk in chunks:
-                memo.update(zip(chunk.keys.data, chunk.value_columns[0].to_pylist()))
-                if len(memo) > self.MEMO_KEYS:
-                    self._memo_of[self._MEMO + ".too-many"] = True
-                    return None
-        self._memo_of[self._MEMO] = memo
-        return memo
+            self.open_windows.stored(keys, views)
 
     def _holds_window(self, window_start: int) -> bool:
         """Whether the store holds any key of the window starting at ``window_start``."""
@@ -276,12 +246,9 @@ class PageViewsPerHour(StreamTask):
                 (w, u), (n,) = chunk.key_columns, chunk.value_columns
                 closing.append(pa.table({"w": w, "u": u, "n": n}))
                 closed_keys.append(chunk.keys)
-        memo = self._memo_of.get(self._MEMO)
         for keys in closed_keys:  # after the scan: it reads one snapshot either way
             self.hourly_columns.delete_all(keys)
-            if memo is not None:
-                for key in keys.data:
-                    memo.pop(key, None)
+            self.open_windows.dropped(keys)
         closing = [t for t in closing if t.num_rows]
         if not closing:
             return

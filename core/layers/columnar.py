@@ -60,6 +60,11 @@ class EncodedKeys:
     def __repr__(self) -> str:
         return f"EncodedKeys({len(self.data)} keys of store {self._store.name!r})"
 
+    def take(self, indices: list[int]) -> EncodedKeys:
+        """The keys at ``indices``, in that order, of the same store."""
+        data = self.data
+        return EncodedKeys([data[i] for i in indices], self._store)
+
 
 class ColumnChunk(NamedTuple):
     """One chunk of a columnar scan: the pairs' encoded keys, their key columns and value columns."""
