@@ -53,6 +53,7 @@ from .peers import quix_python
 from .runner import make_row
 from .spark_jobs import TASKS, Sizes, events
 from .spark_streaming import (
+    JOB_OPTIONS,
     StreamRun,
     finish_query,
     format_parts,
@@ -112,7 +113,8 @@ def _count_job(spark: Any, root: Path, timing_dir: Path | None, spark_tasks: int
     task = key_count_task("user_id")
     if timing_dir is not None:
         task = timed_task(task, str(timing_dir))
-    return StatefulJob(config, task, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA, spark_tasks=spark_tasks)
+    return StatefulJob(config, task, key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA, spark_tasks=spark_tasks,
+                       **JOB_OPTIONS)
 
 
 def localstate_kafka_stream(spark: Any, bootstrap: str, topic: str, root: Path, per_trigger: int,

@@ -148,6 +148,11 @@ def _stream(spark: Any, input_dir: Path) -> Any:
             .parquet(str(input_dir)))
 
 
+JOB_OPTIONS: dict[str, Any] = {}
+"""Extra :class:`StatefulJob` arguments of the suite's localstate jobs, set from the command
+line (``--keep-open-s 0``: the same runs with every task's storage closed after each run)."""
+
+
 def spark_tasks_for(spark: Any, spark_tasks: int | None = None) -> int:
     """``spark_tasks`` if given, else the session's cores (``defaultParallelism``), at most
     the :data:`TASKS` state partitions: the Spark tasks localstate's 4 tasks run in, so a
@@ -166,7 +171,7 @@ def localstate_stream(spark: Any, input_dir: Path, root: Path, *, collect: bool 
     if timing_dir is not None:
         task = timed_task(task, str(timing_dir))
     job = StatefulJob(config, task, key=PageViewsPerHour.KEY, output_schema=PageViewsPerHour.OUTPUT_SCHEMA,
-                      spark_tasks=spark_tasks_for(spark, spark_tasks))
+                      spark_tasks=spark_tasks_for(spark, spark_tasks), **JOB_OPTIONS)
     collected: list[pa.Table] = []
     output: Callable[[Any, int], None] | None = None
     if collect:
@@ -509,8 +514,12 @@ def run_shape(shape: Callable[..., list[dict[str, Any]]], argv: list[str] | None
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each side (default 3)")
     parser.add_argument("--spark-tasks", type=int, default=None,
                         help=f"Spark tasks localstate's {TASKS} tasks run in (default: the session's cores)")
+    parser.add_argument("--keep-open-s", type=float, default=None,
+                        help="StatefulJob(keep_open_s=...) of localstate's jobs (default: the job's own)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
+    if args.keep_open_s is not None:
+        JOB_OPTIONS["keep_open_s"] = args.keep_open_s
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     load = os.getloadavg()
     spark, owned = start_session(args.quick)

@@ -39,7 +39,7 @@ try:
 except ImportError as _e:  # pragma: no cover - exercised only without the extra
     raise ImportError("Kafka support needs confluent-kafka: pip install 'localstate[kafka]'") from _e
 
-__all__ = ["KafkaSettings", "KafkaClient", "next_batch", "is_fenced", "connect_timeout_ms", "CONNECT_FAST", "CONSUME_BATCH"]
+__all__ = ["KafkaSettings", "KafkaClient", "next_batch", "is_fenced", "aborted_transaction_error", "connect_timeout_ms", "CONNECT_FAST", "CONSUME_BATCH"]
 
 log = logging.getLogger("localstate.changelog.kafka")
 client_log = logging.getLogger("localstate.changelog.kafka.client")
@@ -149,6 +149,18 @@ class KafkaSettings:
 def is_fenced(err: Any) -> bool:
     """Whether ``err`` says a newer instance of the same transactional producer exists."""
     return isinstance(err, KafkaError) and err.code() in _FENCED_CODES
+
+
+def aborted_transaction_error(producer: Any, timeout_s: float) -> KafkaError | None:
+    """Abort ``producer``'s open transaction; the error that reports (the producer's own
+    fatal error, e.g. fenced, after a call failed only with a generic ``_FATAL``), or None
+    when the abort went through."""
+    try:
+        producer.abort_transaction(timeout_s)
+    except KafkaException as e:
+        err = e.args[0] if e.args else None
+        return err if isinstance(err, KafkaError) else KafkaError(KafkaError._FATAL, str(e))
+    return None
 
 
 def connect_timeout_ms(settings: KafkaSettings) -> int:

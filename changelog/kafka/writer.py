@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from localstate.errors import ChangelogError, FencedError
 
-from .client import CONNECT_FAST, client_log, connect_timeout_ms, is_fenced
+from .client import (
+    CONNECT_FAST,
+    aborted_transaction_error,
+    client_log,
+    connect_timeout_ms,
+    is_fenced,
+)
 
 try:
     from confluent_kafka import KafkaError, KafkaException, Producer
@@ -90,11 +96,10 @@ class TaskWriter:
         """After a call failed without saying why (confluent-kafka can lose a fatal error
         while serving callbacks): abort the open transaction, which reports the
         producer's fatal error if it has one (fenced, ...)."""
-        try:
-            self.producer.abort_transaction(min(5.0, self.system.settings.timeout_ms / 1000))
-            self.in_txn = False
-        except KafkaException as e:
-            return e.args[0]
+        err = aborted_transaction_error(self.producer, min(5.0, self.system.settings.timeout_ms / 1000))
+        if err is not None:
+            return err
+        self.in_txn = False
         return KafkaError(KafkaError._FATAL, "the producer failed without an error (aborted its transaction)")
 
     def check(self) -> None:

@@ -409,7 +409,7 @@ class KafkaSink:
         already. :class:`~localstate.errors.FencedError` if another writer with the same
         transactional id took over (this one must stop)."""
         from confluent_kafka import KafkaError, KafkaException
-        from localstate.changelog.kafka.client import is_fenced
+        from localstate.changelog.kafka.client import aborted_transaction_error, is_fenced
 
         self.open()
         last = self.last_delivered
@@ -439,6 +439,12 @@ class KafkaSink:
             producer.commit_transaction(self.timeout_s)
         except KafkaException as e:
             err = e.args[0] if e.args else None
+            aborted = False
+            if isinstance(err, KafkaError) and err.code() == KafkaError._FATAL:
+                # a call refused because the producer already failed says only "fatal":
+                # the abort reports why (fenced by a second writer, ...)
+                err = aborted_transaction_error(producer, self.timeout_s) or err
+                aborted = True
             if isinstance(err, KafkaError) and err.fatal() and not is_fenced(err):
                 self._producer = None  # a fatal error ends the producer; the next write opens a new one
                 raise LocalStateError(f"{self!r}: batch {batch_id} was not delivered: {err}") from e
@@ -449,7 +455,8 @@ class KafkaSink:
                     f"batch {batch_id} and later ones are left to it ({err}). Stop this job"
                 )
                 raise self._fenced from e
-            self._abort()
+            if not aborted:
+                self._abort()
             raise LocalStateError(f"{self!r}: batch {batch_id} was not delivered (transaction aborted): {err}") from e
         except BaseException:
             self._abort()
