@@ -132,10 +132,10 @@ def timed_task(base: type[StreamTask], timing_dir: str) -> type[StreamTask]:
     class Timed(base):  # type: ignore[valid-type, misc]
         def init(self, context: TaskContext) -> None:
             self._timing: dict[str, Any] = {"partition": context.partition, "rows": 0,
-                                            "open": context.open_seconds, "input": 0.0}
+                                            "open": context.open_seconds, "input": 0.0, "kept_open": context.kept_open}
             self._clock("init", super().init, context)
             self._storage = storage = context.storage
-            commit = storage.commit
+            commit = type(storage).commit.__get__(storage)  # the method, not an earlier run's wrapper of a kept storage
 
             def timed_commit(*args: Any, **kwargs: Any) -> Any:
                 return self._clock("commit", commit, *args, **kwargs)

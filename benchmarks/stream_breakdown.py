@@ -47,6 +47,9 @@ def localstate_breakdown(runs: list[StreamRun], task_docs: list[list[dict[str, A
             task_s = {key: sum(d.get(key, 0.0) for d in tasks)
                       for key in ("open", "input", "init", "process_batch", "window", "commit")}
             add("python task-s: open storage", task_s["open"])
+            # a fraction, not seconds: format_parts prints keys ending in "share" as a percentage
+            add("task runs that kept their storage open from the previous micro-batch: share",
+                sum(1 for d in tasks if d.get("kept_open")) / len(tasks) if tasks else 0.0)
             add("python task-s: wait for input (shuffle read, Arrow)", task_s["input"])
             add("python task-s: state work (init + process_batch + window)",
                 task_s["init"] + task_s["process_batch"] + task_s["window"])
@@ -126,4 +129,5 @@ def spark_breakdown(runs: list[StreamRun]) -> dict[str, float]:
 
 
 def format_parts(parts: dict[str, float]) -> str:
-    return "; ".join(f"{k} {v * 1000:,.0f} ms" for k, v in parts.items())
+    return "; ".join(f"{k[:-len(' share')]} {v:.0%}" if k.endswith(" share") else f"{k} {v * 1000:,.0f} ms"
+                     for k, v in parts.items())

@@ -39,6 +39,7 @@ KEEP_OPEN_S = 30.0
 """How long a parked storage stays open without a run (below the 60 s after which Spark
 stops an idle Python worker, so a worker's storages close cleanly before it goes)."""
 _WATCH_EVERY_S = 0.003
+_LOST_EVERY_TICKS = 100
 
 Key = tuple[str, str, int]
 
@@ -140,25 +141,37 @@ class KeptStorages:
     def _watch(self) -> None:
         """Close a parked storage as soon as another process asks for one of its locks,
         or once it was idle ``keep_s``; end when none is parked."""
+        tick = 0
         while True:
             time.sleep(self._watch_every_s)
+            tick += 1
             now = time.monotonic()
+            lost: list[_Parked] = []
             with self._mutex:
                 if not self._parked:
                     self._watcher = None
                     return
                 due = [k for k, e in self._parked.items()
                        if now - e.since >= e.keep_s or e.storage.release_requested()]
+                if tick % _LOST_EVERY_TICKS == 0:  # its files deleted (the state dir removed)
+                    gone = [k for k, e in self._parked.items() if k not in due and not e.storage.holds_its_locks()]
+                    lost = [self._parked.pop(k) for k in gone]
                 entries = [self._parked.pop(k) for k in due]
             for entry in entries:
                 _close(entry.storage)
+            for entry in lost:
+                _close(entry.storage, lost=True)
 
 
-def _close(storage: TaskStorage) -> None:
+def _close(storage: TaskStorage, lost: bool = False) -> None:
+    """Close a parked storage; a failure is logged (committed already, a failed close
+    costs the next open only its slow path). ``lost``: its files were deleted meanwhile,
+    so the close is expected to fail (logged at debug level)."""
     try:
         storage.close()
-    except Exception as e:  # committed already: a failed close costs the next open its slow path
-        log.warning("closing the kept-open task %s/partition %d failed: %s", storage.job, storage.partition, e)
+    except Exception as e:
+        log.log(logging.DEBUG if lost else logging.WARNING, "closing the kept-open task %s/partition %d failed%s: %s",
+                storage.job, storage.partition, " (its files were deleted)" if lost else "", e)
 
 
 _PROCESS = KeptStorages()

@@ -400,6 +400,11 @@ class TaskStorage:
             lock.park()
         return True
 
+    def holds_its_locks(self) -> bool:
+        """Whether this open storage still holds each of its locks on the file at its path
+        (not on one deleted or replaced since, e.g. with the state dir)."""
+        return not self._closed and all(lock.intact() for lock in self._file_locks)
+
     def release_requested(self) -> bool:
         """Whether another process waits for one of this parked storage's locks."""
         return any(lock.release_requested() for lock in self._file_locks)
@@ -410,7 +415,7 @@ class TaskStorage:
         and the checkpoint store's latest checkpoint the one this storage committed (no
         other instance of the task opened or committed it since, e.g. on another
         executor with its own state dir). False otherwise: close it and open the task again."""
-        if self._closed or not all(lock.intact() for lock in self._file_locks):
+        if not self.holds_its_locks():
             return False
         for lock in self._file_locks:
             lock.unpark()

@@ -199,3 +199,16 @@ def test_the_hourly_jobs_memo_of_open_windows_gives_the_stores_answers(tmp_path,
     with TaskStorage(config) as a, TaskStorage(fresh_config) as b:
         with a.store("hourly").all() as x, b.store("hourly").all() as y:
             assert list(x) == list(y)
+
+
+def test_a_parked_storage_whose_state_dir_was_deleted_is_closed_quietly(tmp_path, kept, caplog):
+    import shutil
+
+    config = _config(tmp_path)
+    assert kept.park(_committed(config, 4))
+    shutil.rmtree(tmp_path / "state")
+    deadline = time.monotonic() + 5
+    while len(kept) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(kept) == 0
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "kept-open" in r.getMessage()]

@@ -40,6 +40,9 @@ class TaskContext:
     key_column: str | None = None
     """The input column holding each row's key (a :class:`StatefulJob`'s ``key=``): keyed
     state handles are scoped to it around :meth:`StreamTask.process`."""
+    kept_open: bool = False
+    """Whether the storage was kept open from the task's previous run in this worker (no
+    open, no restore: :mod:`localstate.kept_open`); :attr:`memo` holds what that run left."""
     _timers: dict[bytes, Timers] = field(default_factory=dict, init=False, repr=False)
     _keyed: KeyedState | None = field(default=None, init=False, repr=False)
     _plain: dict[str, str] = field(default_factory=dict, init=False, repr=False)

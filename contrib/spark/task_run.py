@@ -168,7 +168,7 @@ class _TaskAttempt:
                 self.drain = drain
             task = self.task = run.task()
             self.context = TaskContext(partition, config.partitions, config, self.storage, task.timer_store,
-                                       open_seconds, run.key)
+                                       open_seconds, run.key, self.reused)
             task.init(self.context)
         except BaseException:
             self.close()
