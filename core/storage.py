@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -426,8 +427,15 @@ class TaskStorage:
             log.warning("task %s/partition %d: could not re-read the checkpoint of a parked open (%s); "
                         "opening it again", self.job, self.partition, e)
             return False
-        return (latest is not None and mine is not None and latest.version == mine.version
-                and latest.epoch == mine.epoch and dict(latest.offsets) == dict(mine.offsets))
+        if not (latest is not None and mine is not None and latest.version == mine.version
+                and latest.epoch == mine.epoch and dict(latest.offsets) == dict(mine.offsets)):
+            return False
+        # this run restored nothing: each store stands at its committed offset
+        self.last_restore = {
+            name: replace(progress, records=0, bytes=0, seconds=0.0, start_offset=mine.offsets.get(name, 0),
+                          stop_offset=mine.offsets.get(name, 0), done=True)
+            for name, progress in self.last_restore.items()}
+        return True
 
     # -- closing --------------------------------------------------------------------------------------
     def close(self) -> None:
