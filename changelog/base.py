@@ -289,6 +289,13 @@ class ChangelogSystem(ABC):
 
     options_type: ClassVar[type | None] = None
     pass_through: ClassVar[tuple[str, ...]] = ()
+    exclusive_writer_lock: ClassVar[bool] = False
+    """True when a second instance of a task waits for the first one's file lock (asking a
+    parked holder to let go) instead of fencing it: then a task's storage may be kept
+    open between runs (:mod:`localstate.kept_open`). A system that fences (Kafka's
+    producer epoch, the object store's claims) leaves it False: a kept storage would be
+    an older instance than a concurrent fresh open (a zombie attempt of a re-submitted
+    Spark stage), which the fence would let win."""
 
     @classmethod
     def parse_settings(cls, name: str, options: Mapping[str, Any]) -> Any:

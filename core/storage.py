@@ -394,9 +394,14 @@ class TaskStorage:
         """Mark this storage idle between runs: its locks stay held but are given up to
         whoever asks (:class:`~localstate.locking.FileLock`). Only a storage whose last
         step was a successful commit parks (nothing written since: a later write would be
-        committed by the next run as its own); False, and nothing done, otherwise."""
+        committed by the next run as its own), and only when each changelog system it
+        uses locks its writers out rather than fencing them
+        (:attr:`~localstate.changelog.base.ChangelogSystem.exclusive_writer_lock`); False,
+        and nothing done, otherwise."""
         if self._closed or self._committed_marks is None or self._write_marks() != self._committed_marks:
             return False
+        if not all(system.exclusive_writer_lock for system in self._systems.values()):
+            return False  # a system that fences instead of locking: see ChangelogSystem.exclusive_writer_lock
         for lock in self._file_locks:
             lock.park()
         return True

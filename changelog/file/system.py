@@ -68,6 +68,7 @@ class FileChangelogSystem(ChangelogSystem):
     """The embedded default; options: :class:`FileChangelogOptions`."""
 
     options_type = FileChangelogOptions
+    exclusive_writer_lock = True  # a partition's .lock: one writer, the next one waits
 
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         super().__init__(name, options, job)

@@ -62,7 +62,7 @@ from localstate.config import Config
 from localstate.errors import ChangelogError, CorruptionError, FencedError, StoreLockedError
 from localstate.reader import StateReader, read_committed
 from localstate.records import apply_records
-from localstate.storage import Recovery, TaskStorage
+from localstate.storage import Recovery, TaskStorage, open_system
 
 from .changelog_kit import (
     KV_ENGINES,
@@ -287,10 +287,11 @@ class ChangelogSystemConformance:
 
     def test_a_parked_open_is_reused_only_while_it_is_the_tasks_current_state(self, job_values, tmp_path):
         """A task kept open between runs (:mod:`localstate.kept_open`) is handed back as it
-        is only while no other instance opened the task. Once another machine took the task
-        over and committed (the file log: the parked one gave its lock up when asked; the
-        others: it was fenced, unaware), the parked open is not reused: the task opens again
-        at that commit."""
+        is only while no other instance opened the task: once another machine took the task
+        over (asking the parked one to let go of its lock) and committed, the parked open is
+        not reused; the task opens again at that commit. A system that fences a second
+        instance instead of locking it out never parks a storage (it would be the older
+        instance beside a concurrent fresh open)."""
         from localstate.kept_open import KeptStorages
 
         values = self.task_values(job_values, tmp_path)
@@ -300,6 +301,13 @@ class ChangelogSystemConformance:
             a = TaskStorage(config)
             a.store("kv").put("x", 1)
             a.commit(input_position=1)
+            system = open_system(config, config.checkpoint_system)
+            exclusive = system.exclusive_writer_lock
+            system.close()
+            if not exclusive:
+                assert not kept.park(a)
+                a.close()
+                return
             assert kept.park(a)
             assert kept.take(config, 0) is a and kept.reused == 1  # no one else: as it is
             a.store("kv").put("x", 2)
