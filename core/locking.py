@@ -165,6 +165,12 @@ class FileLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            # a waiter's request is answered now; one left by a waiter that gave up or died
+            # would otherwise make the next parked holder close at once
+            try:
+                self.release_path.unlink(missing_ok=True)
+            except OSError:
+                pass
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

@@ -212,3 +212,14 @@ def test_a_parked_storage_whose_state_dir_was_deleted_is_closed_quietly(tmp_path
         time.sleep(0.05)
     assert len(kept) == 0
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "kept-open" in r.getMessage()]
+
+
+def test_a_release_request_left_behind_is_withdrawn_by_the_next_release(tmp_path):
+    path = tmp_path / "x.lock"
+    held = FileLock(path, "thing")
+    held.release_path.touch()  # a waiter that died before withdrawing its request
+    held.release()
+    again = FileLock(path, "thing")
+    again.park()
+    assert not again.release_requested()  # the next parked holder is not asked by a ghost
+    again.release()
