@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from .config import Config
 from .storage import TaskStorage
@@ -51,7 +50,6 @@ def _key(config: Config, partition: int) -> Key:
 @dataclass
 class _Parked:
     storage: TaskStorage
-    config: dict[str, Any]
     since: float
     keep_s: float
 
@@ -87,7 +85,13 @@ class KeptStorages:
         if entry is None:
             return None
         storage = entry.storage
-        if entry.config == config.to_dict() and storage.unpark() and (usable is None or usable(storage)):
+        try:
+            current = (storage.config.to_dict() == config.to_dict() and storage.unpark()
+                       and (usable is None or usable(storage)))
+        except BaseException:
+            _close(storage)  # never left open with its locks active and no one to close it
+            raise
+        if current:
             self.reused += 1
             return storage
         self.reopened += 1
@@ -103,7 +107,7 @@ class KeptStorages:
         key = _key(storage.config, storage.partition)
         with self._mutex:
             former = self._parked.pop(key, None)
-            self._parked[key] = _Parked(storage, storage.config.to_dict(), time.monotonic(), keep_s)
+            self._parked[key] = _Parked(storage, time.monotonic(), keep_s)
             if self._watcher is None or not self._watcher.is_alive():
                 self._watcher = threading.Thread(target=self._watch, name="localstate-kept-open", daemon=True)
                 self._watcher.start()
@@ -111,32 +115,25 @@ class KeptStorages:
             _close(former.storage)
         return True
 
-    def release(self, which: Callable[[Key], bool] | None = None) -> int:
+    def release(self, which: Callable[[Key], bool] | None = None, *, wait: bool = True) -> int:
         """Close the parked storages whose key ``(state dir, job, partition)`` ``which``
-        accepts (all without it); returns how many."""
-        with self._mutex:
-            keys = [k for k in self._parked if which is None or which(k)]
-            entries = [self._parked.pop(k) for k in keys]
-        for entry in entries:
-            _close(entry.storage)
-        return len(entries)
-
-    def close_all(self, wait: bool = True) -> int:
-        """Close every parked storage; returns how many. ``wait=False`` (from a signal
-        handler, which may have interrupted this process's own use of the registry)
-        closes nothing rather than wait for the registry."""
-        if wait:
-            return self.release()
-        if not self._mutex.acquire(blocking=False):
+        accepts (all without it); returns how many. ``wait=False`` (from a signal handler,
+        which may have interrupted this process's own use of the registry) closes nothing
+        rather than wait for the registry."""
+        if not self._mutex.acquire(blocking=wait):
             return 0
         try:
-            entries = list(self._parked.values())
-            self._parked.clear()
+            keys = [k for k in self._parked if which is None or which(k)]
+            entries = [self._parked.pop(k) for k in keys]
         finally:
             self._mutex.release()
         for entry in entries:
             _close(entry.storage)
         return len(entries)
+
+    def close_all(self, wait: bool = True) -> int:
+        """Close every parked storage; returns how many (``wait``: see :meth:`release`)."""
+        return self.release(wait=wait)
 
     def _watch(self) -> None:
         """Close a parked storage as soon as another process asks for one of its locks,

@@ -223,3 +223,17 @@ def test_a_release_request_left_behind_is_withdrawn_by_the_next_release(tmp_path
     again.park()
     assert not again.release_requested()  # the next parked holder is not asked by a ghost
     again.release()
+
+
+def test_an_error_while_taking_a_parked_storage_back_closes_it(tmp_path, kept):
+    config = _config(tmp_path)
+    assert kept.park(_committed(config, 6))
+
+    def broken(_storage: TaskStorage) -> bool:
+        raise OSError("the check could not read")
+
+    with pytest.raises(OSError, match="could not read"):
+        kept.take(config, 0, broken)
+    assert len(kept) == 0
+    with TaskStorage(config) as t:  # closed, its locks free: the task opens at once
+        assert t.store("kv").get("x") == 6

@@ -225,10 +225,10 @@ class _TaskAttempt:
                 task.close()
             closed = True
         finally:
-            if not (closed and park and self.keep_open_s and kept_storages().park(self.storage, self.keep_open_s)):
-                self.storage.close()
-            elif self.keep_open_s:
+            if closed and park and self.keep_open_s and kept_storages().park(self.storage, self.keep_open_s):
                 close_kept_on_exit_signals()
+            else:
+                self.storage.close()
 
 
 def _before(storage: Any, version: int | None) -> bool:
