@@ -279,9 +279,11 @@ class RocksDBSnapshots:
                 self._live._require_open().flush(True)  # (the write-behind buffer first)
             except Exception as e:
                 claim = None
-                log.warning("rocksdb store %r: the flush at close failed (%s); the next open rebuilds "
-                            "the live database from its newest snapshot", self.name,
-                            self._live._translate(e, "flush"))
+                # a store whose directory was deleted under it (its state dir removed) has
+                # nothing left to rebuild: not worth a warning
+                log.log(logging.WARNING if self.directory.exists() else logging.DEBUG,
+                        "rocksdb store %r: the flush at close failed (%s); the next open rebuilds "
+                        "the live database from its newest snapshot", self.name, self._live._translate(e, "flush"))
         self._closing_claim = claim
 
     def checkpoint(self, offset: int) -> None:

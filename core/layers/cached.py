@@ -460,8 +460,8 @@ class CachedStore(ForwardingStore):
         """:meth:`put` of a store whose keys and values use the built-in bytes serde, without
         ttl: a ``bytes`` key and value are valid as they are and are their own encodings, so
         the entry goes into the cache and the dirty set with no check to make. Anything else
-        (another type, a delete, a closed store) takes :meth:`put`."""
-        if type(value) is not bytes or type(key) is not bytes or self._closed:
+        (another type, a delete) takes :meth:`put`; :meth:`close` removes this path."""
+        if type(value) is not bytes or type(key) is not bytes:
             return CachedStore.put(self, key, value)
         cache = self._cache
         if key in cache:
@@ -611,6 +611,7 @@ class CachedStore(ForwardingStore):
         if self._closed:
             return
         self._closed = True
+        self.__dict__.pop("put", None)  # the short put checks nothing: every put now takes put()
         try:
             self._flush_dirty()
         finally:
