@@ -83,6 +83,18 @@ class KafkaChangelogSystem(ChangelogSystem):
             w = self._writers[(job, partition)] = TaskWriter(self, job, partition)
         return w
 
+    keeps_open = True  # renew_task_instance fences whoever opened the task meanwhile
+
+    def renew_task_instance(self, job: str, partition: int) -> None:
+        """A new transactional producer for the task (:meth:`TaskWriter.renew`): this
+        instance fences every other one again, as its open did."""
+        w = self._writers.get((job, partition))
+        if w is None:
+            self.writer(job, partition)
+        else:
+            self._check_open()
+            w.renew()
+
     def _check_open(self) -> None:
         if self._closed:
             raise ChangelogError(f"{self.describe()} is closed")
