@@ -152,6 +152,20 @@ JOB_OPTIONS: dict[str, Any] = {}
 """Extra :class:`StatefulJob` arguments of the suite's localstate jobs, set from the command
 line (``--keep-open-s 0``: the same runs with every task's storage closed after each run)."""
 
+CHANGELOG: dict[str, str] = {"name": "file"}
+"""The localstate jobs' changelog: ``file`` (default), or with ``--changelog kafka`` a tansu
+broker the run starts (``bootstrap``): the changelog and the checkpoints in Kafka."""
+
+
+def _changelog_overrides(task: type[Any], root: Path) -> dict[str, Any]:
+    """The config keys putting ``task``'s stores and checkpoints on :data:`CHANGELOG`."""
+    if CHANGELOG["name"] != "kafka":
+        return {}
+    topic = f"bench-{root.name}"
+    return {"systems.kafka.bootstrap.servers": CHANGELOG["bootstrap"],
+            "systems.kafka.checkpoint.topic": f"{topic}-checkpoints",
+            **{f"stores.{store}.changelog": f"kafka.{topic}-{store}" for store in task.STORES}}
+
 
 def spark_tasks_for(spark: Any, spark_tasks: int | None = None) -> int:
     """``spark_tasks`` if given, else the session's cores (``defaultParallelism``), at most
@@ -167,7 +181,7 @@ def localstate_stream(spark: Any, input_dir: Path, root: Path, *, collect: bool 
     ``input_dir`` with fresh state under ``root`` (rocksdb + file changelog), its 4 tasks in
     :func:`spark_tasks_for` Spark tasks; with ``timing_dir``, the tasks' timers
     (:func:`timed_task`) are written there."""
-    config = job_config(task, root, partitions=TASKS, engine=ENGINE)
+    config = job_config(task, root, partitions=TASKS, engine=ENGINE).with_overrides(_changelog_overrides(task, root))
     if timing_dir is not None:
         task = timed_task(task, str(timing_dir))
     job = StatefulJob(config, task, key=PageViewsPerHour.KEY, output_schema=PageViewsPerHour.OUTPUT_SCHEMA,
@@ -343,7 +357,7 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: 
     del table
     params = {"events": n, "users": sizes.users, "hours": HOURS, "micro_batches": sizes.batches,
               "maxFilesPerTrigger": FILES_PER_TRIGGER, "trigger": "availableNow", "tasks": TASKS,
-              "master": spark.sparkContext.master, "engine": ENGINE, "changelog": "file",
+              "master": spark.sparkContext.master, "engine": ENGINE, "changelog": CHANGELOG["name"],
               "spark_tasks": spark_tasks_for(spark, spark_tasks)}
 
     def fresh(name: str) -> Path:
@@ -443,7 +457,7 @@ def stream_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: 
                     flink, flink_error, flink_s = None, describe_error(e), []
 
     baseline = "spark structured streaming (RocksDBStateStoreProvider)"
-    ls_name = "localstate run_stream (PageViewsPerHour, rocksdb + file changelog)"
+    ls_name = f"localstate run_stream (PageViewsPerHour, rocksdb + {CHANGELOG['name']} changelog)"
     py_name = "spark, no state: repartition(4, user) -> mapInArrow (pyarrow group-by per batch)"
     jvm_name = "spark, no state: groupBy(hour, user).count() in foreachBatch (JVM only)"
     same = (f"output checked identical in the warm-up round: {windows:,} windows, {views:,} views; "
@@ -516,6 +530,8 @@ def run_shape(shape: Callable[..., list[dict[str, Any]]], argv: list[str] | None
                         help=f"Spark tasks localstate's {TASKS} tasks run in (default: the session's cores)")
     parser.add_argument("--keep-open-s", type=float, default=None,
                         help="StatefulJob(keep_open_s=...) of localstate's jobs (default: the job's own)")
+    parser.add_argument("--changelog", choices=["file", "kafka"], default="file",
+                        help="localstate's changelog: file (default) or kafka (a tansu broker started here)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     if args.keep_open_s is not None:
@@ -524,10 +540,18 @@ def run_shape(shape: Callable[..., list[dict[str, Any]]], argv: list[str] | None
     load = os.getloadavg()
     spark, owned = start_session(args.quick)
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
+    broker = None
     try:
+        if args.changelog == "kafka":
+            from localstate.testing.kafka import TansuBroker
+
+            broker = TansuBroker().start()
+            CHANGELOG.update(name="kafka", bootstrap=f"127.0.0.1:{broker.port}")
         rows = shape(spark, work, args.quick, args.repeats, spark_tasks=args.spark_tasks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        if broker is not None:
+            broker.close()
         if owned:
             spark.stop()
     print(f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end "

@@ -64,11 +64,11 @@ class TaskWriter:
             **CONNECT_FAST,
         }
         conf.update(s.producer)
-        conf.update({"enable.idempotence": True, "acks": "all", "transactional.id": self.transactional_id,
-                     "error_cb": self._client_error})
+        conf.update({"enable.idempotence": True, "acks": "all", "transactional.id": self.transactional_id})
         self._conf = conf
+        self._producers = 0  # producers made so far: a renewed one's errors are not the old one's
         self.fatal_error: Any = None
-        self.producer = Producer(conf)
+        self.producer = self._new_producer()
         self.in_txn = False
         self.commit_deferred = False
         """Inside a task commit whose checkpoint this producer writes
@@ -90,6 +90,18 @@ class TaskWriter:
         client.with_retries(what, lambda: self.producer.list_topics(timeout=s.timeout_ms / 1000))
         client.with_retries(what, lambda: self.producer.init_transactions(s.timeout_ms / 1000))
 
+    def _new_producer(self) -> Any:
+        """A producer of the task's id whose error callback reports only while it is the
+        current one (an older producer, fenced by its successor, may still report)."""
+        self._producers += 1
+        number = self._producers
+
+        def on_error(err: Any) -> None:
+            if number == self._producers:
+                self._client_error(err)
+
+        return Producer({**self._conf, "error_cb": on_error})
+
     def renew(self) -> None:
         """Become the task's newest instance again with a new producer of the same id (a
         task kept open between runs, before it is used again: any instance that opened the
@@ -99,9 +111,10 @@ class TaskWriter:
         if self.in_txn or self.failed is not None:
             raise ChangelogError(f"kafka producer {self.transactional_id!r}: renewed inside a transaction or "
                                  "after a failure; close the task and open it again")
-        old, self.producer = self.producer, Producer(self._conf)
+        old, self.producer = self.producer, self._new_producer()
         old.purge()
         old.flush(0)
+        del old
         self.fatal_error = None
         self._init()
 
