@@ -114,14 +114,15 @@ class KafkaCheckpointStore(CheckpointStore):
         aborted or finished it), so a newer record of the task's key is one another
         instance wrote — committed, or aborted, which still makes the kept storage
         stale here (the safe side) — and no other task's open transaction can hide one.
-        A generation record since (a rescale) gives None: never the kept storage's."""
+        A generation record since (a rescale), or a topic now ending before where the last
+        read ended (deleted and made anew), gives None: never the kept storage's."""
         seen = self._seen.get((job, partition))
         if seen is None or job != self.system.job or not self.system.generation_known():
             return self.read_readonly(job, partition)
         start, latest = seen
         key, generation_key = self._key(job, partition), f"{job}/generation".encode()
         found, end = self._scan([key, generation_key], start=start, consumer=self.system.client.probe())
-        if found[generation_key]:
+        if found[generation_key] or end < start:  # a rescale since; a topic that lost records (made anew)
             return None
         if found[key]:
             latest = self._parse(job, partition, found[key])

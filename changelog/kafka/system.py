@@ -63,7 +63,7 @@ class KafkaChangelogSystem(ChangelogSystem):
         self.settings: KafkaSettings = self.parse_settings(name, options)
         self.client = KafkaClient(self.settings, where=f"systems.{name}", group_id=f"localstate-restore-{job}")
         self._writers: dict[tuple[str, int], TaskWriter] = {}
-        self._open: set[tuple[str, int]] = set()
+        self._open: dict[tuple[str, int], KafkaChangelogPartition] = {}
         self._checkpoints = KafkaCheckpointStore(self)
         self._generation: Generation | None = None
         self._closed = False
@@ -94,6 +94,9 @@ class KafkaChangelogSystem(ChangelogSystem):
         else:
             self._check_open()
             w.renew()
+        for (_, p), opened in self._open.items():
+            if p == partition:
+                opened.check_not_behind()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -157,11 +160,11 @@ class KafkaChangelogSystem(ChangelogSystem):
             )
         self.client.ensure_topic(self.generation().stream(stream), partitions)
         writer = self.writer(self.job, partition)
-        self._open.add((stream, partition))
-        return KafkaChangelogPartition(self, writer, stream, partition)
+        opened = self._open[(stream, partition)] = KafkaChangelogPartition(self, writer, stream, partition)
+        return opened
 
     def _release(self, stream: str, partition: int) -> None:
-        self._open.discard((stream, partition))
+        self._open.pop((stream, partition), None)
 
     def checkpoints(self) -> KafkaCheckpointStore:
         return self._checkpoints

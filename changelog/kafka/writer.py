@@ -76,6 +76,8 @@ class TaskWriter:
         acknowledgements and leaves the transaction open, and the checkpoint write commits
         data and checkpoint together (one transaction, one commit round trip)."""
         self.failed: BaseException | None = None
+        self.cluster_id: str | None = None
+        """The Kafka cluster the task opened on (a renewal on another one is refused)."""
         self._init()
 
     def _init(self) -> None:
@@ -87,7 +89,12 @@ class TaskWriter:
         # A metadata request first brings a broker connection up, so the producer-id request
         # of init_transactions never waits out librdkafka's 500 ms "no broker available" retry
         # timer (measured on tansu: 8 of 40 inits of a new id took 0.5 s; 0 of 40 after this).
-        client.with_retries(what, lambda: self.producer.list_topics(timeout=s.timeout_ms / 1000))
+        cluster = client.with_retries(what, lambda: self.producer.list_topics(timeout=s.timeout_ms / 1000)).cluster_id
+        if self.cluster_id is None:
+            self.cluster_id = cluster
+        elif cluster != self.cluster_id:
+            raise ChangelogError(f"kafka producer {self.transactional_id!r}: the brokers are now cluster {cluster!r}, "
+                                 f"not {self.cluster_id!r} as when the task opened; open the task again")
         client.with_retries(what, lambda: self.producer.init_transactions(s.timeout_ms / 1000))
 
     def _new_producer(self) -> Any:

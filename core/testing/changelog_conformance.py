@@ -337,6 +337,37 @@ class ChangelogSystemConformance:
         finally:
             kept.close_all()
 
+    @pytest.mark.parametrize("lost", ["checkpoint", "stream", "everything"])
+    def test_a_parked_open_is_not_reused_once_its_checkpoint_or_changelog_was_lost(self, job_values, tmp_path, lost):
+        """A task kept open between runs whose newest checkpoint, changelog stream or whole
+        system was lost while it was parked is not handed back (it would go on writing as
+        if nothing was lost): it is closed, and the task's next open is the error naming
+        the recovery, as without keep-open."""
+        from localstate.kept_open import KeptStorages
+
+        values = self.task_values(job_values, tmp_path)
+        config = Config.from_dict(values)
+        kept = KeptStorages()
+        try:
+            a = TaskStorage(config)
+            for i in range(5):
+                a.store("kv").put(f"k{i}", i)
+            a.commit(input_position=1)
+            if not kept.park(a):  # a system that never keeps a task open
+                a.close()
+                return
+            if lost == "checkpoint":
+                self.lose_newest_checkpoint(values)
+            elif lost == "stream":
+                self.lose_stream(values, values["stores.kv.changelog"].split(".", 1)[1])
+            else:
+                self.lose_everything(values)
+            assert kept.take(config, 0) is None
+            with pytest.raises(CorruptionError, match=r"localstate restore|--reset"):
+                TaskStorage(config)
+        finally:
+            kept.close_all()
+
     # -- damage and zombies: hooks the subclass fills --------------------------------------------
     def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:
         """Delete or lose the newest checkpoint of task 0 of the job ``values`` configure,
