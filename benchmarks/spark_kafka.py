@@ -139,20 +139,18 @@ def localstate_kafka_stream(spark: Any, bootstrap: str, topic: str, root: Path, 
 
 
 def connector_stream(spark: Any, bootstrap: str, topic: str, root: Path, per_trigger: int, *,
-                     co_partitioned: bool, spark_tasks: int | None = None,
-                     parser: str = "arrow") -> tuple[StreamRun, Any]:
+                     co_partitioned: bool, spark_tasks: int | None = None) -> tuple[StreamRun, Any]:
     """Count per user of ``topic`` read by Spark's Kafka connector and parsed by
     :func:`~localstate.contrib.spark.kafka_input.kafka_json`: shuffled by key (the source
     split over the session's cores by ``minPartitions``), or ``co_partitioned`` (one task
-    per topic partition, no shuffle), the JSON parsed by ``parser`` (``kafka_json``'s); the
-    run and its config."""
+    per topic partition, no shuffle); the run and its config."""
     from localstate.contrib.spark.kafka_input import kafka_json, kafka_stream
 
     job = _count_job(spark, root, None, None if co_partitioned else spark_tasks_for(spark, spark_tasks))
     options: dict[str, Any] = {"maxOffsetsPerTrigger": per_trigger}
     if not co_partitioned:
         options["minPartitions"] = spark.sparkContext.defaultParallelism
-    stream = kafka_json(kafka_stream(spark, bootstrap, topic, **options), "ts long, user_id string", parser=parser)
+    stream = kafka_json(kafka_stream(spark, bootstrap, topic, **options), "ts long, user_id string")
 
     def start() -> Any:
         return job.run_stream(stream, checkpoint_location=str(root / "spark-checkpoint"),
@@ -174,15 +172,6 @@ def quix_run(python: str, bootstrap: str, topic: str, n: int, root: Path) -> dic
 
 CONNECTOR = "spark kafka connector → kafka_json → run_stream (count per user, shuffled by key)"
 CO_PARTITIONED = "spark kafka connector, co-partitioned (4 topic partitions = 4 tasks, no shuffle) → run_stream"
-CONNECTOR_PATHS = ((False, "arrow"), (True, "arrow"), (False, "spark"), (True, "spark"))
-"""The connector rows: (co-partitioned, ``kafka_json``'s parser)."""
-
-
-def connector_name(co: bool, parser: str) -> str:
-    """The row name of a connector path."""
-    name = CO_PARTITIONED if co else CONNECTOR
-    return name if parser == "arrow" else name.replace("kafka_json", "kafka_json(parser='spark')").replace(
-        "co-partitioned (", "co-partitioned, kafka_json(parser='spark') (")
 
 
 def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: int | None = None) -> list[dict[str, Any]]:
@@ -220,11 +209,11 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: i
             finally:
                 shutil.rmtree(root, ignore_errors=True)
 
-        def connector(co: bool, parser: str, check: bool = False) -> tuple[StreamRun, dict[str, int] | None]:
+        def connector(co: bool, check: bool = False) -> tuple[StreamRun, dict[str, int] | None]:
             root = fresh("kafka-conn")
             try:
                 run, config = connector_stream(spark, broker.bootstrap, by_task if co else topic, root, per_trigger,
-                                               co_partitioned=co, spark_tasks=spark_tasks, parser=parser)
+                                               co_partitioned=co, spark_tasks=spark_tasks)
                 return run, read_counts(config) if check else None
             finally:
                 shutil.rmtree(root, ignore_errors=True)
@@ -241,13 +230,12 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: i
         if mine.input_rows != n or counts is None or sum(counts.values()) != n:
             raise RuntimeError(f"localstate read {mine.input_rows:,} of {n:,} messages and counted "
                                f"{sum((counts or {}).values()):,}")
-        for co, parser in CONNECTOR_PATHS:
-            run, other = connector(co, parser, check=True)
+        for co in (False, True):
+            run, other = connector(co, check=True)
             if run.input_rows != n or other != counts:
-                raise RuntimeError(f"{connector_name(co, parser)} read {run.input_rows:,} of {n:,} "
+                raise RuntimeError(f"{CO_PARTITIONED if co else CONNECTOR} read {run.input_rows:,} of {n:,} "
                                    "messages or counted differently from localstate-kafka")
-        checked = (f"{len(counts):,} users, {n:,} messages, the same counts on all {1 + len(CONNECTOR_PATHS)} "
-                   "localstate paths")
+        checked = f"{len(counts):,} users, {n:,} messages, the same counts on all three localstate paths"
         peer_runs: list[dict[str, Any]] = []
         if python is not None:
             peer = theirs()
@@ -258,13 +246,13 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: i
             checked = "final count per user checked identical with Quix in the warm-up round: " + checked
         our_runs: list[StreamRun] = []
         our_docs: list[list[dict[str, Any]]] = []
-        conn_runs: dict[tuple[bool, str], list[StreamRun]] = {path: [] for path in CONNECTOR_PATHS}
+        conn_runs: dict[bool, list[StreamRun]] = {False: [], True: []}
         for _ in range(repeats):
             run, docs, _ = ours()
             our_runs.append(run)
             our_docs.append(docs)
-            for path in CONNECTOR_PATHS:
-                conn_runs[path].append(connector(*path)[0])
+            for co in (False, True):
+                conn_runs[co].append(connector(co)[0])
             if python is not None:
                 peer_runs.append(theirs())
 
@@ -272,11 +260,11 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: i
     quix_name = "quix streams 3.28 Application (exactly-once, RocksDB state + changelog topic)"
     rows = []
     notes = "start() to end of the availableNow query, warm session; "
-    paths = [(ls_name, our_runs, f"{checked}; ", params)]
-    for co, parser in CONNECTOR_PATHS:
-        paths.append((connector_name(co, parser), conn_runs[co, parser], "",
-                      params | {"topic_partitions": TASKS, "spark_tasks": TASKS} if co else params))
-    for name, runs, extra, prm in paths:
+    for name, runs, extra, prm in (
+        (ls_name, our_runs, f"{checked}; ", params),
+        (CONNECTOR, conn_runs[False], "", params),
+        (CO_PARTITIONED, conn_runs[True], "", params | {"topic_partitions": TASKS, "spark_tasks": TASKS}),
+    ):
         row = make_row("kafka_e2e", name, prm, "events/s", [n / r.seconds for r in runs],
                        baseline=quix_name if peer_runs else None,
                        notes=notes + extra + f"{len(runs[0].data_batches)} data micro-batches per run"
@@ -285,7 +273,7 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: i
     if peer_runs:
         base = make_row("kafka_e2e", quix_name, params, "events/s", [n / r["seconds"] for r in peer_runs],
                         notes=f"first message to run() returned, consumer-group join excluded; peer run by {how}")
-        for row, (_, runs, _, _) in zip(rows, paths):
+        for row, runs in zip(rows, (our_runs, conn_runs[False], conn_runs[True])):
             row["ratio"] = row["median"] / base["median"] if base["median"] else None
             # each localstate run is followed by its Quix run: on a shared machine the ratio
             # within a round is steadier than the ratio of the medians (the load drifts)

@@ -51,13 +51,13 @@ def produce(bootstrap: str, topic: str, n: int, *, partitions: int = PARTITIONS,
 
 
 def run_job(spark: Any, root: Path, bootstrap: str, topic: str, *, co_partitioned: bool,
-            partitions: int = PARTITIONS, parser: str = "arrow", **source: Any) -> tuple[Any, list[Any]]:
+            partitions: int = PARTITIONS, **source: Any) -> tuple[Any, list[Any]]:
     """The key count over ``topic`` read by the connector, ``availableNow``; its config and
     every emitted (key, count) row."""
     config = key_count_config(root, partitions=partitions, engine="rocksdb", name="conn")
     job = StatefulJob(config, key_count_task("user_id"), key="user_id", output_schema=KeyCount.OUTPUT_SCHEMA)
     stream = kafka_json(kafka_stream(spark, bootstrap, topic, **{"maxOffsetsPerTrigger": 150, **source}),
-                        "user_id string", parser=parser)
+                        "user_id string")
     rows: list[Any] = []
     query = job.run_stream(stream, checkpoint_location=str(root / "checkpoint"), trigger={"availableNow": True},
                            output=lambda df, _b: rows.extend(map(tuple, df.collect())),
@@ -76,11 +76,6 @@ def test_both_paths_count_exactly_and_equal_each_other(spark: Any, apache_kafka_
         assert set(committed_batches(config).values()) - {None}
         results[co] = (read_counts(config), {k: max(c for kk, c in rows if kk == k) for k, _ in rows})
     assert results[True] == results[False]
-    # Spark's from_json instead of the arrow parser: the same counts on both paths
-    for co in (False, True):
-        config, _ = run_job(spark, tmp_path / f"spark-{co}", apache_kafka_broker, "views-equal", co_partitioned=co,
-                            parser="spark")
-        assert read_counts(config) == expected
     # more input continues exactly from Spark's checkpoint on the co-partitioned path
     more = produce_more(apache_kafka_broker, "views-equal", 90)
     config, _ = run_job(spark, tmp_path / "co-True", apache_kafka_broker, "views-equal", co_partitioned=True)
@@ -95,24 +90,22 @@ BAD_VALUES: list[bytes | None] = [
 float for a long, a missing field."""
 
 
-@pytest.mark.parametrize("parser", ["arrow", "spark"])
-def test_kafka_json_modes_handle_bad_records_alike_with_either_parser(spark: Any, parser: str) -> None:
+def test_kafka_json_modes_keep_skip_or_name_each_bad_record(spark: Any) -> None:
     rows = [(v, "views", 2, 100 + i) for i, v in enumerate(BAD_VALUES)]
     df = spark.createDataFrame(rows, "value binary, topic string, partition int, offset long").coalesce(1)
     good = [(1, "a", 2), (None, "f", 2)]
-    dropped = kafka_json(df, "ts long, user_id string", mode="DROPMALFORMED", parser=parser).collect()
+    dropped = kafka_json(df, "ts long, user_id string", mode="DROPMALFORMED").collect()
     assert [tuple(r) for r in dropped] == good
-    kept = kafka_json(df, "ts long, user_id string, _corrupt_record string", mode="PERMISSIVE",
-                      parser=parser).collect()
+    kept = kafka_json(df, "ts long, user_id string, _corrupt_record string", mode="PERMISSIVE").collect()
     texts = [v.decode() for v in BAD_VALUES if v is not None]
     assert [tuple(r) for r in kept] == [
         (1, "a", None, 2) if t.startswith('{"ts": 1,') else (None, "f", None, 2) if t == '{"user_id": "f"}'
         else (None, None, t, 2) for t in texts]
     # FAILFAST (the default) names the first bad record's topic, partition and offset
     with pytest.raises(Exception, match=r"malformed record at topic 'views' partition 2 offset 101"):
-        kafka_json(df, "ts long, user_id string", parser=parser).collect()
-    with pytest.raises(ConfigError, match="parser = 'jackson'"):
-        kafka_json(df, "ts long, user_id string", parser="jackson")
+        kafka_json(df, "ts long, user_id string").collect()
+    with pytest.raises(ConfigError, match="mode = 'LENIENT'"):
+        kafka_json(df, "ts long, user_id string", mode="LENIENT")
 
 
 def produce_more(bootstrap: str, topic: str, n: int) -> Counter[str]:

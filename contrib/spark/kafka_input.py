@@ -66,8 +66,6 @@ _ROW_WISE = frozenset({"Project", "Filter", "MapInArrow", "PythonMapInArrow", "M
 source and a co-partitioned job)."""
 _SPLITTING = ("minPartitions", "maxRecordsPerPartition")
 _BAD = "__localstate_bad_record"
-_SHOWN = 200
-"""How much of a bad record an error shows."""
 
 
 class KafkaConnectorMissing(LocalStateError):
@@ -119,23 +117,14 @@ def kafka_stream(spark: SparkSession, bootstrap_servers: str, topic: str, **opti
 
 
 def kafka_json(df: DataFrame, schema: StructType | str, *, mode: str = "FAILFAST",
-               keep: Sequence[str] = (KAFKA_PARTITION_COLUMN,), parser: str = "arrow") -> DataFrame:
+               keep: Sequence[str] = (KAFKA_PARTITION_COLUMN,)) -> DataFrame:
     """The connector's rows with their JSON ``value`` parsed into ``schema``'s columns, plus
     the connector columns ``keep`` (default the topic partition, which the co-partitioned
     path needs). Tombstones (null values) carry no record and are skipped. ``mode``:
     ``FAILFAST`` (default: the first bad record stops the query with an error naming its
     topic, partition and offset), ``PERMISSIVE`` or ``DROPMALFORMED``, as the
     ``localstate-kafka`` source (:mod:`localstate.contrib.spark.json_policy`). Rows stay in
-    their Spark partition (no shuffle).
-
-    ``parser``: ``"arrow"`` (default) parses in a Python ``mapInArrow`` with the parser of
-    the ``localstate-kafka`` source, so both read a record alike. ``"spark"`` parses with
-    Spark's ``from_json`` in the JVM: no hop into Python before the job's tasks, so faster
-    (see benchmarks/RESULTS.md), with Spark's conversions where they are more lenient than
-    the arrow parser's (a JSON number read into a string column becomes its text; the
-    arrow parser calls that record malformed). The modes mean the same with either parser:
-    ``FAILFAST`` names the record's topic, partition and offset, ``PERMISSIVE`` nulls every
-    column of a bad record but the corrupt-record column, ``DROPMALFORMED`` skips it."""
+    their Spark partition (``mapInArrow``, no shuffle)."""
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType as _StructType
 
@@ -152,11 +141,6 @@ def kafka_json(df: DataFrame, schema: StructType | str, *, mode: str = "FAILFAST
     if clash:
         raise ConfigError(f"kafka_json: kept column(s) {clash} are also fields of the schema; rename the field "
                           "or keep fewer connector columns")
-    if parser == "spark":
-        return _spark_json(df, struct, policy, tuple(keep))
-    if parser != "arrow":
-        raise ConfigError(f"kafka_json: parser = {parser!r}; use 'arrow' (localstate's parser, in Python) or "
-                          "'spark' (Spark's from_json, in the JVM)")
     out = _StructType([*struct.fields, *(df.schema[c] for c in keep)])
     parse_schema = to_arrow_schema(struct)
     keep = tuple(keep)
@@ -168,45 +152,6 @@ def kafka_json(df: DataFrame, schema: StructType | str, *, mode: str = "FAILFAST
                 yield from table.to_batches()
 
     return df.select(*dict.fromkeys(["value", "topic", "partition", "offset", *keep])).mapInArrow(parse, out)
-
-
-def _spark_json(df: DataFrame, struct: StructType, policy: Any, keep: tuple[str, ...]) -> DataFrame:
-    """:func:`kafka_json` with Spark's ``from_json``: the values parsed in the JVM under
-    ``policy``'s mode, a bad record told by ``from_json``'s own corrupt-record column (or a
-    null result: an empty value) and handled by a JVM expression, so no row goes through
-    Python before the job."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField
-    from pyspark.sql.types import StructType as _StructType
-
-    corrupt = policy.mode == "PERMISSIVE" and policy.corrupt_column in struct.names
-    fields = [f for f in struct.fields if not (corrupt and f.name == policy.corrupt_column)]
-    parsed = F.from_json(F.col("value").cast("string"), _StructType([*fields, StructField(_BAD, StringType())]),
-                         {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _BAD})
-    rows = df.filter(F.col("value").isNotNull()).select(
-        parsed.alias(_BAD), *dict.fromkeys(["value", "topic", "partition", "offset", *keep]))
-    bad = F.col(_BAD).isNull() | F.col(f"{_BAD}.{_BAD}").isNotNull()
-    if policy.mode == "FAILFAST":
-        text = F.col("value").cast("string")
-        shown = F.concat(F.substring(text, 1, _SHOWN), F.when(F.length(text) > _SHOWN, F.lit("...")).otherwise(""))
-        message = F.concat(
-            F.lit("kafka_json: malformed record at topic '"), F.col("topic"), F.lit("' partition "),
-            F.col("partition").cast("string"), F.lit(" offset "), F.col("offset").cast("string"),
-            F.lit(": not a JSON object whose fields convert to the schema's types: '"), shown,
-            F.lit("' (mode=FAILFAST; mode='DROPMALFORMED' skips bad records, 'PERMISSIVE' keeps them as null "
-                  f"rows with the text in a '{policy.corrupt_column}' string column)"),
-        )
-        rows = rows.filter(F.when(bad, F.raise_error(message)).otherwise(F.lit(True)))
-    elif policy.mode == "DROPMALFORMED":
-        rows = rows.filter(~bad)
-
-    def column(name: str) -> Any:
-        if corrupt and name == policy.corrupt_column:
-            return F.when(bad, F.col("value").cast("string")).alias(name)
-        value = F.col(f"{_BAD}.{name}")
-        return (F.when(~bad, value) if policy.mode == "PERMISSIVE" else value).alias(name)
-
-    return rows.select(*map(column, struct.names), *keep)
 
 
 def _parse_values(batch: pa.RecordBatch, schema: pa.Schema, policy: Any, keep: tuple[str, ...]) -> pa.Table:
