@@ -144,8 +144,6 @@ class CachedStore(ForwardingStore):
             self._clock = expiry.clock
             self._max_expiry = expiry.max_expiry
             self._pack_expiry = expiry.pack
-        elif self._passthrough and self._key_exact is bytes and self._value_exact is bytes:
-            self.put = self._put_bytes  # type: ignore[method-assign]
 
     def _check_open(self) -> None:
         if self._closed:
@@ -456,31 +454,6 @@ class CachedStore(ForwardingStore):
             else:
                 self.metrics.puts += 1
 
-    def _put_bytes(self, key: Any, value: Any) -> None:
-        """:meth:`put` of a store whose keys and values use the built-in bytes serde, without
-        ttl: a ``bytes`` key and value are valid as they are and are their own encodings, so
-        the entry goes into the cache and the dirty set with no check to make. Anything else
-        (another type, a delete) takes :meth:`put`; :meth:`close` removes this path."""
-        if type(value) is not bytes or type(key) is not bytes:
-            return CachedStore.put(self, key, value)
-        cache = self._cache
-        if key in cache:
-            cache.move_to_end(key)
-        cache[key] = value
-        dirty = self._dirty
-        dirty[key] = value
-        if len(dirty) >= self.batch_size:
-            self._flush_dirty()
-        if len(cache) > self.cache_size:
-            oldest, old = cache.popitem(False)
-            if oldest in self._dirty:  # the LRU end is dirty: it goes down first
-                cache[oldest] = old
-                cache.move_to_end(oldest, last=False)
-                self._evict()
-        if self._metered:
-            self.metrics.puts += 1
-        return None
-
     def put_all(self, entries: Iterable[tuple[Any, Any]] | Mapping[Any, Any]) -> None:
         if not isinstance(entries, (list, Mapping)):
             entries = list(entries)
@@ -611,7 +584,6 @@ class CachedStore(ForwardingStore):
         if self._closed:
             return
         self._closed = True
-        self.__dict__.pop("put", None)  # the short put checks nothing: every put now takes put()
         try:
             self._flush_dirty()
         finally:
