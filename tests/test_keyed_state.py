@@ -459,7 +459,10 @@ def test_user_sessions_example_on_spark_restores_and_continues(spark, tmp_path):
     from localstate.contrib.spark.runner import StatefulJob
 
     config = job_config(UserSessions, tmp_path, partitions=2, engine="rocksdb")
-    job = StatefulJob(config, UserSessions, key="user_id", output_schema=UserSessions.OUTPUT_SCHEMA)
+    # every run closes its tasks (no worker keeps one open): the state dir is deleted
+    # between runs, and a worker closing a kept task could write into it meanwhile
+    job = StatefulJob(config, UserSessions, key="user_id", output_schema=UserSessions.OUTPUT_SCHEMA,
+                      keep_open_s=0)
     first = session_input(10, seed=5, start_ms=1_700_000_000_000)
     later = session_input(10, seed=6, start_ms=first[-1]["ts_ms"] + 4 * 3600_000)
     emitted: list[dict[str, Any]] = []
