@@ -9,7 +9,8 @@ keyed by ``user_id``; quick: 20k, full: 1M): ``page-views`` with 1 partition and
 (:mod:`localstate.partitioning`: the task the job gives the key).
 
 Every localstate row runs :meth:`StatefulJob.run_stream` with the count-per-key task of
-:func:`localstate.testing.spark.key_count_task` (rocksdb + file changelog, no object cache,
+:func:`localstate.testing.spark.key_count_task` (rocksdb + the file changelog, or with
+``--changelog kafka`` the changelog and checkpoints on a tansu broker; no object cache,
 4 tasks on ``local[2]``, one exactly-once commit per task per micro-batch), ``availableNow``,
 ``maxOffsetsPerTrigger`` = events / 4, warm session; timed from ``start()`` to the end of
 the query:
@@ -53,8 +54,10 @@ from .peers import quix_python
 from .runner import make_row
 from .spark_jobs import TASKS, Sizes, events
 from .spark_streaming import (
+    CHANGELOG,
     JOB_OPTIONS,
     StreamRun,
+    changelog_overrides,
     finish_query,
     format_parts,
     latencies_ms,
@@ -109,7 +112,7 @@ def _count_job(spark: Any, root: Path, timing_dir: Path | None, spark_tasks: int
     # Counts are written once per key per micro-batch (the task sums in Arrow first), so
     # an object cache would only add work (as PageViewsPerHour's store says).
     config = key_count_config(root, partitions=TASKS, engine=default_kv_engine()[0], name="kafka-e2e")
-    config = config.with_overrides({"stores.counts.object.cache.size": 0})
+    config = config.with_overrides({"stores.counts.object.cache.size": 0, **changelog_overrides(KeyCount, root)})
     task = key_count_task("user_id")
     if timing_dir is not None:
         task = timed_task(task, str(timing_dir))
@@ -256,7 +259,7 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: i
             if python is not None:
                 peer_runs.append(theirs())
 
-    ls_name = "localstate-kafka → run_stream (count per user, rocksdb + file changelog)"
+    ls_name = f"localstate-kafka → run_stream (count per user, rocksdb + {CHANGELOG['name']} changelog)"
     quix_name = "quix streams 3.28 Application (exactly-once, RocksDB state + changelog topic)"
     rows = []
     notes = "start() to end of the availableNow query, warm session; "

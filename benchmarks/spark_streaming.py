@@ -10,8 +10,9 @@ batch to the next — the shape a streaming user runs (the single-run rows of
 ``spark_jobs`` close most windows inside one run).
 
 * ``localstate``: :meth:`StatefulJob.run_stream` with :class:`PageViewsPerHour`
-  (rocksdb + file changelog, one exactly-once commit per task per micro-batch; the 4
-  tasks run in as many Spark tasks as the session has cores, ``--spark-tasks`` to change);
+  (rocksdb + the file changelog, or Kafka with ``--changelog kafka``; one exactly-once
+  commit per task per micro-batch; the 4 tasks run in as many Spark tasks as the session
+  has cores, ``--spark-tasks`` to change);
 * ``spark``: ``groupBy(window(event_time, 1 hour), user_id).count()`` with a 60 s
   watermark, append mode, ``RocksDBStateStoreProvider`` with changelog checkpointing;
 * the stateless floors, the same query with no state (:func:`floor_stream`):
@@ -157,7 +158,7 @@ CHANGELOG: dict[str, str] = {"name": "file"}
 broker the run starts (``bootstrap``): the changelog and the checkpoints in Kafka."""
 
 
-def _changelog_overrides(task: type[Any], root: Path) -> dict[str, Any]:
+def changelog_overrides(task: type[Any], root: Path) -> dict[str, Any]:
     """The config keys putting ``task``'s stores and checkpoints on :data:`CHANGELOG`."""
     if CHANGELOG["name"] != "kafka":
         return {}
@@ -178,10 +179,10 @@ def localstate_stream(spark: Any, input_dir: Path, root: Path, *, collect: bool 
                       timing_dir: Path | None = None, spark_tasks: int | None = None,
                       task: type[Any] = PageViewsPerHour) -> StreamRun:
     """``task`` (default :class:`PageViewsPerHour`) by :meth:`StatefulJob.run_stream` over
-    ``input_dir`` with fresh state under ``root`` (rocksdb + file changelog), its 4 tasks in
+    ``input_dir`` with fresh state under ``root`` (rocksdb + the :data:`CHANGELOG`), its 4 tasks in
     :func:`spark_tasks_for` Spark tasks; with ``timing_dir``, the tasks' timers
     (:func:`timed_task`) are written there."""
-    config = job_config(task, root, partitions=TASKS, engine=ENGINE).with_overrides(_changelog_overrides(task, root))
+    config = job_config(task, root, partitions=TASKS, engine=ENGINE).with_overrides(changelog_overrides(task, root))
     if timing_dir is not None:
         task = timed_task(task, str(timing_dir))
     job = StatefulJob(config, task, key=PageViewsPerHour.KEY, output_schema=PageViewsPerHour.OUTPUT_SCHEMA,

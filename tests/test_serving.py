@@ -108,6 +108,20 @@ WRITER = textwrap.dedent("""
     import json, sys, time
     from localstate import Config, TaskStorage
     values, keys, commits, pause = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    # optional: a file the readers write the newest commit they saw into; the writer waits
+    # (up to 30 s) for its readers before the next commit, so a slow refresh on a loaded
+    # machine cannot let the commits pass unseen
+    ack = sys.argv[5] if len(sys.argv) > 5 else None
+
+    def wait_seen(v):
+        deadline = time.monotonic() + 30
+        while ack and time.monotonic() < deadline:
+            try:
+                if int(open(ack).read() or 0) >= v:
+                    return
+            except (FileNotFoundError, ValueError):
+                pass
+            time.sleep(0.005)
     config = Config.from_dict(values)
     with TaskStorage(config, 0) as s:
         store = s.store("balances")
@@ -125,6 +139,7 @@ WRITER = textwrap.dedent("""
             time.sleep(pause)
             assert s.commit().version == v
             print(v, flush=True)
+            wait_seen(v)
 """)
 
 
@@ -159,11 +174,19 @@ def test_reads_beside_a_running_writer_see_one_commit_only(tmp_path: Path, where
         s.store(STORE).put_all({k: {"v": 1} for k in keys} | {"total": {"v": 1, "n": len(keys) - 1}})
         s.store(STORE).delete(keys[-1])
         s.commit()
+    ack = tmp_path / "seen"
     writer = subprocess.Popen([sys.executable, "-c", WRITER, json.dumps(values), json.dumps(keys), str(commits),
-                               str(pause)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(pause), str(ack)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen_api: list[int] = []
     seen_http: list[int] = []
     errors: list[BaseException] = []
+
+    def acknowledge() -> None:
+        """Tell the writer the newest commit both readers have seen (it waits for it)."""
+        if seen_api and seen_http:
+            tmp = ack.with_suffix(".tmp")
+            tmp.write_text(str(min(seen_api[-1], seen_http[-1])))
+            os.replace(tmp, ack)
     with StateServer(config, tmp_path / "serving", port=0, refresh_ms=5) as server:
         url = f"{server.url}/v1/stores/{STORE}/keys?" + urllib.parse.urlencode([("key", k) for k in [*keys, "total"]])
 
@@ -181,6 +204,7 @@ def test_reads_beside_a_running_writer_see_one_commit_only(tmp_path: Path, where
         try:
             while writer.poll() is None:
                 _check_one_commit([x.to_dict() for x in server.get_all(STORE, [*keys, "total"])], keys, seen_api)
+                acknowledge()
                 with_range = server.range(STORE, "acct", "acct~", limit=100)
                 assert len({x.version for x in with_range}) == 1
                 assert all(x.value == {"v": x.version} for x in with_range)
