@@ -626,7 +626,7 @@ def test_checkpoint_read_blocked_past_the_timeout_is_a_clear_error(fresh_kafka_b
         s.commit(input_position=1)
     other = _open_checkpoint_transaction(fresh_kafka_broker.bootstrap, "ckpts")
     try:
-        with pytest.raises(ChangelogError, match="open transaction at offset .* hides newer checkpoints"):
+        with pytest.raises(ChangelogError, match="open transaction at offset .* hides newer checkpoints .*checkpoint of .other-task/0."):
             TaskStorage(moved(values, tmp_path, "machine-b"))
     finally:
         other.abort_transaction(10)

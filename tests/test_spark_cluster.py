@@ -33,7 +33,7 @@ from localstate import Config
 from localstate.contrib.spark.streaming import committed_batches
 from localstate.contrib.spark.task_run import EXECUTOR_PLACEHOLDER, executor_id, executor_state_dir
 from localstate.testing import FULL
-from localstate.testing.processes import descendants, executor_jvms, kill_all
+from localstate.testing.processes import descendants, executor_jvms, kill_all, kill_tree
 from localstate.testing.spark import read_counts
 from localstate.testing.spark_cluster_driver import (
     cluster_config,
@@ -158,20 +158,25 @@ class LocalCopies:
         return model
 
 
+def _in_window(plan: KillPlan, event: dict[str, Any]) -> bool:
+    """Whether ``event`` (a run's start for a ``task`` kill, its commit's close for a
+    ``commit`` kill) is recent enough that a kill now lands inside the run's sleep."""
+    window = TASK_SLEEP_S if plan.mode == "task" else COMMIT_SLEEP_S
+    return time.time() - event["time"] < window / 2
+
+
 def _kill_target(
     plan: KillPlan, events: list[dict[str, Any]], taken: set[str], executors: Callable[[], dict[str, int]]
 ) -> tuple[dict[str, Any], int] | None:
     """(event, executor JVM pid) of a run inside the sleep window ``plan`` aims at whose
     starting state no other live executor holds locally, while another executor is
     alive; None if there is none now. ``executors()``: the live executor JVMs."""
-    now = time.time()
     if plan.mode == "task":
         closed = {e["run"] for e in events if e["phase"] == "close"}
-        candidates = [e for e in events if e["phase"] == "start" and e["run"] not in closed
-                      and now - e["time"] < TASK_SLEEP_S / 2]
+        candidates = [e for e in events if e["phase"] == "start" and e["run"] not in closed and _in_window(plan, e)]
     else:
         candidates = [e for e in events if e["phase"] == "close" and e["version"] == event_batch(e)
-                      and now - e["time"] < COMMIT_SLEEP_S / 2]
+                      and _in_window(plan, e)]
     candidates = [e for e in candidates if e["run"] not in taken and event_batch(e) >= plan.from_batch]
     if not candidates:
         return None
@@ -220,9 +225,10 @@ def _run_cluster(root: Path, kills: list[KillPlan]) -> ClusterRun:
                     )
                     if found is not None:
                         target, jvm = found
-                        os.kill(jvm, signal.SIGKILL)
-                        run.kills.append(Kill(pending.pop(0), target["executor"], target, time.time()))
-                        taken.add(target["run"])
+                        if _in_window(pending[0], target):  # finding the target took a while under load
+                            kill_tree(jvm)
+                            run.kills.append(Kill(pending.pop(0), target["executor"], target, time.time()))
+                            taken.add(target["run"])
                 time.sleep(0.05)
         finally:
             seen.update(descendants(proc.pid))

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from localstate.contrib.spark.streaming import committed_batches
+from localstate.testing.processes import kill_tree
 from localstate.testing.spark import read_counts
 from localstate.testing.spark_cluster_driver import (
     cluster_config,
@@ -60,7 +61,7 @@ def _kill_mid_task(cluster: StandaloneCluster, root: Path, proc: subprocess.Pope
                     and now - e["time"] < TASK_SLEEP_S / 2):
                 jvms = cluster.executors()
                 if e["executor"] in jvms:
-                    os.kill(jvms[e["executor"]][1], signal.SIGKILL)
+                    kill_tree(jvms[e["executor"]][1])
                     return {**e, "kill_time": time.time()}
         time.sleep(0.03)
     return None

@@ -29,7 +29,7 @@ from localstate.contrib.spark.streaming import committed_batches
 from localstate.copies import COPIES, copy_record_path, read_copy_record
 from localstate.layout import store_dir
 from localstate.standby import FOLLOWED, follow
-from localstate.testing.processes import descendants, executor_jvms, kill_all
+from localstate.testing.processes import descendants, executor_jvms, kill_all, kill_tree
 from localstate.testing.spark import key_count_task, read_counts
 from localstate.testing.spark_cluster_driver import (
     STANDBY_FOLLOWS,
@@ -144,7 +144,7 @@ def _kill_mid_task(root: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any] 
                     and now - e["time"] < TASK_SLEEP_S / 2):
                 jvms = executor_jvms(proc.pid)
                 if e["executor"] in jvms and len(jvms) == EXECUTORS:
-                    os.kill(jvms[e["executor"]], signal.SIGKILL)
+                    kill_tree(jvms[e["executor"]])
                     return {**e, "kill_time": time.time()}
         time.sleep(0.03)
     return None

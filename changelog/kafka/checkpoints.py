@@ -87,14 +87,16 @@ class KafkaCheckpointStore(CheckpointStore):
             # on this shared topic (another task inside its checkpoint transaction, or one
             # killed there that has not restarted yet) hides every later checkpoint, this
             # task's included. Reading on from a stale view would restore an older commit.
-            if not self._hidden_after(end):
+            hidden = self._hidden_after(end)
+            if hidden is None:
                 break
             if time.monotonic() > deadline:
                 raise ChangelogError(
                     f"checkpoint of {job}/partition {partition}: kafka topic {self.topic!r} has an open "
-                    f"transaction at offset {end} that hides newer checkpoints (a task died inside its "
-                    "checkpoint transaction and has not restarted). Restart that task, or wait for the "
-                    "broker to abort it (transaction.timeout.ms), then open this task again"
+                    f"transaction at offset {end} that hides newer checkpoints (its first record is the "
+                    f"checkpoint of {hidden!r}: that task died inside its checkpoint transaction and has "
+                    "not restarted). Restart that task, or wait for the broker to abort it "
+                    "(transaction.timeout.ms), then open this task again"
                 )
             time.sleep(0.2)
         if generation is not None:
@@ -155,11 +157,15 @@ class KafkaCheckpointStore(CheckpointStore):
             consumer.close()
         return defaultdict(list, found), end[0] if end else 0
 
-    def _hidden_after(self, offset: int) -> bool:
-        """Whether the topic holds records at or after ``offset`` that a read_committed
-        reader did not get (records of a transaction still open)."""
+    def _hidden_after(self, offset: int) -> str | None:
+        """The key (``job/partition``) of the first record at or after ``offset``, which a
+        read_committed reader did not get (a record of a transaction still open), or None
+        when there is none."""
         client = self.system.client
-        return any(msgs for msgs, _ in client.scan(client.probe(), self.topic, 0, offset))
+        for msgs, _ in client.scan(client.probe(), self.topic, 0, offset):
+            if msgs:
+                return (msgs[0].key() or b"").decode("utf-8", "replace")
+        return None
 
     @contextmanager
     def committing(self, job: str, partition: int) -> Iterator[None]:

@@ -79,6 +79,17 @@ def kill_all(seen: dict[int, int]) -> None:
             pass
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it at once (an executor JVM with its
+    Python daemon and workers, as when its host is lost: a Python worker left to notice
+    its JVM's death by itself could still finish, even commit, its task meanwhile)."""
+    for victim in [pid, *descendants(pid)]:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def executor_jvms(root: int) -> dict[str, int]:
     """The Spark executor JVMs below process ``root`` (a driver or a worker): executor id → pid."""
     out = {}
