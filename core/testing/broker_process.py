@@ -7,6 +7,7 @@ script before anything is installed.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -28,6 +29,8 @@ class BrokerProcess:
 
     port: int
     process: subprocess.Popen[bytes] | None
+    _started_by: int | None = None
+    """The process that started the broker first (it stops it at its exit)."""
 
     @property
     def bootstrap(self) -> str:
@@ -49,6 +52,10 @@ class BrokerProcess:
         """Wait until the broker answers; its exit or the timeout raise with its log."""
         from confluent_kafka.admin import AdminClient
 
+        if self._started_by is None:
+            # a script that dies before its close() (an uncaught error) leaves no broker behind
+            self._started_by = os.getpid()
+            atexit.register(self._stop_at_exit)
         deadline = time.monotonic() + self.ready_timeout_s
         admin = AdminClient({
             "bootstrap.servers": self.bootstrap,
@@ -69,6 +76,10 @@ class BrokerProcess:
             time.sleep(0.1)
         self.stop(kill=True)
         raise RuntimeError(f"{self.name} on {self.bootstrap} was not ready after {self.ready_timeout_s}s ({last})")
+
+    def _stop_at_exit(self) -> None:
+        if os.getpid() == self._started_by:  # not in a forked child that inherited the hook
+            self.stop(kill=True)
 
     def pause(self) -> None:
         """SIGSTOP the broker: connections stay open but nothing is answered."""
