@@ -275,7 +275,9 @@ class KafkaChangelogPartition(ChangelogPartition):
         """
         self._check_open()
         c = committed_offset
-        end = self._find_end()
+        # the end this open already read (the check of the committed offset): nothing can
+        # have appended since, as the task's producer fenced every other instance first
+        end = self.end_offset()
         if c > end:
             raise CorruptionError(
                 f"{self.where} ends at offset {end}, but the task checkpoint says offset {c} was committed: "
