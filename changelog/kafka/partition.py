@@ -285,7 +285,6 @@ class KafkaChangelogPartition(ChangelogPartition):
                 "Nothing was changed. Restore the topic; or keep what is left with `localstate restore "
                 "--accept-log-end STORE`, or give up the store's state with `localstate restore --reset STORE`."
             )
-        self._end = end
         if c >= end:
             return
         shipped = self._snapshots()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["process_stat", "cmdline", "descendants", "alive", "kill_all", "executor_jvms", "EXECUTOR_MAIN",
+__all__ = ["process_stat", "cmdline", "descendants", "alive", "kill_all", "kill_tree", "executor_jvms", "EXECUTOR_MAIN",
            "GroupRun", "run_process_group"]
 
 EXECUTOR_MAIN = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
@@ -83,11 +83,8 @@ def kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and every process below it at once (an executor JVM with its
     Python daemon and workers, as when its host is lost: a Python worker left to notice
     its JVM's death by itself could still finish, even commit, its task meanwhile)."""
-    for victim in [pid, *descendants(pid)]:
-        try:
-            os.kill(victim, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    st = process_stat(pid)
+    kill_all({**({pid: st[1]} if st is not None else {}), **descendants(pid)})
 
 
 def executor_jvms(root: int) -> dict[str, int]:
