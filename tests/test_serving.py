@@ -266,6 +266,11 @@ def test_a_writer_sigkilled_mid_commit_never_shows_through(tmp_path: Path, point
             assert again.returncode == 0, again.stderr
             last = int(again.stdout.split()[-1])
             server.wait_for(last)
+            # the reader's answer in flight may predate the server reaching `last`: let it
+            # read at least once more before it is stopped
+            deadline = time.monotonic() + 30
+            while not errors and (not seen or seen[-1] != last) and time.monotonic() < deadline:
+                time.sleep(0.01)
         finally:
             stop.set()
             thread.join()
