@@ -17,19 +17,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from localstate.contrib.spark.streaming import committed_batches
-from localstate.testing.processes import kill_tree
 from localstate.testing.spark import read_counts
 from localstate.testing.spark_cluster_driver import (
     cluster_config,
     event_batch,
     fresh_state,
+    kill_mid_task,
     read_events,
     write_input,
 )
@@ -48,25 +47,6 @@ TASK_SLEEP_S = 0.5
 DRIVER_TIMEOUT_S = 900.0
 
 
-def _kill_mid_task(cluster: StandaloneCluster, root: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any] | None:
-    """Wait for a run of micro-batch >= KILL_FROM_BATCH inside its sleep and SIGKILL its
-    executor JVM; the killed run's start event, or None if the driver ended first."""
-    deadline = time.monotonic() + DRIVER_TIMEOUT_S
-    while proc.poll() is None and time.monotonic() < deadline:
-        events = read_events(root)
-        closed = {e["run"] for e in events if e["phase"] == "close"}
-        now = time.time()
-        for e in events:
-            if (e["phase"] == "start" and e["run"] not in closed and event_batch(e) >= KILL_FROM_BATCH
-                    and now - e["time"] < TASK_SLEEP_S / 2):
-                jvms = cluster.executors()
-                if e["executor"] in jvms:
-                    kill_tree(jvms[e["executor"]][1])
-                    return {**e, "kill_time": time.time()}
-        time.sleep(0.03)
-    return None
-
-
 @pytest.mark.slow
 def test_an_executor_killed_mid_stream_moves_only_its_partitions(tmp_path: Path) -> None:
     files = write_input(tmp_path / "input", FILES, rows_per_file=1200, keys=600, seed=3)
@@ -80,7 +60,9 @@ def test_an_executor_killed_mid_stream_moves_only_its_partitions(tmp_path: Path)
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                     env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
             try:
-                victim = _kill_mid_task(cluster, tmp_path / "stream", proc)
+                victim = kill_mid_task(tmp_path / "stream", lambda: proc.poll() is None,
+                                       lambda: {k: v[1] for k, v in cluster.executors().items()},
+                                       from_batch=KILL_FROM_BATCH, sleep_s=TASK_SLEEP_S, timeout_s=DRIVER_TIMEOUT_S)
                 proc.wait(timeout=DRIVER_TIMEOUT_S)
             finally:
                 if proc.poll() is None:

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,14 @@ from localstate.contrib.spark.streaming import committed_batches
 from localstate.copies import COPIES, copy_record_path, read_copy_record
 from localstate.layout import store_dir
 from localstate.standby import FOLLOWED, follow
-from localstate.testing.processes import descendants, executor_jvms, kill_all, kill_tree
+from localstate.testing.processes import descendants, executor_jvms, kill_all
 from localstate.testing.spark import key_count_task, read_counts
 from localstate.testing.spark_cluster_driver import (
     STANDBY_FOLLOWS,
     cluster_config,
     event_batch,
     fresh_state,
+    kill_mid_task,
     read_events,
     write_input,
 )
@@ -131,23 +131,11 @@ TASK_SLEEP_S = 0.6
 DRIVER_TIMEOUT_S = 900.0
 
 
-def _kill_mid_task(root: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any] | None:
-    """SIGKILL the executor of a run of micro-batch >= KILL_FROM_BATCH inside its sleep;
-    that run's start event (with ``kill_time``), or None if the driver ended first."""
-    deadline = time.monotonic() + DRIVER_TIMEOUT_S
-    while proc.poll() is None and time.monotonic() < deadline:
-        events = read_events(root)
-        closed = {e["run"] for e in events if e["phase"] == "close"}
-        now = time.time()
-        for e in events:
-            if (e["phase"] == "start" and e["run"] not in closed and event_batch(e) >= KILL_FROM_BATCH
-                    and now - e["time"] < TASK_SLEEP_S / 2):
-                jvms = executor_jvms(proc.pid)
-                if e["executor"] in jvms and len(jvms) == EXECUTORS:
-                    kill_tree(jvms[e["executor"]])
-                    return {**e, "kill_time": time.time()}
-        time.sleep(0.03)
-    return None
+def _all_executors(driver: int) -> dict[str, int]:
+    """The executor JVMs of ``driver``'s cluster while all of them are up, else none: an
+    executor is killed only while two others can take its tasks over."""
+    jvms = executor_jvms(driver)
+    return jvms if len(jvms) == EXECUTORS else {}
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +152,8 @@ def killed_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
         try:
-            victim = _kill_mid_task(root / "stream", proc)
+            victim = kill_mid_task(root / "stream", lambda: proc.poll() is None, lambda: _all_executors(proc.pid),
+                                   from_batch=KILL_FROM_BATCH, sleep_s=TASK_SLEEP_S, timeout_s=DRIVER_TIMEOUT_S)
             seen.update(descendants(proc.pid))
             proc.wait(timeout=DRIVER_TIMEOUT_S)
         finally:

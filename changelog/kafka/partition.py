@@ -279,12 +279,7 @@ class KafkaChangelogPartition(ChangelogPartition):
         # have appended since, as the task's producer fenced every other instance first
         end = self.end_offset()
         if c > end:
-            raise CorruptionError(
-                f"{self.where} ends at offset {end}, but the task checkpoint says offset {c} was committed: "
-                "committed records are missing (topic deleted or recreated, or the broker lost its data). "
-                "Nothing was changed. Restore the topic; or keep what is left with `localstate restore "
-                "--accept-log-end STORE`, or give up the store's state with `localstate restore --reset STORE`."
-            )
+            raise self.missing_committed(c)
         if c >= end:
             return
         shipped = self._snapshots()
@@ -308,6 +303,15 @@ class KafkaChangelogPartition(ChangelogPartition):
 
     def describe(self) -> str:
         return self.where
+
+    def missing_committed(self, committed: int) -> CorruptionError:
+        """The error for a checkpoint naming offset ``committed`` past the partition's end."""
+        return CorruptionError(
+            f"{self.where} ends at offset {self.end_offset()}, but the task checkpoint says offset {committed} "
+            "was committed: committed records are missing (topic deleted or recreated, or the broker lost its "
+            "data). Nothing was changed. Restore the topic; or keep what is left with `localstate restore "
+            "--accept-log-end STORE`, or give up the store's state with `localstate restore --reset STORE`."
+        )
 
     # -- engine snapshots shipped to the store ``snapshots.path`` names ---------------------
     def _snapshots(self) -> RemoteSnapshots | None:

@@ -32,12 +32,13 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from localstate import Config
 from localstate.contrib.spark.placement import Placement
+from localstate.testing.processes import kill_tree
 from localstate.testing.spark import KeyCount, key_count_config, key_count_task
 
 __all__ = ["STANDBY_FOLLOWS", "ForgetfulPlacement", "MisplacingPlacement", "cluster_config", "read_events", "event_batch", "fresh_state", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
@@ -142,6 +143,31 @@ def read_events(root: str | Path) -> list[dict[str, Any]]:
     for path in sorted(directory.glob("*.json"), key=lambda p: float(p.name.split("-")[0])):
         events.append(json.loads(path.read_text(encoding="utf-8")))
     return events
+
+
+def kill_mid_task(root: str | Path, running: Callable[[], bool], executors: Callable[[], dict[str, int]], *,
+                  from_batch: int, sleep_s: float, timeout_s: float) -> dict[str, Any] | None:
+    """Wait for a run of micro-batch >= ``from_batch`` in the first half of its sleep and
+    SIGKILL its executor with the executor's Python processes (as when its host is lost);
+    that run's start event with ``kill_time``, or None if ``running()`` turned false or
+    ``timeout_s`` passed first. ``executors()``: executor id -> JVM pid of the executors
+    that may be killed now. The window is checked again just before the kill: finding the
+    executors reads /proc, which can take a while on a loaded machine."""
+    def fresh(event: dict[str, Any]) -> bool:
+        return time.time() - event["time"] < sleep_s / 2
+
+    deadline = time.monotonic() + timeout_s
+    while running() and time.monotonic() < deadline:
+        events = read_events(root)
+        closed = {e["run"] for e in events if e["phase"] == "close"}
+        for e in events:
+            if e["phase"] == "start" and e["run"] not in closed and event_batch(e) >= from_batch and fresh(e):
+                jvms = executors()
+                if e["executor"] in jvms and fresh(e):
+                    kill_tree(jvms[e["executor"]])
+                    return {**e, "kill_time": time.time()}
+        time.sleep(0.03)
+    return None
 
 
 class RecordedKeyCount(key_count_task("user_id")):  # type: ignore[misc]
