@@ -7,6 +7,7 @@ import errno
 import fcntl
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -207,9 +208,10 @@ def remove_tree(path: Path) -> None:
 def atomic_write(path: Path, data: bytes, *, before_rename: str | None = None) -> None:
     """Write ``data`` to ``path`` atomically: temp file + fsync + rename + dir fsync.
 
-    The temp name is unique per process, so tasks in several processes (Spark Python
-    workers) writing the same shared file (``stream.json``) do not rename each other's."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    The temp name is unique per process and thread, so tasks writing the same shared
+    file (``stream.json``) at once, in several processes (Spark Python workers) or in
+    threads of one, do not rename each other's."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

@@ -62,6 +62,17 @@ class TestKafkaChangelogConformance(ChangelogSystemConformance):
     def job_values(self, kafka_broker) -> dict[str, Any]:
         return {"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": kafka_broker}
 
+    def test_tasks_committing_at_once_each_read_back_their_last_commit(self, job_values, tmp_path, request):
+        # tansu 0.6.0 (the fast test broker) now and then leaves one of several transactions
+        # overlapping on a partition unresolved after their transactional ids' producers were
+        # renewed, though its commit was acknowledged: the partition's last stable offset stops
+        # for good and a read_committed open waits out its timeout (about one run of this case
+        # in four; reproduced with plain producers too, see benchmarks/RESULTS.md). The shared
+        # checkpoint partition is such a partition, so the case runs on the Apache Kafka node.
+        if request.node.callspec.params["kafka_broker"] == "tansu":
+            pytest.skip("tansu 0.6.0 can leave an overlapping transaction unresolved; the case runs on Apache Kafka")
+        super().test_tasks_committing_at_once_each_read_back_their_last_commit(job_values, tmp_path)
+
     def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:
         """A record of a compacted topic is deleted by a tombstone for its key."""
         from confluent_kafka import Producer

@@ -64,6 +64,7 @@ from localstate.reader import StateReader, read_committed
 from localstate.records import apply_records
 from localstate.storage import Recovery, TaskStorage, open_system
 
+from .changelog_conformance_tasks import TaskNeighbourCases
 from .changelog_kit import (
     KV_ENGINES,
     damage_files,
@@ -84,7 +85,7 @@ _SHIP_INTERVAL = 300
 _SHIP_BATCH = 200
 
 
-class ChangelogSystemConformance:
+class ChangelogSystemConformance(TaskNeighbourCases):
     """Subclass in a pytest module and provide the ``make_system`` and ``job_values``
     fixtures (see the module docstring); set ``fenced_match`` to a regex the zombie's
     :class:`FencedError` must match. A system that admits only one writer at a time
