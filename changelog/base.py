@@ -242,6 +242,13 @@ class CheckpointStore(ABC):
         a checkpoint. Default: :meth:`read`, for stores whose read claims nothing."""
         return self.read(job, partition)
 
+    def latest_for_kept(self, job: str, partition: int) -> Checkpoint | None:
+        """The latest checkpoint as a task kept open between runs re-reads it before it is
+        used again (:mod:`localstate.kept_open`), after
+        :meth:`ChangelogSystem.renew_task_instance`. Default :meth:`read_readonly`; a
+        store may read only what was written since it last read the task's checkpoint."""
+        return self.read_readonly(job, partition)
+
     def previous(self, job: str, partition: int) -> Checkpoint | None:
         """The checkpoint the latest one replaced, for an explicit recovery
         (``localstate restore --use-previous-checkpoint``). Stores that cannot keep
@@ -291,11 +298,23 @@ class ChangelogSystem(ABC):
     pass_through: ClassVar[tuple[str, ...]] = ()
     exclusive_writer_lock: ClassVar[bool] = False
     """True when a second instance of a task waits for the first one's file lock (asking a
-    parked holder to let go) instead of fencing it: then a task's storage may be kept
-    open between runs (:mod:`localstate.kept_open`). A system that fences (Kafka's
-    producer epoch, the object store's claims) leaves it False: a kept storage would be
-    an older instance than a concurrent fresh open (a zombie attempt of a re-submitted
-    Spark stage), which the fence would let win."""
+    parked holder to let go) instead of fencing it. A system that fences (Kafka's
+    producer epoch, the object store's claims) leaves it False."""
+    keeps_open: ClassVar[bool] = False
+    """Whether a task's storage may be kept open between runs (:mod:`localstate.kept_open`):
+    true of a system whose second instance waits (:attr:`exclusive_writer_lock`), or that
+    can make a kept instance the task's newest again (:meth:`renew_task_instance`, which
+    fences whoever opened the task meanwhile) before the kept storage re-reads its
+    checkpoint. Without either, a kept storage would be an older instance beside a
+    concurrent fresh open (a zombie attempt of a re-submitted Spark stage), which the
+    fence would let win."""
+
+    def renew_task_instance(self, job: str, partition: int) -> None:
+        """Before a task kept open between runs is used again: make this process's instance
+        of task ``partition`` of ``job`` its newest, fencing any instance opened since, as
+        a fresh open would. Default: nothing (a system whose writers lock each other out
+        holds its lock throughout)."""
+        return None
 
     @classmethod
     def parse_settings(cls, name: str, options: Mapping[str, Any]) -> Any:

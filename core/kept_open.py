@@ -10,7 +10,10 @@ this process, after checking it is still the task's current state
 (:meth:`TaskStorage.unpark <localstate.storage.TaskStorage.unpark>`). Nothing about
 commits changes: a run still commits its version before it parks, and a parked storage
 holds nothing uncommitted, so a process killed while it parks loses nothing (the next
-open restores as after any crash past a commit).
+open restores as after any crash past a commit). Only where every changelog system of
+the task can keep it open (:attr:`~localstate.changelog.base.ChangelogSystem.keeps_open`):
+the file log, whose locks stay held, and Kafka, where a kept task renews its producer —
+fencing any instance that opened the task meanwhile — before it re-reads its checkpoint.
 
 A parked storage is closed (cleanly, leaving its claims) when another process asks for
 one of its locks — another Python worker of the executor given the task, a CLI restore,

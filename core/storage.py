@@ -395,13 +395,13 @@ class TaskStorage:
         whoever asks (:class:`~localstate.locking.FileLock`). Only a storage whose last
         step was a successful commit parks (nothing written since: a later write would be
         committed by the next run as its own), and only when each changelog system it
-        uses locks its writers out rather than fencing them
-        (:attr:`~localstate.changelog.base.ChangelogSystem.exclusive_writer_lock`); False,
-        and nothing done, otherwise."""
+        uses can keep a task open
+        (:attr:`~localstate.changelog.base.ChangelogSystem.keeps_open`); False, and
+        nothing done, otherwise."""
         if self._closed or self._committed_marks is None or self._write_marks() != self._committed_marks:
             return False
-        if not all(system.exclusive_writer_lock for system in self._systems.values()):
-            return False  # a system that fences instead of locking: see ChangelogSystem.exclusive_writer_lock
+        if not all(system.keeps_open for system in self._systems.values()):
+            return False  # see ChangelogSystem.keeps_open
         for lock in self._file_locks:
             lock.park()
         return True
@@ -418,18 +418,23 @@ class TaskStorage:
     def unpark(self) -> bool:
         """Take a parked storage back for another run. True when it is still the task's
         current state: every lock held on its file (none deleted or replaced meanwhile)
-        and the checkpoint store's latest checkpoint the one this storage committed (no
-        other instance of the task opened or committed it since, e.g. on another
-        executor with its own state dir). False otherwise: close it and open the task again."""
+        and, once each changelog system made this instance the task's newest again
+        (:meth:`~localstate.changelog.base.ChangelogSystem.renew_task_instance`: Kafka
+        fences whoever opened the task meanwhile), the checkpoint store's latest
+        checkpoint the one this storage committed (no other instance of the task
+        committed since, e.g. on another executor with its own state dir). False
+        otherwise: close it and open the task again."""
         if not self.holds_its_locks():
             return False
         for lock in self._file_locks:
             lock.unpark()
         mine = self._committer.checkpoint
         try:
-            latest = self._checkpoints.read_readonly(self.job, self.partition)
+            for system in self._systems.values():
+                system.renew_task_instance(self.job, self.partition)
+            latest = self._checkpoints.latest_for_kept(self.job, self.partition)
         except LocalStateError as e:
-            log.warning("task %s/partition %d: could not re-read the checkpoint of a parked open (%s); "
+            log.warning("task %s/partition %d: could not renew or re-read the checkpoint of a parked open (%s); "
                         "opening it again", self.job, self.partition, e)
             return False
         if not (latest is not None and mine is not None and latest.version == mine.version

@@ -69,6 +69,7 @@ class FileChangelogSystem(ChangelogSystem):
 
     options_type = FileChangelogOptions
     exclusive_writer_lock = True  # a partition's .lock: one writer, the next one waits
+    keeps_open = True  # the lock stays held while a task is kept open
 
     def __init__(self, name: str, options: Mapping[str, Any], job: str) -> None:
         super().__init__(name, options, job)

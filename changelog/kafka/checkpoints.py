@@ -9,7 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from localstate.checkpoint import Checkpoint
 from localstate.errors import ChangelogError, CorruptionError
@@ -39,6 +39,9 @@ class KafkaCheckpointStore(CheckpointStore):
     def __init__(self, system: KafkaChangelogSystem) -> None:
         self.system = system
         self.topic = system.settings.checkpoint_topic
+        self._seen: dict[tuple[str, int], tuple[int, Checkpoint | None]] = {}
+        """Per task read here: the offset a read of the topic ended at and the task's
+        latest checkpoint up to it (where :meth:`latest_for_kept` reads on from)."""
 
     def _key(self, job: str, partition: int) -> bytes:
         if job == self.system.job:
@@ -101,6 +104,36 @@ class KafkaCheckpointStore(CheckpointStore):
             time.sleep(0.2)
         if generation is not None:
             s.pin_generation(generation)
+        latest = self._parse(job, partition, found)
+        self._seen[(job, partition)] = (end, latest)
+        return latest
+
+    def latest_for_kept(self, job: str, partition: int) -> Checkpoint | None:
+        """The task's latest checkpoint, reading only what was written since this store
+        last read it: a kept task re-reads it this way after its producer was renewed
+        (:meth:`KafkaChangelogSystem.renew_task_instance`). The records since are read
+        uncommitted: no transaction of the task's own id is open any more (the renewal
+        aborted or finished it), so a newer record of the task's key is one another
+        instance wrote — committed, or aborted, which still makes the kept storage
+        stale here (the safe side) — and no other task's open transaction can hide one.
+        A generation record since (a rescale), or a topic now ending before where the last
+        read ended (deleted and made anew), gives None: never the kept storage's."""
+        seen = self._seen.get((job, partition))
+        if seen is None or job != self.system.job or not self.system.generation_known():
+            return self.read_readonly(job, partition)
+        start, latest = seen
+        key, generation_key = self._key(job, partition), f"{job}/generation".encode()
+        found, end = self._scan([key, generation_key], start=start, consumer=self.system.client.probe())
+        if found[generation_key] or end < start:  # a rescale since; a topic that lost records (made anew)
+            return None
+        if found[key]:
+            latest = self._parse(job, partition, found[key])
+        self._seen[(job, partition)] = (end, latest)
+        return latest
+
+    def _parse(self, job: str, partition: int, found: list[bytes]) -> Checkpoint | None:
+        """The task's checkpoint from the last record found for its key (None: none, or a
+        tombstone)."""
         if not found or found[-1] is None:
             return None
         where = f"checkpoint of {job}/partition {partition} in kafka topic {self.topic!r}"
@@ -134,16 +167,20 @@ class KafkaCheckpointStore(CheckpointStore):
                       else Generation.from_bytes(records[-1], f"{job}/generation in kafka topic {self.topic!r}"))
         return found[f"{generation.job(job)}/{partition}".encode()], end, generation
 
-    def _scan(self, keys: list[bytes], also: Callable[[bytes], bool] | None = None
-              ) -> tuple[dict[bytes, list[bytes]], int]:
+    def _scan(self, keys: list[bytes], also: Callable[[bytes], bool] | None = None, *, start: int = 0,
+              consumer: Any = None) -> tuple[dict[bytes, list[bytes]], int]:
         """The last two committed values of each of ``keys`` (and of every key ``also``
-        accepts; any other key maps to ``[]``) and the offset where the read ended."""
+        accepts; any other key maps to ``[]``) from offset ``start`` on, and the offset
+        where the read ended. ``consumer``: one to read with (kept open; default a new
+        read_committed one, closed after)."""
         client = self.system.client
         found: dict[bytes, list[bytes]] = {k: [] for k in keys}
         end: list[int] = []
-        consumer = client.consumer()
+        own = consumer is None
+        if own:
+            consumer = client.consumer()
         try:
-            for msgs, _ in client.scan(consumer, self.topic, 0, 0, eof=end):
+            for msgs, _ in client.scan(consumer, self.topic, 0, start, eof=end):
                 for m in msgs:
                     key = m.key()
                     values = found.get(key)
@@ -154,8 +191,9 @@ class KafkaCheckpointStore(CheckpointStore):
                     values.append(m.value())
                     del values[:-2]
         finally:
-            consumer.close()
-        return defaultdict(list, found), end[0] if end else 0
+            if own:
+                consumer.close()
+        return defaultdict(list, found), end[0] if end else start
 
     def _hidden_after(self, offset: int) -> str | None:
         """The key (``job/partition``) of the first record at or after ``offset``, which a

@@ -183,6 +183,18 @@ class KafkaChangelogPartition(ChangelogPartition):
             self._end = self._find_end()
         return self._end
 
+    def check_not_behind(self) -> None:
+        """Raise :class:`ChangelogError` if the partition now ends before the end this
+        instance last saw (the topic was deleted, or made anew, since): a task kept open
+        between runs must not go on writing at offsets its checkpoints already name."""
+        if self._end is None:
+            return
+        client = self.system.client
+        _, high = client.watermarks(client.probe(), self.stream, self.partition)
+        if high < self._end:
+            raise ChangelogError(f"{self.where} ends at offset {high}, before offset {self._end} this task "
+                                 "wrote up to: the topic was deleted or replaced; open the task again")
+
     # -- reading ---------------------------------------------------------------------------
     def _reader(self) -> Any:
         if self._consumer is None:

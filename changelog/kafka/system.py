@@ -63,7 +63,7 @@ class KafkaChangelogSystem(ChangelogSystem):
         self.settings: KafkaSettings = self.parse_settings(name, options)
         self.client = KafkaClient(self.settings, where=f"systems.{name}", group_id=f"localstate-restore-{job}")
         self._writers: dict[tuple[str, int], TaskWriter] = {}
-        self._open: set[tuple[str, int]] = set()
+        self._open: dict[tuple[str, int], KafkaChangelogPartition] = {}
         self._checkpoints = KafkaCheckpointStore(self)
         self._generation: Generation | None = None
         self._closed = False
@@ -82,6 +82,21 @@ class KafkaChangelogSystem(ChangelogSystem):
         if w is None:
             w = self._writers[(job, partition)] = TaskWriter(self, job, partition)
         return w
+
+    keeps_open = True  # renew_task_instance fences whoever opened the task meanwhile
+
+    def renew_task_instance(self, job: str, partition: int) -> None:
+        """A new transactional producer for the task (:meth:`TaskWriter.renew`): this
+        instance fences every other one again, as its open did."""
+        w = self._writers.get((job, partition))
+        if w is None:
+            self.writer(job, partition)
+        else:
+            self._check_open()
+            w.renew()
+        for (_, p), opened in self._open.items():
+            if p == partition:
+                opened.check_not_behind()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -145,11 +160,11 @@ class KafkaChangelogSystem(ChangelogSystem):
             )
         self.client.ensure_topic(self.generation().stream(stream), partitions)
         writer = self.writer(self.job, partition)
-        self._open.add((stream, partition))
-        return KafkaChangelogPartition(self, writer, stream, partition)
+        opened = self._open[(stream, partition)] = KafkaChangelogPartition(self, writer, stream, partition)
+        return opened
 
     def _release(self, stream: str, partition: int) -> None:
-        self._open.discard((stream, partition))
+        self._open.pop((stream, partition), None)
 
     def checkpoints(self) -> KafkaCheckpointStore:
         return self._checkpoints

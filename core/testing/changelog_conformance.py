@@ -62,9 +62,9 @@ from localstate.config import Config
 from localstate.errors import ChangelogError, CorruptionError, FencedError, StoreLockedError
 from localstate.reader import StateReader, read_committed
 from localstate.records import apply_records
-from localstate.storage import Recovery, TaskStorage, open_system
+from localstate.storage import Recovery, TaskStorage
 
-from .changelog_conformance_tasks import TaskNeighbourCases
+from .changelog_conformance_tasks import KeptOpenCases, TaskNeighbourCases
 from .changelog_kit import (
     KV_ENGINES,
     damage_files,
@@ -85,7 +85,7 @@ _SHIP_INTERVAL = 300
 _SHIP_BATCH = 200
 
 
-class ChangelogSystemConformance(TaskNeighbourCases):
+class ChangelogSystemConformance(TaskNeighbourCases, KeptOpenCases):
     """Subclass in a pytest module and provide the ``make_system`` and ``job_values``
     fixtures (see the module docstring); set ``fenced_match`` to a regex the zombie's
     :class:`FencedError` must match. A system that admits only one writer at a time
@@ -285,44 +285,6 @@ class ChangelogSystemConformance(TaskNeighbourCases):
         b.close()
         with TaskStorage(on_another_machine(values, tmp_path, "machine-c")) as c:
             assert c.store("kv").get("x") == 3 and c.checkpoint.input_position == 2
-
-    def test_a_parked_open_is_reused_only_while_it_is_the_tasks_current_state(self, job_values, tmp_path):
-        """A task kept open between runs (:mod:`localstate.kept_open`) is handed back as it
-        is only while no other instance opened the task: once another machine took the task
-        over (asking the parked one to let go of its lock) and committed, the parked open is
-        not reused; the task opens again at that commit. A system that fences a second
-        instance instead of locking it out never parks a storage (it would be the older
-        instance beside a concurrent fresh open)."""
-        from localstate.kept_open import KeptStorages
-
-        values = self.task_values(job_values, tmp_path)
-        config = Config.from_dict(values)
-        kept = KeptStorages()
-        try:
-            a = TaskStorage(config)
-            a.store("kv").put("x", 1)
-            a.commit(input_position=1)
-            system = open_system(config, config.checkpoint_system)
-            exclusive = system.exclusive_writer_lock
-            system.close()
-            if not exclusive:
-                assert not kept.park(a)
-                a.close()
-                return
-            assert kept.park(a)
-            assert kept.take(config, 0) is a and kept.reused == 1  # no one else: as it is
-            a.store("kv").put("x", 2)
-            a.commit(input_position=2)
-            assert kept.park(a)
-            with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as b:
-                assert b.store("kv").get("x") == 2 and b.checkpoint.input_position == 2
-                b.store("kv").put("x", 3)
-                b.commit(input_position=3)
-            assert kept.take(config, 0) is None  # closed when asked, or found stale
-            with TaskStorage(config) as c:
-                assert c.store("kv").get("x") == 3 and c.checkpoint.input_position == 3
-        finally:
-            kept.close_all()
 
     # -- damage and zombies: hooks the subclass fills --------------------------------------------
     def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""Conformance cases of a job's tasks side by side on one changelog system (mixed into
+"""Conformance cases of a job's tasks side by side, and of a task kept open between runs,
+on one changelog system (mixed into
 :class:`localstate.testing.changelog_conformance.ChangelogSystemConformance`)."""
 
 from __future__ import annotations
@@ -7,12 +8,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from localstate.config import Config
-from localstate.storage import TaskStorage
+from localstate.errors import CorruptionError
+from localstate.storage import TaskStorage, open_system
 
 from .changelog_kit import dump, on_another_machine
 
-__all__ = ["TaskNeighbourCases"]
+__all__ = ["KeptOpenCases", "TaskNeighbourCases"]
 
 _TASKS = 4
 _RUNS = 6
@@ -58,3 +61,103 @@ class TaskNeighbourCases:
             with TaskStorage(on_another_machine(values, tmp_path, "reader"), p) as s:
                 assert s.checkpoint.input_position == _RUNS, p
                 assert dump(s) == {f"t{p}-k{i}": _RUNS * 100 + i for i in range(20)} | {f"t{p}-run": _RUNS}
+
+
+class KeptOpenCases:
+    """Cases of a task kept open between runs (:mod:`localstate.kept_open`); they use the
+    suite's fixtures and damage hooks."""
+
+    def task_values(self, job_values: dict[str, Any], tmp_path: Path, factory: str = "memory") -> dict[str, Any]:
+        raise NotImplementedError  # ChangelogSystemConformance.task_values
+
+    def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:
+        raise NotImplementedError  # ChangelogSystemConformance.lose_newest_checkpoint
+
+    def lose_stream(self, values: dict[str, Any], stream: str) -> None:
+        raise NotImplementedError  # ChangelogSystemConformance.lose_stream
+
+    def lose_everything(self, values: dict[str, Any]) -> None:
+        raise NotImplementedError  # ChangelogSystemConformance.lose_everything
+
+    def test_a_parked_open_is_reused_only_while_it_is_the_tasks_current_state(self, job_values, tmp_path):
+        """A task kept open between runs (:mod:`localstate.kept_open`) is handed back as it
+        is only while no other instance opened the task: once another machine took the task
+        over (asking the parked one to let go of its lock, or fencing it) and committed, the
+        parked open is not reused; the task opens again at that commit. On a system that
+        fences, an instance that opened the task meanwhile but committed nothing is fenced
+        in turn when the kept one is taken back (it is the newest again, as a fresh open
+        would be). A system that can do neither never parks a storage (it would be the older
+        instance beside a concurrent fresh open)."""
+        from localstate.errors import FencedError
+        from localstate.kept_open import KeptStorages
+
+        values = self.task_values(job_values, tmp_path)
+        config = Config.from_dict(values)
+        kept = KeptStorages()
+        try:
+            a = TaskStorage(config)
+            a.store("kv").put("x", 1)
+            a.commit(input_position=1)
+            system = open_system(config, config.checkpoint_system)
+            keeps, exclusive = system.keeps_open, system.exclusive_writer_lock
+            system.close()
+            if not keeps:
+                assert not kept.park(a)
+                a.close()
+                return
+            assert kept.park(a)
+            assert kept.take(config, 0) is a and kept.reused == 1  # no one else: as it is
+            a.store("kv").put("x", 2)
+            a.commit(input_position=2)
+            assert kept.park(a)
+            if not exclusive:
+                # a zombie opens the task meanwhile (fencing the kept instance) but has not
+                # committed when the kept one is taken back: the zombie is fenced now
+                zombie = TaskStorage(on_another_machine(values, tmp_path, "machine-z"))
+                zombie.store("kv").put("x", 99)
+                assert kept.take(config, 0) is a and kept.reused == 2
+                with pytest.raises(FencedError):
+                    zombie.commit(input_position=9)
+                zombie.close()
+                assert a.store("kv").get("x") == 2
+                assert kept.park(a)
+            with TaskStorage(on_another_machine(values, tmp_path, "machine-b")) as b:
+                assert b.store("kv").get("x") == 2 and b.checkpoint.input_position == 2
+                b.store("kv").put("x", 3)
+                b.commit(input_position=3)
+            assert kept.take(config, 0) is None  # closed when asked, or found stale
+            with TaskStorage(config) as c:
+                assert c.store("kv").get("x") == 3 and c.checkpoint.input_position == 3
+        finally:
+            kept.close_all()
+
+    @pytest.mark.parametrize("lost", ["checkpoint", "stream", "everything"])
+    def test_a_parked_open_is_not_reused_once_its_checkpoint_or_changelog_was_lost(self, job_values, tmp_path, lost):
+        """A task kept open between runs whose newest checkpoint, changelog stream or whole
+        system was lost while it was parked is not handed back (it would go on writing as
+        if nothing was lost): it is closed, and the task's next open is the error naming
+        the recovery, as without keep-open."""
+        from localstate.kept_open import KeptStorages
+
+        values = self.task_values(job_values, tmp_path)
+        config = Config.from_dict(values)
+        kept = KeptStorages()
+        try:
+            a = TaskStorage(config)
+            for i in range(5):
+                a.store("kv").put(f"k{i}", i)
+            a.commit(input_position=1)
+            if not kept.park(a):  # a system that never keeps a task open
+                a.close()
+                return
+            if lost == "checkpoint":
+                self.lose_newest_checkpoint(values)
+            elif lost == "stream":
+                self.lose_stream(values, values["stores.kv.changelog"].split(".", 1)[1])
+            else:
+                self.lose_everything(values)
+            assert kept.take(config, 0) is None
+            with pytest.raises(CorruptionError, match=r"localstate restore|--reset"):
+                TaskStorage(config)
+        finally:
+            kept.close_all()
