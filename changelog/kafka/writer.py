@@ -88,7 +88,7 @@ class TaskWriter:
         what = f"transactional producer {self.transactional_id!r}"
         # A metadata request first brings a broker connection up, so the producer-id request
         # of init_transactions never waits out librdkafka's 500 ms "no broker available" retry
-        # timer (measured on tansu: 8 of 40 inits of a new id took 0.5 s; 0 of 40 after this).
+        # timer (benchmarks/RESULTS.md has the measurement).
         cluster = client.with_retries(what, lambda: self.producer.list_topics(timeout=s.timeout_ms / 1000)).cluster_id
         if self.cluster_id is None:
             self.cluster_id = cluster

@@ -21,11 +21,15 @@ _TASKS = 4
 _RUNS = 6
 
 
-class TaskNeighbourCases:
-    """Cases of several tasks of one job at once; they need the suite's ``job_values``."""
+class _SuiteHooks:
+    """What the cases here take from the suite they are mixed into."""
 
     def task_values(self, job_values: dict[str, Any], tmp_path: Path, factory: str = "memory") -> dict[str, Any]:
         raise NotImplementedError  # ChangelogSystemConformance.task_values
+
+
+class TaskNeighbourCases(_SuiteHooks):
+    """Cases of several tasks of one job at once; they need the suite's ``job_values``."""
 
     def test_tasks_committing_at_once_each_read_back_their_last_commit(self, job_values, tmp_path):
         """The tasks of a job commit at the same time, each opening afresh for every commit
@@ -56,6 +60,7 @@ class TaskNeighbourCases:
             t.start()
         for t in threads:
             t.join(300)
+        assert not any(t.is_alive() for t in threads), "a task's commits did not finish in 300 s"
         assert not errors, errors
         for p in range(_TASKS):
             with TaskStorage(on_another_machine(values, tmp_path, "reader"), p) as s:
@@ -63,12 +68,9 @@ class TaskNeighbourCases:
                 assert dump(s) == {f"t{p}-k{i}": _RUNS * 100 + i for i in range(20)} | {f"t{p}-run": _RUNS}
 
 
-class KeptOpenCases:
+class KeptOpenCases(_SuiteHooks):
     """Cases of a task kept open between runs (:mod:`localstate.kept_open`); they use the
     suite's fixtures and damage hooks."""
-
-    def task_values(self, job_values: dict[str, Any], tmp_path: Path, factory: str = "memory") -> dict[str, Any]:
-        raise NotImplementedError  # ChangelogSystemConformance.task_values
 
     def lose_newest_checkpoint(self, values: dict[str, Any]) -> None:
         raise NotImplementedError  # ChangelogSystemConformance.lose_newest_checkpoint

@@ -41,7 +41,7 @@ from localstate.contrib.spark.placement import Placement
 from localstate.testing.processes import kill_tree
 from localstate.testing.spark import KeyCount, key_count_config, key_count_task
 
-__all__ = ["STANDBY_FOLLOWS", "ForgetfulPlacement", "MisplacingPlacement", "cluster_config", "read_events", "event_batch", "fresh_state", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
+__all__ = ["STANDBY_FOLLOWS", "ForgetfulPlacement", "MisplacingPlacement", "cluster_config", "read_events", "event_batch", "fresh_state", "kill_mid_task", "write_input", "RecordedKeyCount", "run_batch", "run_stream", "main"]
 
 INPUT_SCHEMA = "user_id string"
 EVENTS_KEY = "testing.events.dir"
@@ -160,9 +160,11 @@ def kill_mid_task(root: str | Path, running: Callable[[], bool], executors: Call
     while running() and time.monotonic() < deadline:
         events = read_events(root)
         closed = {e["run"] for e in events if e["phase"] == "close"}
+        jvms: dict[str, int] | None = None  # read once per scan, and only when a run qualifies
         for e in events:
             if e["phase"] == "start" and e["run"] not in closed and event_batch(e) >= from_batch and fresh(e):
-                jvms = executors()
+                if jvms is None:
+                    jvms = executors()
                 if e["executor"] in jvms and fresh(e):
                     kill_tree(jvms[e["executor"]])
                     return {**e, "kill_time": time.time()}
