@@ -7,6 +7,7 @@ the Spark side in tests/test_spark_kept_open.py."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import textwrap
@@ -212,6 +213,22 @@ def test_a_parked_storage_whose_state_dir_was_deleted_is_closed_quietly(tmp_path
         time.sleep(0.05)
     assert len(kept) == 0
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "kept-open" in r.getMessage()]
+
+
+def test_a_parked_storage_whose_job_root_was_deleted_closes_without_warnings(tmp_path, kept, caplog):
+    """A notebook or test that removes a job's whole root (state and file changelog) while
+    a worker still parks one of its tasks: nothing to warn about at the close."""
+    import shutil
+
+    config = _config(tmp_path)
+    assert kept.park(_committed(config, 4))
+    shutil.rmtree(tmp_path / "state")
+    shutil.rmtree(tmp_path / "changelog")
+    deadline = time.monotonic() + 5
+    while len(kept) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(kept) == 0
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 def test_a_release_request_left_behind_is_withdrawn_by_the_next_release(tmp_path):

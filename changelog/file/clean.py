@@ -108,6 +108,10 @@ def leave_claim(directory: Path, segment: Path, next_offset: int, last_batch: in
             return
         claim = TailClaim(segment.name, st.st_size, st.st_mtime_ns, st.st_ino, next_offset, last_batch, compacted_to)
         claims.leave_claim(directory / CLAIM_NAME, asdict(claim))
+    except FileNotFoundError as e:
+        # the partition's files were deleted under it (its state dir removed): nothing to
+        # claim, and the next open reports a changelog missing its committed records
+        log.debug("changelog %s: clean-close claim not written (%s)", directory, e)
     except OSError as e:
         log.warning("changelog %s: clean-close claim not written (%s); the next open verifies the "
                     "active segment", directory, e)
