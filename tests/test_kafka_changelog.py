@@ -277,6 +277,39 @@ def test_created_topic_is_compacted_with_task_count_partitions(kafka_broker):
     assert configs["delete.retention.ms"].value == "5000"
 
 
+def test_created_checkpoint_topic_rolls_small_segments(kafka_broker, tmp_path):
+    """Every task open reads the checkpoint topic from its start and the broker compacts
+    only rolled segments, so a checkpoint topic localstate creates keeps them small."""
+    from confluent_kafka.admin import AdminClient, ConfigResource
+    from localstate.changelog.kafka.client import CHECKPOINT_SEGMENT_BYTES
+
+    topic = unique("ckpt")
+    with TaskStorage(Config.from_dict(kafka_values(tmp_path, kafka_broker, **{"systems.kafka.checkpoint.topic": topic}))) as s:
+        s.store("kv").put("a", 1)
+        s.commit(input_position=1)
+    res = ConfigResource("topic", topic)
+    admin = AdminClient({"bootstrap.servers": kafka_broker})
+    configs = admin.describe_configs([res])[res].result(10)
+    assert configs["segment.bytes"].value == str(CHECKPOINT_SEGMENT_BYTES)
+    assert configs["cleanup.policy"].value == "compact"
+
+
+def test_a_checkpoint_topic_with_huge_segments_is_named_once(kafka_broker, tmp_path, caplog):
+    """A checkpoint topic made elsewhere with Kafka's default 1 GiB segments works, and the
+    log says once how to keep task opens from slowing down as it grows."""
+    topic = unique("bigsegments")
+    _create_topic(kafka_broker, topic, 1, {"cleanup.policy": "compact", "segment.bytes": str(1 << 30)})
+    values = kafka_values(tmp_path, kafka_broker, **{"systems.kafka.checkpoint.topic": topic})
+    for run in (1, 2):
+        with TaskStorage(Config.from_dict(values)) as s:
+            s.store("kv").put("a", run)
+            s.commit(input_position=run)
+    hints = [r.getMessage() for r in caplog.records if "segment.bytes=1073741824" in r.getMessage()]
+    assert len(hints) == 1 and f"--topic {topic}" in hints[0]
+    with TaskStorage(Config.from_dict(values)) as s:
+        assert s.checkpoint.input_position == 2 and s.store("kv").get("a") == 2
+
+
 # -- TaskStorage over Kafka ------------------------------------------------------------------------------
 def kafka_values(tmp_path: Path, bootstrap: str, factory: str = "memory", **extra: Any) -> dict[str, Any]:
     return task_values({"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": bootstrap},

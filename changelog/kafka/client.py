@@ -65,6 +65,14 @@ each time, 13 ms with this (measured: ``init_transactions`` 53 → 13 ms). Backo
 a failed connection still grows exponentially to ``reconnect.backoff.max.ms``."""
 _error_of = Message.error
 
+CHECKPOINT_SEGMENT_BYTES = 8 << 20
+"""``segment.bytes`` of a checkpoint topic localstate creates. A task's open reads the
+checkpoint topic from its start, and a broker compacts only rolled segments: the active
+segment is what an open reads beyond about one record per task. Kafka's default of
+1 GiB lets it hold some three million checkpoints (benchmarks/RESULTS.md, "kafka")."""
+_SEGMENT_WARN_BYTES = 64 << 20
+_warned_segments: set[tuple[str, str]] = set()
+
 
 @dataclass(frozen=True)
 class KafkaSettings:
@@ -413,6 +421,22 @@ class KafkaClient:
     def topic_exists(self, topic: str) -> bool:
         return self._metadata(topic) is not None
 
+    def _hint_checkpoint_segments(self, topic: str, entry: Any) -> None:
+        """Warn once per process about a checkpoint topic whose segments let it grow far
+        past one record per task between compactions (every task open reads all of it)."""
+        try:
+            size = int(entry.value)
+        except (AttributeError, TypeError, ValueError):
+            return
+        if size <= _SEGMENT_WARN_BYTES or (self.servers, topic) in _warned_segments:
+            return
+        _warned_segments.add((self.servers, topic))
+        log.warning(
+            "kafka checkpoint topic %r on brokers %s has segment.bytes=%d: the broker compacts only rolled "
+            "segments and every task open reads the topic from its start, so opens slow down as it grows. "
+            "Set segment.bytes=%d (kafka-configs --alter --add-config segment.bytes=%d --topic %s)",
+            topic, self.servers, size, CHECKPOINT_SEGMENT_BYTES, CHECKPOINT_SEGMENT_BYTES, topic)
+
     def ensure_topic(self, topic: str, partitions: int, *, checkpoint: bool = False) -> None:
         """Create ``topic`` (compacted, ``partitions``) if missing; refuse a mismatching one."""
         if self._topics.get(topic) == partitions:
@@ -422,6 +446,8 @@ class KafkaClient:
         tmd = self._metadata(topic)
         if tmd is None:
             config = {"cleanup.policy": "compact", "delete.retention.ms": str(s.delete_retention_ms)}
+            if checkpoint:
+                config["segment.bytes"] = str(CHECKPOINT_SEGMENT_BYTES)
             config.update(s.topic)
             new = NewTopic(topic, partitions, s.replication_factor, config=config)
 
@@ -463,6 +489,8 @@ class KafkaClient:
                 "it must be 'compact' (deletion by time or size loses committed state). Alter the topic "
                 f"(kafka-configs --alter --add-config cleanup.policy=compact --topic {topic}) or use a new topic"
             )
+        if checkpoint:
+            self._hint_checkpoint_segments(topic, configs.get("segment.bytes"))
         retention = configs.get("delete.retention.ms")
         try:
             self.retention_ms[topic] = int(retention.value) if retention is not None else s.delete_retention_ms
