@@ -349,14 +349,13 @@ def test_kafka_reads_in_one_worker_reuse_one_consumer_and_a_broken_off_read_clos
 
 
 @pytest.mark.kafka
-def test_the_drivers_end_finding_consumer_waits_1_ms_per_empty_fetch_and_finds_the_same_ends(
+def test_the_sources_consumers_wait_1_ms_per_empty_fetch_and_find_the_same_ends(
     kafka_broker: str,
 ) -> None:
-    """The driver's consumer only reads each partition's last batch to EOF; the broker holds
-    its empty fetch for ``fetch.wait.max.ms``, so that consumer asks for 1 ms (the reads
-    keep the client's setting, and the user's ``kafka.fetch.wait.max.ms`` wins). The ends
-    it finds are the ends the client's own consumer finds: after plain records, and after a
-    committed transaction, whose marker is part of the partition."""
+    """Finding a partition's end reads its last batch to EOF, and the broker holds that
+    empty fetch for ``fetch.wait.max.ms``: the client's consumers ask for 1 ms, the user's
+    ``kafka.fetch.wait.max.ms`` wins. The ends are the ones a patient consumer finds: after
+    plain records, and after a committed transaction, whose marker is part of the partition."""
     from confluent_kafka import Producer
     from localstate.contrib.spark.sources import kafka as source
     from pyspark.sql.types import StructType
@@ -371,21 +370,13 @@ def test_the_drivers_end_finding_consumer_waits_1_ms_per_empty_fetch_and_finds_t
     producer.commit_transaction(30)
 
     reader = source._KafkaReader({"bootstrap.servers": kafka_broker, "topic": topic}, StructType([]))
-    quick = source._end_finding(reader.client)
-    assert quick.settings.consumer["fetch.wait.max.ms"] == source._END_FETCH_WAIT_MS
-    assert "fetch.wait.max.ms" not in reader.client.settings.consumer  # the reads' consumers: unchanged
-    plain = reader.client.consumer()
-    try:
-        expected = {str(p): reader.client.end_offset(plain, topic, p) for p in (0, 1, 2)}
-    finally:
-        plain.close()
-    assert reader.ends() == expected
-    assert expected["1"] > 7 + sum(1 for p, _k, _v in _views(40) if p == 1)  # the marker counts
-
+    assert reader.client.consumer_config()["fetch.wait.max.ms"] == 1
     patient = source._KafkaReader({"bootstrap.servers": kafka_broker, "topic": topic,
                                    "kafka.fetch.wait.max.ms": "50"}, StructType([]))
-    assert source._end_finding(patient.client) is patient.client
-    assert patient.ends() == expected
+    assert patient.client.consumer_config()["fetch.wait.max.ms"] == "50"
+    expected = patient.ends()
+    assert reader.ends() == expected
+    assert expected["1"] > 7 + sum(1 for p, _k, _v in _views(40) if p == 1)  # the marker counts
 
 
 @pytest.mark.kafka

@@ -242,15 +242,23 @@ class KafkaClient:
 
     def consumer(self, isolation: str = "read_committed") -> Any:
         """A consumer for reading ranges (assign-only; never joins a group or commits),
-        tuned to find partition EOF quickly."""
+        tuned to find partition EOF quickly (:meth:`consumer_config`)."""
+        return Consumer(self.consumer_config(isolation))
+
+    def consumer_config(self, isolation: str = "read_committed") -> dict[str, Any]:
+        """The settings of :meth:`consumer`: the user's ``consumer.*`` over localstate's,
+        then the ones reads depend on."""
         conf: dict[str, Any] = {
             "bootstrap.servers": self.servers,
             "group.id": self.group_id,
             "isolation.level": isolation,
             "fetch.queue.backoff.ms": 10,
-            # the end is found by partition EOF, which needs an empty fetch: do not let the
-            # broker hold it for the default 500 ms
-            "fetch.wait.max.ms": 10,
+            # The end is found by partition EOF, which takes an empty fetch, and a broker
+            # holds an empty fetch for up to this long (default 500 ms); a task open reads
+            # to EOF four times (its checkpoint, the records past it, the changelog end,
+            # the tail). A scan unassigns its partition when it ends, so no idle consumer
+            # keeps fetching at this pace.
+            "fetch.wait.max.ms": 1,
             "auto.offset.reset": "earliest",
             "socket.connection.setup.timeout.ms": connect_timeout_ms(self.settings),
             "logger": client_log,
@@ -260,7 +268,7 @@ class KafkaClient:
         conf.update({"enable.auto.commit": False, "enable.partition.eof": True})
         if isolation != "read_committed":
             conf["isolation.level"] = isolation
-        return Consumer(conf)
+        return conf
 
     def probe(self) -> Any:
         """The client's read_uncommitted consumer (created once, closed by :meth:`close`):

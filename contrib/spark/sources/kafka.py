@@ -8,7 +8,6 @@ schema instead. Offsets are ``{"<partition>": next offset}``."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -39,14 +38,6 @@ _KAFKA_RANGE = 500_000
 """A Kafka partition's offset range is split into input partitions of this many offsets."""
 _BATCH_ROWS = 100_000
 _key_of, _value_of, _offset_of = Message.key, Message.value, Message.offset
-_END_FETCH_WAIT_MS = "1"
-"""``fetch.wait.max.ms`` of the driver's consumer (unless the ``kafka.fetch.wait.max.ms``
-option sets it). That consumer only finds ends: it reads each partition's last batch to
-partition EOF, which takes an empty fetch, and the broker holds an empty fetch for up to
-this long — and the next request on that connection (the following offset query) waits
-behind it. With the client's 10 ms, finding a partition's end per trigger took ~25 ms
-(the watermark query ~11 ms of it, the EOF fetches ~12); with 1 ms, ~7 ms (tansu, one
-partition). The reads on the executors keep the client's setting."""
 
 
 _IDLE_CONSUMERS: dict[tuple[Any, ...], Any] = {}
@@ -87,9 +78,9 @@ class _KafkaReader:
         return {**self.__dict__, "_consumer": None}  # a consumer does not travel to executors
 
     def consumer(self) -> Any:
-        """The driver's consumer for offsets and ends (see :data:`_END_FETCH_WAIT_MS`)."""
+        """The driver's consumer for offsets and ends."""
         if self._consumer is None:
-            self._consumer = _end_finding(self.client).consumer()
+            self._consumer = self.client.consumer()
         return self._consumer
 
     def partitions(self) -> list[int]:
@@ -194,16 +185,6 @@ class _KafkaReader:
         )
 
 
-def _end_finding(client: KafkaClient) -> KafkaClient:
-    """``client`` for consumers that only find ends: with ``fetch.wait.max.ms`` =
-    :data:`_END_FETCH_WAIT_MS` unless the user's ``kafka.fetch.wait.max.ms`` sets it."""
-    settings = client.settings
-    if "fetch.wait.max.ms" in settings.consumer:
-        return client
-    quick = replace(settings, consumer={**settings.consumer, "fetch.wait.max.ms": _END_FETCH_WAIT_MS})
-    return KafkaClient(quick, where=client.where, group_id=client.group_id)
-
-
 class _Fields:
     """The fields of fetched messages, column by column (keys and timestamps only for
     the raw columns)."""
@@ -235,9 +216,8 @@ class KafkaSource(DataSource):
     this many Spark tasks, cutting partitions' offset ranges; as Spark's Kafka source), ``format`` (``raw`` (default) or ``json``:
     parse values into the given ``schema``, with ``mode`` = ``FAILFAST`` (default) /
     ``PERMISSIVE`` / ``DROPMALFORMED`` for bad values, as ``localstate-jsonl``), ``timeout.s``, and ``kafka.<key>`` for
-    any consumer setting. Reads with ``isolation.level=read_committed``; the driver's consumer,
-    which only finds the partitions' ends, uses ``fetch.wait.max.ms=1`` unless
-    ``kafka.fetch.wait.max.ms`` is given (see :data:`_END_FETCH_WAIT_MS`).
+    any consumer setting. Reads with ``isolation.level=read_committed`` and, to find a
+    partition's end quickly, ``fetch.wait.max.ms=1`` unless ``kafka.fetch.wait.max.ms`` is given.
     """
 
     @classmethod
