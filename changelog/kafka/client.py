@@ -388,13 +388,24 @@ class KafkaClient:
             end = max(end, last + 1)
         return max(end, low)
 
-    def _metadata(self, topic: str) -> Any:
-        """The topic's metadata, or None if it does not exist (listing all topics: a
-        request naming the topic may auto-create it with the broker's defaults)."""
+    def _partition_ids(self, topic: str) -> list[int] | None:
+        """The topic's partition ids, or None if it does not exist. One DescribeTopics
+        request for this topic: it never creates the topic (a metadata request naming it
+        may, with the broker's defaults), and it costs the same however many topics the
+        cluster has (a full listing grows with them)."""
         admin = self.admin()
-        md = self.with_retries(f"list topic {topic!r}", lambda: admin.list_topics(timeout=self.timeout_s))
-        tmd = md.topics.get(topic)
-        return tmd if tmd is not None and tmd.error is None and tmd.partitions else None
+
+        def describe() -> Any:
+            future = admin.describe_topics(TopicCollection([topic]), request_timeout=self.timeout_s)[topic]
+            try:
+                return future.result()
+            except KafkaException as e:
+                if e.args and isinstance(e.args[0], KafkaError) and e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    return None
+                raise
+
+        found = self.with_retries(f"describe topic {topic!r}", describe)
+        return sorted(p.id for p in found.partitions) if found is not None and found.partitions else None
 
     def topic_id(self, topic: str) -> str:
         """``topic``'s id (a new one each time a topic of that name is created), "" when
@@ -410,24 +421,24 @@ class KafkaClient:
 
     def partitions(self, topic: str) -> list[int]:
         """The partition ids of ``topic``; ChangelogError if it does not exist."""
-        tmd = self._metadata(topic)
-        if tmd is None:
+        ids = self._partition_ids(topic)
+        if ids is None:
             raise ChangelogError(f"kafka topic {topic!r} on brokers {self.servers} is not readable (no such topic)")
-        return sorted(tmd.partitions)
+        return ids
 
-    def _created(self, topic: str) -> Any:
-        """The metadata of a topic just created: a broker answers the creation before its
-        metadata lists the topic's partitions, so ask again (bounded by the timeout)."""
+    def _created(self, topic: str) -> list[int] | None:
+        """The partition ids of a topic just created: a broker answers the creation before
+        its metadata lists the topic's partitions, so ask again (bounded by the timeout)."""
         deadline = time.monotonic() + self.timeout_s
         while True:
-            tmd = self._metadata(topic)
-            if tmd is not None or time.monotonic() > deadline:
-                return tmd
+            ids = self._partition_ids(topic)
+            if ids is not None or time.monotonic() > deadline:
+                return ids
             time.sleep(0.05)
 
     # -- topics -------------------------------------------------------------------------------
     def topic_exists(self, topic: str) -> bool:
-        return self._metadata(topic) is not None
+        return self._partition_ids(topic) is not None
 
     def _hint_checkpoint_segments(self, topic: str, entry: Any) -> None:
         """Warn once per process about a checkpoint topic whose segments let it grow far
@@ -451,8 +462,8 @@ class KafkaClient:
             return
         s = self.settings
         admin = self.admin()
-        tmd = self._metadata(topic)
-        if tmd is None:
+        ids = self._partition_ids(topic)
+        if ids is None:
             config = {"cleanup.policy": "compact", "delete.retention.ms": str(s.delete_retention_ms)}
             if checkpoint:
                 config["segment.bytes"] = str(CHECKPOINT_SEGMENT_BYTES)
@@ -469,8 +480,8 @@ class KafkaClient:
 
             self.with_retries(f"create topic {topic!r}", create)
             log.info("created kafka topic %r: %d partition(s), cleanup.policy=compact", topic, partitions)
-            tmd = self._created(topic)
-        have = len(tmd.partitions) if tmd is not None else 0
+            ids = self._created(topic)
+        have = len(ids) if ids is not None else 0
         what = "checkpoint topic" if checkpoint else "changelog topic"
         if have != partitions:
             fix = (
