@@ -487,21 +487,25 @@ def test_localstate_get_and_dump_hide_a_handles_expired_entries(tmp_path):
     from localstate import Config
     from localstate.cli import cli
 
+    ttl_ms = 3000
     props = tmp_path / "job.properties"
     props.write_text(f"job.name = keyed\njob.state.dir = {tmp_path}/state\nsystems.file.path = {tmp_path}/log\n"
                      "stores.cart.factory = rocksdb\nstores.cart.key.serde = tuple\nstores.cart.msg.serde = long\n"
-                     "stores.cart.ttl.ms = 300\n")
+                     f"stores.cart.ttl.ms = {ttl_ms}\n")
     config = Config.load(props)
     with TaskStorage(config) as st:
         keyed = context(st).keyed
         cart = keyed.map("cart", str, int)
         keyed.key = "ann"
+        put_at = time.time()
         cart.put("apple", 2)
         st.commit(input_position=1)
         runner = CliRunner()
         got = runner.invoke(cli, ["get", "-c", str(props), "cart", '["ann", "apple"]'])
+        # the TTL leaves the first read seconds, even on a loaded machine
         assert got.exit_code == 0 and got.output.strip() == "2", got.output
-        time.sleep(0.35)  # expired: gone for the handle and for every reader, swept or not
+        time.sleep(max(0.0, put_at + ttl_ms / 1000 + 0.05 - time.time()))
+        # expired: gone for the handle and for every reader, swept or not
         assert cart.get("apple") is None
         got = runner.invoke(cli, ["get", "-c", str(props), "cart", '["ann", "apple"]'])
         assert got.exit_code == 1 and "is not in the committed state" in got.output
