@@ -21,6 +21,10 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localstate.config import Config
 
 __all__ = ["main"]
 
@@ -30,14 +34,14 @@ CLEANER_WAIT_S = 45.0
 """Long enough for the node's log cleaner (``log.cleaner.backoff.ms`` 15 s) to compact."""
 
 
-def _open_ms(config: object, opens: int) -> tuple[float, float, float]:
+def _open_ms(config: Config, opens: int) -> tuple[float, float, float]:
     """Median, min and max milliseconds of ``opens`` task opens (store opened, then closed)."""
     from localstate.storage import TaskStorage
 
     times = []
     for _ in range(opens):
         started = time.perf_counter()
-        with TaskStorage(config, 0) as storage:  # type: ignore[arg-type]
+        with TaskStorage(config, 0) as storage:
             storage.store("kv")
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times), min(times), max(times)

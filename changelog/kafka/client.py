@@ -388,11 +388,12 @@ class KafkaClient:
             end = max(end, last + 1)
         return max(end, low)
 
-    def _partition_ids(self, topic: str) -> list[int] | None:
-        """The topic's partition ids, or None if it does not exist. One DescribeTopics
-        request for this topic: it never creates the topic (a metadata request naming it
-        may, with the broker's defaults), and it costs the same however many topics the
-        cluster has (a full listing grows with them)."""
+    def _describe(self, topic: str, *, missing_ok: bool = False) -> Any:
+        """``topic``'s description: one DescribeTopics request for this topic, which never
+        creates it (a metadata request naming it may, with the broker's defaults) and costs
+        the same however many topics the cluster has (a full listing grows with them).
+        With ``missing_ok`` None for a topic that does not exist; otherwise that error is
+        retried as any retriable one, then raised."""
         admin = self.admin()
 
         def describe() -> Any:
@@ -400,23 +401,22 @@ class KafkaClient:
             try:
                 return future.result()
             except KafkaException as e:
-                if e.args and isinstance(e.args[0], KafkaError) and e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                if (missing_ok and e.args and isinstance(e.args[0], KafkaError)
+                        and e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
                     return None
                 raise
 
-        found = self.with_retries(f"describe topic {topic!r}", describe)
+        return self.with_retries(f"describe topic {topic!r}", describe)
+
+    def _partition_ids(self, topic: str) -> list[int] | None:
+        """The topic's partition ids, or None if it does not exist (:meth:`_describe`)."""
+        found = self._describe(topic, missing_ok=True)
         return sorted(p.id for p in found.partitions) if found is not None and found.partitions else None
 
     def topic_id(self, topic: str) -> str:
         """``topic``'s id (a new one each time a topic of that name is created), "" when
         the broker does not give one."""
-        admin = self.admin()
-
-        def describe() -> Any:
-            found = admin.describe_topics(TopicCollection([topic]), request_timeout=self.timeout_s)
-            return found[topic].result()
-
-        uuid = str(self.with_retries(f"describe topic {topic!r}", describe).topic_id or "")
+        uuid = str(self._describe(topic).topic_id or "")
         return "" if uuid.strip("A=") == "" else uuid
 
     def partitions(self, topic: str) -> list[int]:
