@@ -22,6 +22,11 @@ the query:
   :func:`~localstate.contrib.spark.kafka_input.kafka_json` → the same job (shuffled by key);
 * ``co-partitioned``: the connector over ``page-views-by-task`` →
   ``run_stream(co_partitioned=True)``: each topic partition is one task, no shuffle.
+* two floors, the same count per user with no state (``foreachBatch`` → ``noop``): our
+  source → ``repartition(4, user_id)`` → a pyarrow group-by per Arrow batch in
+  ``mapInArrow`` (the read, parse, shuffle and Python hop of the ``localstate-kafka`` row
+  without its tasks), and Spark's connector → ``from_json`` → ``groupBy().count()`` in the
+  JVM only (what Spark itself does with this input, no Python at all);
 * ``quix``: Quix Streams 3.28 ``Application(processing_guarantee="exactly-once")``
   counting per key in its RocksDB state with its changelog topic
   (:mod:`localstate.benchmarks.peers.quix_peer`), over ``page-views``, in a subprocess;
@@ -33,7 +38,8 @@ virtualenv: ``python -m venv /tmp/quix && /tmp/quix/bin/pip install quixstreams=
 else with this interpreter when it can import quixstreams. Without either, the Quix row
 is left out and the localstate row says why.
 
-The runs alternate (the three localstate ways, Quix, …); the warm-up round checks that all
+The runs alternate (the three localstate ways, the two floors, Quix, …); the warm-up round
+checks that every floor counted every message and that the others all
 end with the same count for every user (localstate's committed state vs the last count
 Quix's state returned).
 """
@@ -44,10 +50,12 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from localstate.contrib.spark.runner import StatefulJob
 
 from .peers import quix_python
@@ -162,6 +170,53 @@ def connector_stream(spark: Any, bootstrap: str, topic: str, root: Path, per_tri
     return finish_query(spark, start, None), job.config
 
 
+def user_counts(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The stateless floor's Python side: each Arrow batch's count per user, by one pyarrow
+    group-by per batch (nothing kept between batches)."""
+    for batch in batches:
+        counts = pa.table({"user_id": batch.column("user_id")}).group_by("user_id").aggregate([("user_id", "count")])
+        yield from counts.select(["user_id", "user_id_count"]).rename_columns(["user_id", "n"]).to_batches()
+
+
+def floor_stream(spark: Any, bootstrap: str, topic: str, root: Path, per_trigger: int, *, jvm: bool,
+                 totals: list[int] | None = None) -> StreamRun:
+    """The count per user with no state, in ``foreachBatch`` to the ``noop`` sink: either
+    (``jvm=False``) localstate's source as :func:`localstate_kafka_stream` reads it →
+    ``repartition(4, user_id)`` → ``mapInArrow`` (:func:`user_counts`) — the read, parse,
+    shuffle and Arrow hop of the localstate query without its tasks — or (``jvm=True``)
+    Spark's connector → ``from_json`` → ``groupBy(user_id).count()``, in the JVM only. With
+    ``totals``, each micro-batch's sum of the counts is appended there instead (the
+    warm-up's check that every message was counted)."""
+    from localstate.contrib.spark.kafka_input import kafka_stream
+    from localstate.contrib.spark.sources import register_sources
+    from pyspark.sql import functions as F
+
+    cores = spark.sparkContext.defaultParallelism
+    if jvm:
+        raw = kafka_stream(spark, bootstrap, topic, maxOffsetsPerTrigger=per_trigger, minPartitions=cores)
+        plan = raw.select(F.from_json(F.col("value").cast("string"), "ts long, user_id string").alias("v")).select("v.*")
+    else:
+        register_sources(spark)
+        plan = (spark.readStream.format("localstate-kafka").option("bootstrap.servers", bootstrap)
+                .option("topic", topic).option("format", "json").option("maxOffsetsPerTrigger", per_trigger)
+                .option("minPartitions", cores).schema("ts long, user_id string").load()
+                .repartition(TASKS, "user_id").mapInArrow(user_counts, "user_id string, n long"))
+
+    def sink(df: Any, _batch: int) -> None:
+        if jvm:
+            df = df.groupBy("user_id").agg(F.count(F.lit(1)).alias("n"))
+        if totals is None:
+            df.write.format("noop").mode("overwrite").save()
+        else:
+            totals.append(int(df.agg(F.sum("n")).first()[0] or 0))
+
+    def start() -> Any:
+        return (plan.writeStream.foreachBatch(sink).option("checkpointLocation", str(root / "spark-checkpoint"))
+                .trigger(availableNow=True).start())
+
+    return finish_query(spark, start, None)
+
+
 def quix_run(python: str, bootstrap: str, topic: str, n: int, root: Path) -> dict[str, Any]:
     """One run of :mod:`localstate.benchmarks.peers.quix_peer` with state under ``root``."""
     result = root / "quix.json"
@@ -174,6 +229,8 @@ def quix_run(python: str, bootstrap: str, topic: str, n: int, root: Path) -> dic
 
 
 CONNECTOR = "spark kafka connector → kafka_json → run_stream (count per user, shuffled by key)"
+FLOOR = "floor, no state: localstate-kafka → repartition(4, user_id) → mapInArrow count per batch → noop"
+FLOOR_JVM = "floor, no state, JVM only: spark kafka connector → from_json → groupBy(user_id).count() → noop"
 CO_PARTITIONED = "spark kafka connector, co-partitioned (4 topic partitions = 4 tasks, no shuffle) → run_stream"
 
 
@@ -221,6 +278,13 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: i
             finally:
                 shutil.rmtree(root, ignore_errors=True)
 
+        def floor(jvm: bool, totals: list[int] | None = None) -> StreamRun:
+            root = fresh("kafka-floor")
+            try:
+                return floor_stream(spark, broker.bootstrap, topic, root, per_trigger, jvm=jvm, totals=totals)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+
         def theirs() -> dict[str, Any]:
             assert python is not None
             root = fresh("kafka-quix")
@@ -238,6 +302,11 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: i
             if run.input_rows != n or other != counts:
                 raise RuntimeError(f"{CO_PARTITIONED if co else CONNECTOR} read {run.input_rows:,} of {n:,} "
                                    "messages or counted differently from localstate-kafka")
+        for jvm in (False, True):
+            totals: list[int] = []
+            floor(jvm, totals)
+            if sum(totals) != n:
+                raise RuntimeError(f"{FLOOR_JVM if jvm else FLOOR} counted {sum(totals):,} of {n:,} messages")
         checked = f"{len(counts):,} users, {n:,} messages, the same counts on all three localstate paths"
         peer_runs: list[dict[str, Any]] = []
         if python is not None:
@@ -250,12 +319,15 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: i
         our_runs: list[StreamRun] = []
         our_docs: list[list[dict[str, Any]]] = []
         conn_runs: dict[bool, list[StreamRun]] = {False: [], True: []}
+        floor_runs: dict[bool, list[StreamRun]] = {False: [], True: []}
         for _ in range(repeats):
             run, docs, _ = ours()
             our_runs.append(run)
             our_docs.append(docs)
             for co in (False, True):
                 conn_runs[co].append(connector(co)[0])
+            for jvm in (False, True):
+                floor_runs[jvm].append(floor(jvm))
             if python is not None:
                 peer_runs.append(theirs())
 
@@ -272,6 +344,14 @@ def kafka_rows(spark: Any, work: Path, quick: bool, repeats: int, spark_tasks: i
                        baseline=quix_name if peer_runs else None,
                        notes=notes + extra + f"{len(runs[0].data_batches)} data micro-batches per run"
                        + ("" if python is not None else f"; Quix not run: {how}"))
+        rows.append(row)
+    for jvm, name in ((False, FLOOR), (True, FLOOR_JVM)):
+        runs = floor_runs[jvm]
+        row = make_row("kafka_e2e", name, params, "events/s", [n / r.seconds for r in runs],
+                       notes=notes + "every message counted in the warm-up round")
+        # ours over the floor per interleaved round: what keeping the counts costs
+        pairs = [f.seconds / r.seconds for r, f in zip(our_runs, runs)]
+        row["notes"] += f"; localstate-kafka / this floor per round {[round(x, 2) for x in pairs]}"
         rows.append(row)
     if peer_runs:
         base = make_row("kafka_e2e", quix_name, params, "events/s", [n / r["seconds"] for r in peer_runs],

@@ -311,6 +311,35 @@ def test_a_checkpoint_topic_with_huge_segments_is_named_once(kafka_broker, tmp_p
 
 
 # -- TaskStorage over Kafka ------------------------------------------------------------------------------
+def test_a_changelog_topic_deleted_under_an_open_task_fails_its_commit_and_stays_deleted(apache_kafka_broker,
+                                                                                          tmp_path):
+    """A changelog topic deleted under a running task (an operator's mistake) fails the next
+    commit with an error instead of coming back empty with the broker's defaults, and the
+    next open refuses the lost records. On Apache Kafka only: tansu 0.6.0 accepts records
+    for a deleted topic (the commit succeeds; the next open then fails reading them)."""
+    from confluent_kafka.admin import AdminClient
+
+    kafka_broker = apache_kafka_broker
+
+    values = kafka_values(tmp_path, kafka_broker, **{f"systems.kafka.{k}": v for k, v in FAST.items()})
+    stream = values["stores.kv.changelog"].split(".", 1)[1]
+    config = Config.from_dict(values)
+    s = TaskStorage(config)
+    try:
+        s.store("kv").put_all({f"k{i}": i for i in range(20)})
+        s.commit(input_position=1)
+        delete_topics(kafka_broker, [stream])
+        s.store("kv").put_all({f"k{i}": -i for i in range(20)})
+        with pytest.raises(ChangelogError):
+            s.commit(input_position=2)
+    finally:
+        s.close()
+    time.sleep(1)  # a topic created by the producer's metadata requests would be listed by now
+    assert stream not in AdminClient({"bootstrap.servers": kafka_broker}).list_topics(timeout=10).topics
+    with pytest.raises(CorruptionError, match="committed records are missing"):
+        TaskStorage(config)
+
+
 def kafka_values(tmp_path: Path, bootstrap: str, factory: str = "memory", **extra: Any) -> dict[str, Any]:
     return task_values({"job.changelog.system": "kafka", "systems.kafka.bootstrap.servers": bootstrap},
                        tmp_path, factory, **extra)
