@@ -128,19 +128,25 @@ def _count_job(spark: Any, root: Path, timing_dir: Path | None, spark_tasks: int
                        **JOB_OPTIONS)
 
 
+def our_source(spark: Any, bootstrap: str, topic: str, per_trigger: int) -> Any:
+    """``topic``'s JSON page views read by localstate's own source, ``per_trigger`` messages
+    per micro-batch, split over the session's cores (``minPartitions``)."""
+    from localstate.contrib.spark.sources import register_sources
+
+    register_sources(spark)
+    return (spark.readStream.format("localstate-kafka").option("bootstrap.servers", bootstrap)
+            .option("topic", topic).option("format", "json").option("maxOffsetsPerTrigger", per_trigger)
+            .option("minPartitions", spark.sparkContext.defaultParallelism)
+            .schema("ts long, user_id string").load())
+
+
 def localstate_kafka_stream(spark: Any, bootstrap: str, topic: str, root: Path, per_trigger: int,
                             timing_dir: Path | None = None, spark_tasks: int | None = None) -> tuple[StreamRun, Any]:
     """Count per user of ``topic`` by :meth:`StatefulJob.run_stream` (its tasks in
     :func:`~localstate.benchmarks.spark_streaming.spark_tasks_for` Spark tasks); the run
     and its config."""
-    from localstate.contrib.spark.sources import register_sources
-
-    register_sources(spark)
     job = _count_job(spark, root, timing_dir, spark_tasks_for(spark, spark_tasks))
-    stream = (spark.readStream.format("localstate-kafka").option("bootstrap.servers", bootstrap)
-              .option("topic", topic).option("format", "json").option("maxOffsetsPerTrigger", per_trigger)
-              .option("minPartitions", spark.sparkContext.defaultParallelism)
-              .schema("ts long, user_id string").load())
+    stream = our_source(spark, bootstrap, topic, per_trigger)
 
     def start() -> Any:
         return job.run_stream(stream, checkpoint_location=str(root / "spark-checkpoint"),
@@ -188,18 +194,14 @@ def floor_stream(spark: Any, bootstrap: str, topic: str, root: Path, per_trigger
     ``totals``, each micro-batch's sum of the counts is appended there instead (the
     warm-up's check that every message was counted)."""
     from localstate.contrib.spark.kafka_input import kafka_stream
-    from localstate.contrib.spark.sources import register_sources
     from pyspark.sql import functions as F
 
-    cores = spark.sparkContext.defaultParallelism
     if jvm:
-        raw = kafka_stream(spark, bootstrap, topic, maxOffsetsPerTrigger=per_trigger, minPartitions=cores)
+        raw = kafka_stream(spark, bootstrap, topic, maxOffsetsPerTrigger=per_trigger,
+                           minPartitions=spark.sparkContext.defaultParallelism)
         plan = raw.select(F.from_json(F.col("value").cast("string"), "ts long, user_id string").alias("v")).select("v.*")
     else:
-        register_sources(spark)
-        plan = (spark.readStream.format("localstate-kafka").option("bootstrap.servers", bootstrap)
-                .option("topic", topic).option("format", "json").option("maxOffsetsPerTrigger", per_trigger)
-                .option("minPartitions", cores).schema("ts long, user_id string").load()
+        plan = (our_source(spark, bootstrap, topic, per_trigger)
                 .repartition(TASKS, "user_id").mapInArrow(user_counts, "user_id string, n long"))
 
     def sink(df: Any, _batch: int) -> None:

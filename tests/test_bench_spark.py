@@ -87,7 +87,7 @@ def test_spark_suite_runs_quick_and_reports_every_figure(tmp_path: Path) -> None
     # closeTimeMs; it may round to 0 ms at this size: a task run that parks its storage for its
     # next micro-batch closes nothing, and the parked storages close after the query
     close_ms = re.search(r"python task-s: close \(memtable flush, clean-close claim\) ([\d,.]+) ms", breakdown[0]["notes"])
-    assert close_ms is not None and float(close_ms.group(1).replace(",", "")) >= 0, breakdown[0]["notes"]
+    assert close_ms is not None, breakdown[0]["notes"]
     kafka = [r for r in rows if r["workload"] == "kafka_e2e"]
     assert kafka and "localstate-kafka" in kafka[0]["engine"] and "users" in kafka[0]["notes"]
     # Spark's Kafka connector, shuffled and co-partitioned, beside localstate's own source
