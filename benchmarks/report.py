@@ -324,6 +324,16 @@ def _label(text: str, width: int = 46) -> str:
     return "\n".join(lines[:1] + [_short(" ".join(lines[1:]), width)] if len(lines) > 1 else lines)
 
 
+def _tail_label(text: str, width: int) -> str:
+    """A tick label of at most two lines of ``width``: a longer name keeps its end (a user
+    engine's module path differs from its ``/direct`` variant only there)."""
+    import textwrap
+
+    if len(text) > 2 * width:
+        text = "…" + text[-(2 * width - 1):]
+    return "\n".join(textwrap.wrap(text, width) or [""])
+
+
 def with_variants(rows: list[dict[str, Any]], name: Callable[[dict[str, Any]], str]
                   ) -> list[tuple[str, dict[str, Any]]]:
     """``(label, row)`` with ``name(row)`` as the label, plus the parameters that tell
@@ -403,7 +413,7 @@ def _ops_chart(plt: Any, rates: list[dict[str, Any]], path: Path) -> Path:
             ax.barh(y, r["median"], **styles[r["engine"]])
             ax.text(r["median"], y, " " + format_value(r["median"], unit), va="center", fontsize=7)
         ax.set_yticks(list(ys))
-        ax.set_yticklabels([r["engine"] for r in sel], fontsize=7)
+        ax.set_yticklabels([_tail_label(r["engine"], 28) for r in sel], fontsize=7)
         ax.invert_yaxis()
         _rate_axis(ax)
         lo = min(r["median"] for r in sel)

@@ -361,3 +361,28 @@ def test_charts_from_the_committed_results_fit_and_label_every_bar(tmp_path: Pat
     restore = [r for r in rows if "restore" in r["workload"] and r["unit"] == "records/s" and not r.get("error")]
     labels = [text for text, _r in with_variants(restore, lambda r: f"{r['suite']} · {r['workload']} · {r['engine']}")]
     assert len(labels) == len(set(labels))  # the two kafka.restore runs differ by partitions
+
+
+def test_the_engine_chart_fits_long_user_engine_names(tmp_path: Path) -> None:
+    """A user engine named by its module path gets a two-line label that keeps the name's
+    end (where it differs from its ``/direct`` variant), and the chart lays out without
+    matplotlib's "tight layout not applied" warning."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from localstate.benchmarks.report import _ops_chart, _tail_label
+
+    user = f"{tmp_path}/popen-gw1/test_user_engine_by_module_pa0/usermod.py:TinyFactory"
+    engines = [user, f"{user}/direct", "localstate.contrib.sqlite_engine:SQLiteEngineFactory"]
+    labels = [_tail_label(e, 28) for e in engines]
+    assert len(set(labels)) == 3 and all(len(line) <= 28 for lab in labels for line in lab.split("\n"))
+    assert labels[1].replace("\n", "").endswith("usermod.py:TinyFactory/direct")
+    rates = [{"workload": w, "unit": "ops/s", "engine": e, "median": 1000.0 * (i + 1)}
+             for w in ("sequential_put", "random_get_hit", "full_scan") for i, e in enumerate(engines)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        chart = _ops_chart(plt, rates, tmp_path / "ops.png")
+    assert chart.stat().st_size > 0
