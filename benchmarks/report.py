@@ -316,22 +316,16 @@ def _style(engine: str, palette: dict[str, Any]) -> dict[str, Any]:
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
 
-def _label(text: str, width: int = 46) -> str:
-    """A tick label wrapped onto at most two lines (long engine names stay distinct)."""
-    import textwrap
-
-    lines = textwrap.wrap(text, width) or [""]
-    return "\n".join(lines[:1] + [_short(" ".join(lines[1:]), width)] if len(lines) > 1 else lines)
-
-
-def _tail_label(text: str, width: int) -> str:
-    """A tick label of at most two lines of ``width``: a longer name keeps its end (a user
+def _label(text: str, width: int = 46, *, keep_end: bool = False) -> str:
+    """A tick label wrapped onto at most two lines (long engine names stay distinct).
+    ``keep_end``: a name longer than two lines keeps its end instead of its start (a user
     engine's module path differs from its ``/direct`` variant only there)."""
     import textwrap
 
-    if len(text) > 2 * width:
+    if keep_end and len(text) > 2 * width:
         text = "…" + text[-(2 * width - 1):]
-    return "\n".join(textwrap.wrap(text, width) or [""])
+    lines = textwrap.wrap(text, width) or [""]
+    return "\n".join(lines[:1] + [_short(" ".join(lines[1:]), width)] if len(lines) > 1 else lines)
 
 
 def with_variants(rows: list[dict[str, Any]], name: Callable[[dict[str, Any]], str]
@@ -413,7 +407,7 @@ def _ops_chart(plt: Any, rates: list[dict[str, Any]], path: Path) -> Path:
             ax.barh(y, r["median"], **styles[r["engine"]])
             ax.text(r["median"], y, " " + format_value(r["median"], unit), va="center", fontsize=7)
         ax.set_yticks(list(ys))
-        ax.set_yticklabels([_tail_label(r["engine"], 28) for r in sel], fontsize=7)
+        ax.set_yticklabels([_label(r["engine"], 28, keep_end=True) for r in sel], fontsize=7)
         ax.invert_yaxis()
         _rate_axis(ax)
         lo = min(r["median"] for r in sel)

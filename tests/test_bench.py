@@ -373,11 +373,11 @@ def test_the_engine_chart_fits_long_user_engine_names(tmp_path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from localstate.benchmarks.report import _ops_chart, _tail_label
+    from localstate.benchmarks.report import _label, _ops_chart
 
     user = f"{tmp_path}/popen-gw1/test_user_engine_by_module_pa0/usermod.py:TinyFactory"
     engines = [user, f"{user}/direct", "localstate.contrib.sqlite_engine:SQLiteEngineFactory"]
-    labels = [_tail_label(e, 28) for e in engines]
+    labels = [_label(e, 28, keep_end=True) for e in engines]
     assert len(set(labels)) == 3 and all(len(line) <= 28 for lab in labels for line in lab.split("\n"))
     assert labels[1].replace("\n", "").endswith("usermod.py:TinyFactory/direct")
     rates = [{"workload": w, "unit": "ops/s", "engine": e, "median": 1000.0 * (i + 1)}
