@@ -134,6 +134,19 @@ def write_output(output: Path) -> Any:
     return write
 
 
+def batches_tasks_may_be_at(checkpoint: Path, last: int) -> set[int]:
+    """The micro-batch ids each task's committed state may include once a query whose last
+    finished micro-batch is ``last`` was stopped: ``last``, or the one after it when the
+    stop interrupted that one after a task's commit (Spark started it, in its ``offsets``
+    log, and never finished it, in its ``commits`` log; the next start rolls the task back
+    to Spark's)."""
+
+    def ids(log: str) -> set[int]:
+        return {int(p.name) for p in (checkpoint / log).iterdir() if p.name.isdigit()}
+
+    return {last, last + 1} if last + 1 in ids("offsets") - ids("commits") else {last}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", required=True, type=Path)
