@@ -460,6 +460,7 @@ class TaskStorage:
     def _close_all(self, raise_errors: bool) -> None:
         self._closed = True
         untrack(self)
+        self.memo.clear()  # what the task kept beside the stores goes with them
         errors: list[BaseException] = []
         for e in self._stores.values():
             e.logger.discard_pending()

@@ -254,3 +254,25 @@ def test_an_error_while_taking_a_parked_storage_back_closes_it(tmp_path, kept):
     assert len(kept) == 0
     with TaskStorage(config) as t:  # closed, its locks free: the task opens at once
         assert t.store("kv").get("x") == 6
+
+
+def test_a_parked_storage_frozen_out_of_the_collector_is_still_freed_when_closed(tmp_path, kept):
+    """A reused Spark worker freezes what it holds, parked storages included, out of the
+    cyclic collector (:func:`localstate.contrib.spark.task_run.freeze_worker_heap`); a
+    storage closed after that must still go by reference counting alone (nothing makes a
+    cycle through it), or every hand-over would leak the storage's objects."""
+    import gc
+    import weakref
+
+    config = _config(tmp_path)
+    s = _committed(config, 1)
+    s.store("kv").get("x")
+    assert kept.park(s)
+    ref = weakref.ref(s)
+    del s
+    gc.freeze()
+    try:
+        assert kept.close_all() == 1
+        assert ref() is None
+    finally:
+        gc.unfreeze()

@@ -7,6 +7,7 @@ opens every run afresh."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -34,7 +35,8 @@ def _recording_task(log_dir: str) -> type:
             from pyspark import TaskContext as SparkTaskContext
 
             batch = SparkTaskContext.get().getLocalProperty("streaming.sql.batchId")
-            record = {"batch": batch, "task": context.partition, "pid": os.getpid(), "epoch": context.storage.epoch}
+            record = {"batch": batch, "task": context.partition, "pid": os.getpid(), "epoch": context.storage.epoch,
+                      "frozen": gc.get_freeze_count()}
             Path(log_dir, f"{batch}-{context.partition}.json").write_text(json.dumps(record))
 
     return Recorded
@@ -97,6 +99,10 @@ def test_a_worker_reuses_its_tasks_open_storage_and_the_counts_stay_exact(spark:
     # Which worker gets which task is Spark's pick (about half the time the same one):
     # over 28 task-to-next-batch steps at least one reuse is all but certain.
     assert _reuses(runs) >= 1, runs
+    # A worker that ran a second Spark task froze what it holds (the modules of PySpark,
+    # pyarrow and localstate, its parked storages) out of the collection PySpark's daemon
+    # runs after every task (task_run.freeze_worker_heap).
+    assert max(r["frozen"] for r in runs) > 10_000, runs
     # The workers still hold the tasks parked; the driver opens them at once regardless.
     start = time.monotonic()
     assert read_counts(job.config) == total

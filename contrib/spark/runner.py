@@ -134,7 +134,9 @@ class StatefulJob:
     next micro-batch) uses it as it is instead of opening and restoring again
     (:mod:`localstate.kept_open`). Commits are unchanged; another worker or process that
     needs the task makes the idle one close it within milliseconds. 0 closes every task's
-    storage after each run.
+    storage after each run. Above 0 a reused worker also freezes what it holds out of the
+    collection PySpark runs after every task
+    (:func:`~localstate.contrib.spark.task_run.freeze_worker_heap`).
 
     >>> job = StatefulJob(config, CountViews, key="user_id",          # doctest: +SKIP
     ...                   output_schema="user_id string, views long")

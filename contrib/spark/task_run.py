@@ -145,6 +145,8 @@ class _TaskAttempt:
         self.rows = 0
         opening = time.perf_counter()
         self.keep_open_s = run.keep_open_s if worker_reused() else 0.0
+        if self.keep_open_s:
+            freeze_worker_heap()
         kept = kept_storages().take(config, partition, lambda s: _before(s, batch_id)) if self.keep_open_s else None
         self.storage = kept or open_version(config, partition, batch_id, run.lock_wait_s)
         self.reused = kept is not None
@@ -242,6 +244,49 @@ def worker_reused() -> bool:
     """Whether this Python worker runs more than one Spark task (``spark.python.worker.reuse``,
     Spark's default): only then can a task's storage wait open for its next run here."""
     return os.environ.get("SPARK_REUSE_WORKER") == "1"
+
+
+_FIRST_SPARK_TASK: list[int] = []
+_HEAP_FROZEN = False
+
+
+def freeze_worker_heap() -> bool:
+    """Once per reused Python worker, at the start of the first localstate run in its
+    second Spark task: move every object the worker holds into the interpreter's
+    permanent generation (``gc.freeze``). True when this call froze it.
+
+    PySpark's worker daemon runs a full ``gc.collect()`` after every task of a reused
+    worker, before it reads the next one, so a worker's second task of a micro-batch
+    waits for a collection over everything the worker holds: the modules, classes and
+    functions of PySpark, pyarrow and localstate and the parked storages, some 90,000
+    objects here, tens of milliseconds per Spark task, paid again every task. Those objects
+    live as long as the worker; frozen, each later collection leaves them out and covers
+    only what was made since.
+
+    Why then: the collection that ran just before this Spark task left only live objects
+    (the first Spark task imported the engines and serdes the runs need). Frozen objects
+    are still freed by reference counting, so a parked storage closed later goes as
+    before; only an object frozen here that later ends up in an unreachable cycle is
+    never reclaimed (a closed storage leaves a few dozen small ones, once per worker).
+    """
+    global _HEAP_FROZEN
+    if _HEAP_FROZEN or not worker_reused():
+        return False
+    from pyspark import TaskContext as SparkTaskContext
+
+    ctx = SparkTaskContext.get()
+    if ctx is None:
+        return False
+    attempt = ctx.taskAttemptId()
+    if not _FIRST_SPARK_TASK:
+        _FIRST_SPARK_TASK.append(attempt)
+    if attempt == _FIRST_SPARK_TASK[0]:
+        return False
+    import gc
+
+    gc.freeze()
+    _HEAP_FROZEN = True
+    return True
 
 
 _SIGNALS_HOOKED = False
