@@ -35,7 +35,7 @@ from localstate import ConfigError
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-__all__ = ["TICK_SOURCE", "check_timer_interval", "check_checkpoint_ticks", "tick_trigger", "with_ticks"]
+__all__ = ["TICK_SOURCE", "check_timer_interval", "check_checkpoint_ticks", "log_batches", "tick_trigger", "with_ticks"]
 
 TICK_SOURCE = "rate-micro-batch"
 """The built-in source (Spark >= 3.3) whose offsets advance at every trigger."""
@@ -76,6 +76,12 @@ def tick_trigger(job: str, interval_ms: int, trigger: dict[str, Any] | None) -> 
     return {"processingTime": f"{interval_ms} milliseconds"}
 
 
+def log_batches(log: Path) -> set[int]:
+    """The micro-batch ids in one of a local Spark checkpoint's logs (``offsets``: the
+    batches started, ``commits``: those finished); empty when the log does not exist."""
+    return {int(p.name) for p in log.glob("[0-9]*") if p.name.isdigit()} if log.is_dir() else set()
+
+
 def _last_offsets(checkpoint_location: str) -> list[str] | None:
     """The source offsets (one JSON line per source) of the newest batch in a local
     checkpoint's offset log; None when there is none or the location is not local."""
@@ -83,7 +89,7 @@ def _last_offsets(checkpoint_location: str) -> list[str] | None:
     if url.scheme not in ("", "file"):
         return None
     offsets = Path(url.path if url.scheme else checkpoint_location) / "offsets"
-    batches = [int(p.name) for p in offsets.glob("[0-9]*") if p.name.isdigit()] if offsets.is_dir() else []
+    batches = log_batches(offsets)
     if not batches:
         return None
     lines = (offsets / str(max(batches))).read_text().splitlines()

@@ -140,11 +140,10 @@ def batches_tasks_may_be_at(checkpoint: Path, last: int) -> set[int]:
     stop interrupted that one after a task's commit (Spark started it, in its ``offsets``
     log, and never finished it, in its ``commits`` log; the next start rolls the task back
     to Spark's)."""
+    from localstate.contrib.spark.ticks import log_batches
 
-    def ids(log: str) -> set[int]:
-        return {int(p.name) for p in (checkpoint / log).iterdir() if p.name.isdigit()}
-
-    return {last, last + 1} if last + 1 in ids("offsets") - ids("commits") else {last}
+    cut = last + 1 in log_batches(checkpoint / "offsets") - log_batches(checkpoint / "commits")
+    return {last, last + 1} if cut else {last}
 
 
 def main(argv: list[str] | None = None) -> int:
