@@ -246,7 +246,7 @@ def worker_reused() -> bool:
     return os.environ.get("SPARK_REUSE_WORKER") == "1"
 
 
-_FIRST_SPARK_TASK: list[int] = []
+_FIRST_SPARK_TASK: int | None = None
 _HEAP_FROZEN = False
 
 
@@ -269,7 +269,7 @@ def freeze_worker_heap() -> bool:
     before; only an object frozen here that later ends up in an unreachable cycle is
     never reclaimed (a closed storage leaves a few dozen small ones, once per worker).
     """
-    global _HEAP_FROZEN
+    global _FIRST_SPARK_TASK, _HEAP_FROZEN
     if _HEAP_FROZEN or not worker_reused():
         return False
     from pyspark import TaskContext as SparkTaskContext
@@ -278,9 +278,9 @@ def freeze_worker_heap() -> bool:
     if ctx is None:
         return False
     attempt = ctx.taskAttemptId()
-    if not _FIRST_SPARK_TASK:
-        _FIRST_SPARK_TASK.append(attempt)
-    if attempt == _FIRST_SPARK_TASK[0]:
+    if _FIRST_SPARK_TASK is None:
+        _FIRST_SPARK_TASK = attempt
+    if attempt == _FIRST_SPARK_TASK:
         return False
     import gc
 
